@@ -1,0 +1,365 @@
+//! Default `bring-up` policy (behaviour spec §4b, lifecycle document, decision 4): choose how
+//! CreatePod brings a pod's VM up, or refuse.
+//!
+//! Rows, first match wins: adopt a VM that already runs here; adopt an unmanaged pod's
+//! pre-assigned VM; validate `clone-from-dir`; restore a hibernated guest (explicit marker or
+//! evidence) behind its guards; then the fresh paths: clone-from-dir, fork, run, clone. A
+//! hibernated guest is never overwritten by a fresh boot: missing or unavailable evidence for a
+//! managed pod fails closed.
+
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::String;
+
+wit_bindgen::generate!({ world: "bring-up-policy", path: "../../wit" });
+
+use cocoonstack::vk_policy::types::VmSpec;
+pub use exports::cocoonstack::vk_policy::bring_up::{
+    CloneFromDirPlan, CloneOptions, ClonePlan, Decision, Facts, ForkPlan, HibernateEvidence, Outcome,
+    Plan, RestorePlan, RunPlan, UnmanagedAdoption,
+};
+use vk_policy_support::naming::{fork_snapshot_name, local_snapshot_name, parse_ref};
+use vk_policy_support::path::is_absolute_and_clean;
+
+pub struct Policy;
+
+impl exports::cocoonstack::vk_policy::bring_up::Guest for Policy {
+    fn decide(facts: Facts) -> Decision {
+        decide(&facts)
+    }
+}
+
+// Component exports exist only in the wasm build (export names contain `:`, which native
+// linkers reject); natively the crate is a plain library for tests and benchmarks.
+#[cfg(target_arch = "wasm32")]
+export!(Policy);
+
+pub fn decide(facts: &Facts) -> Decision {
+    let spec = &facts.spec;
+    let vm = spec.vm_name.as_str();
+    if facts.vm_exists_locally {
+        return proceed(
+            Plan::AdoptExisting(vm.into()),
+            "adopt-existing",
+            format!("vm {vm} already exists on this node: adopting it"),
+        );
+    }
+    if !spec.managed {
+        return adopt_unmanaged(facts);
+    }
+    let clone_dir = spec.clone_from_dir.trim();
+    if !clone_dir.is_empty() && !is_absolute_and_clean(clone_dir) {
+        return refuse(
+            "invalid-clone-from-dir",
+            format!(
+                "vm.cocoonstack.io/clone-from-dir \"{clone_dir}\" must be an absolute, clean path (no trailing slash, `.` or `..`)"
+            ),
+        );
+    }
+    if let Some(decision) = restore_from_hibernate(facts) {
+        return decision;
+    }
+    fresh_boot(facts, clone_dir)
+}
+
+fn adopt_unmanaged(facts: &Facts) -> Decision {
+    let vm = facts.spec.vm_name.as_str();
+    if facts.preassigned_vm_id.is_empty() || facts.preassigned_ip.is_empty() {
+        return refuse(
+            "missing-preassigned-runtime",
+            format!(
+                "unmanaged vm {vm} missing pre-assigned IP/VMID: the operator must write vm.cocoonstack.io/id and vm.cocoonstack.io/ip"
+            ),
+        );
+    }
+    // A malformed port means "none", as cocoon-common's VMRuntime reader does.
+    let vnc_port = facts.preassigned_vnc_port.parse::<u32>().unwrap_or(0);
+    proceed(
+        Plan::AdoptUnmanaged(UnmanagedAdoption {
+            vm_id: facts.preassigned_vm_id.clone(),
+            ip: facts.preassigned_ip.clone(),
+            vnc_port,
+        }),
+        "adopt-unmanaged",
+        format!("vm {vm} is unmanaged: adopting pre-assigned id {} and ip {}", facts.preassigned_vm_id, facts.preassigned_ip),
+    )
+}
+
+/// The restore row: `Some` when the pod must restore (or must be refused), `None` for a fresh boot.
+fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
+    let spec = &facts.spec;
+    let vm = spec.vm_name.as_str();
+    let explicit = spec.restore_from_hibernate;
+    let found = match &facts.evidence {
+        HibernateEvidence::Unavailable(error) => {
+            return Some(refuse(
+                "hibernate-evidence-unavailable",
+                format!("hibernate evidence for {vm}: {error} (refusing fresh boot); retry once the registry answers"),
+            ));
+        }
+        HibernateEvidence::NotChecked => {
+            return Some(refuse(
+                "hibernate-evidence-not-checked",
+                format!("hibernate evidence for managed vm {vm} was not gathered (refusing fresh boot)"),
+            ));
+        }
+        HibernateEvidence::None if explicit => {
+            return Some(refuse(
+                "hibernate-snapshot-missing",
+                format!(
+                    "pod asks to restore vm {vm} from hibernate but no hibernate snapshot exists; clear vm.cocoonstack.io/restore-from-hibernate to boot it fresh"
+                ),
+            ));
+        }
+        HibernateEvidence::None => return None,
+        HibernateEvidence::Found(found) => found,
+    };
+    if !explicit && has_explicit_clone_source(spec) {
+        return Some(refuse(
+            "source-conflict",
+            format!(
+                "vm {vm} has a hibernate snapshot but the pod requests an explicit clone source; delete the hibernate tag to discard the hibernated state, or drop fork-from / clone-from-dir"
+            ),
+        ));
+    }
+    if !found.recorded_image.is_empty() && found.recorded_image != spec.image {
+        return Some(refuse(
+            "image-conflict",
+            format!(
+                "vm {vm} was hibernated from image {} but the pod requests {}; delete the hibernate tag to discard the hibernated state, or request the recorded image",
+                found.recorded_image, spec.image
+            ),
+        ));
+    }
+    let (reason, how) = if explicit {
+        ("restore-explicit", "the operator marked it")
+    } else {
+        ("restore-derived", "a hibernate snapshot exists")
+    };
+    Some(proceed(
+        Plan::RestoreFromHibernate(RestorePlan {
+            options: clone_options(facts, false),
+            derived: !explicit,
+            fresh_nic: spec.backend == "cloud-hypervisor" && spec.os == "windows",
+        }),
+        reason,
+        format!("restoring vm {vm} from its hibernate snapshot ({how} via {})", found.source),
+    ))
+}
+
+fn fresh_boot(facts: &Facts, clone_dir: &str) -> Decision {
+    let spec = &facts.spec;
+    let vm = spec.vm_name.as_str();
+    let run_mode = spec.mode.eq_ignore_ascii_case("run");
+    if !clone_dir.is_empty() {
+        if run_mode {
+            return refuse(
+                "clone-from-dir-conflict",
+                format!("vm.cocoonstack.io/clone-from-dir {clone_dir} is incompatible with mode=run"),
+            );
+        }
+        if !spec.fork_from.is_empty() {
+            return refuse(
+                "clone-from-dir-conflict",
+                format!("vm.cocoonstack.io/clone-from-dir {clone_dir} is incompatible with fork-from {}", spec.fork_from),
+            );
+        }
+        return proceed(
+            Plan::CloneFromDir(CloneFromDirPlan { options: clone_options(facts, true), dir: clone_dir.into() }),
+            "clone-from-dir",
+            format!("cloning vm {vm} from the exported snapshot in {clone_dir}"),
+        );
+    }
+    if !spec.fork_from.is_empty() {
+        let source = spec.fork_from.as_str();
+        return proceed(
+            Plan::Fork(ForkPlan {
+                options: clone_options(facts, true),
+                source_vm: source.into(),
+                fork_snapshot: fork_snapshot_name(source),
+            }),
+            "fork",
+            format!("forking vm {vm} from vm {source} through snapshot fork-{source}"),
+        );
+    }
+    if spec.image.is_empty() {
+        return refuse(
+            "missing-image",
+            format!("vm {vm} names no image: set cocoonset.cocoonstack.io/image to a snapshot (clone) or base image (run)"),
+        );
+    }
+    if run_mode {
+        return proceed(
+            Plan::Run(RunPlan {
+                vm_name: vm.into(),
+                image: spec.image.clone(),
+                force_pull: spec.force_pull,
+                network: spec.network.clone(),
+                backend: spec.backend.clone(),
+                windows: spec.os.eq_ignore_ascii_case("windows"),
+                no_direct_io: spec.no_direct_io,
+            }),
+            "run",
+            format!("booting vm {vm} from image {}", spec.image),
+        );
+    }
+    clone_snapshot(facts)
+}
+
+fn clone_snapshot(facts: &Facts) -> Decision {
+    let spec = &facts.spec;
+    let vm = spec.vm_name.as_str();
+    let (repo, tag) = parse_ref(&spec.image);
+    let local = local_snapshot_name(repo, tag);
+    match facts.local_snapshots.iter().find(|s| s.name == local) {
+        Some(snapshot) => {
+            if !snapshot.hypervisor.is_empty() && !spec.backend.is_empty() && snapshot.hypervisor != spec.backend {
+                return refuse(
+                    "backend-mismatch",
+                    format!(
+                        "snapshot {local} was taken with {} but CocoonSet requests {}",
+                        snapshot.hypervisor, spec.backend
+                    ),
+                );
+            }
+        }
+        None if !facts.registry_configured => {
+            return refuse(
+                "snapshot-unavailable",
+                format!("snapshot {local} is not on this node and no registry is configured to pull {repo}:{tag} from"),
+            );
+        }
+        None => {}
+    }
+    proceed(
+        Plan::Clone(ClonePlan {
+            options: clone_options(facts, true),
+            local_snapshot: local.clone(),
+            repository: repo.into(),
+            tag: tag.into(),
+            expected_backend: spec.backend.clone(),
+        }),
+        "clone",
+        format!("cloning vm {vm} from snapshot {local}"),
+    )
+}
+
+fn clone_options(facts: &Facts, fresh: bool) -> CloneOptions {
+    let spec = &facts.spec;
+    CloneOptions {
+        vm_name: spec.vm_name.clone(),
+        network: spec.network.clone(),
+        no_direct_io: spec.no_direct_io,
+        backend: spec.backend.clone(),
+        restore_mode: restore_mode(spec, &facts.node_restore_mode),
+        drop_own_fork_snapshot: fresh,
+    }
+}
+
+/// `restoreModeFor`: Windows guests always restore by copy.
+fn restore_mode(spec: &VmSpec, node_mode: &str) -> String {
+    if spec.os.eq_ignore_ascii_case("windows") { "copy".into() } else { node_mode.into() }
+}
+
+fn has_explicit_clone_source(spec: &VmSpec) -> bool {
+    !spec.clone_from_dir.trim().is_empty() || !spec.fork_from.is_empty()
+}
+
+fn proceed(plan: Plan, reason: &str, message: String) -> Decision {
+    Decision { outcome: Outcome::Proceed(plan), reason: reason.into(), message }
+}
+
+fn refuse(reason: &str, message: String) -> Decision {
+    Decision { outcome: Outcome::Refuse, reason: reason.into(), message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cocoonstack::vk_policy::types::PodFacts;
+    use exports::cocoonstack::vk_policy::bring_up::FoundEvidence;
+
+    fn facts() -> Facts {
+        Facts {
+            pod: PodFacts {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: "u".into(),
+                phase: "Pending".into(),
+                annotations: vec![],
+                labels: vec![],
+                node_selector: vec![],
+                owner_references: vec![],
+            },
+            spec: VmSpec {
+                vm_name: "vm1".into(),
+                image: "snap:v1".into(),
+                mode: String::new(),
+                os: String::new(),
+                storage: String::new(),
+                network: String::new(),
+                snapshot_policy: String::new(),
+                fork_from: String::new(),
+                clone_from_dir: String::new(),
+                managed: true,
+                force_pull: false,
+                no_direct_io: false,
+                conn_type: String::new(),
+                backend: String::new(),
+                probe_port: String::new(),
+                restore_from_hibernate: false,
+            },
+            vm_exists_locally: false,
+            evidence: HibernateEvidence::None,
+            registry_configured: true,
+            local_snapshots: vec![],
+            node_restore_mode: "mmap".into(),
+            preassigned_vm_id: String::new(),
+            preassigned_ip: String::new(),
+            preassigned_vnc_port: String::new(),
+        }
+    }
+
+    fn found(image: &str) -> HibernateEvidence {
+        HibernateEvidence::Found(FoundEvidence { source: "registry".into(), recorded_image: image.into() })
+    }
+
+    #[test]
+    fn fresh_clone_uses_the_tag_aware_local_name() {
+        let d = decide(&facts());
+        let Outcome::Proceed(Plan::Clone(plan)) = d.outcome else { panic!("{}", d.reason) };
+        assert_eq!((plan.local_snapshot.as_str(), plan.repository.as_str(), plan.tag.as_str()), ("snap:v1", "snap", "v1"));
+        assert!(plan.options.drop_own_fork_snapshot);
+    }
+
+    #[test]
+    fn evidence_guards() {
+        let mut f = facts();
+        f.evidence = HibernateEvidence::Unavailable("registry down".into());
+        assert_eq!(decide(&f).reason, "hibernate-evidence-unavailable");
+        f.evidence = found("snap:v1");
+        assert_eq!(decide(&f).reason, "restore-derived");
+        f.evidence = found("snap:v2");
+        assert_eq!(decide(&f).reason, "image-conflict");
+        f.evidence = found("snap:v1");
+        f.spec.fork_from = "src".into();
+        assert_eq!(decide(&f).reason, "source-conflict");
+        // The explicit marker is exempt from the source conflict but keeps the image guard.
+        f.spec.restore_from_hibernate = true;
+        assert_eq!(decide(&f).reason, "restore-explicit");
+        f.evidence = found("other");
+        assert_eq!(decide(&f).reason, "image-conflict");
+    }
+
+    #[test]
+    fn restore_keeps_the_fork_lineage() {
+        let mut f = facts();
+        f.evidence = found("");
+        let Outcome::Proceed(Plan::RestoreFromHibernate(plan)) = decide(&f).outcome else { panic!() };
+        assert!(!plan.options.drop_own_fork_snapshot);
+        assert!(plan.derived);
+    }
+}

@@ -1,0 +1,181 @@
+//! Default `snapshot-before-destroy` policy (behaviour spec §4a, decisions 3, 8 and 9): before
+//! DeletePod destroys a VM, save and push it to `<vm>:latest` unless the pod's snapshot policy
+//! says otherwise. The role comes from the pod's CocoonSet owner and its exact VM name.
+
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::String;
+
+wit_bindgen::generate!({ world: "snapshot-before-destroy-policy", path: "../../wit" });
+
+pub use exports::cocoonstack::vk_policy::snapshot_before_destroy::{
+    Decision, Facts, Outcome, SnapshotTarget,
+};
+use vk_policy_support::naming::DEFAULT_SNAPSHOT_TAG;
+use vk_policy_support::role::{Role, role_for_pod};
+
+pub struct Policy;
+
+impl exports::cocoonstack::vk_policy::snapshot_before_destroy::Guest for Policy {
+    fn decide(facts: Facts) -> Decision {
+        decide(&facts)
+    }
+}
+
+// Component exports exist only in the wasm build (export names contain `:`, which native
+// linkers reject); natively the crate is a plain library for tests and benchmarks.
+#[cfg(target_arch = "wasm32")]
+export!(Policy);
+
+/// The snapshot table, first matching row wins.
+pub fn decide(facts: &Facts) -> Decision {
+    let spec = &facts.spec;
+    let vm = spec.vm_name.as_str();
+    if !spec.managed {
+        return skip("unmanaged", format!("vm {vm} is not managed by vk-cocoon: its state is the operator's"));
+    }
+    if spec.os.trim().eq_ignore_ascii_case("macos") {
+        return skip("macos", format!("vm {vm} is a macOS guest: it has no live snapshot"));
+    }
+    if vm.is_empty() {
+        return skip("no-vm-name", String::from("the pod names no VM: nothing to snapshot"));
+    }
+    match spec.snapshot_policy.as_str() {
+        "never" => return skip("policy-never", format!("snapshot policy of vm {vm} is never")),
+        "main-only" => {
+            let owner = cocoonset_owner(facts);
+            let role = role_for_pod(&facts.pod.namespace, owner, vm);
+            if role != Role::Main {
+                return skip(
+                    "not-main-agent",
+                    format!("snapshot policy of vm {vm} is main-only and its role is {}", role.as_str()),
+                );
+            }
+        }
+        _ => {}
+    }
+    if !facts.pusher_configured {
+        return skip("no-registry", format!("no registry is configured: vm {vm} is destroyed without a snapshot"));
+    }
+    if !facts.vm_running {
+        return skip("vm-not-running", format!("vm {vm} is not running: there is no live state to save"));
+    }
+    Decision {
+        outcome: Outcome::Snapshot(SnapshotTarget {
+            repository: vm.into(),
+            tag: DEFAULT_SNAPSHOT_TAG.into(),
+            base_image: spec.image.clone(),
+        }),
+        reason: "snapshot".into(),
+        message: format!("save vm {vm} and push it to {vm}:{DEFAULT_SNAPSHOT_TAG} before destroying it"),
+    }
+}
+
+/// Name of the pod's first `CocoonSet` owner, "" when it has none.
+fn cocoonset_owner(facts: &Facts) -> &str {
+    facts
+        .pod
+        .owner_references
+        .iter()
+        .find(|owner| owner.kind == "CocoonSet")
+        .map_or("", |owner| owner.name.as_str())
+}
+
+fn skip(reason: &str, message: String) -> Decision {
+    Decision { outcome: Outcome::Skip, reason: reason.into(), message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cocoonstack::vk_policy::types::{OwnerReference, PodFacts, VmSpec};
+    use vk_policy_support::role::vm_name_for_deployment;
+
+    fn facts(policy: &str, vm_name: &str, owner: Option<&str>) -> Facts {
+        let owner_references = owner
+            .map(|name| OwnerReference {
+                api_version: "cocoonset.cocoonstack.io/v1".into(),
+                kind: "CocoonSet".into(),
+                name: name.into(),
+                uid: "o".into(),
+                controller: true,
+            })
+            .into_iter()
+            .collect();
+        Facts {
+            pod: PodFacts {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: "u".into(),
+                phase: "Running".into(),
+                annotations: vec![],
+                labels: vec![],
+                node_selector: vec![],
+                owner_references,
+            },
+            spec: VmSpec {
+                vm_name: vm_name.into(),
+                image: "base:v1".into(),
+                mode: String::new(),
+                os: String::new(),
+                storage: String::new(),
+                network: String::new(),
+                snapshot_policy: policy.into(),
+                fork_from: String::new(),
+                clone_from_dir: String::new(),
+                managed: true,
+                force_pull: false,
+                no_direct_io: false,
+                conn_type: String::new(),
+                backend: String::new(),
+                probe_port: String::new(),
+                restore_from_hibernate: false,
+            },
+            pusher_configured: true,
+            vm_running: true,
+        }
+    }
+
+    fn reason(f: &Facts) -> String {
+        decide(f).reason
+    }
+
+    #[test]
+    fn policy_table() {
+        let main = vm_name_for_deployment("ns", "demo", 0);
+        let sub = vm_name_for_deployment("ns", "demo", 1);
+        assert_eq!(reason(&facts("never", &main, Some("demo"))), "policy-never");
+        assert_eq!(reason(&facts("main-only", &main, Some("demo"))), "snapshot");
+        assert_eq!(reason(&facts("main-only", &sub, Some("demo"))), "not-main-agent");
+        assert_eq!(reason(&facts("main-only", "toolbox-0", None)), "not-main-agent");
+        for policy in ["always", "", "sometimes"] {
+            assert_eq!(reason(&facts(policy, "toolbox-0", None)), "snapshot", "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn snapshot_goes_to_latest_with_the_base_image() {
+        let d = decide(&facts("always", "vm1", None));
+        let Outcome::Snapshot(target) = d.outcome else { panic!("expected a snapshot") };
+        assert_eq!((target.repository.as_str(), target.tag.as_str(), target.base_image.as_str()), ("vm1", "latest", "base:v1"));
+    }
+
+    #[test]
+    fn no_registry_stopped_vm_unmanaged_and_macos_skip() {
+        let mut f = facts("always", "vm1", None);
+        f.pusher_configured = false;
+        assert_eq!(reason(&f), "no-registry");
+        let mut f = facts("always", "vm1", None);
+        f.vm_running = false;
+        assert_eq!(reason(&f), "vm-not-running");
+        let mut f = facts("always", "vm1", None);
+        f.spec.managed = false;
+        assert_eq!(reason(&f), "unmanaged");
+        let mut f = facts("always", "vm1", None);
+        f.spec.os = " MacOS ".into();
+        assert_eq!(reason(&f), "macos");
+    }
+}

@@ -1,0 +1,10 @@
+//! vk-cocoon: a virtual-kubelet provider that runs pods as cocoon microVMs.
+//!
+//! The crate is split by concern:
+//! - [`policy`]: the WebAssembly policy engine (every *decision* runs as a sandboxed component).
+//! - [`runtime`]: the typed async client for the `cocoon` CLI.
+//! - [`kubelet`]: the virtual node towards the Kubernetes API (node, lease, pod watch, status).
+
+pub mod kubelet;
+pub mod policy;
+pub mod runtime;
