@@ -1,0 +1,190 @@
+//! Fault injection and settings: `<root>/control.json` (format in `tests/cocoon-sim/README.md`).
+
+use crate::store::{write_atomic, Store};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Control {
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+    #[serde(default)]
+    pub exec: Vec<ExecRule>,
+    #[serde(default)]
+    pub settings: Settings,
+}
+
+/// One fault rule: applies to invocations of `verb` (e.g. `"vm inspect"`, `"snapshot export"`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Fault {
+    pub verb: String,
+    /// Only invocations whose argv contains this exact element (e.g. a VM name) match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_arg: Option<String>,
+    /// How many more invocations this rule applies to; `None` = forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u32>,
+    pub action: FaultAction,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultAction {
+    /// Print `stdout` and `stderr` (verbatim; a newline is added to a non-empty stderr if missing) and exit with
+    /// `exit_code`; nothing else happens. With exit code 0 this fakes an output (e.g. an old-format reply).
+    Fail {
+        #[serde(default)]
+        stdout: String,
+        stderr: String,
+        exit_code: i32,
+    },
+    /// Sleep this long, then run the verb normally.
+    Delay { ms: u64 },
+    /// Kill the process with SIGKILL mid-operation: `vm run/clone` after the `creating` record is written,
+    /// `snapshot export` after `after_bytes` bytes of tar, `snapshot import` / `image import` after reading
+    /// `after_bytes` of input, `snapshot save` after the data is written but before it is registered;
+    /// any other verb immediately.
+    Die {
+        #[serde(default)]
+        after_bytes: u64,
+    },
+}
+
+/// What `vm exec` answers for a matching command (first match wins).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecRule {
+    /// VM name or ID; `None` = any VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+    /// The command's argv must start with these elements (empty = any command).
+    #[serde(default)]
+    pub argv_prefix: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u32>,
+    #[serde(default)]
+    pub exit_code: i32,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    /// How long `vm run` / `vm clone` keep the VM in `creating` before it turns `running`.
+    #[serde(default)]
+    pub create_delay_ms: u64,
+    /// Print the old text `No VMs found.` for an empty `vm list -o json` instead of `[]`.
+    #[serde(default)]
+    pub legacy_empty_list: bool,
+    /// How often `vm status --event` re-reads the state.
+    #[serde(default = "default_poll")]
+    pub event_poll_ms: u64,
+    /// Guest RAM file size of new snapshots (written with real pseudo-random bytes).
+    #[serde(default = "default_memory")]
+    pub snapshot_memory_bytes: u64,
+    /// Apparent size of the (sparse) COW disk of new snapshots.
+    #[serde(default = "default_cow")]
+    pub snapshot_cow_bytes: u64,
+    /// Bytes of real data in the COW disk (two extents: at 0 and in the middle).
+    #[serde(default = "default_cow_data")]
+    pub snapshot_cow_data_bytes: u64,
+}
+
+fn default_poll() -> u64 {
+    100
+}
+fn default_memory() -> u64 {
+    256 * 1024
+}
+fn default_cow() -> u64 {
+    64 << 20
+}
+fn default_cow_data() -> u64 {
+    128 * 1024
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            create_delay_ms: 0,
+            legacy_empty_list: false,
+            event_poll_ms: default_poll(),
+            snapshot_memory_bytes: default_memory(),
+            snapshot_cow_bytes: default_cow(),
+            snapshot_cow_data_bytes: default_cow_data(),
+        }
+    }
+}
+
+impl Control {
+    fn path(store: &Store) -> std::path::PathBuf {
+        store.path("control.json")
+    }
+
+    fn load_unlocked(store: &Store) -> std::io::Result<Control> {
+        match std::fs::read(Self::path(store)) {
+            Ok(b) if b.is_empty() => Ok(Control::default()),
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| std::io::Error::other(format!("control.json: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Control::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn load(store: &Store) -> std::io::Result<Control> {
+        let _g = store.lock()?;
+        Self::load_unlocked(store)
+    }
+
+    /// Read-modify-write of the control file under the state lock.
+    pub fn update<R>(store: &Store, f: impl FnOnce(&mut Control) -> R) -> std::io::Result<R> {
+        let _g = store.lock()?;
+        let mut c = Self::load_unlocked(store)?;
+        let r = f(&mut c);
+        write_atomic(&Self::path(store), &serde_json::to_vec_pretty(&c).map_err(std::io::Error::other)?)?;
+        Ok(r)
+    }
+
+    /// Finds the first fault rule for this invocation and consumes one use of it.
+    pub fn take_fault(store: &Store, verb: &str, argv: &[String]) -> std::io::Result<Option<FaultAction>> {
+        if !Self::path(store).exists() {
+            return Ok(None);
+        }
+        Self::update(store, |c| {
+            let idx = c.faults.iter().position(|f| {
+                f.verb == verb && f.times != Some(0) && f.match_arg.as_ref().is_none_or(|a| argv.iter().any(|x| x == a))
+            })?;
+            let fault = &mut c.faults[idx];
+            let action = fault.action.clone();
+            if let Some(t) = fault.times.as_mut() {
+                *t -= 1;
+                if *t == 0 {
+                    c.faults.remove(idx);
+                }
+            }
+            Some(action)
+        })
+    }
+
+    /// Finds the exec rule for a command on a VM and consumes one use of it.
+    pub fn take_exec(store: &Store, vm_id: &str, vm_name: &str, argv: &[String]) -> std::io::Result<Option<ExecRule>> {
+        if !Self::path(store).exists() {
+            return Ok(None);
+        }
+        Self::update(store, |c| {
+            let idx = c.exec.iter().position(|r| {
+                r.times != Some(0)
+                    && r.vm.as_ref().is_none_or(|v| v == vm_id || v == vm_name)
+                    && argv.len() >= r.argv_prefix.len()
+                    && argv.iter().zip(&r.argv_prefix).all(|(a, b)| a == b)
+            })?;
+            let rule = c.exec[idx].clone();
+            if let Some(t) = c.exec[idx].times.as_mut() {
+                *t -= 1;
+                if *t == 0 {
+                    c.exec.remove(idx);
+                }
+            }
+            Some(rule)
+        })
+    }
+}

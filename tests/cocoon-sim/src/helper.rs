@@ -1,0 +1,210 @@
+//! [`Sim`]: the API tests use to set up and drive a simulator root.
+
+use crate::control::{Control, ExecRule, Fault, FaultAction, Settings};
+use crate::store::{Resolved, Store};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One recorded `vm exec` (from `<root>/exec.log`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExecRecord {
+    pub vm_id: String,
+    pub vm_name: String,
+    pub argv: Vec<String>,
+    /// `KEY=VALUE` in the order given.
+    pub env: Vec<String>,
+    pub interactive: bool,
+    pub stdin: String,
+    pub exit_code: i32,
+    pub at: String,
+}
+
+/// One recorded invocation (from `<root>/calls.log`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CallRecord {
+    pub pid: u32,
+    pub verb: String,
+    pub argv: Vec<String>,
+}
+
+/// Out-of-band VM changes (what a crash, an operator or the host could do behind vk-cocoon's back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flip {
+    /// `state: stopped`, pid 0.
+    Stopped,
+    /// Still recorded `running` but the VMM is dead: printed as `stopped (stale)`.
+    Stale,
+    /// `state: error`.
+    Error,
+    /// Back to `running`.
+    Running,
+    /// The record disappears.
+    Deleted,
+}
+
+/// A simulator root directory. Point the client at the `cocoon-sim` binary with `COCOON_SIM_ROOT=<root>`.
+#[derive(Debug, Clone)]
+pub struct Sim {
+    pub root: PathBuf,
+}
+
+impl Sim {
+    /// Uses (and creates) `root`.
+    pub fn new(root: impl Into<PathBuf>) -> std::io::Result<Sim> {
+        let sim = Sim { root: root.into() };
+        sim.store().ensure_dirs()?;
+        Ok(sim)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn store(&self) -> Store {
+        Store::new(&self.root)
+    }
+
+    /// The environment a `cocoon-sim` process needs: `("COCOON_SIM_ROOT", root)`.
+    pub fn env(&self) -> (String, String) {
+        ("COCOON_SIM_ROOT".into(), self.root.display().to_string())
+    }
+
+    /// Makes `verb` (e.g. `"vm inspect"`) fail `times` more times with `stderr` and `exit_code`.
+    pub fn inject_failure(&self, verb: &str, times: u32, stderr: &str, exit_code: i32) -> std::io::Result<()> {
+        self.add_fault(Fault { verb: verb.into(), match_arg: None, times: Some(times), action: FaultAction::Fail { stdout: String::new(), stderr: stderr.into(), exit_code } })
+    }
+
+    /// Makes `verb` answer the next `times` invocations with exactly `stdout` and exit 0 (fake or old-format outputs).
+    pub fn inject_output(&self, verb: &str, times: u32, stdout: &str) -> std::io::Result<()> {
+        self.add_fault(Fault { verb: verb.into(), match_arg: None, times: Some(times), action: FaultAction::Fail { stdout: stdout.into(), stderr: String::new(), exit_code: 0 } })
+    }
+
+    /// Delays the next `times` invocations of `verb` (`None` = all) by `ms` milliseconds.
+    pub fn delay(&self, verb: &str, times: Option<u32>, ms: u64) -> std::io::Result<()> {
+        self.add_fault(Fault { verb: verb.into(), match_arg: None, times, action: FaultAction::Delay { ms } })
+    }
+
+    /// Makes the next invocation of `verb` die (SIGKILL) mid-operation (see [`FaultAction::Die`]).
+    pub fn die_next(&self, verb: &str, after_bytes: u64) -> std::io::Result<()> {
+        self.add_fault(Fault { verb: verb.into(), match_arg: None, times: Some(1), action: FaultAction::Die { after_bytes } })
+    }
+
+    pub fn add_fault(&self, fault: Fault) -> std::io::Result<()> {
+        Control::update(&self.store(), |c| c.faults.push(fault))
+    }
+
+    pub fn clear_faults(&self) -> std::io::Result<()> {
+        Control::update(&self.store(), |c| c.faults.clear())
+    }
+
+    /// What `vm exec` answers for matching commands (first match wins; default: exit 0, stdin echoed with `-i`).
+    pub fn on_exec(&self, rule: ExecRule) -> std::io::Result<()> {
+        Control::update(&self.store(), |c| c.exec.push(rule))
+    }
+
+    pub fn settings(&self) -> std::io::Result<Settings> {
+        Ok(Control::load(&self.store())?.settings)
+    }
+
+    pub fn set_settings(&self, f: impl FnOnce(&mut Settings)) -> std::io::Result<()> {
+        Control::update(&self.store(), |c| f(&mut c.settings))
+    }
+
+    /// Changes a VM (by name or ID) behind the client's back.
+    pub fn flip_vm(&self, reference: &str, flip: Flip) -> std::io::Result<()> {
+        self.store().update(|s| -> std::io::Result<()> {
+            let id = match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
+                Resolved::Found(id) => id,
+                _ => return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("flip_vm: no VM {reference:?} in {}", self.root.display()))),
+            };
+            let seq = s.next_seq();
+            match flip {
+                Flip::Deleted => {
+                    s.vms.remove(&id);
+                }
+                Flip::Stopped => crate::vm::mark_stopped(s.vms.get_mut(&id).expect("resolved"), "unexpected-exit"),
+                Flip::Error => {
+                    let e = s.vms.get_mut(&id).expect("resolved");
+                    crate::vm::mark_stopped(e, "error");
+                    e.vm.state = "error".into();
+                }
+                Flip::Stale => {
+                    let e = s.vms.get_mut(&id).expect("resolved");
+                    e.vm.state = "running".into();
+                    e.stale = true;
+                }
+                Flip::Running => {
+                    let e = s.vms.get_mut(&id).expect("resolved");
+                    e.vm.state = "running".into();
+                    e.vm.pid = 200_000 + (seq % 100_000) as i64;
+                    e.stale = false;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Registers an image as if `image pull` had run (`kind`: `oci` or `cloudimg`).
+    pub fn add_image(&self, name: &str, kind: &str) -> std::io::Result<()> {
+        self.store().update(|s| -> std::io::Result<()> {
+            crate::image::add_image(s, name, kind, 64 << 20);
+            Ok(())
+        })
+    }
+
+    pub fn exec_log(&self) -> std::io::Result<Vec<ExecRecord>> {
+        self.store().read_jsonl("exec.log")
+    }
+
+    pub fn calls(&self) -> std::io::Result<Vec<CallRecord>> {
+        self.store().read_jsonl("calls.log")
+    }
+
+    /// Raw state of one VM as stored (not reconciled), if present.
+    pub fn vm_state(&self, reference: &str) -> std::io::Result<Option<String>> {
+        self.store().read(|s| match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
+            Resolved::Found(id) => Some(s.vms[&id].vm.state.clone()),
+            _ => None,
+        })
+    }
+
+    pub fn vm_count(&self) -> std::io::Result<usize> {
+        self.store().read(|s| s.vms.len())
+    }
+
+    /// Data directory of a snapshot (by name or ID).
+    pub fn snapshot_dir(&self, reference: &str) -> std::io::Result<Option<PathBuf>> {
+        self.store().read(|s| {
+            s.snapshots.iter().find(|(id, e)| *id == reference || e.record.config.name == reference).map(|(_, e)| PathBuf::from(&e.data_dir))
+        })
+    }
+
+    /// PIDs of live `cocoon-sim` processes running `verb` (e.g. `"vm status"`).
+    pub fn pids_of(&self, verb: &str) -> std::io::Result<Vec<i32>> {
+        let mut pids = Vec::new();
+        for e in std::fs::read_dir(self.root.join("procs"))? {
+            let e = e?;
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let alive = std::fs::read(format!("/proc/{pid}/cmdline")).map(|c| String::from_utf8_lossy(&c).contains("cocoon-sim")).unwrap_or(false);
+            if !alive {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            if std::fs::read_to_string(e.path()).map(|v| v == verb).unwrap_or(false) {
+                pids.push(pid);
+            }
+        }
+        Ok(pids)
+    }
+
+    /// SIGKILLs every live `cocoon-sim` process running `verb`; returns how many.
+    pub fn kill_all(&self, verb: &str) -> std::io::Result<usize> {
+        let pids = self.pids_of(verb)?;
+        for pid in &pids {
+            unsafe {
+                libc::kill(*pid, libc::SIGKILL);
+            }
+        }
+        Ok(pids.len())
+    }
+}
