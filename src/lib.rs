@@ -6,5 +6,6 @@
 //! - [`kubelet`]: the virtual node towards the Kubernetes API (node, lease, pod watch, status).
 
 pub mod kubelet;
+pub mod model;
 pub mod policy;
 pub mod runtime;

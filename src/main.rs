@@ -1,1 +1,19 @@
-fn main() {}
+//! The `vk-cocoon` binary: the node daemon and the policy authors' tools.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod cli;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    cli::init_logging();
+    match cli::run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}

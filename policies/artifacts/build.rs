@@ -73,7 +73,7 @@ fn build_guests(workspace: &Path, target_dir: &Path, guests: &[(&str, &str)]) {
     let mut command = Command::new(cargo);
     command
         .current_dir(workspace)
-        .args(["build", "--release", "--locked", "--target", TARGET])
+        .args(["build", "--release", "--target", TARGET])
         .env("CARGO_TARGET_DIR", target_dir)
         // Flags meant for the host build must not leak into the guests.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")

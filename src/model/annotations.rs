@@ -1,0 +1,24 @@
+//! The pod annotation keys of the cocoon contract (behaviour spec §1.1).
+
+pub const VM_NAME: &str = "vm.cocoonstack.io/name";
+pub const IMAGE: &str = "cocoonset.cocoonstack.io/image";
+pub const MODE: &str = "cocoonset.cocoonstack.io/mode";
+pub const OS: &str = "cocoonset.cocoonstack.io/os";
+pub const STORAGE: &str = "cocoonset.cocoonstack.io/storage";
+pub const NETWORK: &str = "cocoonset.cocoonstack.io/network";
+pub const SNAPSHOT_POLICY: &str = "cocoonset.cocoonstack.io/snapshot-policy";
+pub const MANAGED: &str = "cocoonset.cocoonstack.io/managed";
+pub const FORCE_PULL: &str = "cocoonset.cocoonstack.io/force-pull";
+pub const BACKEND: &str = "vm.cocoonstack.io/backend";
+pub const NO_DIRECT_IO: &str = "vm.cocoonstack.io/no-direct-io";
+pub const FORK_FROM: &str = "vm.cocoonstack.io/fork-from";
+pub const CLONE_FROM_DIR: &str = "vm.cocoonstack.io/clone-from-dir";
+pub const CONN_TYPE: &str = "vm.cocoonstack.io/conn-type";
+pub const PROBE_PORT: &str = "vm.cocoonstack.io/probe-port";
+pub const RESTORE_FROM_HIBERNATE: &str = "vm.cocoonstack.io/restore-from-hibernate";
+pub const VM_ID: &str = "vm.cocoonstack.io/id";
+pub const IP: &str = "vm.cocoonstack.io/ip";
+pub const VNC_PORT: &str = "vm.cocoonstack.io/vnc-port";
+
+/// Node-selector key pinning a pod's snapshot CPU class.
+pub const SNAPSHOT_CPU_CLASS: &str = "cocoonstack.io/snapshot-cpu-class";

@@ -1,0 +1,173 @@
+//! Case tables: YAML files that pin a policy's decisions, run inside the same sandbox the
+//! daemon uses.
+//!
+//! ```yaml
+//! slot: cpu-class-admission
+//! component: my-policy.wasm        # optional; default: <table>.wasm beside, else the built-in
+//! defaults:                        # merged under every case (JSON merge patch)
+//!   pod: {metadata: {namespace: ns, name: p}}
+//! cases:
+//!   - name: classified pod on a matching node
+//!     pod: {spec: {nodeSelector: {cocoonstack.io/snapshot-cpu-class: x}}}
+//!     host: {node-class: x}
+//!     expect: {verdict: admit, reason: class-match}   # a subset of the decision's JSON
+//!     message-contains: [provides]
+//! ```
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::decision::SlotDecision;
+use super::engine::PolicyEngine;
+use super::input::{DecisionInput, facts_for};
+use super::loaded::LoadedPolicy;
+use super::slot::Slot;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CaseTable {
+    pub slot: Slot,
+    /// Component under test, relative to the table's directory.
+    #[serde(default)]
+    pub component: Option<PathBuf>,
+    #[serde(default)]
+    pub defaults: DecisionInput,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Case {
+    pub name: String,
+    #[serde(default)]
+    pub pod: Value,
+    #[serde(default)]
+    pub host: Value,
+    /// Every key given must equal the decision's (objects compare recursively).
+    pub expect: Value,
+    #[serde(default)]
+    pub message_contains: Vec<String>,
+}
+
+/// The outcome of one case.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub name: String,
+    /// `None` when the case passed, else what differed.
+    pub failure: Option<String>,
+    pub decision: Value,
+}
+
+impl CaseTable {
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = fs::read_to_string(path).map_err(|e| format!("cannot read case table {}: {e}", path.display()))?;
+        let table: CaseTable =
+            serde_yaml_ng::from_str(&text).map_err(|e| format!("case table {} is malformed: {e}", path.display()))?;
+        if table.cases.is_empty() {
+            return Err(format!("case table {} has no cases", path.display()));
+        }
+        Ok(table)
+    }
+
+    /// The component this table tests: `component:` if given, else `<stem>.wasm` beside the
+    /// table (for `x.cases.yaml`, `x.wasm`), else `None` (the slot's built-in policy).
+    pub fn component_path(&self, table_path: &Path) -> Option<PathBuf> {
+        let dir = table_path.parent().unwrap_or(Path::new("."));
+        if let Some(component) = &self.component {
+            return Some(dir.join(component));
+        }
+        let name = table_path.file_name()?.to_str()?;
+        let stem = name.strip_suffix(".cases.yaml").or_else(|| name.strip_suffix(".cases.yml"))?;
+        let beside = dir.join(format!("{stem}.wasm"));
+        beside.exists().then_some(beside)
+    }
+
+    /// Runs every case against `policy` (which must serve the table's slot).
+    pub fn run(&self, engine: &PolicyEngine, policy: &LoadedPolicy) -> Vec<CaseResult> {
+        self.cases.iter().map(|case| self.run_case(engine, policy, case)).collect()
+    }
+
+    fn run_case(&self, engine: &PolicyEngine, policy: &LoadedPolicy, case: &Case) -> CaseResult {
+        let fail = |failure: String, decision: Value| CaseResult { name: case.name.clone(), failure: Some(failure), decision };
+        let input = DecisionInput { pod: merged(&self.defaults.pod, &case.pod), host: merged(&self.defaults.host, &case.host) };
+        let facts = match facts_for(self.slot, &input) {
+            Ok(facts) => facts,
+            Err(error) => return fail(format!("bad input: {error}"), Value::Null),
+        };
+        // A failed policy is judged by the decision the daemon would act on: the fail-safe one.
+        let decision = match policy.decide(engine, &facts) {
+            Ok(decision) => decision,
+            Err(error) => SlotDecision::fail_safe(&facts, &error.to_string()),
+        }
+        .to_json();
+        if let Some(difference) = subset_difference(&case.expect, &decision, "") {
+            return fail(difference, decision);
+        }
+        let message = decision.get("message").and_then(Value::as_str).unwrap_or("");
+        if let Some(missing) = case.message_contains.iter().find(|needle| !message.contains(needle.as_str())) {
+            return fail(format!("message {message:?} does not contain {missing:?}"), decision);
+        }
+        CaseResult { name: case.name.clone(), failure: None, decision }
+    }
+}
+
+fn merged(base: &Value, overlay: &Value) -> Value {
+    let mut out = base.clone();
+    if !overlay.is_null() {
+        json_patch::merge(&mut out, overlay);
+    }
+    out
+}
+
+/// `None` when every key of `expected` is in `actual` with an equal value (recursively for
+/// objects); otherwise the first difference, named by its path.
+pub fn subset_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
+    match (expected, actual) {
+        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, want_value)| {
+            let here = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+            match have.get(key) {
+                Some(have_value) => subset_difference(want_value, have_value, &here),
+                None => Some(format!("{here}: expected {want_value}, but the decision has no such field")),
+            }
+        }),
+        _ if expected == actual => None,
+        _ => Some(format!("{}: expected {expected}, got {actual}", if path.is_empty() { "decision" } else { path })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subset_matching_names_the_first_difference() {
+        let actual = json!({"outcome": "proceed", "plan": {"kind": "clone", "tag": "v1"}, "reason": "clone"});
+        assert_eq!(subset_difference(&json!({"plan": {"kind": "clone"}}), &actual, ""), None);
+        assert_eq!(
+            subset_difference(&json!({"plan": {"tag": "v2"}}), &actual, ""),
+            Some("plan.tag: expected \"v2\", got \"v1\"".into())
+        );
+        assert!(subset_difference(&json!({"verdict": "admit"}), &actual, "").unwrap().contains("no such field"));
+    }
+
+    #[test]
+    fn case_overrides_merge_over_defaults() {
+        let base = json!({"metadata": {"name": "p", "annotations": {"a": "1", "b": "2"}}});
+        let overlay = json!({"metadata": {"annotations": {"b": null, "c": "3"}}});
+        assert_eq!(merged(&base, &overlay), json!({"metadata": {"name": "p", "annotations": {"a": "1", "c": "3"}}}));
+    }
+
+    #[test]
+    fn the_component_beside_a_table_is_found_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let table: CaseTable = serde_yaml_ng::from_str("slot: bring-up\ncases: []").unwrap();
+        let path = dir.path().join("mine.cases.yaml");
+        assert_eq!(table.component_path(&path), None);
+        fs::write(dir.path().join("mine.wasm"), b"").unwrap();
+        assert_eq!(table.component_path(&path), Some(dir.path().join("mine.wasm")));
+    }
+}
