@@ -132,6 +132,8 @@ impl FakeApiServer {
 
     /// A real `kube::Client` talking to this server (default namespace `default`).
     pub fn client(&self) -> kube::Client {
+        // Ignored when a provider is already installed (by the test or an earlier client).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let config = kube::Config::new(self.url().parse().expect("valid fake apiserver URL"));
         kube::Client::try_from(config).expect("build a kube client for the fake apiserver")
     }

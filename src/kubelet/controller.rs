@@ -1,0 +1,209 @@
+//! The thin I/O driver of the pod controller: pumps the pod watch into the sans-I/O core
+//! ([`super::pods`]) and executes its actions on a bounded worker pool.
+
+use super::backoff::Exponential;
+use super::config::Timings;
+use super::events::EventSink;
+use super::pods::{Action, CoreConfig, Input, OpKind, OpOutcome, PodKey, PodState, Rejection, pod_key};
+use super::provider::{Provider, ProviderError, ProviderPodStatus};
+use super::status::{WriteOutcome, build_pod_status, publish_status, superseded};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+/// Lets the provider ask for a pod's status to be republished (its async `NotifyPods`).
+#[derive(Clone, Debug)]
+pub struct Notifier {
+    tx: mpsc::UnboundedSender<Input>,
+}
+
+impl Notifier {
+    /// Re-reads the provider's status of pod `namespace/name` and publishes it.
+    pub fn notify(&self, key: impl Into<PodKey>) {
+        let _ = self.tx.send(Input::Notify { key: key.into() });
+    }
+}
+
+/// The pod controller of one node.
+pub(crate) struct PodController<P: Provider> {
+    pub client: Client,
+    pub provider: Arc<P>,
+    pub node_name: String,
+    pub timings: Timings,
+    pub events: EventSink,
+    pub tx: mpsc::UnboundedSender<Input>,
+    pub rx: mpsc::UnboundedReceiver<Input>,
+}
+
+pub(crate) fn channel() -> (mpsc::UnboundedSender<Input>, mpsc::UnboundedReceiver<Input>, Notifier) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let notifier = Notifier { tx: tx.clone() };
+    (tx, rx, notifier)
+}
+
+fn map_provider(result: Result<(), ProviderError>) -> OpOutcome {
+    match result {
+        Ok(()) => OpOutcome::Done,
+        Err(ProviderError::Rejected { reason, message }) => OpOutcome::Rejected { reason, message },
+        Err(e @ (ProviderError::Transient(_) | ProviderError::NotFound(_))) => OpOutcome::Failed { error: e.to_string() },
+    }
+}
+
+impl<P: Provider> PodController<P> {
+    /// Runs until `shutdown`: watch → core → actions.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut state = PodState::new(CoreConfig { retry_base: self.timings.retry_base, retry_max: self.timings.retry_max });
+        let workers = Arc::new(Semaphore::new(self.timings.workers.max(1)));
+        let pump = self.spawn_watch_pump(shutdown.clone());
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                input = self.rx.recv() => {
+                    let Some(input) = input else { break };
+                    for action in state.on_event(input) {
+                        self.execute(action, &workers, &shutdown);
+                    }
+                }
+            }
+        }
+        pump.abort();
+        tracing::info!(node = %self.node_name, "pod controller stopped");
+    }
+
+    fn spawn_watch_pump(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let backoff = Exponential::new(self.timings.watch_backoff_min, self.timings.watch_backoff_max);
+        let mut stream = watcher(pods, config).backoff(backoff).boxed();
+        let tx = self.tx.clone();
+        let node = self.node_name.clone();
+        tokio::spawn(async move {
+            loop {
+                let item = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    item = stream.next() => item,
+                };
+                let input = match item {
+                    None => return,
+                    Some(Err(error)) => {
+                        // 410 Gone makes the watcher relist; everything else is retried with backoff.
+                        tracing::warn!(%node, %error, "pod watch error; the watcher recovers with backoff");
+                        continue;
+                    }
+                    Some(Ok(event)) => match event {
+                        watcher::Event::Init => Input::InitStarted,
+                        watcher::Event::InitApply(p) => Input::InitApplied(Arc::new(p)),
+                        watcher::Event::InitDone => Input::InitDone,
+                        watcher::Event::Apply(p) => Input::Applied(Arc::new(p)),
+                        watcher::Event::Delete(p) => Input::Deleted(Arc::new(p)),
+                    },
+                };
+                if tx.send(input).is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    fn execute(&self, action: Action, workers: &Arc<Semaphore>, shutdown: &CancellationToken) {
+        match action {
+            Action::Record { pod, warning, reason, note } => self.events.record(&pod, warning, &reason, "Sync", note),
+            Action::RetryAfter { key, uid, delay } => {
+                let tx = self.tx.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = tokio::time::sleep(delay) => { let _ = tx.send(Input::RetryDue { key, uid }); }
+                    }
+                });
+            }
+            Action::Run { op, pod, fingerprint, rejection } => {
+                let tx = self.tx.clone();
+                let workers = workers.clone();
+                let provider = self.provider.clone();
+                let client = self.client.clone();
+                tokio::spawn(async move {
+                    let Ok(_permit) = workers.acquire_owned().await else { return };
+                    let key = pod_key(&pod);
+                    let uid = pod.uid().unwrap_or_default();
+                    let span = tracing::info_span!("pod_op", pod = %key, %uid, op = ?op);
+                    let outcome = tracing::Instrument::instrument(run_op(op, &pod, rejection, provider.as_ref(), client), span).await;
+                    match &outcome {
+                        OpOutcome::Done => tracing::debug!(pod = %key, %uid, ?op, "pod operation done"),
+                        OpOutcome::Superseded => tracing::info!(pod = %key, %uid, ?op, "pod incarnation superseded on the apiserver; write dropped"),
+                        OpOutcome::Rejected { reason, message } => tracing::warn!(pod = %key, %uid, ?op, %reason, %message, "provider rejected the pod"),
+                        OpOutcome::Failed { error } => tracing::warn!(pod = %key, %uid, ?op, %error, "pod operation failed; will retry"),
+                    }
+                    let _ = tx.send(Input::Finished { key, uid, op, fingerprint, outcome });
+                });
+            }
+        }
+    }
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+/// Publishes a provider status; maps the result onto the core's outcomes.
+async fn publish(pods: &Api<Pod>, pod: &Pod, status: &ProviderPodStatus) -> Result<(), OpOutcome> {
+    let built = build_pod_status(pod, status, &now());
+    match publish_status(pods, pod, &built).await {
+        Ok(WriteOutcome::Applied(_)) => Ok(()),
+        Ok(WriteOutcome::Superseded { .. }) => Err(OpOutcome::Superseded),
+        Err(e) => Err(OpOutcome::Failed { error: format!("patching pod status: {e}") }),
+    }
+}
+
+async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>, provider: &P, client: Client) -> OpOutcome {
+    let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
+    let rejected = |r: &Rejection| ProviderPodStatus::failed(&r.reason, &r.message);
+    match op {
+        OpKind::Create => map_provider(provider.create_pod(pod).await),
+        OpKind::Update => map_provider(provider.update_pod(pod).await),
+        OpKind::Delete => match provider.delete_pod(pod).await {
+            Ok(()) | Err(ProviderError::NotFound(_)) => OpOutcome::Done,
+            Err(e) => OpOutcome::Failed { error: e.to_string() },
+        },
+        OpKind::PublishStatus => {
+            let status = match (provider.pod_status(pod).await, &rejection) {
+                (Err(e), _) => return OpOutcome::Failed { error: format!("reading the provider's pod status: {e}") },
+                (Ok(_), Some(r)) => rejected(r),
+                (Ok(Some(s)), None) => s,
+                (Ok(None), None) => return OpOutcome::Done,
+            };
+            match publish(&pods, pod, &status).await {
+                Ok(()) => OpOutcome::Done,
+                Err(outcome) => outcome,
+            }
+        }
+        OpKind::Finalize => {
+            let status = match (provider.pod_status(pod).await, &rejection) {
+                (_, Some(r)) => rejected(r),
+                (Ok(Some(s)), None) if s.phase.is_terminal() => s,
+                _ => ProviderPodStatus::deleted(),
+            };
+            if let Err(outcome) = publish(&pods, pod, &status).await {
+                return outcome;
+            }
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+                ..Default::default()
+            };
+            match pods.delete(&pod.name_any(), &params).await {
+                Ok(_) => OpOutcome::Done,
+                Err(e) if superseded(&e).is_some() => OpOutcome::Superseded,
+                Err(e) => OpOutcome::Failed { error: format!("deleting the pod object: {e}") },
+            }
+        }
+    }
+}

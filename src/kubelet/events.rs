@@ -1,0 +1,40 @@
+//! Kubernetes Events through kube-runtime's `Recorder` (`events.k8s.io/v1`, deduplicated into
+//! series). Publishing never blocks or fails the caller: errors are logged.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+/// The reporting component of every event.
+pub const COMPONENT: &str = "vk-cocoon";
+
+/// Publishes events about pods, as component `vk-cocoon` on instance `<node name>`.
+#[derive(Clone)]
+pub struct EventSink {
+    recorder: Recorder,
+}
+
+impl EventSink {
+    pub fn new(client: Client, node_name: &str) -> Self {
+        Self { recorder: Recorder::new(client, Reporter { controller: COMPONENT.into(), instance: Some(node_name.into()) }) }
+    }
+
+    /// Publishes in the background.
+    pub fn record(&self, pod: &Pod, warning: bool, reason: &str, action: &str, note: String) {
+        let recorder = self.recorder.clone();
+        let reference = pod.object_ref(&());
+        let event = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, reason = %event.reason, pod = ?reference.name, "could not publish a Kubernetes event");
+            }
+        });
+    }
+}

@@ -1,0 +1,136 @@
+//! The virtual node towards the Kubernetes API (issue 5): node registration and status, the
+//! heartbeat Lease, the pod watch feeding a [`Provider`], and pod status publication.
+//!
+//! Layout — decisions are pure, I/O sits at the edges:
+//! * [`config`]: environment parsing and validation; [`quantity`]: resource quantities;
+//! * [`capacity`]: host measurement; [`node`]: the Node object (pure); [`registration`]: its I/O;
+//! * [`lease`]: the Lease; [`status`]: pod status construction and uid-conditioned writes;
+//! * [`pods`]: the pod controller's sans-I/O core; `controller`: its driver;
+//! * [`provider`]: the trait the cocoon provider implements.
+//!
+//! Startup order ([`VirtualNode::run`]): list this node's pods → [`Provider::reconcile`] (an error
+//! is fatal: the node never registers) → register the node → lease + status loops → pod watch.
+
+pub mod backoff;
+pub mod capacity;
+pub mod config;
+mod controller;
+pub mod events;
+pub mod lease;
+pub mod node;
+pub mod pods;
+pub mod provider;
+pub mod quantity;
+pub mod registration;
+pub mod status;
+
+pub use capacity::{HostResources, MeasureError, measure_host};
+pub use config::{ConfigError, KubeletConfig, Timings};
+pub use controller::Notifier;
+pub use provider::{AgentState, PodPhase, Provider, ProviderError, ProviderPodStatus};
+
+use controller::PodController;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::Client;
+use registration::NodeIdentity;
+use std::net::IpAddr;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Why the virtual node stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("startup: listing the pods bound to node {node}: {source}; check the apiserver connection and RBAC (pods list)")]
+    ListPods { node: String, source: kube::Error },
+    #[error("startup reconcile failed, the node {node} is not registered: {source}")]
+    StartupReconcile { node: String, source: ProviderError },
+    #[error("measuring the host: {0}")]
+    Measure(#[from] MeasureError),
+}
+
+/// One virtual node.
+pub struct VirtualNode<P: Provider> {
+    client: Client,
+    config: KubeletConfig,
+    node_ip: IpAddr,
+    host: HostResources,
+    provider: Arc<P>,
+    tx: mpsc::UnboundedSender<pods::Input>,
+    rx: mpsc::UnboundedReceiver<pods::Input>,
+    notifier: Notifier,
+}
+
+impl<P: Provider> VirtualNode<P> {
+    /// A node with already measured host resources and IP (tests inject both).
+    pub fn new(client: Client, config: KubeletConfig, host: HostResources, node_ip: IpAddr, provider: Arc<P>) -> Self {
+        let (tx, rx, notifier) = controller::channel();
+        Self { client, config, node_ip, host, provider, tx, rx, notifier }
+    }
+
+    /// Measures the host (`/proc/meminfo`, `statvfs(COCOON_ROOT_DIR)`) and resolves the node IP
+    /// (`VK_NODE_IP` or the first non-loopback IPv4).
+    pub fn measured(client: Client, config: KubeletConfig, provider: Arc<P>) -> Result<Self, KubeletError> {
+        let host = measure_host(&config.root_dir)?;
+        let node_ip = match config.node_ip {
+            Some(ip) => ip,
+            None => capacity::detect_node_ip()?,
+        };
+        Ok(Self::new(client, config, host, node_ip, provider))
+    }
+
+    /// The handle the provider uses to push status changes.
+    pub fn notifier(&self) -> Notifier {
+        self.notifier.clone()
+    }
+
+    /// The Node resources this node will publish.
+    pub fn resources(&self) -> node::NodeResources {
+        node::node_resources(&self.host, &self.config.overrides, self.config.max_pods, self.config.reserve_percent)
+    }
+
+    /// Startup reconcile, node registration, then lease, status refresh and the pod controller
+    /// until `shutdown`. Returns an error only for fatal startup failures.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), KubeletError> {
+        let node_name = self.config.node_name.clone();
+        let timings = self.config.timings.clone();
+
+        // 1. Startup reconcile, before the node exists or is renewed.
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let listed = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
+            .await
+            .map_err(|source| KubeletError::ListPods { node: node_name.clone(), source })?;
+        tracing::info!(node = %node_name, pods = listed.items.len(), "startup reconcile");
+        self.provider
+            .reconcile(&listed.items)
+            .await
+            .map_err(|source| KubeletError::StartupReconcile { node: node_name.clone(), source })?;
+
+        // 2. Register the node.
+        let identity = NodeIdentity { config: self.config.clone(), node_ip: self.node_ip, resources: self.resources() };
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let Some(node) = registration::register_with_retry(&nodes, &identity, timings.retry_base, timings.retry_max, &shutdown).await else {
+            return Ok(());
+        };
+
+        // 3. Heartbeats and the pod controller.
+        let lease = tokio::spawn(lease::run(self.client.clone(), node, timings.clone(), shutdown.clone()));
+        let status = tokio::spawn(registration::run_status_loop(nodes, identity, timings.node_status, shutdown.clone()));
+        let controller = PodController {
+            client: self.client.clone(),
+            provider: self.provider.clone(),
+            node_name: node_name.clone(),
+            events: events::EventSink::new(self.client.clone(), &node_name),
+            timings,
+            tx: self.tx,
+            rx: self.rx,
+        };
+        controller.run(shutdown.clone()).await;
+        let _ = lease.await;
+        let _ = status.await;
+        tracing::info!(node = %node_name, "virtual node stopped");
+        Ok(())
+    }
+}
