@@ -1,0 +1,131 @@
+//! The policy authors' tools, run as the `vk-cocoon` binary.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use policy_artifacts::hostile;
+
+fn vk_cocoon(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vk-cocoon")).args(args).output().expect("run vk-cocoon")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn policies_dir() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("policies").display().to_string()
+}
+
+#[test]
+fn the_default_tables_pass_and_the_report_ends_with_the_counts() {
+    let out = vk_cocoon(&["policy", "test", &policies_dir()]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    let last = text.lines().last().unwrap();
+    let (passed, rest) = last.split_once(" passed, ").expect("N passed, N failed");
+    assert_eq!(rest, "0 failed");
+    assert!(passed.parse::<u32>().unwrap() >= 90, "{last}");
+    for slot in ["snapshot-before-destroy", "bring-up", "cpu-class-admission", "resource-translation"] {
+        assert!(text.contains(&format!("slot {slot} on the built-in {slot} policy")), "{slot} table ran:\n{text}");
+    }
+}
+
+#[test]
+fn a_failing_case_fails_the_run_and_shows_the_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("wrong.cases.yaml");
+    fs::write(
+        &table,
+        "slot: cpu-class-admission\ncases:\n  - name: expects the impossible\n    expect: {verdict: reject}\n",
+    )
+    .unwrap();
+    let out = vk_cocoon(&["policy", "test", table.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(!out.status.success());
+    assert!(text.contains("FAIL expects the impossible: verdict: expected \"reject\", got \"admit\""), "{text}");
+    assert!(text.contains("decision: {"), "{text}");
+    assert_eq!(text.lines().last(), Some("0 passed, 1 failed"));
+}
+
+#[test]
+fn no_cases_is_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = vk_cocoon(&["policy", "test", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(stdout(&out).lines().last(), Some("0 passed, 0 failed"));
+    assert!(stderr(&out).contains("no case ran"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_table_tests_the_component_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("mine.wasm"), hostile::TRAPPER).unwrap();
+    fs::write(
+        dir.path().join("mine.cases.yaml"),
+        "slot: bring-up\ncases:\n  - name: a panicking policy fails safe\n    expect: {outcome: refuse, reason: policy-failed}\n    message-contains: [unreachable]\n",
+    )
+    .unwrap();
+    let out = vk_cocoon(&["policy", "test", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("mine.wasm"), "{}", stdout(&out));
+}
+
+#[test]
+fn eval_prints_one_decision_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("pod.yaml");
+    fs::write(
+        &input,
+        r#"
+pod:
+  apiVersion: v1
+  kind: Pod
+  metadata: {namespace: ns, name: p}
+  spec:
+    containers: [{name: agent, resources: {requests: {cpu: 500m}, limits: {cpu: "2"}}}]
+host: {path: clone}
+"#,
+    )
+    .unwrap();
+    let out = vk_cocoon(&["policy", "eval", "--slot", "resource-translation", "--input", input.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON document");
+    assert_eq!(json["outcome"], "translated");
+    assert_eq!(json["cpu"]["cpu-weight"], 20);
+    assert_eq!(json["cpu"]["cpu-quota-us"], 200000);
+    assert_eq!(json["reason"], "translated");
+}
+
+#[test]
+fn check_accepts_a_policy_and_refuses_hostile_components_with_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        fs::write(&path, bytes).unwrap();
+        path.display().to_string()
+    };
+    let good = write("admission.wasm", vk_cocoon::policy::Slot::CpuClassAdmission.default_component());
+    let out = vk_cocoon(&["policy", "check", &good]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("implements slot cpu-class-admission"), "{}", stdout(&out));
+
+    let wasi = write("wasi.wasm", hostile::WASI_IMPORTER);
+    let out = vk_cocoon(&["policy", "check", &wasi]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("wasi:"), "{}", stderr(&out));
+
+    let corrupt = write("corrupt.wasm", b"\0asm garbage");
+    let out = vk_cocoon(&["policy", "check", &corrupt]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a valid WebAssembly component"), "{}", stderr(&out));
+
+    let out = vk_cocoon(&["policy", "check", &good, "--slot", "bring-up"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.1.0"), "{}", stderr(&out));
+}

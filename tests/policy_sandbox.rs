@@ -1,0 +1,224 @@
+//! The sandbox, proven with hostile guests built by the test suite: an infinite loop, a memory
+//! bomb, a trap, a wrong signature and a WASI import are stopped or refused, the decision fails
+//! safe, and the host keeps serving other decisions.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use policy_artifacts::hostile;
+use vk_cocoon::policy::decision::{BringUpOutcome, SlotDecision, TranslationOutcome, Verdict};
+use vk_cocoon::policy::input::{DecisionInput, facts_for};
+use vk_cocoon::policy::{
+    DecisionError, LoadError, LoadedPolicy, Origin, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
+};
+
+fn engine() -> PolicyEngine {
+    PolicyEngine::new(SandboxLimits {
+        memory_bytes: 16 << 20,
+        timeout: Duration::from_millis(20),
+        max_concurrent: 8,
+    })
+    .expect("engine")
+}
+
+fn load(engine: &PolicyEngine, slot: Slot, name: &str, bytes: &[u8]) -> Result<LoadedPolicy, LoadError> {
+    LoadedPolicy::load(engine, None, slot, Origin::File(name.into()), bytes)
+}
+
+fn facts(slot: Slot, yaml: &str) -> SlotFacts {
+    let input: DecisionInput = serde_yaml_ng::from_str(yaml).expect("input yaml");
+    facts_for(slot, &input).expect("facts")
+}
+
+/// A classified pod on a node of another class: the default policy must reject it.
+fn mismatched_pod() -> SlotFacts {
+    facts(
+        Slot::CpuClassAdmission,
+        "pod: {metadata: {namespace: ns, name: p}, spec: {nodeSelector: {cocoonstack.io/snapshot-cpu-class: a}}, status: {phase: Running}}\nhost: {node-class: b}",
+    )
+}
+
+/// A pod whose class matches: the default policy admits it.
+fn matching_pod() -> SlotFacts {
+    facts(
+        Slot::CpuClassAdmission,
+        "pod: {metadata: {namespace: ns, name: p}, spec: {nodeSelector: {cocoonstack.io/snapshot-cpu-class: a}}, status: {phase: Running}}\nhost: {node-class: a}",
+    )
+}
+
+fn managed_pod(slot: Slot) -> SlotFacts {
+    facts(
+        slot,
+        "pod: {metadata: {namespace: ns, name: p, annotations: {vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'snap:v1'}}}",
+    )
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_at_the_deadline() {
+    let engine = engine();
+    let spin = load(&engine, Slot::CpuClassAdmission, "spin.wasm", hostile::SPIN_FOREVER).expect("a loop is valid at load");
+    let error = spin.decide(&engine, &matching_pod()).unwrap_err();
+    assert_eq!(error, DecisionError::Timeout { slot: Slot::CpuClassAdmission, limit: Duration::from_millis(20) });
+    assert!(error.to_string().contains("deadline"), "{error}");
+}
+
+#[test]
+fn a_memory_bomb_hits_the_memory_limit() {
+    let engine = engine();
+    let bomb = load(&engine, Slot::ResourceTranslation, "bomb.wasm", hostile::MEMORY_BOMB).expect("valid at load");
+    let error = bomb.decide(&engine, &managed_pod(Slot::ResourceTranslation)).unwrap_err();
+    assert_eq!(error, DecisionError::OutOfMemory { slot: Slot::ResourceTranslation, limit_bytes: 16 << 20 });
+}
+
+#[test]
+fn a_panicking_policy_is_a_typed_trap() {
+    let engine = engine();
+    let trapper = load(&engine, Slot::BringUp, "trap.wasm", hostile::TRAPPER).expect("valid at load");
+    match trapper.decide(&engine, &managed_pod(Slot::BringUp)).unwrap_err() {
+        DecisionError::Trap { slot, trap } => {
+            assert_eq!(slot, Slot::BringUp);
+            assert!(trap.contains("unreachable"), "{trap}");
+        }
+        other => panic!("expected a trap, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_wasi_importing_component_is_refused_at_load_naming_the_imports() {
+    let engine = engine();
+    let Err(error) = load(&engine, Slot::CpuClassAdmission, "wasi.wasm", hostile::WASI_IMPORTER) else {
+        panic!("a WASI component must be refused");
+    };
+    match &error {
+        LoadError::ForbiddenImports { imports, .. } => {
+            assert!(imports.iter().any(|i| i.starts_with("wasi:")), "{imports:?}");
+            assert!(!imports.iter().any(|i| i.contains("cocoonstack:vk-policy/types")), "{imports:?}");
+        }
+        other => panic!("expected ForbiddenImports, got {other}"),
+    }
+    assert!(error.to_string().contains("no_std"), "the error says what to do: {error}");
+}
+
+#[test]
+fn a_wrong_signature_is_refused_at_load_not_at_the_first_decision() {
+    let engine = engine();
+    let Err(error) = load(&engine, Slot::CpuClassAdmission, "wrong.wasm", hostile::WRONG_SIGNATURE) else {
+        panic!("a component with the right names but the wrong types must be refused");
+    };
+    assert!(matches!(error, LoadError::ExportMismatch { slot: Slot::CpuClassAdmission, .. }), "{error}");
+    assert!(error.to_string().contains("type mismatch"), "{error}");
+}
+
+#[test]
+fn a_component_for_another_slot_is_a_wrong_world_listing_its_exports() {
+    let engine = engine();
+    let Err(error) = load(&engine, Slot::BringUp, "admission.wasm", Slot::CpuClassAdmission.default_component()) else {
+        panic!("an admission policy cannot serve bring-up");
+    };
+    match &error {
+        LoadError::WrongWorld { expected, found, .. } => {
+            assert_eq!(expected, "cocoonstack:vk-policy/bring-up@0.1.0");
+            assert_eq!(found, &vec!["cocoonstack:vk-policy/cpu-class-admission@0.1.0".to_string()]);
+        }
+        other => panic!("expected WrongWorld, got {other}"),
+    }
+}
+
+#[test]
+fn corrupt_bytes_and_core_modules_are_refused_with_a_reason() {
+    let engine = engine();
+    let cases: [(&[u8], &str); 4] = [
+        (b"", "only 0 bytes"),
+        (b"#!/bin/sh\necho hi\n", "magic bytes"),
+        (b"\0asm\x01\0\0\0", "core WebAssembly module"),
+        (&hostile::TRAPPER[..hostile::TRAPPER.len() / 2], "not a valid WebAssembly component"),
+    ];
+    for (bytes, expected) in cases {
+        let Err(error) = load(&engine, Slot::BringUp, "bad.wasm", bytes) else { panic!("{expected}: accepted") };
+        assert!(matches!(error, LoadError::Corrupt { .. }), "{error}");
+        assert!(error.to_string().contains(expected), "{error} should mention {expected:?}");
+    }
+}
+
+#[test]
+fn failed_decisions_take_the_non_permissive_fail_safe_and_are_counted() {
+    let engine = engine();
+    let policies = Policies::with_defaults(engine.clone(), None, PolicyMetrics::unregistered()).unwrap();
+
+    policies.install(load(&engine, Slot::CpuClassAdmission, "spin.wasm", hostile::SPIN_FOREVER).unwrap());
+    let verdict = policies.cpu_class_admission(match matching_pod() {
+        SlotFacts::CpuClassAdmission(f) => f,
+        _ => unreachable!(),
+    });
+    assert_eq!(verdict.outcome, Verdict::Reject, "a timed-out admission rejects even a matching pod");
+    assert_eq!(verdict.reason, "policy-failed");
+    assert!(verdict.fail_safe.as_deref().unwrap().contains("deadline"));
+
+    policies.install(load(&engine, Slot::BringUp, "trap.wasm", hostile::TRAPPER).unwrap());
+    let bring_up = policies.decide(&managed_pod(Slot::BringUp));
+    assert!(matches!(bring_up, SlotDecision::BringUp(ref d) if d.outcome == BringUpOutcome::Refuse), "{bring_up:?}");
+
+    policies.install(load(&engine, Slot::ResourceTranslation, "bomb.wasm", hostile::MEMORY_BOMB).unwrap());
+    let translation = policies.decide(&managed_pod(Slot::ResourceTranslation));
+    assert!(
+        matches!(translation, SlotDecision::ResourceTranslation(ref d) if d.outcome == TranslationOutcome::Refuse),
+        "{translation:?}"
+    );
+
+    let metrics = policies.metrics();
+    assert_eq!(metrics.failures(Slot::CpuClassAdmission, "timeout"), 1);
+    assert_eq!(metrics.failures(Slot::BringUp, "trap"), 1);
+    assert_eq!(metrics.failures(Slot::ResourceTranslation, "out_of_memory"), 1);
+    assert_eq!(metrics.decisions(Slot::BringUp, "policy-failed"), 1);
+}
+
+#[test]
+fn the_host_keeps_serving_while_hostile_guests_run() {
+    let engine = engine();
+    let spin = Arc::new(load(&engine, Slot::CpuClassAdmission, "spin.wasm", hostile::SPIN_FOREVER).unwrap());
+    let good = Arc::new(LoadedPolicy::builtin(&engine, None, Slot::CpuClassAdmission).unwrap());
+
+    let hostile_threads: Vec<_> = (0..3)
+        .map(|_| {
+            let (engine, spin) = (engine.clone(), spin.clone());
+            thread::spawn(move || {
+                for _ in 0..5 {
+                    assert!(matches!(spin.decide(&engine, &matching_pod()), Err(DecisionError::Timeout { .. })));
+                }
+            })
+        })
+        .collect();
+    // Meanwhile, and after every trap, the same engine keeps deciding correctly.
+    for _ in 0..200 {
+        let decision = good.decide(&engine, &mismatched_pod()).expect("the default policy decides");
+        assert!(matches!(decision, SlotDecision::CpuClassAdmission(ref d) if d.outcome == Verdict::Reject));
+        let decision = good.decide(&engine, &matching_pod()).expect("the default policy decides");
+        assert!(matches!(decision, SlotDecision::CpuClassAdmission(ref d) if d.outcome == Verdict::Admit));
+    }
+    for t in hostile_threads {
+        t.join().expect("hostile decisions end with a timeout");
+    }
+    let trapper = load(&engine, Slot::BringUp, "trap.wasm", hostile::TRAPPER).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(trapper.decide(&engine, &managed_pod(Slot::BringUp)), Err(DecisionError::Trap { .. })));
+    }
+    let bring_up = LoadedPolicy::builtin(&engine, None, Slot::BringUp).unwrap();
+    let decision = bring_up.decide(&engine, &managed_pod(Slot::BringUp)).expect("a trap does not poison the engine");
+    assert_eq!(decision.reason(), "clone");
+}
+
+#[test]
+fn more_concurrent_decisions_than_the_pool_holds_wait_instead_of_failing() {
+    let engine = PolicyEngine::new(SandboxLimits { max_concurrent: 2, ..SandboxLimits::default() }).unwrap();
+    let policy = Arc::new(LoadedPolicy::builtin(&engine, None, Slot::CpuClassAdmission).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (engine, policy) = (engine.clone(), policy.clone());
+            thread::spawn(move || (0..50).all(|_| policy.decide(&engine, &matching_pod()).is_ok()))
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap(), "every decision succeeded despite a pool of two instances");
+    }
+}
