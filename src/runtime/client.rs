@@ -1,0 +1,570 @@
+//! [`CocoonCli`]: the process-level implementation of [`CocoonRuntime`] (argv only, never a shell).
+
+use super::args::{self, CloneSpec, ExecSpec, RunSpec};
+use super::errors::{Result, RuntimeError};
+use super::events::{self, EventConnection, WatchBackoff, WatchItem};
+use super::parse::{self, ImageRecord, SnapshotRecord, StaleCreateOutcome, VmRecord};
+use super::{CocoonRuntime, ExecIo};
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::process::{Child, ChildStdout, Command};
+
+/// Per-call deadlines. A call past its deadline is killed and reported as [`RuntimeError::Timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// inspect, list, rm, start, net, logs, reconcile-stale-create, snapshot inspect/rm/list, image inspect.
+    pub query: Duration,
+    /// run, clone, snapshot save, image pull.
+    pub create: Duration,
+    /// snapshot import/export (whole stream), export --to-dir, image import.
+    pub transfer: Duration,
+    /// vm exec.
+    pub exec: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            query: Duration::from_secs(60),
+            create: Duration::from_secs(600),
+            transfer: Duration::from_secs(2 * 3600),
+            exec: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// How `snapshot rm` is retried while the snapshot is leased (`is in use by an active`): every
+/// `interval` for at most `budget` (500 ms / 30 s in the Go client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyRetry {
+    pub interval: Duration,
+    pub budget: Duration,
+}
+
+impl Default for BusyRetry {
+    fn default() -> Self {
+        BusyRetry { interval: Duration::from_millis(500), budget: Duration::from_secs(30) }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CocoonCliConfig {
+    /// `VK_COCOON_BIN` (default `/usr/local/bin/cocoon`).
+    pub bin: PathBuf,
+    /// Run as `sudo -n <bin> …`.
+    pub sudo: bool,
+    /// Extra environment for every invocation (e.g. `COCOON_ROOT_DIR`).
+    pub env: Vec<(String, String)>,
+    pub timeouts: Timeouts,
+    pub watch_backoff: WatchBackoff,
+    pub busy_retry: BusyRetry,
+}
+
+impl Default for CocoonCliConfig {
+    fn default() -> Self {
+        CocoonCliConfig {
+            bin: PathBuf::from("/usr/local/bin/cocoon"),
+            sudo: false,
+            env: Vec::new(),
+            timeouts: Timeouts::default(),
+            watch_backoff: WatchBackoff::default(),
+            busy_retry: BusyRetry::default(),
+        }
+    }
+}
+
+impl CocoonCliConfig {
+    /// `VK_COCOON_BIN`, and `VK_COCOON_SUDO` (`1`/`true`) for the sudo prefix.
+    pub fn from_env() -> Self {
+        let mut c = CocoonCliConfig::default();
+        if let Some(bin) = std::env::var_os("VK_COCOON_BIN").filter(|b| !b.is_empty()) {
+            c.bin = PathBuf::from(bin);
+        }
+        c.sudo = std::env::var("VK_COCOON_SUDO").map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")).unwrap_or(false);
+        c
+    }
+}
+
+/// The `cocoon` CLI client. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CocoonCli {
+    cfg: Arc<CocoonCliConfig>,
+}
+
+/// Keeps only the last `cap` bytes of stderr (errors are classified from it).
+const STDERR_CAP: usize = 64 * 1024;
+
+fn verb_of(args: &[String]) -> String {
+    args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
+}
+
+fn check_ref(what: &str, r: &str) -> Result<()> {
+    if r.is_empty() || r.starts_with('-') {
+        return Err(RuntimeError::InvalidRequest(format!("{what} {r:?} must be non-empty and must not start with '-'")));
+    }
+    Ok(())
+}
+
+fn widen_pipe(fd: std::os::unix::io::RawFd) {
+    // Best effort (Linux F_SETPIPE_SZ); failures only cost throughput.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETPIPE_SZ, 1 << 20);
+    }
+}
+
+/// Drains a child's stderr in the background, keeping the tail.
+fn drain_stderr(stderr: Option<tokio::process::ChildStderr>) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let Some(mut s) = stderr else { return String::new() };
+        let mut keep = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    keep.extend_from_slice(&buf[..n]);
+                    if keep.len() > STDERR_CAP {
+                        keep.drain(..keep.len() - STDERR_CAP);
+                    }
+                }
+            }
+        }
+        String::from_utf8_lossy(&keep).into_owned()
+    })
+}
+
+impl CocoonCli {
+    pub fn new(cfg: CocoonCliConfig) -> Self {
+        CocoonCli { cfg: Arc::new(cfg) }
+    }
+
+    pub fn config(&self) -> &CocoonCliConfig {
+        &self.cfg
+    }
+
+    fn command(&self, args: &[String]) -> Command {
+        let mut cmd = if self.cfg.sudo {
+            let mut c = Command::new("sudo");
+            c.arg("-n").arg(&self.cfg.bin);
+            c
+        } else {
+            Command::new(&self.cfg.bin)
+        };
+        cmd.args(args).envs(self.cfg.env.iter().map(|(k, v)| (k, v))).kill_on_drop(true).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd
+    }
+
+    fn spawn(&self, args: &[String], mut cmd: Command) -> Result<Child> {
+        let verb = verb_of(args);
+        tracing::debug!(%verb, argv = ?args, "cocoon: spawn");
+        cmd.spawn().map_err(|source| RuntimeError::Spawn { verb, bin: self.cfg.bin.display().to_string(), source })
+    }
+
+    /// Runs a verb to completion, returns stdout, classifies failures from stderr.
+    async fn output(&self, args: Vec<String>, reference: &str, timeout: Duration) -> Result<String> {
+        let verb = verb_of(&args);
+        let child = self.spawn(&args, self.command(&args))?;
+        let started = Instant::now();
+        let out = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+            Ok(r) => r.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?,
+            Err(_) => {
+                tracing::warn!(%verb, reference, ?timeout, "cocoon: timed out; killed");
+                return Err(RuntimeError::Timeout { verb, after: timeout });
+            }
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            tracing::debug!(%verb, reference, elapsed = ?started.elapsed(), "cocoon: ok");
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let err = parse::classify_failure(&verb, reference, out.status.code(), &stderr);
+        tracing::debug!(%verb, reference, code = ?out.status.code(), error = %err, "cocoon: failed");
+        Err(err)
+    }
+
+    /// Runs a verb with `input` streamed to its stdin.
+    async fn with_stdin(&self, args: Vec<String>, reference: &str, input: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
+        let verb = verb_of(&args);
+        let timeout = self.cfg.timeouts.transfer;
+        let mut cmd = self.command(&args);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::null());
+        let mut child = self.spawn(&args, cmd)?;
+        let stderr = drain_stderr(child.stderr.take());
+        let mut stdin = child.stdin.take().expect("stdin piped");
+        {
+            use std::os::unix::io::AsRawFd;
+            widen_pipe(stdin.as_raw_fd());
+        }
+        let work = async {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut input_error = None;
+            loop {
+                let n = match input.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => {
+                        input_error = Some(e);
+                        break;
+                    }
+                };
+                if stdin.write_all(&buf[..n]).await.is_err() {
+                    break; // the process stopped reading; its exit status tells why
+                }
+            }
+            if let Some(e) = input_error {
+                // Never let cocoon register a truncated stream.
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return Err(RuntimeError::Io { verb: verb.clone(), source: std::io::Error::new(e.kind(), format!("reading the input stream: {e}")) });
+            }
+            let _ = stdin.shutdown().await;
+            drop(stdin);
+            child.wait().await.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })
+        };
+        let status = match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r?,
+            Err(_) => return Err(RuntimeError::Timeout { verb, after: timeout }),
+        };
+        let stderr = stderr.await.unwrap_or_default();
+        if status.success() {
+            return Ok(());
+        }
+        Err(parse::classify_failure(&verb, reference, status.code(), &stderr))
+    }
+
+    /// `snapshot rm`, retried while the snapshot is leased; absent counts as success.
+    async fn remove_snapshot_retrying(&self, reference: &str) -> Result<()> {
+        let deadline = Instant::now() + self.cfg.busy_retry.budget;
+        loop {
+            match self.output(args::snapshot_rm(reference), reference, self.cfg.timeouts.query).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_snapshot_not_found() => return Ok(()),
+                Err(RuntimeError::SnapshotInUse { .. }) if Instant::now() + self.cfg.busy_retry.interval <= deadline => {
+                    tracing::info!(snapshot = reference, "cocoon: snapshot in use; retrying rm");
+                    tokio::time::sleep(self.cfg.busy_retry.interval).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn save_once(&self, name: &str, vm_id: &str) -> Result<()> {
+        self.output(args::snapshot_save(name, vm_id), name, self.cfg.timeouts.create).await.map(|_| ())
+    }
+
+    /// Opens a streaming export (`snapshot export NAME -o -`).
+    pub async fn open_export(&self, name: &str) -> Result<SnapshotExport> {
+        check_ref("snapshot", name)?;
+        let args = args::snapshot_export(name);
+        let verb = verb_of(&args);
+        let mut child = self.spawn(&args, self.command(&args))?;
+        let stdout = child.stdout.take().expect("stdout piped");
+        {
+            use std::os::unix::io::AsRawFd;
+            widen_pipe(stdout.as_raw_fd());
+        }
+        let stderr = drain_stderr(child.stderr.take());
+        let reference = name.to_string();
+        let v2 = verb.clone();
+        let finish = Box::pin(async move {
+            let status = child.wait().await.map_err(|source| RuntimeError::Io { verb: v2.clone(), source })?;
+            let stderr = stderr.await.unwrap_or_default();
+            if status.success() {
+                Ok(())
+            } else {
+                Err(parse::classify_failure(&v2, &reference, status.code(), &stderr))
+            }
+        });
+        let timeout = self.cfg.timeouts.transfer;
+        Ok(SnapshotExport { stdout, finish: Some(finish), deadline: Box::pin(tokio::time::sleep(timeout)), timeout, verb, done: false })
+    }
+}
+
+/// A streaming `snapshot export`: the tar bytes as an [`AsyncRead`]. EOF is reported only after cocoon
+/// exited 0; a failure (or the transfer deadline) surfaces as an `io::Error` wrapping [`RuntimeError`]
+/// (see [`runtime_error_of`]). Dropping it kills the process.
+pub struct SnapshotExport {
+    stdout: ChildStdout,
+    finish: Option<Pin<Box<dyn Future<Output = Result<()>> + Send>>>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+    verb: String,
+    done: bool,
+}
+
+/// Extracts the [`RuntimeError`] carried by an `io::Error` from a stream of this module, if any.
+pub fn runtime_error_of(e: std::io::Error) -> RuntimeError {
+    if e.get_ref().is_some_and(|inner| inner.is::<RuntimeError>()) {
+        if let Ok(inner) = e.into_inner().expect("checked").downcast::<RuntimeError>() {
+            return *inner;
+        }
+        unreachable!("checked type");
+    }
+    RuntimeError::Io { verb: "stream".into(), source: e }
+}
+
+impl AsyncRead for SnapshotExport {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(Ok(()));
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.done = true;
+            this.finish = None; // drops the child: killed
+            return Poll::Ready(Err(std::io::Error::other(RuntimeError::Timeout { verb: this.verb.clone(), after: this.timeout })));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stdout).poll_read(cx, buf) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) if buf.filled().len() > before => return Poll::Ready(Ok(())),
+            Poll::Ready(Ok(())) => {}
+        }
+        // EOF on stdout: the result depends on the exit status.
+        let Some(finish) = this.finish.as_mut() else { return Poll::Ready(Ok(())) };
+        match finish.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                this.done = true;
+                this.finish = None;
+                Poll::Ready(r.map_err(std::io::Error::other))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl CocoonRuntime for CocoonCli {
+    async fn run(&self, spec: &RunSpec) -> Result<VmRecord> {
+        check_ref("image", &spec.image)?;
+        let a = args::run(spec);
+        let vm = parse::parse_vm("vm run", &self.output(a, &spec.image, self.cfg.timeouts.create).await?)?;
+        if !vm.state.is_running() || vm.pid == 0 {
+            tracing::debug!(id = %vm.id, state = vm.state.as_str(), "cocoon: vm run returned a non-running record; re-inspecting");
+            return self.inspect(&vm.id).await;
+        }
+        Ok(vm)
+    }
+
+    async fn clone_vm(&self, spec: &CloneSpec) -> Result<VmRecord> {
+        let reference = match &spec.source {
+            args::CloneSource::Snapshot(s) => s.clone(),
+            args::CloneSource::Dir(d) => d.clone(),
+        };
+        check_ref("clone source", &reference)?;
+        parse::parse_vm("vm clone", &self.output(args::clone(spec), &reference, self.cfg.timeouts.create).await?)
+    }
+
+    async fn inspect(&self, reference: &str) -> Result<VmRecord> {
+        check_ref("vm", reference)?;
+        parse::parse_vm("vm inspect", &self.output(args::inspect(reference), reference, self.cfg.timeouts.query).await?)
+    }
+
+    async fn list(&self) -> Result<Vec<VmRecord>> {
+        parse::parse_vm_list(&self.output(args::list(), "", self.cfg.timeouts.query).await?)
+    }
+
+    async fn remove(&self, reference: &str) -> Result<()> {
+        check_ref("vm", reference)?;
+        match self.output(args::remove(reference), reference, self.cfg.timeouts.query).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_vm_not_found() => {
+                tracing::debug!(vm = reference, "cocoon: vm already absent");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn start(&self, reference: &str) -> Result<()> {
+        check_ref("vm", reference)?;
+        self.output(args::start(reference), reference, self.cfg.timeouts.create).await.map(|_| ())
+    }
+
+    async fn reconcile_stale_create(&self, reference: &str) -> Result<StaleCreateOutcome> {
+        check_ref("vm", reference)?;
+        parse::parse_stale_create(&self.output(args::reconcile_stale_create(reference), reference, self.cfg.timeouts.query).await?)
+    }
+
+    async fn net_resize(&self, reference: &str, nics: u32) -> Result<()> {
+        check_ref("vm", reference)?;
+        self.output(args::net_resize(reference, nics), reference, self.cfg.timeouts.query).await.map(|_| ())
+    }
+
+    async fn exec(&self, reference: &str, spec: &ExecSpec, io: ExecIo<'_>) -> Result<()> {
+        check_ref("vm", reference)?;
+        if spec.argv.is_empty() {
+            return Err(RuntimeError::InvalidRequest("vm exec needs a command".into()));
+        }
+        let ExecIo { stdin: input, stdout: out, stderr: err } = io;
+        let spec = ExecSpec { stdin: input.is_some(), ..spec.clone() };
+        let a = args::exec(reference, &spec);
+        let verb = verb_of(&a);
+        let mut cmd = self.command(&a);
+        if input.is_some() {
+            cmd.stdin(Stdio::piped());
+        }
+        let mut child = self.spawn(&a, cmd)?;
+        let mut child_in = child.stdin.take();
+        let mut child_out = child.stdout.take().expect("stdout piped");
+        let mut child_err = child.stderr.take().expect("stderr piped");
+        let feed = async {
+            if let (Some(input), Some(ci)) = (input, child_in.as_mut()) {
+                let _ = tokio::io::copy(input, ci).await;
+                let _ = ci.shutdown().await;
+            }
+            drop(child_in.take());
+        };
+        let pump_out = async {
+            let r = tokio::io::copy(&mut child_out, &mut *out).await.map(|_| ());
+            let _ = out.flush().await;
+            r
+        };
+        let pump_err = async {
+            let mut tail = Vec::new();
+            let mut buf = vec![0u8; 8192];
+            loop {
+                match child_err.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let _ = err.write_all(&buf[..n]).await;
+                        tail.extend_from_slice(&buf[..n]);
+                        if tail.len() > STDERR_CAP {
+                            tail.drain(..tail.len() - STDERR_CAP);
+                        }
+                    }
+                }
+            }
+            let _ = err.flush().await;
+            String::from_utf8_lossy(&tail).into_owned()
+        };
+        let timeout = self.cfg.timeouts.exec;
+        let all = async {
+            let ((), out_res, tail) = tokio::join!(feed, pump_out, pump_err);
+            let status = child.wait().await;
+            (out_res, tail, status)
+        };
+        let (out_res, tail, status) = match tokio::time::timeout(timeout, all).await {
+            Ok(r) => r,
+            Err(_) => return Err(RuntimeError::Timeout { verb, after: timeout }),
+        };
+        let status = status.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?;
+        out_res.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?;
+        if status.success() {
+            return Ok(());
+        }
+        let code = status.code();
+        // cocoon prints `Error: …` only for its own (transport) failures; a guest command's status comes bare.
+        if tail.lines().any(|l| l.starts_with("Error: ")) {
+            return Err(parse::classify_failure(&verb, reference, code, &tail));
+        }
+        match code {
+            Some(code) => Err(RuntimeError::ExecExit { code }),
+            None => Err(RuntimeError::Command { verb, code: None, stderr: format!("killed by a signal; stderr: {}", tail.trim()) }),
+        }
+    }
+
+    async fn logs(&self, reference: &str, tail: Option<u64>) -> Result<String> {
+        check_ref("vm", reference)?;
+        self.output(args::logs(reference, tail), reference, self.cfg.timeouts.query).await
+    }
+
+    fn watch_events(&self) -> BoxStream<'static, WatchItem> {
+        let me = self.clone();
+        let connect: events::Connect = Box::new(move || -> futures::future::BoxFuture<'static, Result<EventConnection>> {
+            let me = me.clone();
+            Box::pin(async move {
+                let a = args::events();
+                let verb = verb_of(&a);
+                let mut child = me.spawn(&a, me.command(&a))?;
+                let stdout = child.stdout.take().expect("stdout piped");
+                let stderr = drain_stderr(child.stderr.take());
+                let finished = Box::pin(async move {
+                    let status = child.wait().await.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?;
+                    let stderr = stderr.await.unwrap_or_default();
+                    if status.success() { Ok(()) } else { Err(parse::classify_failure(&verb, "", status.code(), &stderr)) }
+                });
+                Ok(EventConnection { stdout: Box::new(stdout), finished })
+            })
+        });
+        events::watch(connect, self.cfg.watch_backoff)
+    }
+
+    async fn snapshot_save(&self, name: &str, vm_id: &str) -> Result<()> {
+        check_ref("snapshot", name)?;
+        check_ref("vm", vm_id)?;
+        match self.save_once(name, vm_id).await {
+            Err(RuntimeError::NameTaken { holder, stderr, .. }) => {
+                let holder = holder.unwrap_or_else(|| name.to_string());
+                tracing::info!(snapshot = name, %holder, %stderr, "cocoon: snapshot name taken; removing the holder and saving again");
+                self.remove_snapshot_retrying(&holder).await?;
+                self.save_once(name, vm_id).await
+            }
+            other => other,
+        }
+    }
+
+    async fn snapshot_inspect(&self, name: &str) -> Result<SnapshotRecord> {
+        check_ref("snapshot", name)?;
+        parse::parse_snapshot(&self.output(args::snapshot_inspect(name), name, self.cfg.timeouts.query).await?)
+    }
+
+    async fn snapshot_list(&self, vm: Option<&str>) -> Result<Vec<SnapshotRecord>> {
+        if let Some(vm) = vm {
+            check_ref("vm", vm)?;
+        }
+        parse::parse_snapshot_list(&self.output(args::snapshot_list(vm), vm.unwrap_or(""), self.cfg.timeouts.query).await?)
+    }
+
+    async fn snapshot_remove_if_exists(&self, name: &str) -> Result<()> {
+        check_ref("snapshot", name)?;
+        self.remove_snapshot_retrying(name).await
+    }
+
+    async fn snapshot_import(&self, name: &str, tar: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
+        check_ref("snapshot", name)?;
+        self.remove_snapshot_retrying(name).await?;
+        self.with_stdin(args::snapshot_import(name), name, tar).await
+    }
+
+    async fn snapshot_export(&self, name: &str) -> Result<Box<dyn AsyncRead + Send + Unpin>> {
+        Ok(Box::new(self.open_export(name).await?))
+    }
+
+    async fn snapshot_export_to_dir(&self, name: &str, dir: &Path) -> Result<()> {
+        check_ref("snapshot", name)?;
+        let dir = dir.to_str().ok_or_else(|| RuntimeError::InvalidRequest(format!("export directory {dir:?} is not UTF-8")))?;
+        self.output(args::snapshot_export_dir(name, dir), name, self.cfg.timeouts.transfer).await.map(|_| ())
+    }
+
+    async fn image_pull(&self, reference: &str, force: bool) -> Result<()> {
+        check_ref("image", reference)?;
+        self.output(args::image_pull(reference, force), reference, self.cfg.timeouts.create).await.map(|_| ())
+    }
+
+    async fn image_inspect(&self, reference: &str) -> Result<ImageRecord> {
+        check_ref("image", reference)?;
+        parse::parse_image(&self.output(args::image_inspect(reference), reference, self.cfg.timeouts.query).await?)
+    }
+
+    async fn image_import(&self, name: &str, data: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
+        check_ref("image", name)?;
+        self.with_stdin(args::image_import(name), name, data).await
+    }
+}
+
+/// Copies a streaming export into `out`, returning the byte count; failures come back typed.
+pub async fn copy_export(mut export: impl AsyncRead + Unpin, out: &mut (dyn AsyncWrite + Unpin + Send)) -> Result<u64> {
+    let n = tokio::io::copy(&mut export, out).await.map_err(runtime_error_of)?;
+    out.flush().await.map_err(|source| RuntimeError::Io { verb: "snapshot export".into(), source })?;
+    Ok(n)
+}
