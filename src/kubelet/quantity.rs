@@ -47,64 +47,14 @@ impl Quantity {
     /// Parses a Kubernetes quantity. Fractions below a milli-unit round up, as the apiserver does.
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
         let err = |why| QuantityError { input: input.to_string(), why };
-        let s = input.trim();
-        if s.is_empty() {
-            return Err(err("empty"));
-        }
-        if s.starts_with('-') {
-            return Err(err("negative quantities are not accepted here"));
-        }
-        let s = s.strip_prefix('+').unwrap_or(s);
-        let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-        let (number, suffix) = s.split_at(num_end);
-        if number.is_empty() || number == "." || number.matches('.').count() > 1 {
-            return Err(err("expected a decimal number"));
-        }
-        let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-        let digits = format!("{int_part}{frac_part}");
-        if digits.len() > 30 {
-            return Err(err("too many digits"));
-        }
-        let mantissa: u128 = digits.parse().map_err(|_| err("expected a decimal number"))?;
-        // value = mantissa · 10^exp10 · 2^exp2
-        let mut exp10: i32 = -(frac_part.len() as i32);
-        let mut exp2: u32 = 0;
-        match suffix {
-            "" => {}
-            "n" => exp10 -= 9,
-            "u" => exp10 -= 6,
-            "m" => exp10 -= 3,
-            "k" => exp10 += 3,
-            "M" => exp10 += 6,
-            "G" => exp10 += 9,
-            "T" => exp10 += 12,
-            "P" => exp10 += 15,
-            "E" => exp10 += 18,
-            "Ki" => exp2 = 10,
-            "Mi" => exp2 = 20,
-            "Gi" => exp2 = 30,
-            "Ti" => exp2 = 40,
-            "Pi" => exp2 = 50,
-            "Ei" => exp2 = 60,
-            other => {
-                let exp = other
-                    .strip_prefix(['e', 'E'])
-                    .and_then(|e| e.parse::<i32>().ok())
-                    .ok_or_else(|| err("unknown suffix (use n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or eN)"))?;
-                if !(-30..=30).contains(&exp) {
-                    return Err(err("exponent out of range"));
-                }
-                exp10 += exp;
-            }
-        }
-        exp10 += 3; // to milli-units
-        let scaled = mantissa.checked_mul(1u128 << exp2).ok_or_else(|| err("too large"))?;
-        let millis = if exp10 >= 0 {
-            10u128.checked_pow(exp10 as u32).and_then(|p| scaled.checked_mul(p)).ok_or_else(|| err("too large"))?
-        } else {
-            let div = 10u128.checked_pow((-exp10) as u32).ok_or_else(|| err("too small"))?;
-            scaled.div_ceil(div)
-        };
+        use vk_policy_support::quantity::{QuantityError as Why, parse_scaled};
+        let millis = parse_scaled(input.trim(), 1000).map_err(|why| {
+            err(match why {
+                Why::Malformed => "expected a decimal number with an optional suffix (n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or eN)",
+                Why::Negative => "negative quantities are not accepted here",
+                Why::Overflow => "too large",
+            })
+        })?;
         if millis > u64::MAX as u128 * 1000 {
             return Err(err("too large"));
         }

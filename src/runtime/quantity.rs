@@ -4,69 +4,10 @@
 //! (`Ki Mi Gi Ti Pi Ei`), a decimal SI suffix (`n u m "" k M G T P E`) or a decimal exponent (`e3`, `E-2`).
 //! Fractions round **up** to a whole byte, as `Quantity.Value()` does.
 
-/// Parses a quantity into a whole number of units (bytes). `None` for invalid, negative or overflowing input.
+/// Parses a quantity into a whole number of units (bytes). `None` for invalid, negative or
+/// overflowing input. The grammar lives in `vk_policy_support::quantity`, shared with the policies.
 pub fn parse_quantity(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let s = s.strip_prefix('+').unwrap_or(s);
-    if s.starts_with('-') {
-        return None;
-    }
-    let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, suffix) = s.split_at(num_end);
-    let (int_part, frac_part) = match num.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (num, ""),
-    };
-    if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
-        return None;
-    }
-    // mantissa / 10^frac_digits
-    let digits = format!("{int_part}{frac_part}");
-    let mantissa: u128 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
-    let frac_digits = frac_part.len() as i32;
-
-    // value = mantissa * mult_num / mult_den
-    let (mult_num, mut dec_exp): (u128, i32) = match suffix {
-        "" => (1, 0),
-        "Ki" => (1 << 10, 0),
-        "Mi" => (1 << 20, 0),
-        "Gi" => (1 << 30, 0),
-        "Ti" => (1 << 40, 0),
-        "Pi" => (1 << 50, 0),
-        "Ei" => (1 << 60, 0),
-        "n" => (1, -9),
-        "u" => (1, -6),
-        "m" => (1, -3),
-        "k" => (1, 3),
-        "M" => (1, 6),
-        "G" => (1, 9),
-        "T" => (1, 12),
-        "P" => (1, 15),
-        "E" => (1, 18),
-        other => {
-            let exp = other.strip_prefix('e').or_else(|| other.strip_prefix('E'))?;
-            if exp.is_empty() {
-                return None;
-            }
-            (1, exp.parse::<i32>().ok()?)
-        }
-    };
-    dec_exp -= frac_digits;
-    let mut num = mantissa.checked_mul(mult_num)?;
-    let mut den: u128 = 1;
-    if dec_exp >= 0 {
-        if dec_exp > 30 {
-            return if num == 0 { Some(0) } else { None };
-        }
-        num = num.checked_mul(10u128.checked_pow(dec_exp as u32)?)?;
-    } else {
-        if -dec_exp > 38 {
-            return Some(if num == 0 { 0 } else { 1 });
-        }
-        den = 10u128.pow((-dec_exp) as u32);
-    }
-    let value = num.div_ceil(den);
-    u64::try_from(value).ok()
+    vk_policy_support::quantity::parse_units(s.trim()).ok()
 }
 
 /// The CLI argument for a size: the byte count when `s` parses, else `s` unchanged (cocoon then reports it).

@@ -32,8 +32,8 @@ pub fn parse_units(text: &str) -> Result<u64, QuantityError> {
     scaled_ceil(text, 1)
 }
 
-/// ceil(quantity × multiplier) as an exact rational computation.
-fn scaled_ceil(text: &str, multiplier: u128) -> Result<u64, QuantityError> {
+/// ceil(quantity × multiplier), for callers that need more range than `u64` (milli-bytes).
+pub fn parse_scaled(text: &str, multiplier: u128) -> Result<u128, QuantityError> {
     let parsed = split(text)?;
     let mut numerator = parsed.digits.checked_mul(multiplier).ok_or(QuantityError::Overflow)?;
     numerator = numerator.checked_mul(parsed.binary_factor).ok_or(QuantityError::Overflow)?;
@@ -49,8 +49,12 @@ fn scaled_ceil(text: &str, multiplier: u128) -> Result<u64, QuantityError> {
     if parsed.negative && numerator != 0 {
         return Err(QuantityError::Negative);
     }
-    let value = numerator.div_ceil(denominator);
-    u64::try_from(value).map_err(|_| QuantityError::Overflow)
+    Ok(numerator.div_ceil(denominator))
+}
+
+/// ceil(quantity × multiplier) as an exact rational computation.
+fn scaled_ceil(text: &str, multiplier: u128) -> Result<u64, QuantityError> {
+    u64::try_from(parse_scaled(text, multiplier)?).map_err(|_| QuantityError::Overflow)
 }
 
 struct Parsed {
