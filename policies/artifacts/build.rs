@@ -30,6 +30,8 @@ const HOSTILE: &[(&str, &str)] = &[
 ];
 
 const TARGET: &str = "wasm32-wasip2";
+/// Link flags of every guest: a 64 KiB stack.
+const GUEST_RUSTFLAGS: &str = "-Clink-arg=-zstack-size=65536";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -75,10 +77,12 @@ fn build_guests(workspace: &Path, target_dir: &Path, guests: &[(&str, &str)]) {
         .current_dir(workspace)
         .args(["build", "--release", "--target", TARGET])
         .env("CARGO_TARGET_DIR", target_dir)
-        // Flags meant for the host build must not leak into the guests.
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        // Flags meant for the host build must not leak into the guests. A policy needs a
+        // small stack (the default is 1 MiB): a smaller one keeps each instance's memory
+        // footprint, and so its reset cost per decision, small.
         .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_BUILD_RUSTFLAGS");
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env("CARGO_ENCODED_RUSTFLAGS", GUEST_RUSTFLAGS);
     for (_, package) in guests {
         command.args(["-p", package]);
     }

@@ -70,6 +70,8 @@ const CORE_INSTANCES_PER_DECISION: u32 = 8;
 const TABLES_PER_DECISION: u32 = 4;
 const MEMORIES_PER_DECISION: u32 = 2;
 const TABLE_ELEMENTS: usize = 10_000;
+/// Bytes of each freed linear memory kept mapped (the guests' 64 KiB stack, data and first heap).
+const KEEP_RESIDENT_BYTES: usize = 256 << 10;
 
 /// The shared engine of all slots.
 #[derive(Clone)]
@@ -96,9 +98,10 @@ impl PolicyEngine {
             .max_core_instances_per_component(CORE_INSTANCES_PER_DECISION)
             .table_elements(TABLE_ELEMENTS)
             .max_memory_size(limits.memory_bytes)
-            // Keep the first pages of a freed memory mapped: the next decision reuses them
-            // without a page fault (each instance still starts from a clean image).
-            .linear_memory_keep_resident(1 << 20);
+            // Reset the first pages of a freed memory with memset instead of unmapping them:
+            // the next decision's stack and data reuse them without page faults (each
+            // instance still starts from a clean image).
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         start_epoch_ticker(&engine);
