@@ -13,13 +13,12 @@ use vk_cocoon::policy::{
     DecisionError, LoadError, LoadedPolicy, Origin, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
 };
 
+/// The deadline is generous enough that the memory bomb always reaches the memory limit first,
+/// even on a loaded machine; the infinite loop still has to be stopped by it.
+const DEADLINE: Duration = Duration::from_millis(250);
+
 fn engine() -> PolicyEngine {
-    PolicyEngine::new(SandboxLimits {
-        memory_bytes: 16 << 20,
-        timeout: Duration::from_millis(20),
-        max_concurrent: 8,
-    })
-    .expect("engine")
+    PolicyEngine::new(SandboxLimits { memory_bytes: 16 << 20, timeout: DEADLINE, max_concurrent: 8 }).expect("engine")
 }
 
 fn load(engine: &PolicyEngine, slot: Slot, name: &str, bytes: &[u8]) -> Result<LoadedPolicy, LoadError> {
@@ -59,7 +58,7 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
     let engine = engine();
     let spin = load(&engine, Slot::CpuClassAdmission, "spin.wasm", hostile::SPIN_FOREVER).expect("a loop is valid at load");
     let error = spin.decide(&engine, &matching_pod()).unwrap_err();
-    assert_eq!(error, DecisionError::Timeout { slot: Slot::CpuClassAdmission, limit: Duration::from_millis(20) });
+    assert_eq!(error, DecisionError::Timeout { slot: Slot::CpuClassAdmission, limit: DEADLINE });
     assert!(error.to_string().contains("deadline"), "{error}");
 }
 
@@ -183,7 +182,7 @@ fn the_host_keeps_serving_while_hostile_guests_run() {
         .map(|_| {
             let (engine, spin) = (engine.clone(), spin.clone());
             thread::spawn(move || {
-                for _ in 0..5 {
+                for _ in 0..3 {
                     assert!(matches!(spin.decide(&engine, &matching_pod()), Err(DecisionError::Timeout { .. })));
                 }
             })
