@@ -8,4 +8,5 @@
 pub mod kubelet;
 pub mod model;
 pub mod policy;
+pub mod registry;
 pub mod runtime;

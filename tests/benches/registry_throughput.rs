@@ -1,0 +1,2 @@
+//! Registry throughput benchmark (filled in below).
+fn main() {}

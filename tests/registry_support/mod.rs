@@ -1,0 +1,163 @@
+//! A real OCI registry for tests: Debian's `docker-registry` (CNCF distribution 2.8) on a free loopback
+//! port, storage in a temporary directory, deletes enabled; killed on drop. Also the cocoon simulator and a
+//! `CocoonCli` pointed at it (see `runtime_support`).
+#![allow(dead_code)]
+
+#[path = "../runtime_support/mod.rs"]
+pub mod runtime_support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vk_cocoon::registry::{Registry, RegistryConfig};
+
+/// The registry binary: `REGISTRY_BIN`, else `/usr/bin/docker-registry`; missing = a failure that says how to install it.
+pub fn registry_bin() -> PathBuf {
+    let bin = std::env::var_os("REGISTRY_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/docker-registry"));
+    if !bin.exists() {
+        panic!("the registry tests need Debian's docker-registry at {}: run `apt-get install -y docker-registry` (or set REGISTRY_BIN)", bin.display());
+    }
+    bin
+}
+
+pub struct TestRegistry {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl TestRegistry {
+    pub fn start() -> TestRegistry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut r = TestRegistry { dir, port, child: None };
+        r.spawn();
+        r
+    }
+
+    pub fn storage(&self) -> PathBuf {
+        self.dir.path().join("storage")
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// A client for this registry with `prefix` (e.g. "cocoon").
+    pub fn client(&self, prefix: &str, node: &str) -> Registry {
+        let value = if prefix.is_empty() { self.host() } else { format!("{}/{}", self.host(), prefix) };
+        let mut cfg = RegistryConfig::parse(&value).expect("config").expect("some");
+        cfg.spool_dir = self.dir.path().join("spool");
+        std::fs::create_dir_all(&cfg.spool_dir).unwrap();
+        Registry::new(cfg, node.to_string()).expect("registry client")
+    }
+
+    fn spawn(&mut self) {
+        let config = self.dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  redirect:\n    disable: true\nhttp:\n  addr: 127.0.0.1:{}\n",
+                self.storage().display(),
+                self.port
+            ),
+        )
+        .unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("registry.log")).unwrap();
+        let child = Command::new(registry_bin())
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn docker-registry");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.http_status("GET", "/v2/") {
+                if status == 200 {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+                panic!("docker-registry did not come up on {}: {log}", self.host());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the registry (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port and storage.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// A minimal HTTP/1.0 request (status code only), for readiness checks.
+    pub fn http_status(&self, method: &str, path: &str) -> Option<u16> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "{method} {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.host()).ok()?;
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).ok()?;
+        let line = String::from_utf8_lossy(&buf[..n]).to_string();
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// The storage path of a blob.
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+        self.storage().join("docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data")
+    }
+
+    /// Bytes currently sitting in upload sessions (`_uploads/*/data`).
+    pub fn upload_bytes(&self) -> u64 {
+        fn walk(p: &Path, in_uploads: bool, acc: &mut u64) {
+            let Ok(rd) = std::fs::read_dir(p) else { return };
+            for e in rd.flatten() {
+                let path = e.path();
+                let name = e.file_name().to_string_lossy().to_string();
+                if path.is_dir() {
+                    walk(&path, in_uploads || name == "_uploads", acc);
+                } else if in_uploads && name == "data" {
+                    *acc += e.metadata().map(|m| m.len()).unwrap_or(0);
+                }
+            }
+        }
+        let mut acc = 0;
+        walk(&self.storage(), false, &mut acc);
+        acc
+    }
+}
+
+impl Drop for TestRegistry {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Files of an A.7 directory (`snapshot export --to-dir`): name → (apparent size, bytes).
+pub fn dir_files(dir: &Path) -> std::collections::BTreeMap<String, (u64, Vec<u8>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let bytes = std::fs::read(e.path()).unwrap();
+        out.insert(name, (e.metadata().unwrap().len(), bytes));
+    }
+    out
+}
