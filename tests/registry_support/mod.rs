@@ -161,3 +161,42 @@ pub fn dir_files(dir: &Path) -> std::collections::BTreeMap<String, (u64, Vec<u8>
     }
     out
 }
+
+/// Pushes a hand-made artifact (for kinds this crate never writes: cloud images, odd media types, indexes).
+/// `layers` = (media type, title, bytes). Returns the manifest digest.
+pub async fn push_raw_artifact(
+    reg: &TestRegistry,
+    repository: &str,
+    tag: &str,
+    artifact_type: &str,
+    config: (&str, &[u8]),
+    layers: &[(&str, &str, Vec<u8>)],
+) -> String {
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    let client = oci_client::Client::new(ClientConfig { protocol: ClientProtocol::Http, ..Default::default() });
+    let r = oci_client::Reference::with_tag(reg.host(), repository.to_string(), tag.to_string());
+    client.auth(&r, &oci_client::secrets::RegistryAuth::Anonymous, oci_client::RegistryOperation::Push).await.unwrap();
+    let digest = |b: &[u8]| {
+        use sha2::Digest;
+        format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
+    };
+    let cfg_digest = digest(config.1);
+    client.push_blob(&r, config.1.to_vec(), &cfg_digest).await.unwrap();
+    let mut descs = Vec::new();
+    for (mt, title, bytes) in layers {
+        let d = digest(bytes);
+        client.push_blob(&r, bytes.clone(), &d).await.unwrap();
+        descs.push(serde_json::json!({"mediaType": mt, "digest": d, "size": bytes.len(), "annotations": {"org.opencontainers.image.title": title}}));
+    }
+    let body = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": artifact_type,
+        "config": {"mediaType": config.0, "digest": cfg_digest, "size": config.1.len()},
+        "layers": descs,
+    }))
+    .unwrap();
+    let d = digest(&body);
+    client.push_manifest_raw(&r, body, "application/vnd.oci.image.manifest.v1+json".parse().unwrap()).await.unwrap();
+    d
+}
