@@ -9,4 +9,5 @@ pub mod kubelet;
 pub mod model;
 pub mod policy;
 pub mod registry;
+pub mod provider;
 pub mod runtime;

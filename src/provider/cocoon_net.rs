@@ -1,0 +1,228 @@
+//! cocoon-net (contracts §C): the JSON lease file (IP by MAC) and lease release over the
+//! control socket (`DELETE /v1/leases/<mac>`, HTTP/1.1 on a unix socket).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::ports::{LeaseError, LeaseReleaser, LeaseSource};
+
+pub const DEFAULT_LEASES_PATH: &str = "/var/lib/cocoon/net/leases.json";
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/cocoon-net/control.sock";
+
+#[derive(Debug, Clone, Deserialize)]
+struct Row {
+    #[serde(default)]
+    mac: String,
+    #[serde(default)]
+    ip: String,
+    #[serde(default)]
+    expiry: String,
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    mac: String,
+    ip: String,
+    expiry: SystemTime,
+}
+
+/// Parses the lease file: a JSON array (or `null`); rows with an unparseable expiry are skipped.
+pub fn parse_leases(text: &str) -> Result<Vec<(String, String, SystemTime)>, String> {
+    let rows: Option<Vec<Row>> = serde_json::from_str(text).map_err(|e| format!("lease file is not a JSON array of leases: {e}"))?;
+    Ok(rows
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| {
+            let ts: k8s_openapi::jiff::Timestamp = r.expiry.parse().ok()?;
+            let expiry = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(ts.as_second()).ok()?);
+            Some((r.mac.to_ascii_lowercase(), r.ip, expiry))
+        })
+        .collect())
+}
+
+/// The lease file, re-parsed when its mtime or size changes.
+pub struct LeaseFile {
+    path: PathBuf,
+    cache: Mutex<Option<(SystemTime, u64, Vec<Lease>)>>,
+}
+
+impl LeaseFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into(), cache: Mutex::new(None) }
+    }
+
+    fn leases(&self) -> Result<Vec<Lease>, LeaseError> {
+        let meta = std::fs::metadata(&self.path).map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
+        let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut cache = self.cache.lock().expect("lease cache lock");
+        if let Some((m, s, leases)) = cache.as_ref()
+            && *m == mtime
+            && *s == meta.len()
+        {
+            return Ok(leases.clone());
+        }
+        let text = std::fs::read_to_string(&self.path).map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
+        let leases: Vec<Lease> = parse_leases(&text)
+            .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?
+            .into_iter()
+            .map(|(mac, ip, expiry)| Lease { mac, ip, expiry })
+            .collect();
+        *cache = Some((mtime, meta.len(), leases.clone()));
+        Ok(leases)
+    }
+}
+
+impl LeaseSource for LeaseFile {
+    fn lookup(&self, mac: &str) -> Result<String, LeaseError> {
+        let mac = mac.trim().to_ascii_lowercase();
+        let now = SystemTime::now();
+        self.leases()?
+            .into_iter()
+            .find(|l| l.mac == mac && now < l.expiry && !l.ip.is_empty())
+            .map(|l| l.ip)
+            .ok_or(LeaseError::NoLease)
+    }
+}
+
+/// Normalises a MAC to lower-case colon form; `None` when it is not six hex octets.
+pub fn normalize_mac(mac: &str) -> Option<String> {
+    let parts: Vec<&str> = mac.trim().split([':', '-']).collect();
+    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return None;
+    }
+    Some(parts.join(":").to_ascii_lowercase())
+}
+
+/// Lease release over cocoon-net's control socket.
+pub struct ControlSocket {
+    path: PathBuf,
+    timeout: Duration,
+}
+
+impl ControlSocket {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into(), timeout: Duration::from_secs(5) }
+    }
+
+    async fn delete_once(&self, mac: &str) -> Result<u16, String> {
+        let mut stream = tokio::net::UnixStream::connect(&self.path)
+            .await
+            .map_err(|e| format!("connect {}: {e} (is cocoon-net ≥ v0.2.2 running?)", self.path.display()))?;
+        let request = format!("DELETE /v1/leases/{mac} HTTP/1.1\r\nHost: cocoon-net\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
+        let mut response = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = stream.read(&mut buf).await.map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            response.extend_from_slice(&buf[..n]);
+            if response.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        let head = String::from_utf8_lossy(&response);
+        head.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .ok_or_else(|| format!("malformed response from cocoon-net: {:?}", head.lines().next().unwrap_or("")))
+    }
+}
+
+#[async_trait]
+impl LeaseReleaser for ControlSocket {
+    async fn release(&self, mac: &str) -> Result<(), String> {
+        let mac = normalize_mac(mac).ok_or_else(|| format!("invalid MAC address {mac:?}"))?;
+        for attempt in 0..2 {
+            let code = tokio::time::timeout(self.timeout, self.delete_once(&mac))
+                .await
+                .map_err(|_| format!("release lease {mac}: timed out after {:?}", self.timeout))??;
+            match code {
+                204 => return Ok(()),
+                500 if attempt == 0 => continue,
+                other => return Err(format!("release lease {mac}: cocoon-net answered HTTP {other}")),
+            }
+        }
+        Err(format!("release lease {mac}: cocoon-net answered HTTP 500 twice"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncBufReadExt;
+
+    #[test]
+    fn lookup_is_case_insensitive_and_skips_expired_and_malformed_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.json");
+        std::fs::write(
+            &path,
+            r#"[{"mac":"02:4f:1a:9c:33:e1","ip":"172.22.0.17","expiry":"2999-01-01T00:00:00Z"},
+                {"mac":"02:8a:04:5e:11:7c","ip":"172.22.0.23","expiry":"2001-01-01T00:00:00+08:00"},
+                {"mac":"02:00:00:00:00:01","ip":"172.22.0.9","expiry":"soon"}]"#,
+        )
+        .unwrap();
+        let leases = LeaseFile::new(&path);
+        assert_eq!(leases.lookup("02:4F:1A:9C:33:E1").unwrap(), "172.22.0.17");
+        assert_eq!(leases.lookup("02:8a:04:5e:11:7c"), Err(LeaseError::NoLease));
+        assert_eq!(leases.lookup("02:00:00:00:00:01"), Err(LeaseError::NoLease));
+        // Rewritten: the change is seen.
+        std::fs::write(&path, r#"[{"mac":"02:8a:04:5e:11:7c","ip":"172.22.0.99","expiry":"2999-01-01T00:00:00Z"}]"#).unwrap();
+        assert_eq!(leases.lookup("02:8a:04:5e:11:7c").unwrap(), "172.22.0.99");
+        std::fs::write(&path, "null").unwrap();
+        assert_eq!(leases.lookup("02:8a:04:5e:11:7c"), Err(LeaseError::NoLease));
+        assert!(matches!(LeaseFile::new(dir.path().join("missing")).lookup("x"), Err(LeaseError::Unreadable(_))));
+    }
+
+    #[test]
+    fn macs_normalise() {
+        assert_eq!(normalize_mac("AA-BB-CC-DD-EE-FF").as_deref(), Some("aa:bb:cc:dd:ee:ff"));
+        assert_eq!(normalize_mac("zz:bb:cc:dd:ee:ff"), None);
+        assert_eq!(normalize_mac(""), None);
+    }
+
+    /// A one-shot cocoon-net control socket answering `codes` in turn; returns the request lines.
+    async fn serve(path: PathBuf, codes: Vec<u16>) -> tokio::task::JoinHandle<Vec<String>> {
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for code in codes {
+                let (stream, _) = listener.accept().await.unwrap();
+                let (r, mut w) = stream.into_split();
+                let mut lines = tokio::io::BufReader::new(r).lines();
+                let first = lines.next_line().await.unwrap().unwrap();
+                while let Some(l) = lines.next_line().await.unwrap() {
+                    if l.is_empty() {
+                        break;
+                    }
+                }
+                seen.push(first);
+                w.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await.unwrap();
+            }
+            seen
+        })
+    }
+
+    #[tokio::test]
+    async fn release_sends_delete_with_the_normalised_mac_and_retries_one_500() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let server = serve(path.clone(), vec![500, 204]).await;
+        ControlSocket::new(&path).release("AA-BB-CC-DD-EE-FF").await.unwrap();
+        assert_eq!(server.await.unwrap(), vec!["DELETE /v1/leases/aa:bb:cc:dd:ee:ff HTTP/1.1"; 2]);
+
+        let path2 = dir.path().join("control2.sock");
+        let server = serve(path2.clone(), vec![400]).await;
+        let err = ControlSocket::new(&path2).release("aa:bb:cc:dd:ee:ff").await.unwrap_err();
+        assert!(err.contains("HTTP 400"), "{err}");
+        server.await.unwrap();
+        assert!(ControlSocket::new(&path2).release("nonsense").await.unwrap_err().contains("invalid MAC"));
+    }
+}

@@ -1,0 +1,132 @@
+//! DeletePod (lifecycle document; behaviour spec §3.3, decision 3): the snapshot-before-destroy
+//! policy, save + push `:latest` (a failure keeps the VM and the delete retries), `vm rm
+//! --force`, lease release, snapshot cleanup unless `keep-snapshot-on-delete`, forget.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::plan;
+use super::CocoonProvider;
+use crate::kubelet::ProviderError;
+use crate::model::{PodFacts, VmSpec};
+use crate::policy::decision::SnapshotOutcome;
+use crate::policy::facts::SnapshotFacts;
+use crate::runtime::VmState;
+
+pub const KEEP_SNAPSHOT_ON_DELETE: &str = "vm.cocoonstack.io/keep-snapshot-on-delete";
+
+pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
+    let facts = PodFacts::from_pod(pod);
+    let key = facts.key();
+    if !p.state.begin_delete(&key) {
+        return Err(ProviderError::Transient(format!("delete operation still in flight for pod {key}")));
+    }
+    let result = delete_fenced(p, pod, &facts, &key).await;
+    p.state.end_delete(&key);
+    result
+}
+
+async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &str) -> Result<(), ProviderError> {
+    let uid = facts.uid.clone();
+    let tracked = p.state.tracked(key);
+    if tracked.as_ref().is_some_and(|t| t.uid != uid) {
+        tracing::info!(pod = %key, %uid, "delete of a superseded incarnation: nothing to do");
+        return Ok(());
+    }
+    let spec = VmSpec::decode(&facts.annotations);
+    let vm_name = spec.vm_name.clone();
+
+    if !spec.managed {
+        // Decision 8: unmanaged VMs belong to someone else; only forget the pod.
+        p.state.forget(key, &uid, "");
+        p.metrics.lifecycle("delete", "ok", "");
+        p.notify(key);
+        return Ok(());
+    }
+    let keep = facts.annotations.get(KEEP_SNAPSHOT_ON_DELETE).is_some_and(|v| v == "true");
+    let vm = tracked.and_then(|t| t.vm).or_else(|| (!vm_name.is_empty()).then(|| p.state.vm_by_name(&vm_name)).flatten());
+
+    let Some(vm) = vm else {
+        if !keep && !vm_name.is_empty() {
+            drop_snapshots(p, &vm_name).await;
+        }
+        p.state.forget(key, &uid, &vm_name);
+        p.metrics.lifecycle("delete", "skipped", if keep { "seat_release" } else { "no_vm" });
+        p.notify(key);
+        return Ok(());
+    };
+
+    // Only a running VM has state to save: re-inspect it.
+    let running = match p.ports.runtime.inspect(&vm.id).await {
+        Ok(current) => current.state == VmState::Running,
+        Err(e) if e.is_not_found() => false,
+        Err(e) => return Err(kept(p, pod, key, &vm.id, format!("inspect vm {} before delete: {e}", vm.id))),
+    };
+    let sfacts = SnapshotFacts { pod: facts.clone(), spec: spec.clone(), pusher_configured: p.ports.registry.is_some(), vm_running: running };
+    let decision = p.decide(move |pol| pol.snapshot_before_destroy(sfacts)).await?;
+    tracing::info!(pod = %key, vm = %vm.id, reason = %decision.reason, fail_safe = ?decision.fail_safe, "snapshot-before-destroy decision");
+    if let SnapshotOutcome::Snapshot { target } = decision.outcome {
+        let Some(registry) = &p.ports.registry else {
+            return Err(kept(
+                p,
+                pod,
+                key,
+                &vm.id,
+                format!("the snapshot-before-destroy policy asks for {}:{} but no registry is configured: {}", target.repository, target.tag, decision.message),
+            ));
+        };
+        if !running {
+            return Err(kept(p, pod, key, &vm.id, format!("the snapshot-before-destroy policy asks for a snapshot of vm {} but it is not running", vm.id)));
+        }
+        let started = Instant::now();
+        let saved = p.ports.runtime.snapshot_save(&vm_name, &vm.id).await;
+        p.metrics.snapshot_save.with_label_values(&[if saved.is_ok() { "ok" } else { "failed" }]).inc();
+        p.metrics.snapshot_save_duration.observe(started.elapsed().as_secs_f64());
+        if let Err(e) = saved {
+            return Err(kept(p, pod, key, &vm.id, format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id)));
+        }
+        let started = Instant::now();
+        let pushed = registry.push_snapshot(p.ports.runtime.as_ref(), &vm_name, &target.repository, &target.tag, &target.base_image).await;
+        p.metrics.snapshot_push.with_label_values(&[if pushed.is_ok() { "ok" } else { "failed" }]).inc();
+        p.metrics.snapshot_push_duration.observe(started.elapsed().as_secs_f64());
+        if let Err(e) = pushed {
+            return Err(kept(p, pod, key, &vm.id, format!("push snapshot {vm_name} to {}:{} before delete: {e}", target.repository, target.tag)));
+        }
+    }
+
+    if let Err(e) = p.ports.runtime.remove(&vm.id).await {
+        p.metrics.lifecycle("delete", "failed", "");
+        return Err(kept(p, pod, key, &vm.id, format!("remove vm {}: {e}", vm.id)));
+    }
+    p.release_leases(&vm).await;
+    if !keep {
+        drop_snapshots(p, &vm_name).await;
+    }
+    p.state.forget(key, &uid, &vm_name);
+    p.metrics.lifecycle("delete", "ok", "");
+    tracing::info!(pod = %key, vm = %vm.id, keep, "vm deleted");
+    p.notify(key);
+    Ok(())
+}
+
+/// The VM stays (decision 3): record the failure and let the delete retry.
+fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
+    tracing::warn!(pod = %key, vm = %vm_id, %message, "delete kept the vm");
+    p.metrics.lifecycle("delete", "failed", "");
+    p.ports.events.record(pod, true, "DeleteKeptVM", super::lifecycle::truncate(&format!("delete: {message}; the VM is kept and the delete retries"), super::lifecycle::MAX_EVENT_NOTE));
+    ProviderError::Transient(format!("{message}; vm {vm_id} kept"))
+}
+
+/// Removes `<vm>` and `fork-<vm>` concurrently, 10 s each; failures are logged.
+async fn drop_snapshots(p: &CocoonProvider, vm_name: &str) {
+    let fork = plan::fork_snapshot_name(vm_name);
+    let rm = |name: String| async move {
+        match tokio::time::timeout(Duration::from_secs(10), p.ports.runtime.snapshot_remove_if_exists(&name)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(snapshot = %name, %error, "snapshot cleanup failed"),
+            Err(_) => tracing::warn!(snapshot = %name, "snapshot cleanup timed out"),
+        }
+    };
+    futures::join!(rm(vm_name.to_string()), rm(fork));
+}

@@ -1,0 +1,149 @@
+//! The provider's Prometheus metrics (behaviour spec §8.1, namespace `cocoon`, subsystem `vk`)
+//! and the `/metrics` endpoint.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+
+#[derive(Clone)]
+pub struct ProviderMetrics {
+    pub pod_lifecycle: IntCounterVec,
+    pub snapshot_pull: IntCounterVec,
+    pub snapshot_save: IntCounterVec,
+    pub snapshot_push: IntCounterVec,
+    pub snapshot_verify: IntCounterVec,
+    pub clone_from_dir: IntCounterVec,
+    pub vm_table_size: IntGauge,
+    pub orphan_vm: IntCounter,
+    pub reconcile_adopt_by_name: IntCounter,
+    pub stale_create_reconcile: IntCounterVec,
+    pub startup_resume: IntCounterVec,
+    pub hibernate_evidence: IntCounterVec,
+    pub wake: IntCounterVec,
+    pub lease_release: IntCounterVec,
+    pub vm_boot_duration: HistogramVec,
+    pub snapshot_save_duration: Histogram,
+    pub snapshot_push_duration: Histogram,
+    pub snapshot_pull_duration: Histogram,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace("cocoon").subsystem("vk")
+}
+
+fn hopts(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(name, help).namespace("cocoon").subsystem("vk").buckets(buckets.to_vec())
+}
+
+impl ProviderMetrics {
+    fn build() -> prometheus::Result<Self> {
+        let result = |n: &str, h: &str| IntCounterVec::new(opts(n, h), &["result"]);
+        Ok(Self {
+            pod_lifecycle: IntCounterVec::new(opts("pod_lifecycle_total", "Pod operations by op, result and reason."), &["op", "result", "reason"])?,
+            snapshot_pull: result("snapshot_pull_total", "Snapshot pulls from the registry.")?,
+            snapshot_save: result("snapshot_save_total", "Local snapshot saves.")?,
+            snapshot_push: result("snapshot_push_total", "Snapshot pushes to the registry.")?,
+            snapshot_verify: result("snapshot_verify_total", "Verifications of a local wake snapshot against :hibernate.")?,
+            clone_from_dir: result("clone_from_dir_total", "Clones from an exported snapshot directory.")?,
+            vm_table_size: IntGauge::with_opts(opts("vm_table_size", "Tracked VM rows."))?,
+            orphan_vm: IntCounter::with_opts(opts("orphan_vm_total", "VMs without a pod found at startup (alert policy)."))?,
+            reconcile_adopt_by_name: IntCounter::with_opts(opts("reconcile_adopt_by_name_total", "Pods adopted by VM name at startup."))?,
+            stale_create_reconcile: IntCounterVec::new(opts("stale_create_reconcile_total", "Stale creates reconciled at startup."), &["outcome"])?,
+            startup_resume: IntCounterVec::new(opts("startup_resume_total", "Work resumed after a restart."), &["op"])?,
+            hibernate_evidence: IntCounterVec::new(opts("hibernate_evidence_total", "Hibernate evidence verdicts in CreatePod."), &["verdict"])?,
+            wake: result("wake_total", "Restores from hibernate.")?,
+            lease_release: result("lease_release_total", "cocoon-net lease releases.")?,
+            vm_boot_duration: HistogramVec::new(
+                hopts("vm_boot_duration_seconds", "VM bring-up time.", &[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
+                &["mode", "backend"],
+            )?,
+            snapshot_save_duration: Histogram::with_opts(hopts("snapshot_save_duration_seconds", "Snapshot save time.", &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0]))?,
+            snapshot_push_duration: Histogram::with_opts(hopts("snapshot_push_duration_seconds", "Snapshot push time.", &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]))?,
+            snapshot_pull_duration: Histogram::with_opts(hopts("snapshot_pull_duration_seconds", "Snapshot pull time.", &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]))?,
+        })
+    }
+
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = Self::build()?;
+        registry.register(Box::new(m.pod_lifecycle.clone()))?;
+        registry.register(Box::new(m.snapshot_pull.clone()))?;
+        registry.register(Box::new(m.snapshot_save.clone()))?;
+        registry.register(Box::new(m.snapshot_push.clone()))?;
+        registry.register(Box::new(m.snapshot_verify.clone()))?;
+        registry.register(Box::new(m.clone_from_dir.clone()))?;
+        registry.register(Box::new(m.vm_table_size.clone()))?;
+        registry.register(Box::new(m.orphan_vm.clone()))?;
+        registry.register(Box::new(m.reconcile_adopt_by_name.clone()))?;
+        registry.register(Box::new(m.stale_create_reconcile.clone()))?;
+        registry.register(Box::new(m.startup_resume.clone()))?;
+        registry.register(Box::new(m.hibernate_evidence.clone()))?;
+        registry.register(Box::new(m.wake.clone()))?;
+        registry.register(Box::new(m.lease_release.clone()))?;
+        registry.register(Box::new(m.vm_boot_duration.clone()))?;
+        registry.register(Box::new(m.snapshot_save_duration.clone()))?;
+        registry.register(Box::new(m.snapshot_push_duration.clone()))?;
+        registry.register(Box::new(m.snapshot_pull_duration.clone()))?;
+        Ok(m)
+    }
+
+    /// Metrics nobody scrapes (tests).
+    pub fn unregistered() -> Self {
+        Self::build().expect("metric definitions are valid")
+    }
+
+    pub fn lifecycle(&self, op: &str, result: &str, reason: &str) {
+        self.pod_lifecycle.with_label_values(&[op, result, reason]).inc();
+    }
+
+    pub fn lifecycle_count(&self, op: &str, result: &str, reason: &str) -> u64 {
+        self.pod_lifecycle.with_label_values(&[op, result, reason]).get()
+    }
+}
+
+/// Text exposition of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+/// `VK_METRICS_ADDR` (`:9091` = all interfaces, port 9091).
+pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
+    let v = value.trim();
+    let full = if v.starts_with(':') { format!("0.0.0.0{v}") } else { v.to_string() };
+    full.parse().map_err(|e| format!("VK_METRICS_ADDR={value:?} is not host:port or :port ({e})"))
+}
+
+/// Serves `GET /metrics` until `shutdown`.
+pub async fn serve(listener: tokio::net::TcpListener, registry: Registry, shutdown: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let registry = registry.clone();
+            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&registry)) }
+        }),
+    );
+    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_follow_the_spec() {
+        let registry = Registry::new();
+        let m = ProviderMetrics::register(&registry).unwrap();
+        m.lifecycle("create", "skipped", "missing_vmname");
+        m.vm_boot_duration.with_label_values(&["clone", "cloud-hypervisor"]).observe(1.5);
+        let text = render(&registry);
+        assert!(text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="missing_vmname",result="skipped"} 1"#), "{text}");
+        assert!(text.contains(r#"cocoon_vk_vm_boot_duration_seconds_bucket{backend="cloud-hypervisor",mode="clone",le="2"} 1"#), "{text}");
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen_addr(":9091").unwrap().to_string(), "0.0.0.0:9091");
+        assert_eq!(parse_listen_addr("127.0.0.1:1").unwrap().to_string(), "127.0.0.1:1");
+        assert!(parse_listen_addr("nope").is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! The provider's ports: what it needs from the registry, cocoon-net and the apiserver, as small
+//! object-safe traits. Production adapters live next to their systems; tests use in-memory fakes.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::kubelet::ProviderPodStatus;
+use crate::runtime::CocoonRuntime;
+
+/// A registry failure. `unavailable` = the registry did not answer definitively (network, 5xx,
+/// auth); anything else is a definitive refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RegistryFailure {
+    pub message: String,
+    pub unavailable: bool,
+}
+
+impl RegistryFailure {
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self { message: message.into(), unavailable: true }
+    }
+}
+
+/// A manifest's identity: artifact type and annotations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Artifact {
+    pub digest: String,
+    pub artifact_type: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The snapshot config blob fields the provider reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    pub snapshot_id: String,
+    pub image: String,
+    pub hypervisor: String,
+}
+
+/// What a cloud-image ensure did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloudImageResult {
+    /// Imported (or already present) under this local name.
+    Imported(String),
+    /// The ref is not a cloud image: pull it the ordinary way.
+    NotACloudImage,
+}
+
+/// The OCI registry operations the provider uses (the snapshot repo is the VM name).
+#[async_trait]
+pub trait SnapshotRegistry: Send + Sync {
+    /// `Ok(None)` only for the typed "tag absent".
+    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryFailure>;
+    /// The config of a snapshot artifact; `Ok(None)` when the tag is absent.
+    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure>;
+    /// Streams `cocoon snapshot export <local>` into `repo:tag`, recording `base_image`.
+    async fn push_snapshot(&self, runtime: &dyn CocoonRuntime, local: &str, repo: &str, tag: &str, base_image: &str) -> Result<(), RegistryFailure>;
+    /// Imports `repo:tag` into the local store as `local`.
+    async fn pull_snapshot(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local: &str) -> Result<(), RegistryFailure>;
+    async fn ensure_cloud_image(&self, runtime: &dyn CocoonRuntime, reference: &str, force: bool) -> Result<CloudImageResult, RegistryFailure>;
+}
+
+/// A cocoon-net lease lookup failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseError {
+    #[error("no cocoon-net lease for the requested MAC")]
+    NoLease,
+    #[error("reading the cocoon-net lease file: {0}")]
+    Unreadable(String),
+}
+
+/// IP by MAC from cocoon-net's lease file.
+pub trait LeaseSource: Send + Sync {
+    fn lookup(&self, mac: &str) -> Result<String, LeaseError>;
+}
+
+/// Releases DHCP leases through cocoon-net's control socket (best-effort).
+#[async_trait]
+pub trait LeaseReleaser: Send + Sync {
+    async fn release(&self, mac: &str) -> Result<(), String>;
+}
+
+/// How a conditional write on the pod ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PatchOutcome {
+    Applied,
+    /// The incarnation is gone (NotFound, uid Conflict, Invalid): never retried.
+    Superseded(String),
+}
+
+/// Writes on the pod, always conditioned on its uid.
+#[async_trait]
+pub trait PodPatcher: Send + Sync {
+    /// Sets (`Some`) or removes (`None`) annotations.
+    async fn patch_annotations(&self, pod: &Pod, changes: &BTreeMap<String, Option<String>>) -> Result<PatchOutcome, String>;
+    /// Publishes the pod status (used to land the status before `lifecycle-state=ready`).
+    async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, String>;
+}
+
+/// Kubernetes Events about a pod.
+pub trait EventRecorder: Send + Sync {
+    fn record(&self, pod: &Pod, warning: bool, reason: &str, note: String);
+}
+
+/// Notifies the virtual node that a pod's status changed.
+pub trait StatusNotifier: Send + Sync {
+    fn notify(&self, key: &str);
+}
+
+impl StatusNotifier for crate::kubelet::Notifier {
+    fn notify(&self, key: &str) {
+        crate::kubelet::Notifier::notify(self, key.to_string());
+    }
+}
+
+// ---- production adapters for the apiserver ------------------------------------------------
+
+/// Uid-conditioned writes through `kubelet::status`.
+pub struct KubePodPatcher {
+    client: kube::Client,
+}
+
+impl KubePodPatcher {
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+
+    fn api(&self, pod: &Pod) -> kube::Api<Pod> {
+        kube::Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"))
+    }
+}
+
+fn outcome(r: Result<crate::kubelet::status::WriteOutcome, kube::Error>) -> Result<PatchOutcome, String> {
+    match r {
+        Ok(crate::kubelet::status::WriteOutcome::Applied(_)) => Ok(PatchOutcome::Applied),
+        Ok(crate::kubelet::status::WriteOutcome::Superseded { code, message }) => Ok(PatchOutcome::Superseded(format!("{code}: {message}"))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[async_trait]
+impl PodPatcher for KubePodPatcher {
+    async fn patch_annotations(&self, pod: &Pod, changes: &BTreeMap<String, Option<String>>) -> Result<PatchOutcome, String> {
+        outcome(crate::kubelet::status::patch_annotations(&self.api(pod), pod, changes).await)
+    }
+
+    async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, String> {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+        let built = crate::kubelet::status::build_pod_status(pod, status, &now);
+        outcome(crate::kubelet::status::publish_status(&self.api(pod), pod, &built).await)
+    }
+}
+
+impl EventRecorder for crate::kubelet::events::EventSink {
+    fn record(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
+        crate::kubelet::events::EventSink::record(self, pod, warning, reason, "Sync", note);
+    }
+}

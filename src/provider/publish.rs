@@ -1,0 +1,155 @@
+//! Publication towards the apiserver (behaviour spec §1.4, §3.8): lifecycle intents and their
+//! flush, Ready (status before the `ready` annotation), failures (Warning Event + lifecycle
+//! `failed`), and the runtime annotations.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::lifecycle::{self, Intent, LifecycleState};
+use super::ports::PatchOutcome;
+use super::CocoonProvider;
+use crate::model::annotations as key;
+
+const ATTEMPTS: usize = 3;
+
+impl CocoonProvider {
+    /// Stages `state` for `pod`'s incarnation and flushes it; returns whether it was admitted.
+    pub(super) async fn set_lifecycle(&self, pod: &Pod, pkey: &str, state: LifecycleState, message: &str) -> bool {
+        let uid = super::state::uid_of(pod);
+        let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
+        let intent = Intent { uid, state, generation, message: lifecycle::truncate(message, lifecycle::MAX_MESSAGE) };
+        match self.state.stage_intent(pkey, intent) {
+            Ok(intent) => {
+                self.flush(pod, pkey, &intent).await;
+                true
+            }
+            Err(dropped) => {
+                tracing::debug!(pod = %pkey, ?dropped, state = state.as_str(), "lifecycle write dropped");
+                false
+            }
+        }
+    }
+
+    /// Patches the three lifecycle annotations (uid precondition, 3 attempts); aborts if the
+    /// intent changed meanwhile; a superseded incarnation drops it.
+    pub(super) async fn flush(&self, pod: &Pod, pkey: &str, intent: &Intent) {
+        let changes = intent.annotations();
+        for attempt in 1..=ATTEMPTS {
+            if !self.state.is_current(pkey, intent) {
+                return;
+            }
+            match self.ports.patcher.patch_annotations(pod, &changes).await {
+                Ok(PatchOutcome::Applied) => {
+                    self.state.mark_flushed(pkey, intent);
+                    return;
+                }
+                Ok(PatchOutcome::Superseded(why)) => {
+                    tracing::info!(pod = %pkey, %why, "pod incarnation superseded; dropping its lifecycle intent");
+                    self.state.drop_intent(pkey, &intent.uid);
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pkey, attempt, %error, state = intent.state.as_str(), "lifecycle annotation patch failed");
+                    if attempt < ATTEMPTS {
+                        tokio::time::sleep(self.cfg.patch_retry).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A failed operation: Warning Event `reason` ("<op>: <message>", ≤512 bytes) and lifecycle
+    /// `failed` with the message (≤4096 bytes).
+    pub(super) async fn fail_op(&self, pod: &Pod, pkey: &str, reason: &str, op: &str, message: &str) {
+        tracing::warn!(pod = %pkey, %reason, %op, %message, "operation failed");
+        self.metrics.lifecycle(op, "failed", "");
+        self.ports.events.record(pod, true, reason, lifecycle::truncate(&format!("{op}: {message}"), lifecycle::MAX_EVENT_NOTE));
+        self.set_lifecycle(pod, pkey, LifecycleState::Failed, message).await;
+    }
+
+    /// Publish Ready: stage `ready`, land the status (podIP) first, then the annotation, then notify.
+    pub(super) async fn publish_ready(&self, pod: &Pod, pkey: &str) {
+        let uid = super::state::uid_of(pod);
+        let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
+        let intent = Intent { uid, state: LifecycleState::Ready, generation, message: String::new() };
+        let Ok(intent) = self.state.stage_intent(pkey, intent) else {
+            self.notify(pkey);
+            return;
+        };
+        if self.land_status(pod, pkey).await {
+            self.flush(pod, pkey, &intent).await;
+        }
+        self.notify(pkey);
+    }
+
+    /// Patches the pod status from the provider's view (3 attempts); false when it did not land.
+    async fn land_status(&self, pod: &Pod, pkey: &str) -> bool {
+        let Some(status) = self.status_of(pkey) else { return false };
+        for attempt in 1..=ATTEMPTS {
+            match self.ports.patcher.patch_status(pod, &status).await {
+                Ok(PatchOutcome::Applied) => return true,
+                Ok(PatchOutcome::Superseded(_)) => return false,
+                Err(error) => {
+                    tracing::warn!(pod = %pkey, attempt, %error, "status patch before ready failed");
+                    if attempt < ATTEMPTS {
+                        tokio::time::sleep(self.cfg.patch_retry).await;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Writes `{id, ip}` (and, for unmanaged pods, nothing else) on the pod and the tracked copy.
+    /// A failure is logged only: the next restart repairs it.
+    pub(super) async fn write_runtime(&self, pod: &Pod, pkey: &str, vm_id: &str, ip: &str) {
+        let mut changes = BTreeMap::new();
+        if !vm_id.is_empty() {
+            changes.insert(key::VM_ID.to_string(), Some(vm_id.to_string()));
+        }
+        if !ip.is_empty() {
+            changes.insert(key::IP.to_string(), Some(ip.to_string()));
+        }
+        if changes.is_empty() {
+            return;
+        }
+        self.state.set_annotations(pkey, &super::state::uid_of(pod), &changes);
+        for attempt in 1..=ATTEMPTS {
+            match self.ports.patcher.patch_annotations(pod, &changes).await {
+                Ok(PatchOutcome::Applied) => return,
+                Ok(PatchOutcome::Superseded(why)) => {
+                    tracing::info!(pod = %pkey, %why, "runtime annotations not written: incarnation superseded");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pkey, attempt, %error, "runtime annotation patch failed; will reconcile on restart");
+                    if attempt < ATTEMPTS {
+                        tokio::time::sleep(self.cfg.patch_retry).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Clears stale `id`/`ip` on a pod whose VM is gone (hibernated pods at startup).
+    pub(super) async fn clear_runtime(&self, pod: &Pod, pkey: &str) {
+        let changes = BTreeMap::from([(key::VM_ID.to_string(), None), (key::IP.to_string(), None)]);
+        self.state.set_annotations(pkey, &super::state::uid_of(pod), &changes);
+        if let Err(error) = self.ports.patcher.patch_annotations(pod, &changes).await {
+            tracing::warn!(pod = %pkey, %error, "clearing stale runtime annotations failed");
+        }
+    }
+
+    /// The lifecycle reconciler: re-flushes intents that have not reached the apiserver.
+    pub(super) async fn reflush(&self) {
+        for (pkey, intent) in self.state.unflushed() {
+            let Some(tracked) = self.state.tracked(&pkey).filter(|t| t.uid == intent.uid) else { continue };
+            if intent.state == LifecycleState::Ready && !self.land_status(&tracked.pod, &pkey).await {
+                continue;
+            }
+            self.flush(&tracked.pod, &pkey, &intent).await;
+            self.notify(&pkey);
+        }
+    }
+}

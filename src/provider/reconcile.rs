@@ -1,0 +1,222 @@
+//! Pure decisions of the startup reconcile (behaviour spec §3.5, §4g, §4h): the orphan policy,
+//! the stale-create table, matching pods to VMs, and the work owed after a restart.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
+
+pub const HIBERNATE: &str = "vm.cocoonstack.io/hibernate";
+
+/// What happens to a VM no pod claims (§4g).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanPolicy {
+    Destroy,
+    Alert,
+    Keep,
+}
+
+impl OrphanPolicy {
+    /// `VK_ORPHAN_POLICY`: unset or empty means destroy; an unknown value is a startup error.
+    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("") | Some("destroy") => Ok(Self::Destroy),
+            Some("alert") => Ok(Self::Alert),
+            Some("keep") => Ok(Self::Keep),
+            Some(other) => Err(format!("VK_ORPHAN_POLICY={other:?} is not one of destroy, alert, keep")),
+        }
+    }
+}
+
+/// What to do with a VM left in `creating` after the verb answered (§3.5 table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleStep {
+    /// Gone (or collected): the name is free for a clean recreate.
+    Drop,
+    /// Still owned by someone or undecidable: not adopted now; watch it in the background.
+    Watch,
+    /// Re-inspect the record and decide with [`after_inspect`].
+    Inspect,
+}
+
+pub fn stale_step(outcome: &Result<StaleCreateOutcome, String>) -> StaleStep {
+    match outcome {
+        Ok(StaleCreateOutcome::Collected | StaleCreateOutcome::NotFound) => StaleStep::Drop,
+        Ok(StaleCreateOutcome::NotCreating) => StaleStep::Inspect,
+        Ok(StaleCreateOutcome::Busy | StaleCreateOutcome::Other(_)) | Err(_) => StaleStep::Watch,
+    }
+}
+
+/// Verdict on a re-inspected record (`not-creating` row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InspectVerdict {
+    Drop,
+    Watch,
+    /// Running: adoptable.
+    Keep,
+    /// A terminal record: the orphan policy decides.
+    Orphan,
+}
+
+/// `inspect` = `Ok(Some(state))`, `Ok(None)` for NotFound, `Err` for an inconclusive error.
+pub fn after_inspect(inspect: Result<Option<&VmState>, ()>) -> InspectVerdict {
+    match inspect {
+        Ok(None) => InspectVerdict::Drop,
+        Err(()) => InspectVerdict::Watch,
+        Ok(Some(VmState::Running)) => InspectVerdict::Keep,
+        Ok(Some(VmState::Creating | VmState::Created)) => InspectVerdict::Watch,
+        Ok(Some(_)) => InspectVerdict::Orphan,
+    }
+}
+
+/// A pod as the reconcile sees it.
+#[derive(Debug, Clone)]
+pub struct PodView {
+    pub key: String,
+    pub vm_name: String,
+    pub vm_id: String,
+    pub hibernate: bool,
+    pub managed: bool,
+}
+
+/// The outcome for one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodMatch {
+    /// Its `id` annotation names a listed VM.
+    ById(VmRecord),
+    /// No `id` annotation, but a VM of its name exists: adopt and repair the annotation.
+    ByName(VmRecord),
+    /// Hibernated: tracked without a VM; `clear_stale_id` when its `id` names a VM that is gone.
+    Hibernated { clear_stale_id: bool },
+    /// CreatePod will act (nothing to adopt).
+    Skip { stale_id: bool },
+}
+
+/// Matches every pod to the listed VMs; returns the per-pod outcome and the VMs nobody claimed.
+pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)>, Vec<VmRecord>) {
+    let by_id: HashMap<&str, &VmRecord> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
+    let by_name: HashMap<&str, &VmRecord> = vms.iter().filter(|v| !v.name().is_empty()).map(|v| (v.name(), v)).collect();
+    let mut claimed: HashSet<String> = HashSet::new();
+    let mut out = Vec::new();
+    for pod in pods {
+        let m = if pod.vm_id.is_empty() {
+            match by_name.get(pod.vm_name.as_str()).filter(|_| !pod.vm_name.is_empty()) {
+                Some(vm) => PodMatch::ByName((*vm).clone()),
+                None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: false },
+                None => PodMatch::Skip { stale_id: false },
+            }
+        } else {
+            match by_id.get(pod.vm_id.as_str()) {
+                Some(vm) => PodMatch::ById((*vm).clone()),
+                None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: true },
+                None => PodMatch::Skip { stale_id: true },
+            }
+        };
+        if let PodMatch::ById(vm) | PodMatch::ByName(vm) = &m {
+            claimed.insert(vm.id.clone());
+        }
+        out.push((pod.key.clone(), m));
+    }
+    // A pod without an id whose VM was not listed under its name may still be being created;
+    // its name also protects a same-named VM.
+    let names: HashSet<&str> = pods.iter().map(|p| p.vm_name.as_str()).filter(|n| !n.is_empty()).collect();
+    let orphans = vms
+        .iter()
+        .filter(|v| !claimed.contains(&v.id) && !names.contains(v.name()))
+        .cloned()
+        .collect();
+    (out, orphans)
+}
+
+/// Work a restart owes a pod (§4h), reduced to what this provider resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwedOp {
+    None,
+    /// The create got as far as a VM: finish it by publishing Ready.
+    ReadyWait,
+    /// A hibernate was requested: resumed by the UpdatePod path.
+    Hibernate,
+}
+
+pub fn owed_op(deleting: bool, has_vm: bool, annotations: &BTreeMap<String, String>) -> OwedOp {
+    if deleting || !has_vm {
+        return OwedOp::None;
+    }
+    if annotations.get(HIBERNATE).is_some_and(|v| v == "true") {
+        return OwedOp::Hibernate;
+    }
+    match annotations.get(super::lifecycle::STATE).map(String::as_str) {
+        None | Some("") | Some("creating") => OwedOp::ReadyWait,
+        _ => OwedOp::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::parse::VmConfig;
+
+    fn vm(id: &str, name: &str) -> VmRecord {
+        VmRecord { id: id.into(), state: VmState::Running, config: VmConfig { name: name.into(), ..Default::default() }, ..Default::default() }
+    }
+
+    fn pod(key: &str, vm_name: &str, vm_id: &str, hibernate: bool) -> PodView {
+        PodView { key: key.into(), vm_name: vm_name.into(), vm_id: vm_id.into(), hibernate, managed: true }
+    }
+
+    #[test]
+    fn orphan_policy_parsing() {
+        assert_eq!(OrphanPolicy::parse(None), Ok(OrphanPolicy::Destroy));
+        assert_eq!(OrphanPolicy::parse(Some("")), Ok(OrphanPolicy::Destroy));
+        assert_eq!(OrphanPolicy::parse(Some(" Alert ")), Ok(OrphanPolicy::Alert));
+        assert_eq!(OrphanPolicy::parse(Some("keep")), Ok(OrphanPolicy::Keep));
+        assert!(OrphanPolicy::parse(Some("nuke")).unwrap_err().contains("nuke"));
+    }
+
+    #[test]
+    fn stale_create_table() {
+        assert_eq!(stale_step(&Ok(StaleCreateOutcome::Collected)), StaleStep::Drop);
+        assert_eq!(stale_step(&Ok(StaleCreateOutcome::NotFound)), StaleStep::Drop);
+        assert_eq!(stale_step(&Ok(StaleCreateOutcome::Busy)), StaleStep::Watch);
+        assert_eq!(stale_step(&Err("unknown command".into())), StaleStep::Watch);
+        assert_eq!(stale_step(&Ok(StaleCreateOutcome::NotCreating)), StaleStep::Inspect);
+        assert_eq!(after_inspect(Ok(None)), InspectVerdict::Drop);
+        assert_eq!(after_inspect(Err(())), InspectVerdict::Watch);
+        assert_eq!(after_inspect(Ok(Some(&VmState::Running))), InspectVerdict::Keep);
+        assert_eq!(after_inspect(Ok(Some(&VmState::Created))), InspectVerdict::Watch);
+        assert_eq!(after_inspect(Ok(Some(&VmState::Error))), InspectVerdict::Orphan);
+    }
+
+    #[test]
+    fn pods_match_by_id_then_by_name_and_the_rest_are_orphans() {
+        let vms = vec![vm("id-a", "vm-a"), vm("id-b", "vm-b"), vm("id-x", "vm-x"), vm("id-h", "vm-h")];
+        let pods = vec![
+            pod("ns/a", "vm-a", "id-a", false),
+            pod("ns/b", "vm-b", "", false),
+            pod("ns/c", "vm-c", "id-gone", false),
+            pod("ns/d", "vm-d", "id-gone2", true),
+            pod("ns/e", "vm-e", "", true),
+            pod("ns/f", "vm-f", "", false),
+        ];
+        let (m, orphans) = match_pods(&pods, &vms);
+        assert_eq!(m[0].1, PodMatch::ById(vms[0].clone()));
+        assert_eq!(m[1].1, PodMatch::ByName(vms[1].clone()));
+        assert_eq!(m[2].1, PodMatch::Skip { stale_id: true });
+        assert_eq!(m[3].1, PodMatch::Hibernated { clear_stale_id: true });
+        assert_eq!(m[4].1, PodMatch::Hibernated { clear_stale_id: false });
+        assert_eq!(m[5].1, PodMatch::Skip { stale_id: false });
+        let ids: Vec<&str> = orphans.iter().map(|v| v.id.as_str()).collect();
+        assert_eq!(ids, vec!["id-x", "id-h"]);
+    }
+
+    #[test]
+    fn owed_work() {
+        let a = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        assert_eq!(owed_op(true, true, &a(&[])), OwedOp::None);
+        assert_eq!(owed_op(false, false, &a(&[])), OwedOp::None);
+        assert_eq!(owed_op(false, true, &a(&[(HIBERNATE, "true")])), OwedOp::Hibernate);
+        assert_eq!(owed_op(false, true, &a(&[])), OwedOp::ReadyWait);
+        assert_eq!(owed_op(false, true, &a(&[(crate::provider::lifecycle::STATE, "creating")])), OwedOp::ReadyWait);
+        assert_eq!(owed_op(false, true, &a(&[(crate::provider::lifecycle::STATE, "ready")])), OwedOp::None);
+        assert_eq!(owed_op(false, true, &a(&[(crate::provider::lifecycle::STATE, "failed")])), OwedOp::None);
+    }
+}

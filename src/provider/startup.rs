@@ -1,0 +1,265 @@
+//! Startup reconcile (behaviour spec §3.5): list the VMs, check every live pod's CPU class
+//! (a mismatch is fatal), reconcile stale creates, adopt by id then by name, apply the orphan
+//! policy to the rest, and resume owed work.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::lifecycle::Intent;
+use super::reconcile::{self, InspectVerdict, OrphanPolicy, OwedOp, PodMatch, PodView, StaleStep};
+use super::CocoonProvider;
+use crate::kubelet::ProviderError;
+use crate::model::{PodFacts, VmSpec};
+use crate::policy::facts::AdmissionContext;
+use crate::runtime::{CocoonRuntime, VmRecord, VmState};
+
+const FAN_OUT: usize = 8;
+
+pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), ProviderError> {
+    // 1. The VMs (the pods were listed by the virtual node). Failing is fatal.
+    let vms = p
+        .ports
+        .runtime
+        .list()
+        .await
+        .map_err(|e| ProviderError::Transient(format!("startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state")))?;
+
+    // 2. CPU class over every non-terminal pod.
+    for pod in pods {
+        let facts = PodFacts::from_pod(pod);
+        if matches!(facts.phase.as_str(), "Succeeded" | "Failed") {
+            continue;
+        }
+        if let Err((_, message)) = p.admission(&facts, AdmissionContext::StartupReconcile).await? {
+            return Err(ProviderError::Rejected {
+                reason: "SnapshotCPUClassMismatch".into(),
+                message: format!("startup compatibility check: {message}"),
+            });
+        }
+    }
+
+    // 3. Stale creates.
+    let (creating, mut settled): (Vec<VmRecord>, Vec<VmRecord>) = vms.into_iter().partition(|v| v.state == VmState::Creating);
+    let outcomes: Vec<(VmRecord, StaleResult)> = stream::iter(creating)
+        .map(|vm| async move {
+            let r = stale_create(p, &vm).await;
+            (vm, r)
+        })
+        .buffer_unordered(FAN_OUT)
+        .collect()
+        .await;
+    for (vm, result) in outcomes {
+        match result {
+            StaleResult::Keep(current) => settled.push(current),
+            StaleResult::Drop => {}
+            StaleResult::Orphan(current) => apply_orphan_policy(p, &current).await,
+            StaleResult::Watch => watch_stale_create(p, vm),
+        }
+    }
+
+    // 4. Match pods to VMs.
+    let views: Vec<PodView> = pods
+        .iter()
+        .map(|pod| {
+            let facts = PodFacts::from_pod(pod);
+            let spec = VmSpec::decode(&facts.annotations);
+            PodView {
+                key: facts.key(),
+                vm_id: facts.annotations.get(crate::model::annotations::VM_ID).cloned().unwrap_or_default(),
+                hibernate: facts.annotations.get(reconcile::HIBERNATE).is_some_and(|v| v == "true"),
+                vm_name: spec.vm_name,
+                managed: spec.managed,
+            }
+        })
+        .collect();
+    let (matches, orphans) = reconcile::match_pods(&views, &settled);
+    let mut owed: Vec<(Pod, String)> = Vec::new();
+    let mut claimed: HashSet<String> = HashSet::new();
+    for ((pkey, m), (pod, view)) in matches.into_iter().zip(pods.iter().zip(views.iter())) {
+        let uid = super::state::uid_of(pod);
+        let seed = |p: &CocoonProvider| {
+            if let Some(intent) = Intent::from_annotations(&uid, pod.metadata.annotations.as_ref().unwrap_or(&Default::default())) {
+                p.state.seed_intent(&pkey, intent);
+            }
+        };
+        if !view.managed {
+            // Unmanaged pods: the operator's pre-written runtime is the VM.
+            continue;
+        }
+        match m {
+            PodMatch::ById(vm) => {
+                claimed.insert(vm.id.clone());
+                p.state.track(&pkey, pod, &view.vm_name);
+                seed(p);
+                p.state.set_vm(&pkey, &uid, vm);
+                owed.push((pod.clone(), pkey));
+            }
+            PodMatch::ByName(vm) => {
+                claimed.insert(vm.id.clone());
+                p.state.track(&pkey, pod, &view.vm_name);
+                seed(p);
+                p.state.set_vm(&pkey, &uid, vm.clone());
+                p.metrics.reconcile_adopt_by_name.inc();
+                let ip = p.resolve_ip(&vm);
+                p.write_runtime(pod, &pkey, &vm.id, &ip).await;
+                tracing::info!(pod = %pkey, vm = %vm.id, "adopted by vm name; runtime annotation repaired");
+                owed.push((pod.clone(), pkey));
+            }
+            PodMatch::Hibernated { clear_stale_id } => {
+                p.state.track(&pkey, pod, &view.vm_name);
+                seed(p);
+                if clear_stale_id {
+                    p.clear_runtime(pod, &pkey).await;
+                }
+            }
+            PodMatch::Skip { stale_id } => {
+                if stale_id {
+                    tracing::warn!(pod = %pkey, vm_id = %view.vm_id, "pod names a vm that no longer exists; CreatePod will recreate it");
+                }
+            }
+        }
+    }
+
+    // 5. VMs no pod claimed: the orphan policy. A VM named after a pod is indexed for adoption.
+    let pod_names: HashSet<&str> = views.iter().map(|v| v.vm_name.as_str()).collect();
+    for vm in settled.iter().filter(|v| !claimed.contains(&v.id) && pod_names.contains(v.name())) {
+        p.state.index_vm(vm.name(), vm.clone());
+    }
+    for vm in orphans {
+        apply_orphan_policy(p, &vm).await;
+    }
+
+    // 6. Owed work.
+    for (pod, pkey) in owed {
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        let has_vm = p.state.tracked(&pkey).is_some_and(|t| t.vm.is_some());
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        match reconcile::owed_op(deleting, has_vm, &annotations) {
+            OwedOp::None => {}
+            OwedOp::Hibernate => {
+                p.metrics.startup_resume.with_label_values(&["hibernate"]).inc();
+                tracing::warn!(pod = %pkey, "a hibernate is owed; it resumes when UpdatePod delivers the pod");
+            }
+            OwedOp::ReadyWait => {
+                p.metrics.startup_resume.with_label_values(&["ready_wait"]).inc();
+                p.ports.events.record(&pod, false, "ResumedAfterRestart", "op=ready_wait".into());
+                p.publish_ready(&pod, &pkey).await;
+            }
+        }
+    }
+    p.notify("");
+    tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
+    Ok(())
+}
+
+enum StaleResult {
+    Keep(VmRecord),
+    Drop,
+    Orphan(VmRecord),
+    Watch,
+}
+
+async fn stale_create(p: &CocoonProvider, vm: &VmRecord) -> StaleResult {
+    let outcome = p.ports.runtime.reconcile_stale_create(&vm.id).await.map_err(|e| e.to_string());
+    let label = match &outcome {
+        Ok(o) => stale_label(o),
+        Err(_) => "error",
+    };
+    p.metrics.stale_create_reconcile.with_label_values(&[label]).inc();
+    match reconcile::stale_step(&outcome) {
+        StaleStep::Drop => StaleResult::Drop,
+        StaleStep::Watch => {
+            tracing::warn!(vm = %vm.id, outcome = ?outcome, "stale create not adopted; watching it");
+            StaleResult::Watch
+        }
+        StaleStep::Inspect => inspect_step(p.ports.runtime.as_ref(), &vm.id).await,
+    }
+}
+
+fn stale_label(o: &crate::runtime::StaleCreateOutcome) -> &'static str {
+    use crate::runtime::StaleCreateOutcome as O;
+    match o {
+        O::Collected => "collected",
+        O::Busy => "busy",
+        O::NotCreating => "not-creating",
+        O::NotFound => "not-found",
+        O::Other(_) => "error",
+    }
+}
+
+async fn inspect_step(runtime: &dyn CocoonRuntime, id: &str) -> StaleResult {
+    let inspected = runtime.inspect(id).await;
+    let verdict = match &inspected {
+        Ok(vm) => reconcile::after_inspect(Ok(Some(&vm.state))),
+        Err(e) if e.is_not_found() => reconcile::after_inspect(Ok(None)),
+        Err(_) => reconcile::after_inspect(Err(())),
+    };
+    match (verdict, inspected) {
+        (InspectVerdict::Keep, Ok(vm)) => StaleResult::Keep(vm),
+        (InspectVerdict::Orphan, Ok(vm)) => StaleResult::Orphan(vm),
+        (InspectVerdict::Drop, _) => StaleResult::Drop,
+        _ => StaleResult::Watch,
+    }
+}
+
+/// The bounded watcher of a stale create: 1 s doubling to 30 s, within the budget.
+fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
+    let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
+    let budget = p.cfg.stale_watch_budget;
+    let policy = p.cfg.orphan_policy;
+    let releaser = p.ports.releaser.clone();
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + budget;
+        let mut delay = Duration::from_secs(1);
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(30));
+            match runtime.reconcile_stale_create(&vm.id).await {
+                Ok(crate::runtime::StaleCreateOutcome::Collected | crate::runtime::StaleCreateOutcome::NotFound) => return,
+                _ => {}
+            }
+            match inspect_step(runtime.as_ref(), &vm.id).await {
+                StaleResult::Keep(current) => {
+                    tracing::info!(vm = %current.id, name = %current.name(), "stale create finished; a CreatePod for it will adopt it");
+                    return;
+                }
+                StaleResult::Drop => return,
+                StaleResult::Orphan(current) => {
+                    if policy == OrphanPolicy::Destroy && runtime.remove(&current.id).await.is_ok()
+                        && let Some(r) = &releaser
+                    {
+                        for mac in super::plan::dhcp_macs(&current) {
+                            let _ = r.release(&mac).await;
+                        }
+                    }
+                    return;
+                }
+                StaleResult::Watch => {}
+            }
+        }
+        tracing::warn!(vm = %vm.id, "gave up watching a stale create after the budget");
+    });
+}
+
+/// §4g: destroy (default), alert, keep.
+async fn apply_orphan_policy(p: &CocoonProvider, vm: &VmRecord) {
+    match p.cfg.orphan_policy {
+        OrphanPolicy::Destroy => match p.ports.runtime.remove(&vm.id).await {
+            Ok(()) => {
+                tracing::info!(vm = %vm.id, name = %vm.name(), "orphan vm destroyed");
+                p.release_leases(vm).await;
+            }
+            Err(error) => tracing::warn!(vm = %vm.id, %error, "destroying an orphan vm failed"),
+        },
+        OrphanPolicy::Keep => p.state.index_vm(vm.name(), vm.clone()),
+        OrphanPolicy::Alert => {
+            p.metrics.orphan_vm.inc();
+            tracing::warn!(vm = %vm.id, name = %vm.name(), "orphan vm: no pod claims it (VK_ORPHAN_POLICY=alert keeps it)");
+            p.state.index_vm(vm.name(), vm.clone());
+        }
+    }
+}
