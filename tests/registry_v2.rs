@@ -1,0 +1,113 @@
+//! Reading v2 artifacts (zstd-compressed, chunked layers; `config.files[title].chunks` authoritative) and
+//! image indexes (resolved to linux/amd64). This crate pushes v1 only, so the test rewrites a real v1 push
+//! into v2 and wraps it in an index, then pulls both and compares with the source snapshot byte for byte.
+
+mod registry_support;
+
+use registry_support::runtime_support;
+use registry_support::{dir_files, TestRegistry};
+use serde_json::{json, Value};
+use sha2::Digest;
+use tokio::io::AsyncWriteExt;
+use vk_cocoon::registry::media;
+use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
+
+const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
+
+fn digest(b: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
+}
+
+async fn zstd(b: &[u8]) -> Vec<u8> {
+    let mut enc = async_compression::tokio::write::ZstdEncoder::new(Vec::new());
+    enc.write_all(b).await.unwrap();
+    enc.shutdown().await.unwrap();
+    enc.into_inner()
+}
+
+#[tokio::test]
+async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
+    let reg = TestRegistry::start();
+    let r = reg.client("", "n");
+    let h = runtime_support::harness();
+    h.sim.set_settings(|s| s.snapshot_memory_bytes = 3 << 20).unwrap();
+    h.client.image_pull(IMG, false).await.unwrap();
+    let spec = RunSpec { name: Some("vm".into()), cpu: Some(1), cpu_policy: CpuPolicy::default(), memory: Some("1Gi".into()), image: IMG.into(), ..Default::default() };
+    let vm = h.client.run(&spec).await.unwrap();
+    h.client.snapshot_save("vm", &vm.id).await.unwrap();
+    let id = h.client.snapshot_inspect("vm").await.unwrap().id;
+    r.push_snapshot(&h.client, "vm", "vm", "latest", IMG).await.unwrap();
+
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    let client = oci_client::Client::new(ClientConfig { protocol: ClientProtocol::Http, ..Default::default() });
+    let anon = oci_client::secrets::RegistryAuth::Anonymous;
+    let at = |tag: &str| oci_client::Reference::with_tag(reg.host(), "vm".into(), tag.into());
+    client.auth(&at("latest"), &anon, oci_client::RegistryOperation::Push).await.unwrap();
+    let (raw, v1_digest) = client.pull_manifest_raw(&at("latest"), &anon, &[media::OCI_MANIFEST]).await.unwrap();
+    let mut m: Value = serde_json::from_slice(&raw).unwrap();
+    let cfg_digest = m["config"]["digest"].as_str().unwrap().to_string();
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(reg.blob_path(&cfg_digest)).unwrap()).unwrap();
+
+    // memory-ranges → two zstd chunks; every other layer stays raw.
+    let mut layers = Vec::new();
+    for l in m["layers"].as_array().unwrap().clone() {
+        if l["annotations"][media::ANN_TITLE] != "memory-ranges" {
+            layers.push(l);
+            continue;
+        }
+        let bytes = std::fs::read(reg.blob_path(l["digest"].as_str().unwrap())).unwrap();
+        let (a, b) = bytes.split_at(bytes.len() / 2 + 7);
+        let mut chunks = Vec::new();
+        for (i, part) in [a, b].iter().enumerate() {
+            let z = zstd(part).await;
+            let d = digest(&z);
+            client.push_blob(&at("v2"), z.clone(), &d).await.unwrap();
+            chunks.push(d.clone());
+            layers.push(json!({"mediaType": format!("{}+zstd", media::VM_MEMORY), "digest": d, "size": z.len(),
+                "annotations": {media::ANN_TITLE: "memory-ranges", media::ANN_CHUNK_INDEX: i.to_string(), media::ANN_CHUNK_COUNT: "2"}}));
+        }
+        cfg["files"]["memory-ranges"]["size"] = json!(bytes.len());
+        cfg["files"]["memory-ranges"]["chunks"] = json!(chunks);
+    }
+    // Chunk layers listed in reverse: the config's chunk list is authoritative.
+    layers.reverse();
+    cfg["schemaVersion"] = json!("v2");
+    let cfg_bytes = serde_json::to_vec(&cfg).unwrap();
+    let cd = digest(&cfg_bytes);
+    client.push_blob(&at("v2"), cfg_bytes.clone(), &cd).await.unwrap();
+    m["artifactType"] = json!(media::SNAPSHOT_V2);
+    m["config"] = json!({"mediaType": media::SNAPSHOT_CONFIG, "digest": cd, "size": cfg_bytes.len()});
+    m["layers"] = json!(layers);
+    let body = serde_json::to_vec(&m).unwrap();
+    let v2_digest = digest(&body);
+    client.push_manifest_raw(&at("v2"), body.clone(), media::OCI_MANIFEST.parse().unwrap()).await.unwrap();
+
+    // An index: an arm64 decoy (the v1 manifest) first, the v2 manifest for linux/amd64.
+    let idx = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": [
+        {"mediaType": media::OCI_MANIFEST, "digest": v1_digest, "size": raw.len(), "platform": {"os": "linux", "architecture": "arm64"}},
+        {"mediaType": media::OCI_MANIFEST, "digest": v2_digest, "size": body.len(), "platform": {"os": "linux", "architecture": "amd64"}},
+    ]}))
+    .unwrap();
+    client.push_manifest_raw(&at("idx"), idx, media::OCI_INDEX.parse().unwrap()).await.unwrap();
+
+    let original = {
+        let d = h.dir.path().join("orig");
+        h.client.snapshot_export_to_dir("vm", &d).await.unwrap();
+        dir_files(&d)
+    };
+    for (tag, local) in [("v2", "from-v2"), ("idx", "from-idx")] {
+        let rep = r.pull_snapshot(&h.client, "vm", tag, local).await.unwrap();
+        assert_eq!(rep.snapshot_id, id);
+        assert_eq!(rep.manifest_digest, v2_digest, "{tag}");
+        let d = h.dir.path().join(local);
+        h.client.snapshot_export_to_dir(local, &d).await.unwrap();
+        let got = dir_files(&d);
+        for (name, (size, bytes)) in &original {
+            if name != "snapshot.json" {
+                assert_eq!(*size, got[name].0, "{tag} {name}");
+                assert!(*bytes == got[name].1, "{tag} {name}: contents differ");
+            }
+        }
+    }
+    assert_eq!(r.snapshot_config("vm", "idx").await.unwrap().unwrap().schema_version, "v2");
+}
