@@ -25,3 +25,17 @@ pub use errors::{ConfigError, RegistryError};
 pub use manifest::{FileInfo, SnapshotConfig};
 pub use pull::PullReport;
 pub use push::PushReport;
+
+/// Compile-time check: the provider runs these from spawned tasks, so their futures must be `Send`.
+#[allow(dead_code)]
+fn futures_are_send(r: &Registry, rt: &dyn crate::runtime::CocoonRuntime) {
+    fn send<T: Send>(_: &T) {}
+    send(&r.pull_snapshot(rt, "", "", ""));
+    send(&r.push_snapshot(rt, "", "", "", ""));
+    send(&r.ensure_cloud_image(rt, "", false));
+    send(&r.delete_manifest("", ""));
+    send(&r.manifest("", ""));
+    send(&r.snapshot_config("", ""));
+    fn sync<T: Send + Sync>() {}
+    sync::<Registry>();
+}
