@@ -186,6 +186,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool),
                 "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" => "HibernateEvidenceUnavailable",
                 "image-conflict" | "source-conflict" => "HibernateSnapshotConflict",
                 "policy-failed" => "BringUpPolicyFailed",
+                "backend-mismatch" => "SnapshotBackendMismatch",
                 _ => "CreateBringUpFailed",
             };
             let f = Failure { reason, message: decision.message, transient: plan::refusal_is_transient(&decision.reason) };

@@ -41,6 +41,7 @@ impl CocoonProvider {
             }
             match self.ports.patcher.patch_annotations(pod, &changes).await {
                 Ok(PatchOutcome::Applied) => {
+                    tracing::debug!(pod = %pkey, state = intent.state.as_str(), "lifecycle flushed");
                     self.state.mark_flushed(pkey, intent);
                     return;
                 }

@@ -1,0 +1,236 @@
+//! CreatePod end to end (fake apiserver + cocoon-sim + default policies): every bring-up path,
+//! and every conflict or fail-closed case boots no VM and leaves an Event and a lifecycle message.
+
+mod provider_support;
+
+use std::sync::atomic::Ordering;
+
+use provider_support::*;
+
+const IP_KEY: &str = "vm.cocoonstack.io/ip";
+const ID_KEY: &str = "vm.cocoonstack.io/id";
+
+async fn wait_ready(env: &Env, name: &str) {
+    eventually(60, &format!("{name} ready"), || lifecycle(env, name).as_deref() == Some("ready") && ready(env, name)).await;
+}
+
+async fn wait_failed(env: &Env, name: &str) {
+    eventually(60, &format!("{name} lifecycle failed"), || lifecycle(env, name).as_deref() == Some("failed")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_publishes_the_runtime() {
+    let env = env(false).await;
+    seed_snapshot(&env, "snapshot-repo:v2", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    let pod = with_resources(managed("agent-0", "vm-clone", &[("cocoonset.cocoonstack.io/image", "snapshot-repo:v2")]), &[("cpu", "1")], &[("cpu", "1500m")]);
+    create(&env, &pod).await;
+    wait_ready(&env, "agent-0").await;
+
+    let vm = vm_named(&env, "vm-clone").await.expect("the VM exists");
+    assert_eq!(annotation(&env, "agent-0", ID_KEY).as_deref(), Some(vm.id.as_str()));
+    assert_eq!(annotation(&env, "agent-0", IP_KEY).as_deref(), vm.primary_ip());
+    assert_eq!(phase(&env, "agent-0").as_deref(), Some("Running"));
+    let clones = calls(&env, "vm clone");
+    assert_eq!(clones.len(), 1);
+    let argv = clones[0].join(" ");
+    assert!(argv.contains("--pull"), "the snapshot has a base image: {argv}");
+    assert!(argv.contains("--cpu-weight 39 --cpu-quota-us 150000 --cpu-period-us 100000"), "{argv}");
+    assert!(argv.ends_with(" snapshot-repo:v2"), "{argv}");
+    // Fresh bring-up drops its own lineage's fork snapshot first.
+    assert!(calls(&env, "snapshot rm").iter().any(|a| a.contains(&"fork-vm-clone".to_string())));
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_mode_pulls_a_missing_snapshot_from_the_registry_then_clones_it() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "golden", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "golden", "golden", "v3", "ghcr.io/x/base:1").await.unwrap();
+    env.runtime.snapshot_remove_if_exists("golden").await.unwrap();
+    let d = start(&env, Options::default());
+    create(&env, &managed("agent-0", "vm-pulled", &[("cocoonset.cocoonstack.io/image", "golden:v3")])).await;
+    wait_ready(&env, "agent-0").await;
+    assert_eq!(registry.pulls.load(Ordering::SeqCst), 1);
+    assert!(env.runtime.snapshot_inspect("golden:v3").await.is_ok(), "imported under the tag-aware name");
+    assert!(calls(&env, "vm clone")[0].last().unwrap() == "golden:v3");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_mode_ensures_the_image_and_translates_the_resources() {
+    let env = env(true).await;
+    let d = start(&env, Options::default());
+    let pod = with_resources(
+        managed("tool-0", "vm-run", &[("cocoonset.cocoonstack.io/image", "ghcr.io/x/ubuntu:24.04"), ("cocoonset.cocoonstack.io/mode", "run")]),
+        &[("cpu", "500m"), ("memory", "2Gi")],
+        &[("cpu", "2"), ("memory", "4Gi")],
+    );
+    create(&env, &pod).await;
+    wait_ready(&env, "tool-0").await;
+    assert_eq!(calls(&env, "image pull").len(), 1);
+    let argv = calls(&env, "vm run")[0].join(" ");
+    assert!(argv.contains("--cpu 2 --cpu-weight 20 --cpu-quota-us 200000 --cpu-period-us 100000"), "{argv}");
+    assert!(argv.contains("--memory 2147483648"), "memory comes from the requests: {argv}");
+    assert!(vm_named(&env, "vm-run").await.is_some());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_share_one_fork_snapshot_of_the_source() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(&env, &managed("main-0", "vm-main", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    wait_ready(&env, "main-0").await;
+    for i in 1..=4 {
+        create(&env, &managed(&format!("sub-{i}"), &format!("vm-sub-{i}"), &[("vm.cocoonstack.io/fork-from", "vm-main")])).await;
+    }
+    for i in 1..=4 {
+        wait_ready(&env, &format!("sub-{i}")).await;
+    }
+    let saves = calls(&env, "snapshot save");
+    let fork_saves: Vec<_> = saves.iter().filter(|a| a.contains(&"fork-vm-main".to_string())).collect();
+    assert_eq!(fork_saves.len(), 1, "one fork snapshot per lineage: {saves:?}");
+    let fork_clones = calls(&env, "vm clone").into_iter().filter(|a| a.last().map(String::as_str) == Some("fork-vm-main")).count();
+    assert_eq!(fork_clones, 4);
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_from_dir_clones_the_exported_directory() {
+    let env = env(false).await;
+    seed_snapshot(&env, "staged", "ghcr.io/x/base:1").await;
+    let dir = env.sim_dir.path().join("export");
+    env.runtime.snapshot_export_to_dir("staged", &dir).await.unwrap();
+    let d = start(&env, Options::default());
+    let dir_s = dir.display().to_string();
+    create(&env, &managed("agent-0", "vm-dir", &[("vm.cocoonstack.io/clone-from-dir", &dir_s)])).await;
+    wait_ready(&env, "agent-0").await;
+    let argv = calls(&env, "vm clone")[0].join(" ");
+    assert!(argv.contains(&format!("--from-dir {dir_s}")) && argv.contains("--pull"), "{argv}");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
+    let env = env(false).await;
+    let d = start(&env, Options::default());
+    create(&env, &agent_pod("win-0", &[("vm.cocoonstack.io/name", "win"), ("vm.cocoonstack.io/id", "ext-1"), ("vm.cocoonstack.io/ip", "10.1.2.3")])).await;
+    wait_ready(&env, "win-0").await;
+    assert!(calls(&env, "vm run").is_empty() && calls(&env, "vm clone").is_empty());
+    assert_eq!(get(&env, "win-0").unwrap().status.unwrap().pod_ip.as_deref(), Some("10.1.2.3"));
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    // The guest hibernated elsewhere: its state sits under vm-h:hibernate only.
+    seed_snapshot(&env, "vm-h", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "vm-h", "vm-h", "hibernate", "snap:v1").await.unwrap();
+    env.runtime.snapshot_remove_if_exists("vm-h").await.unwrap();
+    let d = start(&env, Options::default());
+    create(&env, &managed("agent-0", "vm-h", &[("cocoonset.cocoonstack.io/image", "snap:v1")])).await;
+    wait_ready(&env, "agent-0").await;
+    let argv = calls(&env, "vm clone")[0].join(" ");
+    assert!(argv.ends_with(" vm-h-hibernate-import"), "restored from the pulled hibernate snapshot: {argv}");
+    assert!(has_event(&env, "agent-0", "HibernateSnapshotExists"));
+    assert!(!calls(&env, "snapshot rm").iter().any(|a| a.contains(&"fork-vm-h".to_string())), "a restore keeps the lineage's fork snapshot");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "snap", "ghcr.io/x/base:1").await;
+    registry.down.store(true, Ordering::SeqCst);
+    let d = start(&env, Options::default());
+    create(&env, &managed("agent-0", "vm-e", &[("cocoonset.cocoonstack.io/image", "snap")])).await;
+    wait_failed(&env, "agent-0").await;
+    assert!(lifecycle_message(&env, "agent-0").contains("refusing fresh boot"), "{}", lifecycle_message(&env, "agent-0"));
+    eventually(10, "warning event", || has_event(&env, "agent-0", "HibernateEvidenceUnavailable")).await;
+    assert!(vms(&env).await.iter().all(|v| v.name() != "vm-e"), "no VM boots while the evidence is unknown");
+    assert!(calls(&env, "vm clone").is_empty());
+    // The registry comes back (no hibernate tag): the retried create boots it.
+    registry.down.store(false, Ordering::SeqCst);
+    wait_ready(&env, "agent-0").await;
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "vm-c", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "vm-c", "vm-c", "hibernate", "snap:v1").await.unwrap();
+    seed_snapshot(&env, "vm-f", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "vm-f", "vm-f", "hibernate", "snap:v1").await.unwrap();
+    let d = start(&env, Options::default());
+    create(&env, &managed("img-0", "vm-c", &[("cocoonset.cocoonstack.io/image", "snap:v2")])).await;
+    create(&env, &managed("src-0", "vm-f", &[("cocoonset.cocoonstack.io/image", "snap:v1"), ("vm.cocoonstack.io/fork-from", "vm-other")])).await;
+    wait_failed(&env, "img-0").await;
+    wait_failed(&env, "src-0").await;
+    assert!(lifecycle_message(&env, "img-0").contains("was hibernated from image snap:v1 but the pod requests snap:v2"));
+    assert!(lifecycle_message(&env, "src-0").contains("explicit clone source"));
+    eventually(10, "events", || has_event(&env, "img-0", "HibernateSnapshotConflict") && has_event(&env, "src-0", "HibernateSnapshotConflict")).await;
+    assert!(calls(&env, "vm clone").is_empty(), "nothing cloned");
+    assert!(vms(&env).await.is_empty(), "nothing booted");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
+    let env = env(false).await;
+    seed_snapshot(&env, "fc-snap", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options { node_class: "icx".into(), ..Default::default() });
+    // No VM name.
+    create(&env, &agent_pod("noname", &[("cocoonset.cocoonstack.io/managed", "true")])).await;
+    // Wrong CPU class.
+    let mut classy = managed("classy", "vm-classy", &[("cocoonset.cocoonstack.io/image", "fc-snap")]);
+    classy.spec.as_mut().unwrap().node_selector = Some([("cocoonstack.io/snapshot-cpu-class".to_string(), "spr".to_string())].into());
+    create(&env, &classy).await;
+    // Relative clone-from-dir.
+    create(&env, &managed("reldir", "vm-reldir", &[("vm.cocoonstack.io/clone-from-dir", "exports/x")])).await;
+    // Backend mismatch (the snapshot was taken on cloud-hypervisor).
+    create(&env, &managed("fc", "vm-fc", &[("cocoonset.cocoonstack.io/image", "fc-snap"), ("vm.cocoonstack.io/backend", "firecracker")])).await;
+    for name in ["noname", "classy", "reldir", "fc"] {
+        wait_failed(&env, name).await;
+        eventually(10, &format!("{name} phase Failed"), || phase(&env, name).as_deref() == Some("Failed")).await;
+    }
+    assert!(lifecycle_message(&env, "noname").contains("missing vm.cocoonstack.io/name"));
+    assert!(lifecycle_message(&env, "classy").contains("spr"), "{}", lifecycle_message(&env, "classy"));
+    assert!(lifecycle_message(&env, "reldir").contains("absolute"));
+    assert!(lifecycle_message(&env, "fc").contains("was taken with cloud-hypervisor but CocoonSet requests firecracker"));
+    eventually(10, "events", || {
+        has_event(&env, "noname", "MissingVMName")
+            && has_event(&env, "classy", "SnapshotCPUClassMismatch")
+            && has_event(&env, "reldir", "CreateBringUpFailed")
+            && has_event(&env, "fc", "SnapshotBackendMismatch")
+    })
+    .await;
+    assert!(calls(&env, "vm clone").is_empty(), "nothing cloned");
+    assert!(vms(&env).await.is_empty(), "nothing booted");
+    assert_eq!(d.provider.metrics().lifecycle_count("create", "failed", "snapshot_cpu_class_mismatch"), 1);
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_existing_vm_is_adopted_not_booted_twice() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(&env, &managed("agent-0", "vm-a", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    wait_ready(&env, "agent-0").await;
+    d.kill().await;
+    // Same pod, new incarnation under a fresh name, same VM name: adopted.
+    let d = start(&env, Options::default());
+    create(&env, &managed("agent-1", "vm-a", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    wait_ready(&env, "agent-1").await;
+    assert_eq!(calls(&env, "vm clone").len(), 1, "no second boot");
+    assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-a").count(), 1);
+    d.kill().await;
+}

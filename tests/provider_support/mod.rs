@@ -1,0 +1,317 @@
+//! Shared harness of the `provider_*` end-to-end tests: the fake apiserver, cocoon-sim behind
+//! the real CLI client, an in-memory registry implementing the provider's `SnapshotRegistry`
+//! port, the default policies, and the real `CocoonProvider` inside a `VirtualNode`.
+#![allow(dead_code)]
+
+#[path = "../kubelet_support/mod.rs"]
+pub mod kubelet_support;
+#[path = "../runtime_support/mod.rs"]
+pub mod runtime_support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cocoon_sim::Sim;
+use fake_apiserver::FakeApiServer;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+use vk_cocoon::kubelet::events::EventSink;
+use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
+use vk_cocoon::policy::{Policies, PolicyEngine, PolicyMetrics, SandboxLimits};
+use vk_cocoon::provider::cocoon_net::LeaseFile;
+use vk_cocoon::provider::metrics::ProviderMetrics;
+use vk_cocoon::provider::ports::{Artifact, CloudImageResult, KubePodPatcher, RegistryFailure, SnapshotMeta, SnapshotRegistry};
+use vk_cocoon::provider::reconcile::OrphanPolicy;
+use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
+use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
+
+pub use kubelet_support::{eventually, NODE};
+#[allow(unused_imports)]
+pub use vk_cocoon::provider::ports::SnapshotRegistry as _;
+pub use vk_cocoon::runtime::CocoonRuntime as _;
+
+pub const SNAPSHOT_V1: &str = "application/vnd.cocoonstack.snapshot.v1+json";
+
+struct Stored {
+    artifact: Artifact,
+    meta: SnapshotMeta,
+    tar: Vec<u8>,
+}
+
+/// An in-memory OCI registry behind the provider's port, with fault knobs.
+#[derive(Default)]
+pub struct FakeRegistry {
+    store: Mutex<HashMap<(String, String), Stored>>,
+    /// Every call answers "unavailable".
+    pub down: AtomicBool,
+    /// The next N pushes fail.
+    pub failing_pushes: AtomicU32,
+    pub pulls: AtomicU32,
+    pub pushes: Mutex<Vec<(String, String, String)>>,
+}
+
+impl FakeRegistry {
+    fn check(&self) -> Result<(), RegistryFailure> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(RegistryFailure::unavailable("registry.test: connection refused"));
+        }
+        Ok(())
+    }
+
+    pub fn has(&self, repo: &str, tag: &str) -> bool {
+        self.store.lock().unwrap().contains_key(&(repo.into(), tag.into()))
+    }
+
+    pub fn annotations(&self, repo: &str, tag: &str) -> Option<BTreeMap<String, String>> {
+        self.store.lock().unwrap().get(&(repo.into(), tag.into())).map(|s| s.artifact.annotations.clone())
+    }
+}
+
+#[async_trait]
+impl SnapshotRegistry for FakeRegistry {
+    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryFailure> {
+        self.check()?;
+        Ok(self.store.lock().unwrap().get(&(repo.into(), tag.into())).map(|s| s.artifact.clone()))
+    }
+
+    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure> {
+        self.check()?;
+        Ok(self.store.lock().unwrap().get(&(repo.into(), tag.into())).map(|s| s.meta.clone()))
+    }
+
+    async fn push_snapshot(&self, runtime: &dyn CocoonRuntime, local: &str, repo: &str, tag: &str, base_image: &str) -> Result<(), RegistryFailure> {
+        self.check()?;
+        if self.failing_pushes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(RegistryFailure::unavailable(format!("push {repo}:{tag}: 503 Service Unavailable")));
+        }
+        let record = runtime.snapshot_inspect(local).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })?;
+        let mut reader = runtime.snapshot_export(local).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })?;
+        let mut tar = Vec::new();
+        reader.read_to_end(&mut tar).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })?;
+        let artifact = Artifact {
+            digest: format!("sha256:{}", tar.len()),
+            artifact_type: SNAPSHOT_V1.into(),
+            annotations: BTreeMap::from([("cocoonstack.snapshot.baseimage".to_string(), base_image.to_string())]),
+        };
+        let meta = SnapshotMeta { snapshot_id: record.id, image: record.image, hypervisor: record.hypervisor };
+        self.store.lock().unwrap().insert((repo.into(), tag.into()), Stored { artifact, meta, tar });
+        self.pushes.lock().unwrap().push((repo.into(), tag.into(), base_image.into()));
+        Ok(())
+    }
+
+    async fn pull_snapshot(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local: &str) -> Result<(), RegistryFailure> {
+        self.check()?;
+        let tar = self
+            .store
+            .lock()
+            .unwrap()
+            .get(&(repo.into(), tag.into()))
+            .map(|s| s.tar.clone())
+            .ok_or_else(|| RegistryFailure { message: format!("{repo}:{tag}: manifest unknown"), unavailable: false })?;
+        self.pulls.fetch_add(1, Ordering::SeqCst);
+        let mut cursor = std::io::Cursor::new(tar);
+        runtime.snapshot_import(local, &mut cursor).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })
+    }
+
+    async fn ensure_cloud_image(&self, _runtime: &dyn CocoonRuntime, _reference: &str, _force: bool) -> Result<CloudImageResult, RegistryFailure> {
+        self.check()?;
+        Ok(CloudImageResult::NotACloudImage)
+    }
+}
+
+/// Everything a daemon runs against; survives daemon restarts.
+pub struct Env {
+    pub server: FakeApiServer,
+    pub sim_dir: tempfile::TempDir,
+    pub sim: Sim,
+    pub runtime: Arc<CocoonCli>,
+    pub registry: Option<Arc<FakeRegistry>>,
+    pub policies: Arc<Policies>,
+    pub leases: std::path::PathBuf,
+}
+
+pub async fn env(with_registry: bool) -> Env {
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_test_writer().try_init();
+    }
+    let server = FakeApiServer::start().await;
+    let sim_dir = tempfile::tempdir().unwrap();
+    let sim = Sim::new(sim_dir.path()).unwrap();
+    let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
+    let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+    let policies = Arc::new(Policies::with_defaults(engine, None, PolicyMetrics::unregistered()).unwrap());
+    let leases = sim_dir.path().join("leases.json");
+    std::fs::write(&leases, "null").unwrap();
+    Env { server, sim_dir, sim, runtime, registry: with_registry.then(Arc::default), policies, leases }
+}
+
+/// One running daemon (provider + virtual node).
+pub struct Daemon {
+    pub provider: Arc<CocoonProvider>,
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<Result<(), vk_cocoon::kubelet::KubeletError>>,
+}
+
+impl Daemon {
+    /// Stops it abruptly (as a kill would: no cleanup of in-flight work).
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        self.shutdown.cancel();
+    }
+}
+
+pub struct Options {
+    pub orphan: OrphanPolicy,
+    pub node_class: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { orphan: OrphanPolicy::Destroy, node_class: String::new() }
+    }
+}
+
+pub fn kubelet_config(node_class: &str) -> KubeletConfig {
+    let mut vars: Vec<(&str, &str)> = vec![];
+    if !node_class.is_empty() {
+        vars.push(("VK_SNAPSHOT_CPU_CLASS", node_class));
+    }
+    kubelet_support::config(&vars)
+}
+
+pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
+    let cfg = ProviderConfig {
+        node_name: NODE.into(),
+        node_class: opts.node_class.clone(),
+        restore_mode: "mmap".into(),
+        orphan_policy: opts.orphan,
+        patch_retry: Duration::from_millis(50),
+        stale_watch_budget: Duration::from_secs(20),
+    };
+    let ports = Ports {
+        runtime: env.runtime.clone(),
+        registry: env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
+        leases: Arc::new(LeaseFile::new(&env.leases)),
+        releaser: None,
+        patcher: Arc::new(KubePodPatcher::new(env.server.client())),
+        events: Arc::new(EventSink::new(env.server.client(), NODE)),
+    };
+    Arc::new(CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()))
+}
+
+pub fn start(env: &Env, opts: Options) -> Daemon {
+    let provider = provider(env, &opts);
+    let node = VirtualNode::new(env.server.client(), kubelet_config(&opts.node_class), kubelet_support::fixed_host(), "10.0.0.9".parse().unwrap(), provider.clone());
+    provider.set_notifier(Arc::new(node.notifier()));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(node.run(shutdown.clone()));
+    Daemon { provider, shutdown, task }
+}
+
+// ---- pods ----------------------------------------------------------------------------------
+
+pub fn agent_pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
+    let mut p = kubelet_support::pod(name, NODE);
+    p.metadata.annotations = Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    p
+}
+
+pub fn managed(name: &str, vm: &str, extra: &[(&str, &str)]) -> Pod {
+    let mut a: Vec<(&str, &str)> = vec![("vm.cocoonstack.io/name", vm), ("cocoonset.cocoonstack.io/managed", "true")];
+    a.extend_from_slice(extra);
+    agent_pod(name, &a)
+}
+
+pub fn with_resources(mut pod: Pod, requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Pod {
+    let q = |v: &[(&str, &str)]| Some(v.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect::<BTreeMap<_, _>>());
+    let spec = pod.spec.get_or_insert_with(PodSpec::default);
+    if spec.containers.is_empty() {
+        spec.containers.push(Container { name: "agent".into(), ..Default::default() });
+    }
+    spec.containers[0].resources = Some(ResourceRequirements { requests: q(requests), limits: q(limits), ..Default::default() });
+    pod
+}
+
+pub fn get(env: &Env, name: &str) -> Option<Pod> {
+    env.server.store().get_as::<Pod>(Some("default"), name)
+}
+
+pub fn annotation(env: &Env, name: &str, key: &str) -> Option<String> {
+    get(env, name).and_then(|p| p.annotations().get(key).cloned())
+}
+
+pub fn lifecycle(env: &Env, name: &str) -> Option<String> {
+    annotation(env, name, "vm.cocoonstack.io/lifecycle-state")
+}
+
+pub fn lifecycle_message(env: &Env, name: &str) -> String {
+    annotation(env, name, "vm.cocoonstack.io/lifecycle-state-message").unwrap_or_default()
+}
+
+pub fn phase(env: &Env, name: &str) -> Option<String> {
+    get(env, name).and_then(|p| p.status.and_then(|s| s.phase))
+}
+
+pub fn ready(env: &Env, name: &str) -> bool {
+    get(env, name)
+        .and_then(|p| p.status)
+        .and_then(|s| s.conditions)
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// (reason, note) of the Events about pod `name`.
+pub fn events(env: &Env, name: &str) -> Vec<(String, String)> {
+    env.server
+        .store()
+        .list_as::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+pub fn has_event(env: &Env, name: &str, reason: &str) -> bool {
+    events(env, name).iter().any(|(r, _)| r == reason)
+}
+
+/// The argv of every sim invocation of `verb` (e.g. "vm clone").
+pub fn calls(env: &Env, verb: &str) -> Vec<Vec<String>> {
+    env.sim.calls().unwrap().into_iter().filter(|c| c.verb == verb).map(|c| c.argv).collect()
+}
+
+pub async fn vms(env: &Env) -> Vec<vk_cocoon::runtime::VmRecord> {
+    env.runtime.list().await.unwrap()
+}
+
+pub async fn vm_named(env: &Env, name: &str) -> Option<vk_cocoon::runtime::VmRecord> {
+    vms(env).await.into_iter().find(|v| v.name() == name)
+}
+
+/// A local snapshot `name` taken from a throwaway VM booted from `image`.
+pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
+    env.runtime.image_pull(image, false).await.unwrap();
+    let vm = env
+        .runtime
+        .run(&RunSpec { name: Some(format!("seed-{}", name.replace([':', '/'], "-"))), image: image.into(), ..Default::default() })
+        .await
+        .unwrap();
+    env.runtime.snapshot_save(name, &vm.id).await.unwrap();
+    env.runtime.remove(&vm.id).await.unwrap();
+}
+
+pub async fn create(env: &Env, pod: &Pod) -> Pod {
+    env.server.store().seed(pod).unwrap()
+}
+
+/// Kubelet-style delete (graceful: sets deletionTimestamp; the node finalizes).
+pub async fn delete(env: &Env, name: &str) {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(env.server.client(), "default");
+    pods.delete(name, &Default::default()).await.unwrap();
+}
