@@ -1,6 +1,7 @@
 //! Command-line interface of the `vk-cocoon` binary.
 
 mod policy;
+mod run;
 
 use std::process::ExitCode;
 
@@ -18,6 +19,8 @@ enum Command {
     /// Tools for policy authors: test, evaluate and check policy components.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Run the node daemon (configuration from the environment).
+    Run(run::RunArgs),
 }
 
 /// Structured logs on stderr; the level comes from `VK_LOG_LEVEL` (default `info`), which also
@@ -33,5 +36,6 @@ pub fn init_logging() {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Policy(command) => policy::run(command),
+        Command::Run(args) => run::run(args),
     }
 }

@@ -1,0 +1,117 @@
+//! `vk-cocoon run`: the node daemon. Reads the environment (behaviour spec §2), builds the
+//! policies (defaults, then the operator's components, watched for hot reload), the cocoon
+//! runtime, the optional registry, the provider and the `/metrics` server, then runs the virtual
+//! node until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use vk_cocoon::kubelet::events::EventSink;
+use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
+use vk_cocoon::policy::config::PolicyConfig;
+use vk_cocoon::policy::reload::PolicyReloader;
+use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
+use vk_cocoon::provider::cocoon_net::{ControlSocket, LeaseFile, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH};
+use vk_cocoon::provider::metrics::{self, ProviderMetrics};
+use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
+use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
+use vk_cocoon::registry::{Registry, RegistryConfig};
+use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig};
+
+/// `vk-cocoon run` takes no flags: everything comes from the environment.
+#[derive(Debug, Args)]
+pub struct RunArgs {}
+
+pub fn run(_args: RunArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    runtime.block_on(daemon())
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+async fn daemon() -> anyhow::Result<ExitCode> {
+    // Both rustls providers are compiled in; kube needs one chosen before the first client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let kubelet = KubeletConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+    let provider_cfg = ProviderConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+    let prometheus = prometheus::Registry::new();
+
+    // Policies: built-in defaults, then the operator's components (a bad one is fatal at start).
+    let policy_cfg = PolicyConfig::from_env(env).map_err(|e| anyhow!("policy configuration: {e}"))?;
+    let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
+    let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
+    let policies = Arc::new(
+        Policies::with_defaults(engine, policy_cfg.cache_dir.clone().map(CompileCache::new), policy_metrics)
+            .map_err(|e| anyhow!("loading the built-in policies: {e}"))?,
+    );
+    let reloader = Arc::new(PolicyReloader::new(policies.clone(), policy_cfg.slots.clone()));
+    reloader.load_all().map_err(|e| anyhow!("loading the configured policies: {e}"))?;
+    let _watcher = if policy_cfg.slots.is_empty() { None } else { Some(reloader.clone().watch().context("watching the policy files")?) };
+
+    let client = kube::Client::try_default().await.context("building the Kubernetes client (KUBECONFIG or in-cluster)")?;
+    let runtime = Arc::new(CocoonCli::new(CocoonCliConfig::from_env()));
+    let registry: Option<Arc<dyn SnapshotRegistry>> = match RegistryConfig::from_env().map_err(|e| anyhow!("{e}"))? {
+        Some(cfg) => Some(Arc::new(Registry::new(cfg, kubelet.node_name.clone()).map_err(|e| anyhow!("registry: {e}"))?)),
+        None => {
+            tracing::warn!("OCI_REGISTRY is not set: registry-less mode (no snapshot push or pull)");
+            None
+        }
+    };
+    let leases = env("VK_LEASES_PATH").filter(|v| !v.is_empty()).unwrap_or_else(|| DEFAULT_LEASES_PATH.into());
+    let releaser: Option<Arc<dyn LeaseReleaser>> = match env("VK_COCOON_NET_CONTROL_SOCKET") {
+        Some(v) if v.is_empty() => None,
+        Some(v) => Some(Arc::new(ControlSocket::new(PathBuf::from(v)))),
+        None => Some(Arc::new(ControlSocket::new(DEFAULT_CONTROL_SOCKET))),
+    };
+    let ports = Ports {
+        runtime,
+        registry,
+        leases: Arc::new(LeaseFile::new(leases)),
+        releaser,
+        patcher: Arc::new(KubePodPatcher::new(client.clone())),
+        events: Arc::new(EventSink::new(client.clone(), &kubelet.node_name)),
+    };
+    let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
+    let provider = Arc::new(CocoonProvider::new(provider_cfg, ports, policies, provider_metrics));
+    let node = VirtualNode::measured(client, kubelet, provider.clone()).map_err(|e| anyhow!("{e}"))?;
+    provider.set_notifier(Arc::new(node.notifier()));
+
+    let shutdown = CancellationToken::new();
+    let addr = metrics::parse_listen_addr(&env("VK_METRICS_ADDR").unwrap_or_else(|| ":9091".into())).map_err(|e| anyhow!(e))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the metrics listener on {addr}"))?;
+    tracing::info!(%addr, "serving /metrics");
+    let metrics_server = tokio::spawn(metrics::serve(listener, prometheus, shutdown.clone()));
+    tokio::spawn(provider.clone().run_background(shutdown.clone()));
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+
+    let result = node.run(shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), metrics_server).await;
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(anyhow!("{e}")),
+    }
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::error!(%error, "cannot listen for SIGTERM");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+    }
+    shutdown.cancel();
+}
