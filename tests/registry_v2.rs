@@ -25,8 +25,15 @@ async fn zstd(b: &[u8]) -> Vec<u8> {
     enc.into_inner()
 }
 
-#[tokio::test]
-async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
+struct Setup {
+    reg: TestRegistry,
+    h: runtime_support::Harness,
+    id: String,
+    v2_digest: String,
+}
+
+/// A real snapshot `vm` pushed as `vm:latest` (v1), rewritten as `vm:v2` (v2) and wrapped in `vm:idx`.
+async fn setup() -> Setup {
     let reg = TestRegistry::start();
     let r = reg.client("", "n");
     let h = runtime_support::harness();
@@ -89,7 +96,13 @@ async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
     ]}))
     .unwrap();
     client.push_manifest_raw(&at("idx"), idx, media::OCI_INDEX.parse().unwrap()).await.unwrap();
+    Setup { reg, h, id, v2_digest }
+}
 
+#[tokio::test]
+async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
+    let Setup { reg, h, id, v2_digest } = setup().await;
+    let r = reg.client("", "n");
     let original = {
         let d = h.dir.path().join("orig");
         h.client.snapshot_export_to_dir("vm", &d).await.unwrap();
@@ -110,4 +123,41 @@ async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
         }
     }
     assert_eq!(r.snapshot_config("vm", "idx").await.unwrap().unwrap().schema_version, "v2");
+}
+
+#[tokio::test]
+async fn at_most_two_v2_or_index_pulls_run_at_once() {
+    let Setup { reg, h, .. } = setup().await;
+    let r = reg.client("", "n");
+    let max_imports = |tag: &'static str| {
+        let r = &r;
+        let h = &h;
+        async move {
+            h.sim.delay("snapshot import", Some(3), 700).unwrap();
+            let watch = async {
+                let mut max = 0;
+                for _ in 0..400 {
+                    max = max.max(h.sim.pids_of("snapshot import").unwrap().len());
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                max
+            };
+            let pulls = async {
+                let (na, nb, nc) = (format!("{tag}-a"), format!("{tag}-b"), format!("{tag}-c"));
+                let (a, b, c) = tokio::join!(
+                    r.pull_snapshot(&h.client, "vm", tag, &na),
+                    r.pull_snapshot(&h.client, "vm", tag, &nb),
+                    r.pull_snapshot(&h.client, "vm", tag, &nc),
+                );
+                a.unwrap();
+                b.unwrap();
+                c.unwrap();
+            };
+            let (max, ()) = tokio::join!(watch, pulls);
+            max
+        }
+    };
+    assert_eq!(max_imports("idx").await, 2, "index pulls are gated to 2 per node");
+    assert_eq!(max_imports("v2").await, 2, "v2 pulls are gated to 2 per node");
+    assert_eq!(max_imports("latest").await, 3, "v1 pulls are not gated");
 }
