@@ -170,11 +170,26 @@ impl Daemon {
 pub struct Options {
     pub orphan: OrphanPolicy,
     pub node_class: String,
+    pub releaser: Option<Arc<dyn vk_cocoon::provider::ports::LeaseReleaser>>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { orphan: OrphanPolicy::Destroy, node_class: String::new() }
+        Self { orphan: OrphanPolicy::Destroy, node_class: String::new(), releaser: None }
+    }
+}
+
+/// A cocoon-net control socket stand-in that records the released MACs.
+#[derive(Default)]
+pub struct RecordingReleaser {
+    pub released: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl vk_cocoon::provider::ports::LeaseReleaser for RecordingReleaser {
+    async fn release(&self, mac: &str) -> Result<(), String> {
+        self.released.lock().unwrap().push(mac.to_string());
+        Ok(())
     }
 }
 
@@ -199,7 +214,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         runtime: env.runtime.clone(),
         registry: env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
         leases: Arc::new(LeaseFile::new(&env.leases)),
-        releaser: None,
+        releaser: opts.releaser.clone(),
         patcher: Arc::new(KubePodPatcher::new(env.server.client())),
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
     };
