@@ -166,6 +166,7 @@ fn failed_decisions_take_the_non_permissive_fail_safe_and_are_counted() {
     );
 
     let metrics = policies.metrics();
+    assert_eq!(metrics.failures(Slot::CpuClassAdmission, "timeout_retried"), 1, "a missed deadline is retried once");
     assert_eq!(metrics.failures(Slot::CpuClassAdmission, "timeout"), 1);
     assert_eq!(metrics.failures(Slot::BringUp, "trap"), 1);
     assert_eq!(metrics.failures(Slot::ResourceTranslation, "out_of_memory"), 1);

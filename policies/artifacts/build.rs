@@ -30,8 +30,8 @@ const HOSTILE: &[(&str, &str)] = &[
 ];
 
 const TARGET: &str = "wasm32-wasip2";
-/// Link flags of every guest: a 64 KiB stack.
-const GUEST_RUSTFLAGS: &str = "-Clink-arg=-zstack-size=65536";
+/// Link flags of every guest: a 32 KiB stack.
+const GUEST_RUSTFLAGS: &str = "-Clink-arg=-zstack-size=32768";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -60,7 +60,7 @@ pub struct CheckArgs {
 #[derive(Debug, Args)]
 struct LimitArgs {
     /// Per-decision deadline in milliseconds.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 100)]
     timeout_ms: u64,
     /// Per-decision memory limit in MiB.
     #[arg(long, default_value_t = 32)]
@@ -189,7 +189,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let engine = LimitArgs { timeout_ms: 50, memory_mib: 32 }.engine()?;
+    let engine = LimitArgs { timeout_ms: 100, memory_mib: 32 }.engine()?;
     let bytes = fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
     let origin = Origin::File(args.file.clone());
     let slots = match args.slot {

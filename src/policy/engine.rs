@@ -31,7 +31,7 @@ impl SandboxLimits {
         32 << 20
     }
     fn default_timeout() -> Duration {
-        Duration::from_millis(50)
+        Duration::from_millis(100)
     }
     fn default_concurrency() -> u32 {
         32
@@ -70,8 +70,8 @@ const CORE_INSTANCES_PER_DECISION: u32 = 8;
 const TABLES_PER_DECISION: u32 = 4;
 const MEMORIES_PER_DECISION: u32 = 2;
 const TABLE_ELEMENTS: usize = 10_000;
-/// Bytes of each freed linear memory kept mapped (the guests' 64 KiB stack, data and first heap).
-const KEEP_RESIDENT_BYTES: usize = 256 << 10;
+/// Bytes of each freed linear memory kept mapped (the guests' 32 KiB stack, data and arena).
+const KEEP_RESIDENT_BYTES: usize = 128 << 10;
 
 /// The shared engine of all slots.
 #[derive(Clone)]
@@ -193,8 +193,8 @@ mod tests {
     fn deadlines_round_up_to_whole_ticks() {
         let limits = SandboxLimits { timeout: Duration::from_micros(2500), ..SandboxLimits::default() };
         assert_eq!(limits.deadline_ticks(), 4);
-        let limits = SandboxLimits { timeout: Duration::from_millis(50), ..SandboxLimits::default() };
-        assert_eq!(limits.deadline_ticks(), 51);
+        let limits = SandboxLimits { timeout: Duration::from_millis(100), ..SandboxLimits::default() };
+        assert_eq!(limits.deadline_ticks(), 101);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use super::cache::CompileCache;
 use super::decision::{BringUpOutcome, Decision, SlotDecision, SnapshotOutcome, TranslationOutcome, Verdict};
 use super::engine::PolicyEngine;
-use super::error::LoadError;
+use super::error::{DecisionError, LoadError};
 use super::facts::{AdmissionFacts, BringUpFacts, SlotFacts, SnapshotFacts, TranslationFacts};
 use super::loaded::LoadedPolicy;
 use super::metrics::PolicyMetrics;
@@ -71,7 +71,15 @@ impl Policies {
         let slot = facts.slot();
         let policy = self.current(slot);
         let started = Instant::now();
-        let result = policy.decide(&self.engine, facts);
+        let mut result = policy.decide(&self.engine, facts);
+        if let Err(DecisionError::Timeout { .. }) = result {
+            // The deadline is wall-clock time: on a starved host a sound policy can miss it.
+            // Decisions are pure, so one retry on a fresh instance is safe; a policy that
+            // really loops costs two deadlines and then fails safe.
+            warn!(%slot, origin = %policy.origin(), "policy missed its deadline; retrying once");
+            self.metrics.count_failure(slot, "timeout_retried");
+            result = policy.decide(&self.engine, facts);
+        }
         self.metrics.observe_latency(slot, started.elapsed());
         match result {
             Ok(decision) => {

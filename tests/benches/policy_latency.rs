@@ -230,8 +230,12 @@ fn main() {
         let policy = LoadedPolicy::builtin(&engine, None, slot).expect("default policy loads");
         let facts = host_facts(slot);
         let native = native_decider(slot);
+        // A decision that misses its wall-clock deadline on a starved machine is counted, not fatal.
+        let missed = std::cell::Cell::new(0usize);
         let wasm_once = || {
-            black_box(policy.decide(&engine, black_box(&facts)).expect("default policy decides"));
+            if policy.decide(&engine, black_box(&facts)).is_err() {
+                missed.set(missed.get() + 1);
+            }
         };
         for _ in 0..WARMUP {
             wasm_once();
@@ -249,6 +253,9 @@ fn main() {
             wasm.p50.as_secs_f64() / base.p50.as_secs_f64(),
             wasm.p99.as_secs_f64() / base.p99.as_secs_f64(),
         );
+        if missed.get() > 0 {
+            println!("  ({} of {} decisions missed the deadline on this run)", missed.get(), WARMUP + SAMPLES);
+        }
     }
 
     let cache_dir = tempfile::tempdir().expect("temp dir");

@@ -2,8 +2,9 @@
 //!
 //! Everything here is pure and `no_std` (with `alloc`), so the same code runs inside the
 //! WASI-free policy components and under a native `cargo test`. On `wasm32` the crate also
-//! supplies the runtime glue a `no_std` component needs: a global allocator and a panic handler
-//! that traps (the host maps the trap to a fail-safe decision).
+//! supplies the runtime glue a `no_std` component needs: a global allocator (a bump allocator,
+//! since each instance serves one decision), a panic handler that traps (the host maps the trap
+//! to a fail-safe decision), and the C memory routines and `cabi_realloc` export.
 
 #![cfg_attr(not(test), no_std)]
 
