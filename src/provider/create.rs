@@ -91,13 +91,15 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
 
     let ctx = Ctx { pod, facts, spec };
     let started = Instant::now();
-    let (vm, restoring) = match bring_up(p, &ctx).await {
+    let (vm, restoring, adopted) = match bring_up(p, &ctx).await {
         Ok(v) => v,
         Err((restoring, f)) => return fail_create(p, &key, pod, restoring, f).await,
     };
     let spec = &ctx.spec;
     let mode = if restoring || !spec.mode.eq_ignore_ascii_case("run") { "clone" } else { "run" };
-    p.metrics.vm_boot_duration.with_label_values(&[mode, &spec.backend]).observe(started.elapsed().as_secs_f64());
+    if !adopted {
+        p.metrics.vm_boot_duration.with_label_values(&[mode, &spec.backend]).observe(started.elapsed().as_secs_f64());
+    }
     if restoring {
         p.metrics.wake.with_label_values(&["ok"]).inc();
     }
@@ -113,7 +115,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     }
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring, "vm up");
     p.publish_ready(pod, &key).await;
-    p.metrics.lifecycle("create", "ok", "");
+    p.metrics.lifecycle("create", "ok", if adopted { "adopted" } else { "" });
     Ok(())
 }
 
@@ -128,8 +130,8 @@ async fn fail_create(p: &CocoonProvider, key: &str, pod: &Pod, restoring: bool, 
 }
 
 /// Steps 2–3 of the lifecycle document: adopt, or gather facts, decide and execute.
-/// Returns the VM and whether it was a restore.
-async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool), (bool, Failure)> {
+/// Returns the VM, whether it was a restore, and whether an existing VM was adopted.
+async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, bool), (bool, Failure)> {
     let spec = &ctx.spec;
     let vm_name = spec.vm_name.as_str();
 
@@ -198,10 +200,9 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool),
     match plan {
         Plan::AdoptExisting { .. } => {
             let vm = existing.ok_or_else(|| (false, Failure::transient("CreateBringUpFailed", format!("bring-up policy adopts vm {vm_name} but none exists here"))))?;
-            p.metrics.lifecycle("create", "ok", "adopted");
-            Ok((vm, false))
+            Ok((vm, false, true))
         }
-        Plan::AdoptUnmanaged { vm_id, ip, .. } => Ok((synthesized(vm_name, &vm_id, &ip), false)),
+        Plan::AdoptUnmanaged { vm_id, ip, .. } => Ok((synthesized(vm_name, &vm_id, &ip), false, true)),
         Plan::RestoreFromHibernate { options, derived, fresh_nic } => {
             if derived {
                 p.ports.events.record(
@@ -211,14 +212,14 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool),
                     format!("vm {vm_name} owns a hibernate snapshot: restoring it instead of booting fresh"),
                 );
             }
-            restore(p, ctx, &options, fresh_nic).await.map(|vm| (vm, true)).map_err(|f| (true, f))
+            restore(p, ctx, &options, fresh_nic).await.map(|vm| (vm, true, false)).map_err(|f| (true, f))
         }
         Plan::CloneFromDir { options, dir } => {
             drop_own_fork(p, &options).await;
             let cpu = translate(p, ctx, BootPath::Clone).await?.0;
             let result = p.ports.runtime.clone_vm(&plan::clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu, None)).await;
             p.metrics.clone_from_dir.with_label_values(&[if result.is_ok() { "ok" } else { "failed" }]).inc();
-            result.map(|vm| (vm, false)).map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}"))))
+            result.map(|vm| (vm, false, false)).map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}"))))
         }
         Plan::Fork { options, source_vm, fork_snapshot } => {
             drop_own_fork(p, &options).await;
@@ -228,7 +229,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool),
                 .runtime
                 .clone_vm(&plan::clone_spec(&options, CloneSource::Snapshot(fork_snapshot.clone()), false, cpu, None))
                 .await
-                .map(|vm| (vm, false))
+                .map(|vm| (vm, false, false))
                 .map_err(|e| (false, Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}"))))
         }
         Plan::Clone { options, local_snapshot, repository, tag, expected_backend } => {
@@ -243,7 +244,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool),
                 .runtime
                 .clone_vm(&plan::clone_spec(&options, CloneSource::Snapshot(local_snapshot.clone()), pull, cpu, None))
                 .await
-                .map(|vm| (vm, false))
+                .map(|vm| (vm, false, false))
                 .map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"))))
         }
         Plan::Run { vm_name: name, image, force_pull, network, backend, windows, no_direct_io } => {
@@ -268,7 +269,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool),
                 .runtime
                 .run(&run)
                 .await
-                .map(|vm| (vm, false))
+                .map(|vm| (vm, false, false))
                 .map_err(|e| (false, Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}"))))
         }
     }
