@@ -341,11 +341,15 @@ pub(crate) fn is_not_found(e: &OciDistributionError) -> bool {
 
 /// Credentials for `host` from the docker config (entries keyed `host`, `https://host` or `http://host`).
 fn docker_auth(host: &str) -> RegistryAuth {
+    auth_from(host, |key| docker_credential::get_credential(key).ok())
+}
+
+fn auth_from(host: &str, lookup: impl Fn(&str) -> Option<docker_credential::DockerCredential>) -> RegistryAuth {
     for key in [host.to_string(), format!("https://{host}"), format!("http://{host}")] {
-        match docker_credential::get_credential(&key) {
-            Ok(docker_credential::DockerCredential::UsernamePassword(u, p)) => return RegistryAuth::Basic(u, p),
-            Ok(docker_credential::DockerCredential::IdentityToken(t)) => return RegistryAuth::Bearer(t),
-            Err(_) => continue,
+        match lookup(&key) {
+            Some(docker_credential::DockerCredential::UsernamePassword(u, p)) => return RegistryAuth::Basic(u, p),
+            Some(docker_credential::DockerCredential::IdentityToken(t)) => return RegistryAuth::Bearer(t),
+            None => continue,
         }
     }
     RegistryAuth::Anonymous
@@ -356,5 +360,41 @@ fn auth_kind(a: &RegistryAuth) -> &'static str {
         RegistryAuth::Anonymous => "anonymous",
         RegistryAuth::Basic(..) => "basic",
         RegistryAuth::Bearer(_) => "bearer",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_config(json: &str, host: &str) -> RegistryAuth {
+        auth_from(host, |key| docker_credential::get_credential_from_reader(json.as_bytes(), key).ok())
+    }
+
+    #[test]
+    fn credentials_come_from_the_docker_config() {
+        // "user:pass" base64-encoded, under the https:// form of the key.
+        let cfg = r#"{"auths":{"https://reg.example.com":{"auth":"dXNlcjpwYXNz"},"127.0.0.1:5000":{"auth":"YTpi"}}}"#;
+        assert!(matches!(from_config(cfg, "reg.example.com"), RegistryAuth::Basic(u, p) if u == "user" && p == "pass"));
+        assert!(matches!(from_config(cfg, "127.0.0.1:5000"), RegistryAuth::Basic(u, p) if u == "a" && p == "b"));
+        assert!(matches!(from_config(cfg, "other.example.com"), RegistryAuth::Anonymous));
+        assert!(matches!(from_config("{}", "reg.example.com"), RegistryAuth::Anonymous));
+    }
+
+    #[test]
+    fn not_found_answers_are_recognised() {
+        use oci_client::errors::{OciEnvelope, OciError};
+        let env = |code| OciDistributionError::RegistryError {
+            envelope: OciEnvelope { errors: vec![OciError { code, message: String::new(), detail: serde_json::Value::Null }] },
+            url: String::new(),
+        };
+        assert!(is_not_found(&env(OciErrorCode::ManifestUnknown)));
+        assert!(is_not_found(&env(OciErrorCode::NameUnknown)));
+        assert!(is_not_found(&env(OciErrorCode::BlobUnknown)));
+        assert!(!is_not_found(&env(OciErrorCode::Denied)));
+        assert!(!is_not_found(&env(OciErrorCode::Unauthorized)));
+        assert!(is_not_found(&OciDistributionError::ServerError { code: 404, url: String::new(), message: String::new() }));
+        assert!(!is_not_found(&OciDistributionError::ServerError { code: 503, url: String::new(), message: String::new() }));
+        assert!(!is_not_found(&OciDistributionError::UnauthorizedError { url: String::new() }));
     }
 }
