@@ -236,3 +236,39 @@ async fn an_existing_vm_is_adopted_not_booted_twice() {
     assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-a").count(), 1);
     d.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_less_nodes_use_local_evidence() {
+    // Registry: a local copy whose id matches the :hibernate config is cloned directly.
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "vm-w", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "vm-w", "vm-w", "hibernate", "snap:v1").await.unwrap();
+    // A stale local copy: the tag was pushed from another snapshot.
+    seed_snapshot(&env, "vm-s-other", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "vm-s-other", "vm-s", "hibernate", "snap:v1").await.unwrap();
+    seed_snapshot(&env, "vm-s", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(&env, &managed("w", "vm-w", &[("cocoonset.cocoonstack.io/image", "snap:v1")])).await;
+    create(&env, &managed("s", "vm-s", &[("cocoonset.cocoonstack.io/image", "snap:v1")])).await;
+    eventually(60, "both woke", || lifecycle(&env, "w").as_deref() == Some("ready") && lifecycle(&env, "s").as_deref() == Some("ready")).await;
+    let sources: Vec<String> = calls(&env, "vm clone").into_iter().filter_map(|a| a.last().cloned()).collect();
+    assert!(sources.contains(&"vm-w".to_string()), "verified local copy: {sources:?}");
+    assert!(sources.contains(&"vm-s-hibernate-import".to_string()), "stale local copy replaced by a pull: {sources:?}");
+    assert_eq!(registry.pulls.load(Ordering::SeqCst), 1);
+    assert!(calls(&env, "snapshot rm").iter().any(|a| a.last().map(String::as_str) == Some("vm-s")), "the stale copy is discarded");
+    for argv in calls(&env, "vm clone") {
+        assert!(argv.contains(&"--cpu-weight".to_string()), "every clone path passes the cgroup flags: {argv:?}");
+    }
+    d.kill().await;
+
+    // Registry-less: a local snapshot under the VM name is the evidence.
+    let env = provider_support::env(false).await;
+    seed_snapshot(&env, "vm-l", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(&env, &managed("l", "vm-l", &[("cocoonset.cocoonstack.io/image", "whatever:v9")])).await;
+    eventually(60, "restored", || lifecycle(&env, "l").as_deref() == Some("ready")).await;
+    assert_eq!(calls(&env, "vm clone")[0].last().map(String::as_str), Some("vm-l"));
+    eventually(10, "restore event", || has_event(&env, "l", "HibernateSnapshotExists")).await;
+    d.kill().await;
+}

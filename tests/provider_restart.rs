@@ -50,7 +50,7 @@ async fn restart_adopts_by_id_and_by_name_and_destroys_orphans() {
     assert_eq!(annotation(&env, "b", "vm.cocoonstack.io/id").as_deref(), Some(b.id.as_str()), "runtime annotation repaired");
     eventually(10, "orphan destroyed", || env.sim.vm_state(&orphan.id).unwrap().is_none()).await;
     assert_eq!(d.provider.metrics().reconcile_adopt_by_name.get(), 1);
-    assert_eq!(lifecycle(&env, "a").as_deref(), Some("ready"));
+    wait_ready(&env, "a").await;
     assert_eq!(calls(&env, "vm clone").len(), clones_before, "nothing re-created");
     let names: Vec<String> = vms(&env).await.iter().map(|v| v.name().to_string()).collect();
     assert_eq!(names.iter().filter(|n| *n == "vm-a").count(), 1);

@@ -92,6 +92,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     tokio::spawn(provider.clone().run_background(shutdown.clone()));
     tokio::spawn(stop_on_signal(shutdown.clone()));
 
+    provider.prefetch_vms();
     let result = node.run(shutdown.clone()).await;
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), metrics_server).await;

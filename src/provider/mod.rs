@@ -94,11 +94,19 @@ pub struct CocoonProvider {
     state: State,
     metrics: ProviderMetrics,
     notifier: OnceLock<Arc<dyn StatusNotifier>>,
+    vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
 }
 
 impl CocoonProvider {
     pub fn new(cfg: ProviderConfig, ports: Ports, policies: Arc<Policies>, metrics: ProviderMetrics) -> Self {
-        Self { cfg, ports, policies, state: State::default(), metrics, notifier: OnceLock::new() }
+        Self { cfg, ports, policies, state: State::default(), metrics, notifier: OnceLock::new(), vm_prefetch: Default::default() }
+    }
+
+    /// Starts `cocoon vm list` now, so the startup reconcile's VM list runs in parallel with the
+    /// virtual node's pod list (call it just before `VirtualNode::run`).
+    pub fn prefetch_vms(&self) {
+        let runtime = self.ports.runtime.clone();
+        *self.vm_prefetch.lock().expect("prefetch lock") = Some(tokio::spawn(async move { runtime.list().await }));
     }
 
     /// Connects status notifications (the virtual node's notifier exists only after the node

@@ -20,13 +20,13 @@ use crate::runtime::{CocoonRuntime, VmRecord, VmState};
 const FAN_OUT: usize = 8;
 
 pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), ProviderError> {
-    // 1. The VMs (the pods were listed by the virtual node). Failing is fatal.
-    let vms = p
-        .ports
-        .runtime
-        .list()
-        .await
-        .map_err(|e| ProviderError::Transient(format!("startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state")))?;
+    // 1. The VMs (prefetched while the virtual node listed the pods). Failing is fatal.
+    let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
+    let listed = match prefetched {
+        Some(task) => task.await.map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}")))?,
+        None => p.ports.runtime.list().await,
+    };
+    let vms = listed.map_err(|e| ProviderError::Transient(format!("startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state")))?;
 
     // 2. CPU class over every non-terminal pod.
     for pod in pods {

@@ -226,6 +226,7 @@ pub fn start(env: &Env, opts: Options) -> Daemon {
     let node = VirtualNode::new(env.server.client(), kubelet_config(&opts.node_class), kubelet_support::fixed_host(), "10.0.0.9".parse().unwrap(), provider.clone());
     provider.set_notifier(Arc::new(node.notifier()));
     let shutdown = CancellationToken::new();
+    provider.prefetch_vms();
     let task = tokio::spawn(node.run(shutdown.clone()));
     Daemon { provider, shutdown, task }
 }
