@@ -272,3 +272,22 @@ async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_le
     eventually(10, "restore event", || has_event(&env, "l", "HibernateSnapshotExists")).await;
     d.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_lands_before_the_ready_annotation() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(&env, &managed("order-0", "vm-order", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    wait_ready(&env, "order-0").await;
+    let patches: Vec<&'static str> = env
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && (r.path.ends_with("/pods/order-0") || r.path.ends_with("/pods/order-0/status")))
+        .map(|r| if r.path.ends_with("/status") { "status" } else { "annotations" })
+        .collect();
+    // creating, {id, ip}, the status (podIP), then lifecycle-state=ready.
+    assert_eq!(&patches[..4], &["annotations", "annotations", "status", "annotations"], "{patches:?}");
+    d.kill().await;
+}

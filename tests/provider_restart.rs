@@ -104,15 +104,23 @@ async fn a_daemon_killed_mid_create_converges_without_duplicates() {
     let d = start(&env, Options::default());
     wait_ready(&env, "k").await;
     let list = vms(&env).await;
-    let mine: Vec<_> = list.iter().filter(|v| v.name() == "vm-k").collect();
+    let mine: Vec<_> = list.iter().filter(|v| v.name() == "vm-k").cloned().collect();
     assert_eq!(mine.len(), 1, "exactly one VM: {list:?}");
     assert_eq!(annotation(&env, "k", "vm.cocoonstack.io/id").as_deref(), Some(mine[0].id.as_str()));
     d.kill().await;
 
-    // Killed after the VM came up but before anything was written: adopted, not duplicated.
+    // Killed after the VM came up but before its id, IP and ready were written (the pod looks
+    // exactly as it did then): adopted by name, annotations repaired, not duplicated.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(env.server.client(), "default");
+    let wipe = serde_json::json!({"metadata": {"annotations": {
+        "vm.cocoonstack.io/id": null, "vm.cocoonstack.io/ip": null, "vm.cocoonstack.io/lifecycle-state": "creating"}}});
+    pods.patch("k", &Default::default(), &kube::api::Patch::Merge(wipe)).await.unwrap();
+    let clones = calls(&env, "vm clone").len();
     let d = start(&env, Options::default());
     wait_ready(&env, "k").await;
     assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-k").count(), 1);
+    assert_eq!(calls(&env, "vm clone").len(), clones, "adopted, not re-cloned");
+    assert_eq!(annotation(&env, "k", "vm.cocoonstack.io/id").as_deref(), Some(mine[0].id.as_str()));
     d.kill().await;
 }
 
