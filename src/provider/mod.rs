@@ -51,6 +51,8 @@ pub struct ProviderConfig {
     pub patch_retry: Duration,
     /// Budget of the background watcher of a stale create.
     pub stale_watch_budget: Duration,
+    /// Period of the lifecycle reconciler (re-flush of intents that did not reach the apiserver).
+    pub reflush_interval: Duration,
 }
 
 impl ProviderConfig {
@@ -66,6 +68,7 @@ impl ProviderConfig {
             orphan_policy: OrphanPolicy::parse(env("VK_ORPHAN_POLICY").as_deref())?,
             patch_retry: Duration::from_millis(500),
             stale_watch_budget: Duration::from_secs(30 * 60),
+            reflush_interval: Duration::from_secs(15),
         })
     }
 
@@ -195,9 +198,9 @@ impl CocoonProvider {
         })
     }
 
-    /// Background upkeep until `shutdown`: re-flushes lifecycle intents every 15 s.
+    /// Background upkeep until `shutdown`: re-flushes lifecycle intents every `reflush_interval`.
     pub async fn run_background(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(15));
+        let mut tick = tokio::time::interval(self.cfg.reflush_interval);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -266,3 +269,23 @@ impl CocoonProvider {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<ProviderConfig, String> {
+        let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ProviderConfig::from_lookup(|k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn configuration_defaults_and_startup_errors() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy), ("cocoon-pool", "mmap", OrphanPolicy::Destroy));
+        let c = cfg(&[("VK_NODE_NAME", "n1"), ("VK_RESTORE_MODE", " OnDemand "), ("VK_ORPHAN_POLICY", "keep"), ("VK_SNAPSHOT_CPU_CLASS", "icx")]).unwrap();
+        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy, c.node_class.as_str()), ("n1", "ondemand", OrphanPolicy::Keep, "icx"));
+        assert!(cfg(&[("VK_ORPHAN_POLICY", "nuke")]).unwrap_err().contains("VK_ORPHAN_POLICY"));
+        assert!(cfg(&[("VK_RESTORE_MODE", "lazy")]).unwrap_err().contains("VK_RESTORE_MODE"));
+    }
+}

@@ -19,7 +19,7 @@ impl CocoonProvider {
         let uid = super::state::uid_of(pod);
         let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
         let intent = Intent { uid, state, generation, message: lifecycle::truncate(message, lifecycle::MAX_MESSAGE) };
-        match self.state.stage_intent(pkey, intent) {
+        match self.state.stage_intent(pkey, intent, Some(pod)) {
             Ok(intent) => {
                 self.flush(pod, pkey, &intent).await;
                 true
@@ -74,7 +74,7 @@ impl CocoonProvider {
         let uid = super::state::uid_of(pod);
         let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
         let intent = Intent { uid, state: LifecycleState::Ready, generation, message: String::new() };
-        let Ok(intent) = self.state.stage_intent(pkey, intent) else {
+        let Ok(intent) = self.state.stage_intent(pkey, intent, Some(pod)) else {
             self.notify(pkey);
             return;
         };
@@ -144,12 +144,13 @@ impl CocoonProvider {
 
     /// The lifecycle reconciler: re-flushes intents that have not reached the apiserver.
     pub(super) async fn reflush(&self) {
-        for (pkey, intent) in self.state.unflushed() {
-            let Some(tracked) = self.state.tracked(&pkey).filter(|t| t.uid == intent.uid) else { continue };
-            if intent.state == LifecycleState::Ready && !self.land_status(&tracked.pod, &pkey).await {
+        for (pkey, intent, stored) in self.state.unflushed() {
+            let tracked = self.state.tracked(&pkey).filter(|t| t.uid == intent.uid).map(|t| t.pod);
+            let Some(pod) = tracked.clone().or(stored) else { continue };
+            if intent.state == LifecycleState::Ready && (tracked.is_none() || !self.land_status(&pod, &pkey).await) {
                 continue;
             }
-            self.flush(&tracked.pod, &pkey, &intent).await;
+            self.flush(&pod, &pkey, &intent).await;
             self.notify(&pkey);
         }
     }

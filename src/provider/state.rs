@@ -23,6 +23,8 @@ pub struct Tracked {
 struct StoredIntent {
     intent: Intent,
     flushed: bool,
+    /// The incarnation's object the intent is written on (kept after a failed create untracks it).
+    pod: Option<Pod>,
 }
 
 #[derive(Default)]
@@ -134,7 +136,7 @@ impl State {
     }
 
     /// Stages an intent under the §3.8 rules; the caller flushes it.
-    pub fn stage_intent(&self, key: &str, mut intent: Intent) -> Result<Intent, Dropped> {
+    pub fn stage_intent(&self, key: &str, mut intent: Intent, pod: Option<&Pod>) -> Result<Intent, Dropped> {
         let mut s = self.lock();
         let tracked = s.pods.get(key);
         if let Some(t) = tracked {
@@ -153,13 +155,13 @@ impl State {
                 };
             }
         }
-        s.intents.insert(key.into(), StoredIntent { intent: intent.clone(), flushed: false });
+        s.intents.insert(key.into(), StoredIntent { intent: intent.clone(), flushed: false, pod: pod.cloned() });
         Ok(intent)
     }
 
     /// Seeds an intent read from the pod at startup (already on the apiserver).
     pub fn seed_intent(&self, key: &str, intent: Intent) {
-        self.lock().intents.insert(key.into(), StoredIntent { intent, flushed: true });
+        self.lock().intents.insert(key.into(), StoredIntent { intent, flushed: true, pod: None });
     }
 
     pub fn intent(&self, key: &str) -> Option<Intent> {
@@ -185,8 +187,8 @@ impl State {
     }
 
     /// Intents not yet on the apiserver (re-flushed by the lifecycle reconciler).
-    pub fn unflushed(&self) -> Vec<(String, Intent)> {
-        self.lock().intents.iter().filter(|(_, i)| !i.flushed).map(|(k, i)| (k.clone(), i.intent.clone())).collect()
+    pub fn unflushed(&self) -> Vec<(String, Intent, Option<Pod>)> {
+        self.lock().intents.iter().filter(|(_, i)| !i.flushed).map(|(k, i)| (k.clone(), i.intent.clone(), i.pod.clone())).collect()
     }
 
     /// The delete fence: false when a delete of `key` is already running.
@@ -224,11 +226,11 @@ mod tests {
     fn a_stale_incarnation_cannot_write_after_a_new_one_claims_the_key() {
         let s = State::default();
         s.track("ns/p", &pod("u1"), "vm");
-        s.stage_intent("ns/p", intent("u1", LifecycleState::Creating)).unwrap();
+        s.stage_intent("ns/p", intent("u1", LifecycleState::Creating), None).unwrap();
         s.track("ns/p", &pod("u2"), "vm");
         assert_eq!(s.intent("ns/p"), None, "the old incarnation's intent is dropped on claim");
-        assert_eq!(s.stage_intent("ns/p", intent("u1", LifecycleState::Failed)), Err(Dropped::OtherIncarnation));
-        s.stage_intent("ns/p", intent("u2", LifecycleState::Ready)).unwrap();
+        assert_eq!(s.stage_intent("ns/p", intent("u1", LifecycleState::Failed), None), Err(Dropped::OtherIncarnation));
+        s.stage_intent("ns/p", intent("u2", LifecycleState::Ready), None).unwrap();
         let t = s.tracked("ns/p").unwrap();
         assert_eq!(t.pod.metadata.annotations.unwrap()[lifecycle::STATE], "ready");
     }
@@ -240,7 +242,7 @@ mod tests {
         assert!(!s.set_vm("ns/p", "u0", VmRecord { id: "x".into(), ..Default::default() }));
         assert!(s.set_vm("ns/p", "u1", VmRecord { id: "id1".into(), ..Default::default() }));
         assert_eq!(s.vm_by_name("vm").unwrap().id, "id1");
-        s.stage_intent("ns/p", intent("u1", LifecycleState::Ready)).unwrap();
+        s.stage_intent("ns/p", intent("u1", LifecycleState::Ready), None).unwrap();
         s.forget("ns/p", "u1", "vm");
         assert!(s.tracked("ns/p").is_none() && s.vm_by_name("vm").is_none() && s.intent("ns/p").is_none());
     }

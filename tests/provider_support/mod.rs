@@ -144,7 +144,9 @@ pub async fn env(with_registry: bool) -> Env {
     let sim_dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(sim_dir.path()).unwrap();
     let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
-    let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+    // A generous decision deadline: these tests share two cores with builds, and a policy
+    // timeout (fail-safe refusal, retried) is not what they are about.
+    let engine = PolicyEngine::new(SandboxLimits { timeout: Duration::from_secs(5), ..SandboxLimits::default() }).unwrap();
     let policies = Arc::new(Policies::with_defaults(engine, None, PolicyMetrics::unregistered()).unwrap());
     let leases = sim_dir.path().join("leases.json");
     std::fs::write(&leases, "null").unwrap();
@@ -209,6 +211,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         orphan_policy: opts.orphan,
         patch_retry: Duration::from_millis(50),
         stale_watch_budget: Duration::from_secs(20),
+        reflush_interval: Duration::from_millis(300),
     };
     let ports = Ports {
         runtime: env.runtime.clone(),
@@ -227,6 +230,7 @@ pub fn start(env: &Env, opts: Options) -> Daemon {
     provider.set_notifier(Arc::new(node.notifier()));
     let shutdown = CancellationToken::new();
     provider.prefetch_vms();
+    tokio::spawn(provider.clone().run_background(shutdown.clone()));
     let task = tokio::spawn(node.run(shutdown.clone()));
     Daemon { provider, shutdown, task }
 }
