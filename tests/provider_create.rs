@@ -74,6 +74,16 @@ async fn run_mode_ensures_the_image_and_translates_the_resources() {
     assert!(argv.contains("--cpu 2 --cpu-weight 20 --cpu-quota-us 200000 --cpu-period-us 100000"), "{argv}");
     assert!(argv.contains("--memory 2147483648"), "memory comes from the requests: {argv}");
     assert!(vm_named(&env, "vm-run").await.is_some());
+    assert!(calls(&env, "snapshot rm").iter().any(|a| a.last().map(String::as_str) == Some("fork-vm-run")), "run is a fresh bring-up too");
+
+    // A snapshot artifact is not a run image.
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "golden", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "golden", "golden", "v1", "ghcr.io/x/base:1").await.unwrap();
+    create(&env, &managed("tool-1", "vm-run-snap", &[("cocoonset.cocoonstack.io/image", "golden:v1"), ("cocoonset.cocoonstack.io/mode", "run")])).await;
+    eventually(60, "refused", || lifecycle(&env, "tool-1").as_deref() == Some("failed")).await;
+    assert!(lifecycle_message(&env, "tool-1").contains("is a snapshot artifact; use mode=clone instead of mode=run"), "{}", lifecycle_message(&env, "tool-1"));
+    assert!(vm_named(&env, "vm-run-snap").await.is_none());
     d.kill().await;
 }
 
