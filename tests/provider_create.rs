@@ -332,3 +332,20 @@ async fn a_cocoon_clone_failure_is_reported_and_the_retry_boots_one_vm() {
     assert_eq!(calls(&env, "vm clone").len(), 2);
     d.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "golden", "ghcr.io/x/base:1").await;
+    registry.push_snapshot(env.runtime.as_ref(), "golden", "golden", "v3", "ghcr.io/x/base:1").await.unwrap();
+    env.runtime.snapshot_remove_if_exists("golden").await.unwrap();
+    let d = start(&env, Options::default());
+    for i in 0..8 {
+        create(&env, &managed(&format!("burst-{i}"), &format!("vm-burst-{i}"), &[("cocoonset.cocoonstack.io/image", "golden:v3")])).await;
+    }
+    eventually(120, "all ready", || (0..8).all(|i| lifecycle(&env, &format!("burst-{i}")).as_deref() == Some("ready"))).await;
+    assert_eq!(registry.pulls.load(Ordering::SeqCst), 1, "one pull shared by the burst");
+    assert_eq!(calls(&env, "vm clone").len(), 8);
+    d.kill().await;
+}
