@@ -1,0 +1,387 @@
+//! Provider scale (tracker issue 6): the startup reconcile of 1,000 pods / 1,000 VMs against the
+//! fake apiserver and cocoon-sim, and CreatePod's own overhead (wall time minus the time spent
+//! inside the cocoon CLI), plus this process's RSS.
+//!
+//! `cargo bench --bench provider_scale` (needs `cargo build --release -p cocoon-sim`).
+//! `BENCH_PODS` (default 1000) and `BENCH_CREATES` (default 200) override the sizes.
+//!
+//! The simulator's VMs are seeded through its state file (`cocoon_sim::store::Store`, one
+//! read-modify-write), copying one VM really cloned by the CLI, so no 1,000 CLI calls are needed.
+//! Cocoon time is measured by a decorator around the real CLI client that sums the wall time of
+//! every `CocoonRuntime` call.
+//!
+//! Measured once on the 2-core dev machine (release, with another build running): vm list of 1,000
+//! VMs 32 ms, pod list 28 ms; startup (prefetch ∥ pod list, then reconcile) 142 ms = 142 µs/pod,
+//! 4.4× the floor. CreatePod (clone): 160 ms/pod wall, 157 ms of it inside cocoon-sim (7 calls),
+//! overhead 2.8 ms/pod (p50 2.5, p90 3.9). Peak RSS 110 MiB (this process also hosts the fake
+//! apiserver and its 1,200 pods).
+
+#[allow(unused_imports)]
+#[path = "../provider_support/mod.rs"]
+mod provider_support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use provider_support::*;
+use tokio::io::AsyncRead;
+use vk_cocoon::kubelet::events::EventSink;
+use vk_cocoon::kubelet::Provider;
+use vk_cocoon::provider::cocoon_net::LeaseFile;
+use vk_cocoon::provider::metrics::ProviderMetrics;
+use vk_cocoon::provider::ports::{KubePodPatcher, SnapshotRegistry};
+use vk_cocoon::provider::reconcile::OrphanPolicy;
+use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
+use vk_cocoon::runtime::{
+    CloneSource, CloneSpec, CocoonCli, CocoonRuntime, ExecIo, ExecSpec, ImageRecord, Result as RtResult, RunSpec, SnapshotRecord, StaleCreateOutcome,
+    VmRecord, WatchItem,
+};
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+fn rss() -> (f64, f64) {
+    (status_kib("VmHWM:") as f64 / 1024.0, status_kib("VmRSS:") as f64 / 1024.0)
+}
+
+fn locate_sim() {
+    if std::env::var_os("COCOON_SIM_BIN").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    let candidates = [profile_dir.join("cocoon-sim"), profile_dir.parent().unwrap().join("debug/cocoon-sim")];
+    let found = candidates
+        .iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("cocoon-sim not found at {candidates:?}: run `cargo build --release -p cocoon-sim`"));
+    println!("cocoon-sim: {}", found.display());
+    // SAFETY: single-threaded here (before the tokio runtime starts).
+    unsafe { std::env::set_var("COCOON_SIM_BIN", found) };
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The real CLI client, summing the wall time of every call (the time "inside cocoon", including
+/// process spawn and JSON parsing of its output).
+struct TimedRuntime {
+    inner: Arc<CocoonCli>,
+    nanos: AtomicU64,
+    calls: AtomicU64,
+    clones: AtomicU64,
+}
+
+impl TimedRuntime {
+    fn new(inner: Arc<CocoonCli>) -> Self {
+        Self { inner, nanos: AtomicU64::new(0), calls: AtomicU64::new(0), clones: AtomicU64::new(0) }
+    }
+    fn reset(&self) {
+        self.nanos.store(0, Ordering::SeqCst);
+        self.calls.store(0, Ordering::SeqCst);
+        self.clones.store(0, Ordering::SeqCst);
+    }
+    fn spent(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+    fn n_calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+    async fn time<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        let t = Instant::now();
+        let r = f.await;
+        self.nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+}
+
+#[async_trait]
+impl CocoonRuntime for TimedRuntime {
+    async fn run(&self, spec: &RunSpec) -> RtResult<VmRecord> {
+        self.time(self.inner.run(spec)).await
+    }
+    async fn clone_vm(&self, spec: &CloneSpec) -> RtResult<VmRecord> {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        self.time(self.inner.clone_vm(spec)).await
+    }
+    async fn inspect(&self, reference: &str) -> RtResult<VmRecord> {
+        self.time(self.inner.inspect(reference)).await
+    }
+    async fn list(&self) -> RtResult<Vec<VmRecord>> {
+        self.time(self.inner.list()).await
+    }
+    async fn remove(&self, reference: &str) -> RtResult<()> {
+        self.time(self.inner.remove(reference)).await
+    }
+    async fn start(&self, reference: &str) -> RtResult<()> {
+        self.time(self.inner.start(reference)).await
+    }
+    async fn reconcile_stale_create(&self, reference: &str) -> RtResult<StaleCreateOutcome> {
+        self.time(self.inner.reconcile_stale_create(reference)).await
+    }
+    async fn net_resize(&self, reference: &str, nics: u32) -> RtResult<()> {
+        self.time(self.inner.net_resize(reference, nics)).await
+    }
+    async fn exec(&self, reference: &str, spec: &ExecSpec, io: ExecIo<'_>) -> RtResult<()> {
+        self.time(self.inner.exec(reference, spec, io)).await
+    }
+    async fn logs(&self, reference: &str, tail: Option<u64>) -> RtResult<String> {
+        self.time(self.inner.logs(reference, tail)).await
+    }
+    fn watch_events(&self) -> BoxStream<'static, WatchItem> {
+        self.inner.watch_events()
+    }
+    async fn snapshot_save(&self, name: &str, vm_id: &str) -> RtResult<()> {
+        self.time(self.inner.snapshot_save(name, vm_id)).await
+    }
+    async fn snapshot_inspect(&self, name: &str) -> RtResult<SnapshotRecord> {
+        self.time(self.inner.snapshot_inspect(name)).await
+    }
+    async fn snapshot_list(&self, vm: Option<&str>) -> RtResult<Vec<SnapshotRecord>> {
+        self.time(self.inner.snapshot_list(vm)).await
+    }
+    async fn snapshot_remove_if_exists(&self, name: &str) -> RtResult<()> {
+        self.time(self.inner.snapshot_remove_if_exists(name)).await
+    }
+    async fn snapshot_import(&self, name: &str, tar: &mut (dyn AsyncRead + Unpin + Send)) -> RtResult<()> {
+        self.time(self.inner.snapshot_import(name, tar)).await
+    }
+    async fn snapshot_export(&self, name: &str) -> RtResult<Box<dyn AsyncRead + Send + Unpin>> {
+        self.time(self.inner.snapshot_export(name)).await
+    }
+    async fn snapshot_export_to_dir(&self, name: &str, dir: &std::path::Path) -> RtResult<()> {
+        self.time(self.inner.snapshot_export_to_dir(name, dir)).await
+    }
+    async fn image_pull(&self, reference: &str, force: bool) -> RtResult<()> {
+        self.time(self.inner.image_pull(reference, force)).await
+    }
+    async fn image_inspect(&self, reference: &str) -> RtResult<ImageRecord> {
+        self.time(self.inner.image_inspect(reference)).await
+    }
+    async fn image_import(&self, name: &str, data: &mut (dyn AsyncRead + Unpin + Send)) -> RtResult<()> {
+        self.time(self.inner.image_import(name, data)).await
+    }
+}
+
+/// The provider as the daemon builds it, on the timed runtime.
+fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
+    let cfg = ProviderConfig {
+        node_name: NODE.into(),
+        node_class: String::new(),
+        restore_mode: "mmap".into(),
+        orphan_policy: OrphanPolicy::Alert,
+        patch_retry: Duration::from_millis(50),
+        stale_watch_budget: Duration::from_secs(20),
+        reflush_interval: Duration::from_secs(3600),
+    };
+    let ports = Ports {
+        runtime: runtime as Arc<dyn CocoonRuntime>,
+        registry: env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
+        leases: Arc::new(LeaseFile::new(&env.leases)),
+        releaser: None,
+        patcher: Arc::new(KubePodPatcher::new(env.server.client())),
+        events: Arc::new(EventSink::new(env.server.client(), NODE)),
+    };
+    Arc::new(CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()))
+}
+
+/// Writes `n` copies of `template` (names `vm-p-<i>`, fresh ids and IPs) into the simulator's state in one update.
+fn seed_vms(env: &Env, template_id: &str, n: usize) -> Vec<String> {
+    let store = cocoon_sim::store::Store::new(env.sim.root());
+    store
+        .update(|s| -> std::io::Result<Vec<String>> {
+            let template = s.vms.get(template_id).cloned().expect("template VM in the sim state");
+            s.vms.remove(template_id);
+            let mut ids = Vec::with_capacity(n);
+            for i in 0..n {
+                let mut e = template.clone();
+                let id = cocoon_sim::util::new_id();
+                e.vm.id = id.clone();
+                e.vm.config.name = format!("vm-p-{i}");
+                let k = i as u32 + 10;
+                for nic in &mut e.vm.network_configs {
+                    if let Some(net) = nic.network.as_mut() {
+                        net.ip = format!("10.89.{}.{}", k / 250, k % 250 + 2);
+                    }
+                }
+                e.seq = s.next_seq();
+                e.vm.pid = 300_000 + i as i64;
+                s.vms.insert(id.clone(), e);
+                ids.push(id);
+            }
+            Ok(ids)
+        })
+        .unwrap()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    locate_sim();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(run());
+}
+
+async fn run() {
+    let n_pods = env_usize("BENCH_PODS", 1000);
+    let n_creates = env_usize("BENCH_CREATES", 200);
+    let (hwm_start, rss_start) = rss();
+
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let template = env
+        .runtime
+        .clone_vm(&CloneSpec {
+            name: Some("template".into()),
+            network: None,
+            no_direct_io: false,
+            pull: true,
+            restore_mode: None,
+            nics: None,
+            cpu_policy: Default::default(),
+            backend: Default::default(),
+            source: CloneSource::Snapshot("base".into()),
+        })
+        .await
+        .unwrap();
+
+    // ---- seeding -----------------------------------------------------------------------------
+    let t = Instant::now();
+    let ids = seed_vms(&env, &template.id, n_pods);
+    let seed_vms_time = t.elapsed();
+    let t = Instant::now();
+    for (i, id) in ids.iter().enumerate() {
+        let name = format!("p-{i}");
+        create(
+            &env,
+            &managed(&name, &format!("vm-{name}"), &[("cocoonset.cocoonstack.io/image", "base"), ("vm.cocoonstack.io/id", id), ("vm.cocoonstack.io/lifecycle-state", "ready")]),
+        )
+        .await;
+    }
+    let seed_pods_time = t.elapsed();
+    println!("seeded {n_pods} VMs in {:.0} ms (one state update) and {n_pods} pods in {:.0} ms", ms(seed_vms_time), ms(seed_pods_time));
+
+    let pods_api: Api<Pod> = Api::all(env.server.client());
+    let lp = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+
+    // ---- I/O floor: one vm list, one pod list (warm-up first, then the best of 3) ------------
+    let _ = env.runtime.list().await.unwrap();
+    let _ = pods_api.list(&lp).await.unwrap();
+    let mut vm_list = Duration::MAX;
+    let mut pod_list = Duration::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let vms = env.runtime.list().await.unwrap();
+        vm_list = vm_list.min(t.elapsed());
+        assert_eq!(vms.len(), n_pods);
+        let t = Instant::now();
+        let pods = pods_api.list(&lp).await.unwrap();
+        pod_list = pod_list.min(t.elapsed());
+        assert_eq!(pods.items.len(), n_pods);
+    }
+
+    // ---- startup reconcile (as the daemon: prefetch the VM list, list the node's pods, reconcile) --
+    let (hwm_pre_reconcile, _) = rss();
+    let mut runs = Vec::new();
+    let mut last: Option<(Arc<CocoonProvider>, Arc<TimedRuntime>)> = None;
+    for _ in 0..3 {
+        let timed = Arc::new(TimedRuntime::new(env.runtime.clone()));
+        let p = provider(&env, timed.clone());
+        let t = Instant::now();
+        p.prefetch_vms();
+        let pods = pods_api.list(&lp).await.unwrap().items;
+        let t_listed = t.elapsed();
+        let t2 = Instant::now();
+        p.reconcile(&pods).await.unwrap();
+        let reconcile_only = t2.elapsed();
+        let total = t.elapsed();
+        assert_eq!(p.state().vm_count(), n_pods, "every VM adopted");
+        runs.push((total, t_listed, reconcile_only, timed.spent(), timed.n_calls()));
+        last = Some((p, timed));
+    }
+    drop(last);
+    let (hwm_post_reconcile, rss_post_reconcile) = rss();
+    runs.sort_by_key(|r| r.0);
+    let (rec_total, rec_podlist, rec_only, rec_cocoon, rec_calls) = runs[runs.len() / 2];
+    let floor = vm_list.max(pod_list);
+
+    // ---- CreatePod overhead (clone mode, sequential) -----------------------------------------
+    let timed = Arc::new(TimedRuntime::new(env.runtime.clone()));
+    let p = provider(&env, timed.clone());
+    p.reconcile(&pods_api.list(&lp).await.unwrap().items).await.unwrap();
+    let mut new_pods = Vec::with_capacity(n_creates);
+    for i in 0..n_creates {
+        let name = format!("c-{i}");
+        new_pods.push(create(&env, &managed(&name, &format!("vm-{name}"), &[("cocoonset.cocoonstack.io/image", "base")])).await);
+    }
+    // Warm-up: one create not counted (first policy instantiations, connection pool).
+    let warm = create(&env, &managed("c-warm", "vm-c-warm", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    p.create_pod(&warm).await.unwrap();
+    timed.reset();
+    let mut per_pod_overhead = Vec::with_capacity(n_creates);
+    let t = Instant::now();
+    for pod in &new_pods {
+        let before = timed.spent();
+        let t1 = Instant::now();
+        p.create_pod(pod).await.unwrap();
+        let wall = t1.elapsed();
+        per_pod_overhead.push(wall.saturating_sub(timed.spent() - before));
+    }
+    let create_wall = t.elapsed();
+    let create_cocoon = timed.spent();
+    let create_calls = timed.n_calls();
+    let clones = timed.clones.load(Ordering::SeqCst);
+    assert_eq!(clones as usize, n_creates, "every create cloned");
+    per_pod_overhead.sort();
+    let pct = |q: f64| per_pod_overhead[((per_pod_overhead.len() - 1) as f64 * q).round() as usize];
+    let (hwm_end, rss_end) = rss();
+
+    // ---- table ------------------------------------------------------------------------------
+    let n = n_pods as f64;
+    println!();
+    println!("== startup reconcile: {n_pods} pods / {n_pods} VMs (median of 3 runs, fresh provider each) ==");
+    println!("{:<52} {:>12} {:>14}", "", "total ms", "per pod µs");
+    let row = |label: &str, d: Duration| println!("{:<52} {:>12.1} {:>14.1}", label, ms(d), d.as_secs_f64() * 1e6 / n);
+    row("I/O floor: one `cocoon vm list` (best of 3)", vm_list);
+    row("I/O floor: one pod list from the apiserver (best of 3)", pod_list);
+    row("startup total (prefetch ∥ pod list, then reconcile)", rec_total);
+    row("  of which pod list", rec_podlist);
+    row("  of which reconcile() after the pod list", rec_only);
+    row("  time inside cocoon CLI during the startup", rec_cocoon);
+    row("startup total minus floor (max of the two lists)", rec_total.saturating_sub(floor));
+    println!("{:<52} {:>12.2}", "ratio startup total / floor", rec_total.as_secs_f64() / floor.as_secs_f64());
+    println!("{:<52} {:>12}", "cocoon calls during the startup", rec_calls);
+    println!();
+    println!("== CreatePod, clone mode, {n_creates} sequential creates ==");
+    println!("{:<52} {:>12} {:>14}", "", "total ms", "per pod ms");
+    let m = n_creates as f64;
+    let row = |label: &str, d: Duration| println!("{:<52} {:>12.1} {:>14.2}", label, ms(d), ms(d) / m);
+    row("wall time", create_wall);
+    row("inside cocoon CLI (sum of call wall times)", create_cocoon);
+    row("overhead = wall - cocoon", create_wall.saturating_sub(create_cocoon));
+    println!("{:<52} {:>12} {:>14.1}", "cocoon calls", create_calls, create_calls as f64 / m);
+    println!("{:<52} {:>12} {:>14.2}", "overhead per pod p50 / p90 / max (ms)", "", ms(pct(0.5)));
+    println!("{:<52} {:>12} {:>14.2}", "", "p90", ms(pct(0.9)));
+    println!("{:<52} {:>12} {:>14.2}", "", "max", ms(pct(1.0)));
+    println!();
+    println!("== RSS of this process (daemon side: provider + client; apiserver and its store share it) ==");
+    println!("{:<52} {:>10} {:>10}", "", "VmHWM MiB", "VmRSS MiB");
+    println!("{:<52} {:>10.1} {:>10.1}", "start", hwm_start, rss_start);
+    println!("{:<52} {:>10.1} {:>10}", "after seeding, before the reconcile", hwm_pre_reconcile, "");
+    println!("{:<52} {:>10.1} {:>10.1}", "after 3 reconciles", hwm_post_reconcile, rss_post_reconcile);
+    println!("{:<52} {:>10.1} {:>10.1}", "end (after the creates)", hwm_end, rss_end);
+}
