@@ -222,3 +222,15 @@ fn more_concurrent_decisions_than_the_pool_holds_wait_instead_of_failing() {
         assert!(t.join().unwrap(), "every decision succeeded despite a pool of two instances");
     }
 }
+
+#[test]
+fn every_decision_gets_a_fresh_instance() {
+    let engine = engine();
+    let policies = Policies::with_defaults(engine.clone(), None, PolicyMetrics::unregistered()).unwrap();
+    policies.install(load(&engine, Slot::CpuClassAdmission, "counter.wasm", hostile::CALL_COUNTER).unwrap());
+    for round in 0..20 {
+        // The guest counts its decisions in instance state: a reused instance would say 2.
+        let SlotDecision::CpuClassAdmission(d) = policies.decide(&matching_pod()) else { unreachable!() };
+        assert_eq!(d.message, "decision 1 of this instance", "round {round}");
+    }
+}

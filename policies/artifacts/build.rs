@@ -20,13 +20,14 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("RESOURCE_TRANSLATION", "resource-translation-policy"),
 ];
 
-/// (constant name, package) of each hostile test guest.
+/// (constant name, package) of each test guest (hostile ones, and a call counter).
 const HOSTILE: &[(&str, &str)] = &[
     ("SPIN_FOREVER", "hostile-spin-forever"),
     ("MEMORY_BOMB", "hostile-memory-bomb"),
     ("TRAPPER", "hostile-trapper"),
     ("WRONG_SIGNATURE", "hostile-wrong-signature"),
     ("WASI_IMPORTER", "hostile-wasi-importer"),
+    ("CALL_COUNTER", "hostile-call-counter"),
 ];
 
 const TARGET: &str = "wasm32-wasip2";
