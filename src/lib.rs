@@ -5,6 +5,7 @@
 //! - [`runtime`]: the typed async client for the `cocoon` CLI.
 //! - [`kubelet`]: the virtual node towards the Kubernetes API (node, lease, pod watch, status).
 
+pub mod backoff;
 pub mod kubelet;
 pub mod model;
 pub mod policy;

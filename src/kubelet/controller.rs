@@ -1,7 +1,7 @@
 //! The thin I/O driver of the pod controller: pumps the pod watch into the sans-I/O core
 //! ([`super::pods`]) and executes its actions on a bounded worker pool.
 
-use super::backoff::Exponential;
+use crate::backoff::Exponential;
 use super::config::Timings;
 use super::events::EventSink;
 use super::pods::{Action, CoreConfig, Input, OpKind, OpOutcome, PodKey, PodState, Rejection, pod_key};

@@ -1,7 +1,7 @@
 //! The node heartbeat Lease (`coordination.k8s.io/v1`, namespace `kube-node-lease`), renewed
 //! every `Timings::lease_renew` with `Timings::lease_duration` — virtual-kubelet's lease controller.
 
-use super::backoff;
+use crate::backoff;
 use super::config::Timings;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;

@@ -11,7 +11,6 @@
 //! Startup order ([`VirtualNode::run`]): list this node's pods → [`Provider::reconcile`] (an error
 //! is fatal: the node never registers) → register the node → lease + status loops → pod watch.
 
-pub mod backoff;
 pub mod capacity;
 pub mod config;
 mod controller;

@@ -10,7 +10,7 @@
 //! * a new incarnation under the same name waits until the old one is fully deleted;
 //! * transient failures retry with exponential backoff; a rejection publishes Failed once.
 
-use super::backoff;
+use crate::backoff;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};

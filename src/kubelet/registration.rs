@@ -1,7 +1,7 @@
 //! Node registration and status refresh (I/O): create the Node or merge our fields into the
 //! existing one, then patch its status; refresh the status (heartbeat) periodically.
 
-use super::backoff;
+use crate::backoff;
 use super::config::KubeletConfig;
 use super::node::{NodeResources, build_node, merge_into_existing, node_status};
 use k8s_openapi::api::core::v1::Node;

@@ -114,13 +114,12 @@ pub fn classify(media_type: Option<&str>, artifact_type: Option<&str>, config_me
     }
 }
 
-/// Splits a registry-relative `repo[:tag]` at the first `:` (ociutil.ParseRef); the tag defaults to `latest`.
+/// Splits a registry-relative `repo[:tag]` with the shared `ParseRef` rule; an empty tag
+/// (`repo:`) means `latest`, since a registry has no empty tag.
 pub fn parse_ref(reference: &str) -> (String, String) {
-    match reference.split_once(':') {
-        Some((r, t)) if !t.is_empty() => (r.to_string(), t.to_string()),
-        Some((r, _)) => (r.to_string(), "latest".to_string()),
-        None => (reference.to_string(), "latest".to_string()),
-    }
+    let (repo, tag) = vk_policy_support::naming::parse_ref(reference);
+    let tag = if tag.is_empty() { vk_policy_support::naming::DEFAULT_SNAPSHOT_TAG } else { tag };
+    (repo.to_string(), tag.to_string())
 }
 
 #[cfg(test)]

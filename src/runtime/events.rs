@@ -5,6 +5,7 @@
 //! exponential backoff (`initial` doubling to `max`); the backoff resets once a connection has delivered a
 //! line (a good start). After a clean end (exit 0) it reconnects after `after_clean_end`.
 
+use crate::backoff::Exponential;
 use super::errors::RuntimeError;
 use super::parse::{decode_event_line, VmEvent};
 use futures::future::BoxFuture;
@@ -29,25 +30,24 @@ impl Default for WatchBackoff {
     }
 }
 
-/// Pure backoff state: `initial`, doubling, capped at `max`; `reset` after a good start.
+/// Backoff state of the event stream: `initial`, doubling, capped at `max`; `reset` after a
+/// good start; a fixed delay after a clean end.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     cfg: WatchBackoff,
-    next: Duration,
+    failures: Exponential,
 }
 
 impl Backoff {
     pub fn new(cfg: WatchBackoff) -> Self {
-        Backoff { cfg, next: cfg.initial }
+        Backoff { cfg, failures: Exponential::new(cfg.initial, cfg.max) }
     }
     /// The delay before the next attempt after a failure; doubles the following one.
     pub fn on_failure(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.cfg.max);
-        d
+        self.failures.next().unwrap_or(self.cfg.max)
     }
     pub fn reset(&mut self) {
-        self.next = self.cfg.initial;
+        kube::runtime::utils::Backoff::reset(&mut self.failures);
     }
     pub fn clean_end(&self) -> Duration {
         self.cfg.after_clean_end

@@ -1,5 +1,5 @@
-//! Exponential backoff without jitter: pure delay computation, and an iterator usable as
-//! kube-runtime's watcher `Backoff`.
+//! Exponential backoff without jitter, shared by every retry loop of the daemon: pure delay
+//! computation, and an iterator usable as kube-runtime's watcher `Backoff`.
 
 use std::time::Duration;
 
