@@ -19,6 +19,15 @@ pub const RESTORE_FROM_HIBERNATE: &str = "vm.cocoonstack.io/restore-from-hiberna
 pub const VM_ID: &str = "vm.cocoonstack.io/id";
 pub const IP: &str = "vm.cocoonstack.io/ip";
 pub const VNC_PORT: &str = "vm.cocoonstack.io/vnc-port";
+pub const HIBERNATE: &str = "vm.cocoonstack.io/hibernate";
+pub const KEEP_SNAPSHOT_ON_DELETE: &str = "vm.cocoonstack.io/keep-snapshot-on-delete";
+/// The CocoonSet generation the operator stamps on the pod.
+pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
+
+// Written by vk-cocoon: its lifecycle intent (behaviour spec §3.8).
+pub const LIFECYCLE_STATE: &str = "vm.cocoonstack.io/lifecycle-state";
+pub const LIFECYCLE_OBSERVED_GENERATION: &str = "vm.cocoonstack.io/lifecycle-observed-generation";
+pub const LIFECYCLE_MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
 
 /// Node-selector key pinning a pod's snapshot CPU class.
 pub const SNAPSHOT_CPU_CLASS: &str = "cocoonstack.io/snapshot-cpu-class";

@@ -14,7 +14,7 @@ use crate::policy::decision::SnapshotOutcome;
 use crate::policy::facts::SnapshotFacts;
 use crate::runtime::VmState;
 
-pub const KEEP_SNAPSHOT_ON_DELETE: &str = "vm.cocoonstack.io/keep-snapshot-on-delete";
+pub use crate::model::annotations::KEEP_SNAPSHOT_ON_DELETE;
 
 pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
     let facts = PodFacts::from_pod(pod);

@@ -4,12 +4,11 @@
 
 use std::collections::BTreeMap;
 
-/// Annotation keys vk writes.
-pub const STATE: &str = "vm.cocoonstack.io/lifecycle-state";
-pub const OBSERVED_GENERATION: &str = "vm.cocoonstack.io/lifecycle-observed-generation";
-pub const MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
-/// The CocoonSet generation the operator stamps on the pod.
-pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
+/// Annotation keys vk writes, and the CocoonSet generation the operator stamps on the pod.
+pub use crate::model::annotations::{
+    GENERATION, LIFECYCLE_MESSAGE as MESSAGE, LIFECYCLE_OBSERVED_GENERATION as OBSERVED_GENERATION,
+    LIFECYCLE_STATE as STATE,
+};
 
 /// Longest lifecycle message (bytes).
 pub const MAX_MESSAGE: usize = 4096;

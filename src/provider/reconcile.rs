@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
 
-pub const HIBERNATE: &str = "vm.cocoonstack.io/hibernate";
+pub use crate::model::annotations::HIBERNATE;
 
 /// What happens to a VM no pod claims (§4g).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
