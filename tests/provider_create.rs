@@ -243,8 +243,9 @@ async fn an_existing_vm_is_adopted_not_booted_twice() {
     create(&env, &managed("agent-1", "vm-a", &[("cocoonset.cocoonstack.io/image", "base")])).await;
     wait_ready(&env, "agent-1").await;
     assert_eq!(calls(&env, "vm clone").len(), 1, "no second boot");
-    // The restarted node re-delivers agent-0's create (idempotent: adopted) and agent-1's.
-    assert!(d.provider.metrics().lifecycle_count("create", "ok", "adopted") >= 2);
+    // The restarted node re-delivers agent-0's create (idempotent: adopted) and agent-1's; the
+    // two arrive through the watch in either order.
+    eventually(20, "both creates adopted", || d.provider.metrics().lifecycle_count("create", "ok", "adopted") >= 2).await;
     assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-a").count(), 1);
     d.kill().await;
 }
