@@ -18,6 +18,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("BRING_UP", "bring-up-policy"),
     ("CPU_CLASS_ADMISSION", "cpu-class-admission-policy"),
     ("RESOURCE_TRANSLATION", "resource-translation-policy"),
+    ("GUEST_FIXUP", "guest-fixup-policy"),
 ];
 
 /// (constant name, package) of each test guest (hostile ones, and a call counter).

@@ -1,0 +1,179 @@
+//! Default `guest-fixup` policy (behaviour spec §4e, decision 8): after a clone, fork,
+//! clone-from-dir or wake, decide which commands must run in the guest before it is usable.
+//!
+//! A fixup is needed for a Windows guest, a firecracker guest, or any static NIC; a
+//! cloud-hypervisor Linux guest whose NICs all use DHCP heals itself. Unmanaged pods get no
+//! guest work. The kind is `windows` > `linux_fc` > `linux_static`. The Linux script splices in
+//! the VM name and the NICs' MACs and addresses, so they are checked first: a value outside its
+//! safe character set is refused (`unsafe-vm-name`, `unsafe-nic`) rather than quoted, so that a
+//! hostile annotation or record can never become shell text.
+
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+mod safety;
+mod script;
+
+use alloc::format;
+use alloc::string::String;
+
+wit_bindgen::generate!({ world: "guest-fixup-policy", path: "../../wit" });
+
+pub use exports::cocoonstack::vk_policy::guest_fixup::{BootOrigin, Decision, Facts, Fixup, Nic, Outcome};
+// The no_std runtime glue (allocator, panic handler, cabi_realloc) lives in the support crate.
+use vk_policy_support as _;
+
+pub use safety::is_valid_vm_name;
+pub use script::{NetworkConfig, WINDOWS_PS, linux_script};
+
+pub struct Policy;
+
+impl exports::cocoonstack::vk_policy::guest_fixup::Guest for Policy {
+    fn decide(facts: Facts) -> Decision {
+        decide(&facts)
+    }
+}
+
+// Component exports exist only in the wasm build (export names contain `:`, which native
+// linkers reject); natively the crate is a plain library for tests and benchmarks.
+#[cfg(target_arch = "wasm32")]
+export!(Policy);
+
+/// What kind of fixup a guest needs (also its metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Windows,
+    LinuxFc,
+    LinuxStatic,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Windows => "windows",
+            Kind::LinuxFc => "linux_fc",
+            Kind::LinuxStatic => "linux_static",
+        }
+    }
+
+    /// The decision's reason: the label as a kebab-case token.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Kind::Windows => "windows",
+            Kind::LinuxFc => "linux-fc",
+            Kind::LinuxStatic => "linux-static",
+        }
+    }
+}
+
+/// `needed(spec, v)` and the kind, in the spec's precedence; `None` when the guest heals itself.
+pub fn classify(facts: &Facts) -> Option<Kind> {
+    if facts.spec.os == "windows" {
+        Some(Kind::Windows)
+    } else if facts.spec.backend == "firecracker" {
+        Some(Kind::LinuxFc)
+    } else if static_nics(facts) > 0 {
+        Some(Kind::LinuxStatic)
+    } else {
+        None
+    }
+}
+
+pub fn decide(facts: &Facts) -> Decision {
+    let vm = safety::shown(&facts.spec.vm_name);
+    let after = origin_name(facts.origin);
+    if !facts.spec.managed {
+        return none("unmanaged", format!("vm {vm} is not managed by vk-cocoon: guest work after the {after} is the operator's"));
+    }
+    let Some(kind) = classify(facts) else {
+        return none(
+            "not-needed",
+            format!("vm {vm} needs no guest fixup after the {after}: not windows, not firecracker, no static NIC"),
+        );
+    };
+    if kind == Kind::Windows {
+        // The PowerShell command is fixed text: nothing from the facts reaches it.
+        let message = format!("vm {vm} needs a windows fixup after the {after}: re-enable its network devices");
+        return run(kind, script::windows_argv(), script::windows_hint(), message);
+    }
+    linux(facts, kind, &vm, after)
+}
+
+fn linux(facts: &Facts, kind: Kind, vm: &str, after: &str) -> Decision {
+    let name = facts.spec.vm_name.as_str();
+    if !safety::is_valid_vm_name(name) {
+        return refuse(
+            "unsafe-vm-name",
+            format!(
+                "vm name {} does not match cocoon's ^[a-zA-Z0-9][a-zA-Z0-9._-]{{0,62}}$, so it is not written into the guest script; nothing was run: fix the pod's vm.cocoonstack.io/name and recreate it",
+                safety::quoted(name)
+            ),
+        );
+    }
+    if let Some((i, field, value)) = safety::first_unsafe_nic(&facts.nics) {
+        let allowed = if field == "mac" { "a non-empty run of hex digits and ':'" } else { "IPv4 digits and '.'" };
+        return refuse(
+            "unsafe-nic",
+            format!(
+                "NIC {i} (eth{i}) of vm {vm} has an unsafe {field} {}: only {allowed} may be written into the guest script; nothing was run: fix the VM's network record and recreate the pod",
+                safety::quoted(value)
+            ),
+        );
+    }
+    let firecracker = kind == Kind::LinuxFc;
+    let network = if is_cloud_image(facts) { NetworkConfig::CloudInit } else { NetworkConfig::Networkd };
+    let script = linux_script(name, &facts.nics, firecracker, network);
+    let nics = facts.nics.len();
+    let statics = static_nics(facts);
+    let what = match kind {
+        Kind::LinuxFc => format!("firecracker guest with {} ({statics} static), MACs re-applied", count(nics, "NIC")),
+        _ => count(statics, "static NIC"),
+    };
+    let how = match network {
+        NetworkConfig::CloudInit => "cloud-init re-run",
+        NetworkConfig::Networkd => "systemd-networkd config rewritten",
+    };
+    let message = format!("vm {vm} needs a {} fixup after the {after}: {what}, {how}", kind.label());
+    let argv = alloc::vec!["sh".into(), "-c".into(), script.clone()];
+    run(kind, argv, script, message)
+}
+
+fn static_nics(facts: &Facts) -> usize {
+    facts.nics.iter().filter(|nic| !nic.ip.is_empty()).count()
+}
+
+/// A cloud image: the clone source is an http(s) image, or (fork, wake) the VM boots from a
+/// cloud-image overlay.
+fn is_cloud_image(facts: &Facts) -> bool {
+    let source = facts.source_image.as_str();
+    source.starts_with("http://") || source.starts_with("https://") || facts.cloudimg_overlay
+}
+
+fn origin_name(origin: BootOrigin) -> &'static str {
+    match origin {
+        BootOrigin::Clone => "clone",
+        BootOrigin::Fork => "fork",
+        BootOrigin::CloneFromDir => "clone-from-dir",
+        BootOrigin::Wake => "wake",
+    }
+}
+
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+fn run(kind: Kind, argv: alloc::vec::Vec<String>, hint: String, message: String) -> Decision {
+    Decision { outcome: Outcome::Run(Fixup { kind: kind.label().into(), argv, hint }), reason: kind.reason().into(), message }
+}
+
+fn none(reason: &str, message: String) -> Decision {
+    Decision { outcome: Outcome::None, reason: reason.into(), message }
+}
+
+fn refuse(reason: &str, message: String) -> Decision {
+    Decision { outcome: Outcome::Refuse, reason: reason.into(), message }
+}
+
+#[cfg(test)]
+mod tests;
