@@ -33,8 +33,17 @@ pub mod translation {
     });
 }
 
+pub mod guest_fixup {
+    wasmtime::component::bindgen!({
+        world: "guest-fixup-policy",
+        path: "wit",
+        with: { "cocoonstack:vk-policy/types": crate::policy::bindings::snapshot::cocoonstack::vk_policy::types },
+    });
+}
+
 pub use snapshot::cocoonstack::vk_policy::types;
 pub use snapshot::exports::cocoonstack::vk_policy::snapshot_before_destroy as wit_snapshot;
 pub use bring_up::exports::cocoonstack::vk_policy::bring_up as wit_bring_up;
 pub use admission::exports::cocoonstack::vk_policy::cpu_class_admission as wit_admission;
 pub use translation::exports::cocoonstack::vk_policy::resource_translation as wit_translation;
+pub use guest_fixup::exports::cocoonstack::vk_policy::guest_fixup as wit_guest_fixup;

@@ -162,6 +162,16 @@ mod tests {
     }
 
     #[test]
+    fn every_slot_has_a_default_table_for_its_own_slot() {
+        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        for slot in Slot::ALL {
+            let path = policies.join(slot.name()).join(format!("{slot}.cases.yaml"));
+            let table = CaseTable::load(&path).unwrap_or_else(|e| panic!("{slot}: {e}"));
+            assert_eq!(table.slot, slot, "{}", path.display());
+        }
+    }
+
+    #[test]
     fn the_component_beside_a_table_is_found_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let table: CaseTable = serde_yaml_ng::from_str("slot: bring-up\ncases: []").unwrap();

@@ -7,7 +7,7 @@ use std::fmt;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, Linker};
 
-use super::bindings::{admission, bring_up, snapshot, translation};
+use super::bindings::{admission, bring_up, guest_fixup, snapshot, translation};
 use super::cache::{CompileCache, sha256_hex};
 use super::engine::PolicyEngine;
 use super::error::LoadError;
@@ -38,6 +38,7 @@ pub(crate) enum SlotPre {
     BringUp(bring_up::BringUpPolicyPre<Sandbox>),
     CpuClassAdmission(admission::CpuClassAdmissionPolicyPre<Sandbox>),
     ResourceTranslation(translation::ResourceTranslationPolicyPre<Sandbox>),
+    GuestFixup(guest_fixup::GuestFixupPolicyPre<Sandbox>),
 }
 
 /// The component-model layer marker in a binary's header (a core module has version 1).
@@ -159,6 +160,7 @@ fn pre_resolve(engine: &PolicyEngine, component: &Component, slot: Slot) -> wasm
         Slot::ResourceTranslation => {
             SlotPre::ResourceTranslation(translation::ResourceTranslationPolicyPre::new(pre)?)
         }
+        Slot::GuestFixup => SlotPre::GuestFixup(guest_fixup::GuestFixupPolicyPre::new(pre)?),
     })
 }
 
@@ -174,6 +176,7 @@ impl SlotPre {
             SlotPre::BringUp(pre) => pre.instantiate(&mut store).map(drop),
             SlotPre::CpuClassAdmission(pre) => pre.instantiate(&mut store).map(drop),
             SlotPre::ResourceTranslation(pre) => pre.instantiate(&mut store).map(drop),
+            SlotPre::GuestFixup(pre) => pre.instantiate(&mut store).map(drop),
         }
     }
 }

@@ -153,11 +153,13 @@ mod tests {
         let config = PolicyConfig::from_env(env(&[
             ("VK_POLICY_CONFIG", file_str),
             ("VK_POLICY_CPU_CLASS_ADMISSION", "/etc/admit.wasm"),
+            ("VK_POLICY_GUEST_FIXUP", "/etc/fixup.wasm"),
             ("VK_POLICY_MEMORY_MIB", "8"),
         ]))
         .unwrap();
         assert_eq!(config.slots[&Slot::BringUp].path, dir.path().join("bring-up.wasm"));
         assert_eq!(config.slots[&Slot::CpuClassAdmission].path, PathBuf::from("/etc/admit.wasm"));
+        assert_eq!(config.slots[&Slot::GuestFixup].path, PathBuf::from("/etc/fixup.wasm"));
         assert_eq!(config.limits.timeout, Duration::from_millis(20));
         assert_eq!(config.limits.memory_bytes, 8 << 20);
         assert_eq!(config.cache_dir, None);

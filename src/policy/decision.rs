@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::bindings::{wit_admission, wit_bring_up, wit_snapshot, wit_translation};
+use super::bindings::{wit_admission, wit_bring_up, wit_guest_fixup, wit_snapshot, wit_translation};
 use super::facts::SlotFacts;
 use super::slot::Slot;
 
@@ -107,6 +107,29 @@ pub struct GuestResources {
     pub storage_bytes: Option<u64>,
 }
 
+// ---- guest-fixup ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum FixupOutcome {
+    /// Nothing to run in the guest.
+    None,
+    Run { fixup: GuestFixup },
+    /// Run nothing and fail the pod's lifecycle.
+    Refuse,
+}
+
+/// Commands to run in the guest over `cocoon vm exec <vm-id> -- argv...`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct GuestFixup {
+    /// Metric label (`windows`, `linux_fc`, `linux_static` for the default policy).
+    pub kind: String,
+    pub argv: Vec<String>,
+    /// Shell text for an operator, written (base64) to the post-clone hint annotation.
+    pub hint: String,
+}
+
 /// A decision of any slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -115,6 +138,7 @@ pub enum SlotDecision {
     BringUp(Decision<BringUpOutcome>),
     CpuClassAdmission(Decision<Verdict>),
     ResourceTranslation(Decision<TranslationOutcome>),
+    GuestFixup(Decision<FixupOutcome>),
 }
 
 impl SlotDecision {
@@ -124,6 +148,7 @@ impl SlotDecision {
             SlotDecision::BringUp(_) => Slot::BringUp,
             SlotDecision::CpuClassAdmission(_) => Slot::CpuClassAdmission,
             SlotDecision::ResourceTranslation(_) => Slot::ResourceTranslation,
+            SlotDecision::GuestFixup(_) => Slot::GuestFixup,
         }
     }
 
@@ -133,6 +158,7 @@ impl SlotDecision {
             SlotDecision::BringUp(d) => &d.reason,
             SlotDecision::CpuClassAdmission(d) => &d.reason,
             SlotDecision::ResourceTranslation(d) => &d.reason,
+            SlotDecision::GuestFixup(d) => &d.reason,
         }
     }
 
@@ -141,8 +167,9 @@ impl SlotDecision {
     }
 
     /// The decision the host takes when the policy for `facts`' slot failed with `error`.
-    /// It is never permissive: admission rejects, bring-up and translation refuse, and
-    /// snapshot-before-destroy preserves state.
+    /// It is never permissive: admission rejects, bring-up and translation refuse,
+    /// snapshot-before-destroy preserves state, and guest-fixup refuses (nothing runs in the
+    /// guest and the pod never becomes Ready).
     pub fn fail_safe(facts: &SlotFacts, error: &str) -> SlotDecision {
         let slot = facts.slot();
         let reason = POLICY_FAILED.to_string();
@@ -173,6 +200,9 @@ impl SlotDecision {
                 message,
                 fail_safe,
             }),
+            SlotFacts::GuestFixup(_) => {
+                SlotDecision::GuestFixup(Decision { outcome: FixupOutcome::Refuse, reason, message, fail_safe })
+            }
         }
     }
 }
@@ -183,16 +213,49 @@ impl SlotDecision {
 const MAX_REASON_LEN: usize = 64;
 /// Longest message accepted (the lifecycle message annotation holds at most 4096 bytes).
 const MAX_MESSAGE_LEN: usize = 4096;
+/// Most bytes a guest fixup's argv may hold in all, and its hint (an annotation value).
+const MAX_ARGV_BYTES: usize = 64 << 10;
+const MAX_HINT_BYTES: usize = 64 << 10;
+
+/// A non-empty token of at most [`MAX_REASON_LEN`] bytes: lower-case ASCII letters, digits, `-`
+/// and any of `extra`.
+fn is_token(text: &str, extra: &[u8]) -> bool {
+    !text.is_empty()
+        && text.len() <= MAX_REASON_LEN
+        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || extra.contains(&b))
+}
+
+/// A fixup the host can exec and label: the argv becomes `cocoon vm exec` arguments (a NUL
+/// cannot pass through exec), the kind a metric label, the hint an annotation.
+fn validate_fixup(fixup: &GuestFixup) -> Result<(), String> {
+    if !is_token(&fixup.kind, b"_") {
+        return Err(format!(
+            "fixup kind {:?} is not a token of [a-z0-9_-] of at most {MAX_REASON_LEN} bytes",
+            fixup.kind
+        ));
+    }
+    if fixup.argv.is_empty() {
+        return Err("a run fixup needs a non-empty argv".into());
+    }
+    if let Some(i) = fixup.argv.iter().position(|arg| arg.contains('\0')) {
+        return Err(format!("fixup argv[{i}] contains a NUL byte"));
+    }
+    let argv_bytes: usize = fixup.argv.iter().map(String::len).sum();
+    if argv_bytes > MAX_ARGV_BYTES {
+        return Err(format!("fixup argv is {argv_bytes} bytes, more than {MAX_ARGV_BYTES}"));
+    }
+    if fixup.hint.len() > MAX_HINT_BYTES {
+        return Err(format!("fixup hint is {} bytes, more than {MAX_HINT_BYTES}", fixup.hint.len()));
+    }
+    Ok(())
+}
 
 impl SlotDecision {
     /// Checks the parts of an answer the host relies on; a policy that breaks them gets the
     /// fail-safe decision instead.
     pub fn validate(&self) -> Result<(), String> {
         let reason = self.reason();
-        let token = !reason.is_empty()
-            && reason.len() <= MAX_REASON_LEN
-            && reason.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !token {
+        if !is_token(reason, b"") {
             return Err(format!("reason {reason:?} is not a lower-kebab-case token of at most {MAX_REASON_LEN} bytes"));
         }
         let message = match self {
@@ -200,6 +263,7 @@ impl SlotDecision {
             SlotDecision::BringUp(d) => &d.message,
             SlotDecision::CpuClassAdmission(d) => &d.message,
             SlotDecision::ResourceTranslation(d) => &d.message,
+            SlotDecision::GuestFixup(d) => &d.message,
         };
         if message.len() > MAX_MESSAGE_LEN {
             return Err(format!("message is {} bytes, more than {MAX_MESSAGE_LEN}", message.len()));
@@ -222,6 +286,7 @@ impl SlotDecision {
                     )),
                 }
             }
+            SlotDecision::GuestFixup(Decision { outcome: FixupOutcome::Run { fixup }, .. }) => validate_fixup(fixup),
             _ => Ok(()),
         }
     }
@@ -327,5 +392,92 @@ impl From<wit_translation::Decision> for SlotDecision {
             },
         };
         SlotDecision::ResourceTranslation(decided(outcome, d.reason, d.message))
+    }
+}
+
+impl From<wit_guest_fixup::Decision> for SlotDecision {
+    fn from(d: wit_guest_fixup::Decision) -> Self {
+        let outcome = match d.outcome {
+            wit_guest_fixup::Outcome::None => FixupOutcome::None,
+            wit_guest_fixup::Outcome::Run(f) => {
+                FixupOutcome::Run { fixup: GuestFixup { kind: f.kind, argv: f.argv, hint: f.hint } }
+            }
+            wit_guest_fixup::Outcome::Refuse => FixupOutcome::Refuse,
+        };
+        SlotDecision::GuestFixup(decided(outcome, d.reason, d.message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{PodFacts, VmSpec};
+    use crate::policy::facts::{BootOrigin, GuestFixupFacts};
+
+    fn fixup_facts() -> SlotFacts {
+        SlotFacts::GuestFixup(GuestFixupFacts {
+            pod: PodFacts::default(),
+            spec: VmSpec::default(),
+            vm_id: "id-1".into(),
+            hypervisor: "cloud-hypervisor".into(),
+            nics: vec![],
+            origin: BootOrigin::Clone,
+            source_image: String::new(),
+            cloudimg_overlay: false,
+        })
+    }
+
+    fn run(kind: &str, argv: &[&str], hint: &str) -> SlotDecision {
+        let fixup = GuestFixup { kind: kind.into(), argv: argv.iter().map(|a| a.to_string()).collect(), hint: hint.into() };
+        SlotDecision::GuestFixup(decided(FixupOutcome::Run { fixup }, "linux-static".into(), "m".into()))
+    }
+
+    #[test]
+    fn a_failed_guest_fixup_policy_runs_nothing_and_says_why() {
+        let SlotDecision::GuestFixup(d) = SlotDecision::fail_safe(&fixup_facts(), "policy guest-fixup trapped: unreachable")
+        else {
+            panic!("the fail-safe answers for its own slot")
+        };
+        assert_eq!(d.outcome, FixupOutcome::Refuse);
+        assert_eq!(d.reason, POLICY_FAILED);
+        assert!(d.message.contains("never publish Ready"), "{}", d.message);
+        assert_eq!(d.fail_safe.as_deref(), Some("policy guest-fixup trapped: unreachable"));
+    }
+
+    #[test]
+    fn fixups_serialise_like_the_other_outcomes() {
+        let json = run("linux_static", &["sh", "-c", "true"], "true").to_json();
+        assert_eq!(
+            json,
+            serde_json::json!({"outcome": "run", "fixup": {"kind": "linux_static", "argv": ["sh", "-c", "true"], "hint": "true"}, "reason": "linux-static", "message": "m"})
+        );
+        let none = SlotDecision::GuestFixup(decided(FixupOutcome::None, "not-needed".into(), String::new()));
+        assert_eq!(none.to_json()["outcome"], "none");
+    }
+
+    #[test]
+    fn fixups_the_host_cannot_exec_or_label_are_invalid() {
+        assert_eq!(run("linux_fc", &["sh", "-c", "true"], "").validate(), Ok(()));
+        let big = "x".repeat((64 << 10) + 1);
+        let half = "x".repeat(32 << 10);
+        let bad = [
+            (run("", &["sh"], ""), "fixup kind"),
+            (run("Linux", &["sh"], ""), "fixup kind"),
+            (run("linux static", &["sh"], ""), "fixup kind"),
+            (run(&"k".repeat(65), &["sh"], ""), "fixup kind"),
+            (run("linux_fc", &[], ""), "non-empty argv"),
+            (run("linux_fc", &["sh", "-c", "a\0b"], ""), "argv[2] contains a NUL"),
+            (run("linux_fc", &["sh", &half, &half], ""), "more than 65536"),
+            (run("linux_fc", &["sh"], &big), "hint is 65537 bytes"),
+        ];
+        for (decision, expected) in bad {
+            let error = decision.validate().unwrap_err();
+            assert!(error.contains(expected), "{error} should mention {expected:?}");
+        }
+        let mut bad_reason = run("linux_fc", &["sh"], "");
+        if let SlotDecision::GuestFixup(d) = &mut bad_reason {
+            d.reason = "linux_fc".into();
+        }
+        assert!(bad_reason.validate().unwrap_err().contains("lower-kebab-case"));
     }
 }

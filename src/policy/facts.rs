@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::bindings::{types as wit, wit_admission, wit_bring_up, wit_snapshot, wit_translation};
+use super::bindings::{types as wit, wit_admission, wit_bring_up, wit_guest_fixup, wit_snapshot, wit_translation};
 use super::slot::Slot;
 use crate::model::{PodFacts, VmSpec};
 
@@ -136,6 +136,45 @@ pub struct TranslationFacts {
     pub resources: Option<ContainerResources>,
 }
 
+/// How a VM that may need a guest fixup came up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootOrigin {
+    Clone,
+    Fork,
+    CloneFromDir,
+    Wake,
+}
+
+/// One of the VM's network interfaces, from cocoon's `network_configs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", default, deny_unknown_fields)]
+pub struct GuestNic {
+    /// cocoon's lower-case form.
+    pub mac: String,
+    /// "" when the NIC uses DHCP.
+    pub ip: String,
+    pub gateway: String,
+    pub prefix: u32,
+}
+
+/// Facts for `guest-fixup`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct GuestFixupFacts {
+    pub pod: PodFacts,
+    pub spec: VmSpec,
+    pub vm_id: String,
+    /// What cocoon reports for the VM: `cloud-hypervisor` | `firecracker` | "".
+    pub hypervisor: String,
+    pub nics: Vec<GuestNic>,
+    pub origin: BootOrigin,
+    /// The clone source snapshot's base image; "" for fork and wake.
+    pub source_image: String,
+    /// `<COCOON_ROOT_DIR>/run/cloudhypervisor/<vm-id>/overlay.qcow2` exists.
+    pub cloudimg_overlay: bool,
+}
+
 /// The facts of one decision, whichever slot it is for.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
@@ -144,6 +183,7 @@ pub enum SlotFacts {
     BringUp(BringUpFacts),
     CpuClassAdmission(AdmissionFacts),
     ResourceTranslation(TranslationFacts),
+    GuestFixup(GuestFixupFacts),
 }
 
 impl SlotFacts {
@@ -153,6 +193,7 @@ impl SlotFacts {
             SlotFacts::BringUp(_) => Slot::BringUp,
             SlotFacts::CpuClassAdmission(_) => Slot::CpuClassAdmission,
             SlotFacts::ResourceTranslation(_) => Slot::ResourceTranslation,
+            SlotFacts::GuestFixup(_) => Slot::GuestFixup,
         }
     }
 }
@@ -283,6 +324,35 @@ impl TranslationFacts {
                 requests: pairs(&r.requests),
                 limits: pairs(&r.limits),
             }),
+        }
+    }
+}
+
+impl GuestFixupFacts {
+    pub(crate) fn to_wit(&self) -> wit_guest_fixup::Facts {
+        wit_guest_fixup::Facts {
+            pod: wit_pod(&self.pod),
+            spec: wit_spec(&self.spec),
+            vm_id: self.vm_id.clone(),
+            hypervisor: self.hypervisor.clone(),
+            nics: self
+                .nics
+                .iter()
+                .map(|n| wit_guest_fixup::Nic {
+                    mac: n.mac.clone(),
+                    ip: n.ip.clone(),
+                    gateway: n.gateway.clone(),
+                    prefix: n.prefix,
+                })
+                .collect(),
+            origin: match self.origin {
+                BootOrigin::Clone => wit_guest_fixup::BootOrigin::Clone,
+                BootOrigin::Fork => wit_guest_fixup::BootOrigin::Fork,
+                BootOrigin::CloneFromDir => wit_guest_fixup::BootOrigin::CloneFromDir,
+                BootOrigin::Wake => wit_guest_fixup::BootOrigin::Wake,
+            },
+            source_image: self.source_image.clone(),
+            cloudimg_overlay: self.cloudimg_overlay,
         }
     }
 }

@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::facts::{
-    AdmissionContext, AdmissionFacts, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, LocalSnapshot,
-    PreassignedRuntime, SlotFacts, SnapshotFacts, TranslationFacts,
+    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts, GuestNic,
+    HibernateEvidence, LocalSnapshot, PreassignedRuntime, SlotFacts, SnapshotFacts, TranslationFacts,
 };
 use super::slot::Slot;
 use crate::model::{PodFacts, VmSpec, first_container_resources};
@@ -71,6 +71,27 @@ struct TranslationHost {
     path: BootPath,
 }
 
+/// Host facts of `guest-fixup`; defaults: a clone with no NICs and no cloud-image overlay, the
+/// VM id from the pod's `vm.cocoonstack.io/id` annotation (the host writes it before any guest
+/// work), and the hypervisor from the pod's backend (cocoon's default, `cloud-hypervisor`, when
+/// unspecified).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct GuestFixupHost {
+    #[serde(default)]
+    vm_id: Option<String>,
+    #[serde(default)]
+    hypervisor: Option<String>,
+    #[serde(default)]
+    nics: Vec<GuestNic>,
+    #[serde(default = "clone_origin")]
+    origin: BootOrigin,
+    #[serde(default)]
+    source_image: String,
+    #[serde(default)]
+    cloudimg_overlay: bool,
+}
+
 fn yes() -> bool {
     true
 }
@@ -88,6 +109,9 @@ fn node() -> String {
 }
 fn clone_path() -> BootPath {
     BootPath::Clone
+}
+fn clone_origin() -> BootOrigin {
+    BootOrigin::Clone
 }
 
 fn parse<T: DeserializeOwned>(what: &str, value: &Value) -> Result<T, String> {
@@ -144,6 +168,24 @@ pub fn facts_for(slot: Slot, input: &DecisionInput) -> Result<SlotFacts, String>
                 path: h.path,
             })
         }
+        Slot::GuestFixup => {
+            let h: GuestFixupHost = parse(&what, host)?;
+            let vm_id = h.vm_id.unwrap_or_else(|| PreassignedRuntime::from_annotations(&pod_facts.annotations).vm_id);
+            let hypervisor = h.hypervisor.unwrap_or_else(|| match spec.backend.as_str() {
+                "" => "cloud-hypervisor".into(),
+                backend => backend.into(),
+            });
+            SlotFacts::GuestFixup(GuestFixupFacts {
+                pod: pod_facts,
+                spec,
+                vm_id,
+                hypervisor,
+                nics: h.nics,
+                origin: h.origin,
+                source_image: h.source_image,
+                cloudimg_overlay: h.cloudimg_overlay,
+            })
+        }
     })
 }
 
@@ -190,6 +232,38 @@ host: {path: run}
     fn unknown_host_facts_are_rejected_by_name() {
         let err = facts_for(Slot::CpuClassAdmission, &input("host: {node-clas: x}")).unwrap_err();
         assert!(err.contains("node-clas"), "{err}");
+    }
+
+    #[test]
+    fn guest_fixup_host_facts_default_from_the_pod_and_parse_nics() {
+        let facts = facts_for(
+            Slot::GuestFixup,
+            &input(
+                r#"
+pod: {metadata: {annotations: {vm.cocoonstack.io/name: vm1, vm.cocoonstack.io/id: id-7, vm.cocoonstack.io/backend: firecracker}}}
+host:
+  origin: clone-from-dir
+  nics: [{mac: "02:fc:00:00:00:01", ip: 10.0.0.2, gateway: 10.0.0.1, prefix: 24}, {mac: "02:fc:00:00:00:02"}]
+"#,
+            ),
+        )
+        .unwrap();
+        let SlotFacts::GuestFixup(f) = facts else { panic!() };
+        assert_eq!((f.vm_id.as_str(), f.hypervisor.as_str()), ("id-7", "firecracker"));
+        assert_eq!(f.origin, BootOrigin::CloneFromDir);
+        assert_eq!(f.nics[0], GuestNic { mac: "02:fc:00:00:00:01".into(), ip: "10.0.0.2".into(), gateway: "10.0.0.1".into(), prefix: 24 });
+        assert_eq!(f.nics[1], GuestNic { mac: "02:fc:00:00:00:02".into(), ..GuestNic::default() }, "a NIC without ip is DHCP");
+        assert_eq!((f.source_image.as_str(), f.cloudimg_overlay), ("", false));
+
+        let SlotFacts::GuestFixup(f) = facts_for(Slot::GuestFixup, &input("host: {vm-id: given}")).unwrap() else { panic!() };
+        assert_eq!((f.vm_id.as_str(), f.hypervisor.as_str(), f.origin), ("given", "cloud-hypervisor", BootOrigin::Clone));
+        assert!(f.nics.is_empty());
+    }
+
+    #[test]
+    fn a_misspelt_nic_field_is_rejected_by_name() {
+        let err = facts_for(Slot::GuestFixup, &input("host: {nics: [{mac: 'aa:bb', adress: 10.0.0.2}]}")).unwrap_err();
+        assert!(err.contains("adress"), "{err}");
     }
 
     #[test]

@@ -79,6 +79,10 @@ impl LoadedPolicy {
                 .instantiate(&mut store)
                 .and_then(|p| p.cocoonstack_vk_policy_resource_translation().call_decide(&mut store, &f.to_wit()))
                 .map(SlotDecision::from),
+            (SlotPre::GuestFixup(pre), SlotFacts::GuestFixup(f)) => pre
+                .instantiate(&mut store)
+                .and_then(|p| p.cocoonstack_vk_policy_guest_fixup().call_decide(&mut store, &f.to_wit()))
+                .map(SlotDecision::from),
             _ => unreachable!("a SlotPre always matches its slot's facts (checked above)"),
         };
         let decision = answer.map_err(|error| classify(slot, &store, &limits, error))?;

@@ -9,19 +9,19 @@ use arc_swap::ArcSwap;
 use tracing::{info, warn};
 
 use super::cache::CompileCache;
-use super::decision::{BringUpOutcome, Decision, SlotDecision, SnapshotOutcome, TranslationOutcome, Verdict};
+use super::decision::{BringUpOutcome, Decision, FixupOutcome, SlotDecision, SnapshotOutcome, TranslationOutcome, Verdict};
 use super::engine::PolicyEngine;
 use super::error::{DecisionError, LoadError};
-use super::facts::{AdmissionFacts, BringUpFacts, SlotFacts, SnapshotFacts, TranslationFacts};
+use super::facts::{AdmissionFacts, BringUpFacts, GuestFixupFacts, SlotFacts, SnapshotFacts, TranslationFacts};
 use super::loaded::LoadedPolicy;
 use super::metrics::PolicyMetrics;
 use super::slot::Slot;
 
-/// The four slots' current policies, and the engine they run on.
+/// Every slot's current policy, and the engine they run on.
 pub struct Policies {
     engine: PolicyEngine,
     cache: Option<CompileCache>,
-    slots: [ArcSwap<LoadedPolicy>; 4],
+    slots: [ArcSwap<LoadedPolicy>; Slot::ALL.len()],
     metrics: PolicyMetrics,
 }
 
@@ -33,7 +33,7 @@ impl Policies {
     /// Every slot on its built-in default.
     pub fn with_defaults(engine: PolicyEngine, cache: Option<CompileCache>, metrics: PolicyMetrics) -> Result<Self, LoadError> {
         let load = |slot| LoadedPolicy::builtin(&engine, cache.as_ref(), slot).map(ArcSwap::from_pointee);
-        let slots = [load(Slot::ALL[0])?, load(Slot::ALL[1])?, load(Slot::ALL[2])?, load(Slot::ALL[3])?];
+        let slots = [load(Slot::ALL[0])?, load(Slot::ALL[1])?, load(Slot::ALL[2])?, load(Slot::ALL[3])?, load(Slot::ALL[4])?];
         for slot in Slot::ALL {
             metrics.set_active(slot, slots[index(slot)].load().digest());
         }
@@ -121,6 +121,13 @@ impl Policies {
         match self.decide(&SlotFacts::ResourceTranslation(facts)) {
             SlotDecision::ResourceTranslation(d) => d,
             other => unreachable!("resource-translation answered as {}", other.slot()),
+        }
+    }
+
+    pub fn guest_fixup(&self, facts: GuestFixupFacts) -> Decision<FixupOutcome> {
+        match self.decide(&SlotFacts::GuestFixup(facts)) {
+            SlotDecision::GuestFixup(d) => d,
+            other => unreachable!("guest-fixup answered as {}", other.slot()),
         }
     }
 }

@@ -16,10 +16,12 @@ pub enum Slot {
     BringUp,
     CpuClassAdmission,
     ResourceTranslation,
+    GuestFixup,
 }
 
 impl Slot {
-    pub const ALL: [Slot; 4] = [Slot::SnapshotBeforeDestroy, Slot::BringUp, Slot::CpuClassAdmission, Slot::ResourceTranslation];
+    pub const ALL: [Slot; 5] =
+        [Slot::SnapshotBeforeDestroy, Slot::BringUp, Slot::CpuClassAdmission, Slot::ResourceTranslation, Slot::GuestFixup];
 
     /// The slot's name, which is also its WIT interface name.
     pub fn name(self) -> &'static str {
@@ -28,6 +30,7 @@ impl Slot {
             Slot::BringUp => "bring-up",
             Slot::CpuClassAdmission => "cpu-class-admission",
             Slot::ResourceTranslation => "resource-translation",
+            Slot::GuestFixup => "guest-fixup",
         }
     }
 
@@ -49,6 +52,7 @@ impl Slot {
             Slot::BringUp => "refuse the bring-up: no VM boots",
             Slot::CpuClassAdmission => "reject the pod (at startup: the node does not register)",
             Slot::ResourceTranslation => "refuse the bring-up rather than boot with guessed limits",
+            Slot::GuestFixup => "run nothing in the guest, mark the lifecycle failed and never publish Ready (the pod stays Running / Not Ready)",
         }
     }
 
@@ -60,6 +64,7 @@ impl Slot {
             Slot::BringUp => defaults::BRING_UP,
             Slot::CpuClassAdmission => defaults::CPU_CLASS_ADMISSION,
             Slot::ResourceTranslation => defaults::RESOURCE_TRANSLATION,
+            Slot::GuestFixup => defaults::GUEST_FIXUP,
         }
     }
 
@@ -96,12 +101,15 @@ mod tests {
             assert_eq!(slot.name().parse::<Slot>(), Ok(slot));
         }
         let err = "bringup".parse::<Slot>().unwrap_err();
-        assert!(err.contains("bring-up") && err.contains("resource-translation"), "{err}");
+        assert!(err.contains("bring-up") && err.contains("guest-fixup"), "{err}");
     }
 
     #[test]
     fn export_names_and_env_vars() {
         assert_eq!(Slot::BringUp.export_name(), "cocoonstack:vk-policy/bring-up@0.1.0");
         assert_eq!(Slot::CpuClassAdmission.env_var(), "VK_POLICY_CPU_CLASS_ADMISSION");
+        assert_eq!(Slot::GuestFixup.export_name(), "cocoonstack:vk-policy/guest-fixup@0.1.0");
+        assert_eq!(Slot::GuestFixup.world(), "guest-fixup-policy");
+        assert_eq!(Slot::GuestFixup.env_var(), "VK_POLICY_GUEST_FIXUP");
     }
 }
