@@ -30,8 +30,8 @@ fn the_default_tables_pass_and_the_report_ends_with_the_counts() {
     let last = text.lines().last().unwrap();
     let (passed, rest) = last.split_once(" passed, ").expect("N passed, N failed");
     assert_eq!(rest, "0 failed");
-    assert!(passed.parse::<u32>().unwrap() >= 90, "{last}");
-    for slot in ["snapshot-before-destroy", "bring-up", "cpu-class-admission", "resource-translation"] {
+    assert!(passed.parse::<u32>().unwrap() >= 110, "{last}");
+    for slot in vk_cocoon::policy::Slot::ALL {
         assert!(text.contains(&format!("slot {slot} on the built-in {slot} policy")), "{slot} table ran:\n{text}");
     }
 }
@@ -100,6 +100,43 @@ host: {path: clone}
     assert_eq!(json["cpu"]["cpu-weight"], 20);
     assert_eq!(json["cpu"]["cpu-quota-us"], 200000);
     assert_eq!(json["reason"], "translated");
+}
+
+#[test]
+fn eval_of_a_guest_fixup_prints_the_argv_to_exec() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("clone.yaml");
+    fs::write(
+        &input,
+        r#"
+pod:
+  metadata: {namespace: ns, name: p, annotations: {vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: "true", cocoonset.cocoonstack.io/os: windows}}
+host: {vm-id: id-1, nics: [{mac: "52:54:00:00:00:01", ip: 10.0.0.2, gateway: 10.0.0.1, prefix: 24}]}
+"#,
+    )
+    .unwrap();
+    let out = vk_cocoon(&["policy", "eval", "--slot", "guest-fixup", "--input", input.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON document");
+    assert_eq!(json["outcome"], "run");
+    assert_eq!(json["reason"], "windows");
+    assert_eq!(json["fixup"]["kind"], "windows");
+    assert_eq!(json["fixup"]["argv"][0], "powershell");
+    assert_eq!(json["fixup"]["argv"].as_array().map(Vec::len), Some(4));
+}
+
+#[test]
+fn every_default_component_checks_as_exactly_its_own_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    for slot in vk_cocoon::policy::Slot::ALL {
+        let path = dir.path().join(format!("{slot}.wasm"));
+        fs::write(&path, slot.default_component()).unwrap();
+        let out = vk_cocoon(&["policy", "check", path.to_str().unwrap()]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{slot}: {}", stderr(&out));
+        assert!(text.contains(&format!("implements slot {slot} (world {slot}-policy)")), "{text}");
+        assert_eq!(text.matches("implements slot").count(), 1, "one slot per default: {text}");
+    }
 }
 
 #[test]

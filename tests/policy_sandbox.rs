@@ -7,7 +7,9 @@ use std::thread;
 use std::time::Duration;
 
 use policy_artifacts::hostile;
-use vk_cocoon::policy::decision::{BringUpOutcome, SlotDecision, TranslationOutcome, Verdict};
+use vk_cocoon::model::{PodFacts, VmSpec};
+use vk_cocoon::policy::decision::{BringUpOutcome, FixupOutcome, SlotDecision, TranslationOutcome, Verdict};
+use vk_cocoon::policy::facts::{BootOrigin, GuestFixupFacts, GuestNic};
 use vk_cocoon::policy::input::{DecisionInput, facts_for};
 use vk_cocoon::policy::{
     DecisionError, LoadError, LoadedPolicy, Origin, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
@@ -100,6 +102,34 @@ fn a_wasi_importing_component_is_refused_at_load_naming_the_imports() {
 }
 
 #[test]
+fn a_wasi_importing_component_is_refused_for_every_slot() {
+    let engine = engine();
+    for slot in Slot::ALL {
+        match load(&engine, slot, "wasi.wasm", hostile::WASI_IMPORTER) {
+            Err(LoadError::ForbiddenImports { .. }) => {}
+            Err(other) => panic!("{slot}: expected ForbiddenImports, got {other}"),
+            Ok(_) => panic!("{slot}: a WASI component was accepted"),
+        }
+    }
+}
+
+#[test]
+fn each_default_serves_only_its_own_slot() {
+    let engine = engine();
+    for own in Slot::ALL {
+        for slot in Slot::ALL {
+            let loaded = load(&engine, slot, "default.wasm", own.default_component());
+            match (own == slot, loaded) {
+                (true, Ok(policy)) => assert_eq!(policy.slot(), slot),
+                (false, Err(LoadError::WrongWorld { expected, .. })) => assert_eq!(expected, slot.export_name()),
+                (true, Err(error)) => panic!("the {own} default does not load for its slot: {error}"),
+                (false, other) => panic!("the {own} default loaded as {slot} or failed oddly: {:?}", other.err()),
+            }
+        }
+    }
+}
+
+#[test]
 fn a_wrong_signature_is_refused_at_load_not_at_the_first_decision() {
     let engine = engine();
     let Err(error) = load(&engine, Slot::CpuClassAdmission, "wrong.wasm", hostile::WRONG_SIGNATURE) else {
@@ -171,6 +201,72 @@ fn failed_decisions_take_the_non_permissive_fail_safe_and_are_counted() {
     assert_eq!(metrics.failures(Slot::BringUp, "trap"), 1);
     assert_eq!(metrics.failures(Slot::ResourceTranslation, "out_of_memory"), 1);
     assert_eq!(metrics.decisions(Slot::BringUp, "policy-failed"), 1);
+}
+
+fn fixup_facts(os: &str, backend: &str, nics: Vec<GuestNic>) -> GuestFixupFacts {
+    let annotations = [
+        ("vm.cocoonstack.io/name", "vm1"),
+        ("cocoonset.cocoonstack.io/managed", "true"),
+        ("cocoonset.cocoonstack.io/os", os),
+        ("vm.cocoonstack.io/backend", backend),
+    ];
+    let pod = PodFacts {
+        namespace: "ns".into(),
+        name: "p".into(),
+        annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..PodFacts::default()
+    };
+    let spec = VmSpec::decode(&pod.annotations);
+    GuestFixupFacts {
+        pod,
+        spec,
+        vm_id: "id-1".into(),
+        hypervisor: backend.into(),
+        nics,
+        origin: BootOrigin::Clone,
+        source_image: String::new(),
+        cloudimg_overlay: false,
+    }
+}
+
+/// The i-th NIC of a VM, with a static address.
+fn nic(i: usize) -> GuestNic {
+    GuestNic {
+        mac: format!("02:fc:00:00:{:02x}:{:02x}", i / 256, i % 256),
+        ip: format!("10.0.{}.{}", i / 250, i % 250 + 2),
+        gateway: "10.0.0.1".into(),
+        prefix: 16,
+    }
+}
+
+#[test]
+fn guest_fixups_come_back_typed_through_the_live_policies() {
+    let policies = Policies::with_defaults(engine(), None, PolicyMetrics::unregistered()).unwrap();
+    let d = policies.guest_fixup(fixup_facts("windows", "cloud-hypervisor", vec![nic(0)]));
+    let FixupOutcome::Run { fixup } = &d.outcome else { panic!("a windows clone needs a fixup: {d:?}") };
+    assert_eq!((fixup.kind.as_str(), &fixup.argv[..3]), ("windows", &["powershell", "-nop", "-c"].map(String::from)[..]));
+    assert_eq!(d.fail_safe, None);
+
+    let d = policies.guest_fixup(fixup_facts("", "firecracker", vec![nic(0), GuestNic { ip: String::new(), ..nic(1) }]));
+    let FixupOutcome::Run { fixup } = &d.outcome else { panic!("firecracker needs a fixup: {d:?}") };
+    assert_eq!(fixup.argv[..2], ["sh", "-c"]);
+    assert!(fixup.argv[2].contains("ip link set dev eth1 address 02:fc:00:00:00:01"), "{}", fixup.argv[2]);
+
+    let d = policies.guest_fixup(fixup_facts("", "cloud-hypervisor", vec![GuestNic { ip: String::new(), ..nic(0) }]));
+    assert_eq!((d.outcome, d.reason.as_str()), (FixupOutcome::None, "not-needed"));
+    assert_eq!(policies.metrics().decisions(Slot::GuestFixup, "not-needed"), 1);
+}
+
+#[test]
+fn an_oversized_guest_fixup_is_invalid_and_fails_safe_to_running_nothing() {
+    // Hundreds of NICs make the default's script longer than the host lets through exec.
+    let policies = Policies::with_defaults(engine(), None, PolicyMetrics::unregistered()).unwrap();
+    let d = policies.guest_fixup(fixup_facts("", "firecracker", (0..400).map(nic).collect()));
+    assert_eq!(d.outcome, FixupOutcome::Refuse, "{d:?}");
+    assert_eq!(d.reason, "policy-failed");
+    let why = d.fail_safe.as_deref().unwrap();
+    assert!(why.contains("invalid decision") && why.contains("argv"), "{why}");
+    assert_eq!(policies.metrics().failures(Slot::GuestFixup, "invalid_decision"), 1);
 }
 
 #[test]
