@@ -1,7 +1,7 @@
 //! Policy decision latency: every slot's default policy on the daemon's fresh-instance path
 //! (a new pooled instance per decision, facts converted to WIT and back), beside the same
 //! decision code called natively in the same process; plus the start-up cost of loading all
-//! four slots from the compile cache, beside compiling them from scratch.
+//! five slots from the compile cache, beside compiling them from scratch.
 //!
 //! Run: `cargo bench --bench policy_latency` (release profile). Prints a table; figures are
 //! ratios to the native baseline measured in the same run.
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use vk_cocoon::model::{PodFacts, VmSpec};
 use vk_cocoon::policy::facts::{
-    AdmissionContext, AdmissionFacts, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, PreassignedRuntime,
-    SnapshotFacts, TranslationFacts,
+    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts, GuestNic,
+    HibernateEvidence, PreassignedRuntime, SnapshotFacts, TranslationFacts,
 };
 use vk_cocoon::policy::{CompileCache, LoadedPolicy, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts};
 
@@ -46,6 +46,17 @@ fn pod() -> PodFacts {
     }
 }
 
+/// The guest-fixup row's VM: a firecracker clone with a static and a DHCP NIC, the policy's
+/// longest script (MACs re-applied, one networkd file per NIC).
+const FIXUP_BACKEND: &str = "firecracker";
+
+fn fixup_nics() -> Vec<GuestNic> {
+    vec![
+        GuestNic { mac: "02:fc:00:00:00:01".into(), ip: "10.0.0.2".into(), gateway: "10.0.0.1".into(), prefix: 24 },
+        GuestNic { mac: "02:fc:00:00:00:02".into(), ..GuestNic::default() },
+    ]
+}
+
 fn host_facts(slot: Slot) -> SlotFacts {
     let pod = pod();
     let spec = VmSpec::decode(&pod.annotations);
@@ -77,6 +88,16 @@ fn host_facts(slot: Slot) -> SlotFacts {
                 requests: [("cpu".to_string(), "500m".to_string()), ("memory".to_string(), "2Gi".to_string())].into(),
                 limits: [("cpu".to_string(), "2".to_string())].into(),
             }),
+        }),
+        Slot::GuestFixup => SlotFacts::GuestFixup(GuestFixupFacts {
+            pod,
+            spec: VmSpec { backend: FIXUP_BACKEND.into(), ..spec },
+            vm_id: "fc-0b0d2a4e".into(),
+            hypervisor: FIXUP_BACKEND.into(),
+            nics: fixup_nics(),
+            origin: BootOrigin::Clone,
+            source_image: "agent-base:v3".into(),
+            cloudimg_overlay: false,
         }),
     }
 }
@@ -194,6 +215,24 @@ fn native_decider(slot: Slot) -> Box<dyn Fn() -> usize> {
             };
             Box::new(move || p::decide(black_box(&facts)).message.len())
         }
+        Slot::GuestFixup => {
+            use guest_fixup_policy as p;
+            let spec = VmSpec { backend: FIXUP_BACKEND.into(), ..spec };
+            let facts = p::Facts {
+                pod: native_pod!(p::cocoonstack::vk_policy::types, &pod),
+                spec: native_spec!(p::cocoonstack::vk_policy::types, &spec),
+                vm_id: "fc-0b0d2a4e".into(),
+                hypervisor: FIXUP_BACKEND.into(),
+                nics: fixup_nics()
+                    .into_iter()
+                    .map(|n| p::Nic { mac: n.mac, ip: n.ip, gateway: n.gateway, prefix: n.prefix })
+                    .collect(),
+                origin: p::BootOrigin::Clone,
+                source_image: "agent-base:v3".into(),
+                cloudimg_overlay: false,
+            };
+            Box::new(move || p::decide(black_box(&facts)).message.len())
+        }
     }
 }
 
@@ -268,7 +307,7 @@ fn main() {
     let cold = measure(|| load_all(None), 3);
     let warm = measure(|| load_all(Some(cache.clone())), STARTUP_RUNS);
     println!();
-    println!("start-up: engine + all four slots loaded and validated (median of runs)");
+    println!("start-up: engine + all {} slots loaded and validated (median of runs)", Slot::ALL.len());
     println!("{:<34} {:>10}", "path", "ms");
     println!("{:<34} {:>10}", "compiled from scratch (baseline)", ms(cold.p50));
     println!("{:<34} {:>10}", "from the compile cache", ms(warm.p50));
