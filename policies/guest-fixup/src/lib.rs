@@ -7,6 +7,9 @@
 //! the VM name and the NICs' MACs and addresses, so they are checked first: a value outside its
 //! safe character set is refused (`unsafe-vm-name`, `unsafe-nic`) rather than quoted, so that a
 //! hostile annotation or record can never become shell text.
+//!
+//! As in the spec, firecracker is read from the pod's backend annotation; the `hypervisor` cocoon
+//! reports is passed for custom policies and not consulted here.
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 
