@@ -88,6 +88,10 @@ pub struct Settings {
     /// Bytes of real data in the COW disk (two extents: at 0 and in the middle).
     #[serde(default = "default_cow_data")]
     pub snapshot_cow_data_bytes: u64,
+    /// First two octets of the static NIC addresses (`<subnet>.x.y/16`). Tests use a loopback
+    /// subnet such as `127.88` so a daemon's real TCP and ICMP probes reach "the guest".
+    #[serde(default = "default_subnet")]
+    pub static_subnet: String,
 }
 
 fn default_poll() -> u64 {
@@ -102,6 +106,9 @@ fn default_cow() -> u64 {
 fn default_cow_data() -> u64 {
     128 * 1024
 }
+fn default_subnet() -> String {
+    "10.88".into()
+}
 
 impl Default for Settings {
     fn default() -> Self {
@@ -112,6 +119,7 @@ impl Default for Settings {
             snapshot_memory_bytes: default_memory(),
             snapshot_cow_bytes: default_cow(),
             snapshot_cow_data_bytes: default_cow_data(),
+            static_subnet: default_subnet(),
         }
     }
 }

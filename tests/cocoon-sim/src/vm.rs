@@ -149,7 +149,7 @@ fn size_flag(a: &crate::cli::Args, name: &str, default: u64, min: u64, min_text:
     Ok(v)
 }
 
-fn make_nics(state: &mut State, id: &str, count: i64, network: &str, mac_seed: u64) -> Vec<Nic> {
+fn make_nics(state: &mut State, id: &str, count: i64, network: &str, mac_seed: u64, subnet: &str) -> Vec<Nic> {
     (0..count.max(0))
         .map(|i| {
             let m = mac_seed.wrapping_add(i as u64).to_be_bytes();
@@ -158,7 +158,7 @@ fn make_nics(state: &mut State, id: &str, count: i64, network: &str, mac_seed: u
             } else {
                 state.next_ip += 1;
                 let n = state.next_ip + 1;
-                Some(NicNetwork { ip: format!("10.88.{}.{}", n / 250, n % 250 + 2), gateway: "10.88.0.1".into(), prefix: 16 })
+                Some(NicNetwork { ip: format!("{subnet}.{}.{}", n / 250, n % 250 + 2), gateway: format!("{subnet}.0.1"), prefix: 16 })
             };
             Nic {
                 tap: format!("tap{}-{i}", &id[..8]),
@@ -190,7 +190,7 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
         }
         let id = crate::util::new_id();
         let seq = state.next_seq();
-        let nics = make_nics(state, &id, new.nics, &new.config.network, seed_of(&id));
+        let nics = make_nics(state, &id, new.nics, &new.config.network, seed_of(&id), &ctx.control.settings.static_subnet);
         let backend_dir = if new.hypervisor == "firecracker" { "firecracker" } else { "cloudhypervisor" };
         let vm = Vm {
             id: id.clone(),
@@ -556,7 +556,7 @@ fn net(ctx: &Ctx, a: &crate::cli::Args) -> Res {
             return Err(Fail::new(format!("vm {id}: NIC resize is not supported by firecracker")));
         }
         let (network, have) = (s.vms[&id].vm.config.network.clone(), s.vms[&id].vm.network_configs.len() as i64);
-        let extra = if n > have { make_nics(s, &id, n, &network, seed_of(&id)).split_off(have as usize) } else { Vec::new() };
+        let extra = if n > have { make_nics(s, &id, n, &network, seed_of(&id), &ctx.control.settings.static_subnet).split_off(have as usize) } else { Vec::new() };
         let e = s.vms.get_mut(&id).expect("resolved");
         e.vm.network_configs.truncate(n as usize);
         e.vm.network_configs.extend(extra);
