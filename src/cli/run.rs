@@ -19,6 +19,7 @@ use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
 use vk_cocoon::provider::cocoon_net::{ControlSocket, LeaseFile, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH};
 use vk_cocoon::provider::metrics::{self, ProviderMetrics};
 use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
+use vk_cocoon::provider::probe::NetProber;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
 use vk_cocoon::registry::{Registry, RegistryConfig};
 use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig};
@@ -78,9 +79,10 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         releaser,
         patcher: Arc::new(KubePodPatcher::new(client.clone())),
         events: Arc::new(EventSink::new(client.clone(), &kubelet.node_name)),
+        prober: Arc::new(NetProber::default()),
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
-    let provider = Arc::new(CocoonProvider::new(provider_cfg, ports, policies, provider_metrics));
+    let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics);
     let node = VirtualNode::measured(client, kubelet, provider.clone()).map_err(|e| anyhow!("{e}"))?;
     provider.set_notifier(Arc::new(node.notifier()));
 

@@ -31,6 +31,23 @@ impl Notifier {
     }
 }
 
+/// The last status this controller wrote per pod (key → uid, status): a publish is skipped only
+/// when both the watched object and our own last write already say the same thing, so a
+/// snapshot that lags our last write never hides a change.
+#[derive(Default)]
+struct Written(std::sync::Mutex<std::collections::HashMap<PodKey, (String, ProviderPodStatus)>>);
+
+impl Written {
+    fn unchanged(&self, key: &str, uid: &str, pod: &Pod, status: &ProviderPodStatus) -> bool {
+        let last = self.0.lock().expect("written statuses").get(key).filter(|(u, _)| u == uid).map(|(_, s)| s.clone());
+        super::status::matches(pod.status.as_ref(), status) && last.is_none_or(|l| l == *status)
+    }
+
+    fn record(&self, key: &str, uid: &str, status: &ProviderPodStatus) {
+        self.0.lock().expect("written statuses").insert(key.to_string(), (uid.to_string(), status.clone()));
+    }
+}
+
 /// The pod controller of one node.
 pub(crate) struct PodController<P: Provider> {
     pub client: Client,
@@ -61,6 +78,7 @@ impl<P: Provider> PodController<P> {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut state = PodState::new(CoreConfig { retry_base: self.timings.retry_base, retry_max: self.timings.retry_max });
         let workers = Arc::new(Semaphore::new(self.timings.workers.max(1)));
+        let written = Arc::new(Written::default());
         let pump = self.spawn_watch_pump(shutdown.clone());
         loop {
             tokio::select! {
@@ -68,7 +86,7 @@ impl<P: Provider> PodController<P> {
                 input = self.rx.recv() => {
                     let Some(input) = input else { break };
                     for action in state.on_event(input) {
-                        self.execute(action, &workers, &shutdown);
+                        self.execute(action, &workers, &written, &shutdown);
                     }
                 }
             }
@@ -112,7 +130,7 @@ impl<P: Provider> PodController<P> {
         })
     }
 
-    fn execute(&self, action: Action, workers: &Arc<Semaphore>, shutdown: &CancellationToken) {
+    fn execute(&self, action: Action, workers: &Arc<Semaphore>, written: &Arc<Written>, shutdown: &CancellationToken) {
         match action {
             Action::Record { pod, warning, reason, note } => self.events.record(&pod, warning, &reason, "Sync", note),
             Action::RetryAfter { key, uid, delay } => {
@@ -130,12 +148,13 @@ impl<P: Provider> PodController<P> {
                 let workers = workers.clone();
                 let provider = self.provider.clone();
                 let client = self.client.clone();
+                let written = written.clone();
                 tokio::spawn(async move {
                     let Ok(_permit) = workers.acquire_owned().await else { return };
                     let key = pod_key(&pod);
                     let uid = pod.uid().unwrap_or_default();
                     let span = tracing::info_span!("pod_op", pod = %key, %uid, op = ?op);
-                    let outcome = tracing::Instrument::instrument(run_op(op, &pod, rejection, provider.as_ref(), client), span).await;
+                    let outcome = tracing::Instrument::instrument(run_op(op, &pod, rejection, provider.as_ref(), client, &written), span).await;
                     match &outcome {
                         OpOutcome::Done => tracing::debug!(pod = %key, %uid, ?op, "pod operation done"),
                         OpOutcome::Superseded => tracing::info!(pod = %key, %uid, ?op, "pod incarnation superseded on the apiserver; write dropped"),
@@ -163,7 +182,8 @@ async fn publish(pods: &Api<Pod>, pod: &Pod, status: &ProviderPodStatus) -> Resu
     }
 }
 
-async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>, provider: &P, client: Client) -> OpOutcome {
+async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>, provider: &P, client: Client, written: &Written) -> OpOutcome {
+    let (key, uid) = (pod_key(pod), pod.uid().unwrap_or_default());
     let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
     let rejected = |r: &Rejection| ProviderPodStatus::failed(&r.reason, &r.message);
     match op {
@@ -180,8 +200,15 @@ async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>
                 (Ok(Some(s)), None) => s,
                 (Ok(None), None) => return OpOutcome::Done,
             };
+            // Nothing new: a write would only echo through the watch (an update per patch).
+            if written.unchanged(&key, &uid, pod, &status) {
+                return OpOutcome::Done;
+            }
             match publish(&pods, pod, &status).await {
-                Ok(()) => OpOutcome::Done,
+                Ok(()) => {
+                    written.record(&key, &uid, &status);
+                    OpOutcome::Done
+                }
                 Err(outcome) => outcome,
             }
         }

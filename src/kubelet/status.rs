@@ -95,6 +95,33 @@ pub fn build_pod_status(pod: &Pod, s: &ProviderPodStatus, now: &Time) -> PodStat
     }
 }
 
+/// Whether the stored status already says what `s` says (§3.9 step 4: phase, podIP, the Ready
+/// condition and its message, Initialized, the `agent` container's readiness and state), so
+/// publishing it again would only echo.
+pub fn matches(current: Option<&PodStatus>, s: &ProviderPodStatus) -> bool {
+    let Some(cur) = current else { return false };
+    let condition = |t: &str| cur.conditions.as_ref().and_then(|cs| cs.iter().find(|c| c.type_ == t));
+    let ready_ok = condition("Ready").is_some_and(|c| c.status == if s.ready { "True" } else { "False" } && c.message == s.ready_message);
+    let initialized_ok = condition("Initialized").is_some_and(|c| c.status == "True");
+    let agent = cur.container_statuses.as_ref().and_then(|cs| cs.iter().find(|c| c.name == AGENT_CONTAINER));
+    let agent_ok = agent.is_some_and(|a| {
+        let state = a.state.as_ref();
+        let kind_ok = match &s.agent {
+            AgentState::Running { .. } => state.is_some_and(|st| st.running.is_some()),
+            AgentState::Waiting { reason, .. } => state.and_then(|st| st.waiting.as_ref()).is_some_and(|w| w.reason.as_deref() == Some(reason)),
+            AgentState::Terminated { reason, .. } => state.and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.reason.as_deref() == Some(reason)),
+        };
+        a.ready == s.ready && kind_ok && a.container_id == s.container_id
+    });
+    cur.phase.as_deref() == Some(s.phase.as_str())
+        && cur.pod_ip == s.pod_ip
+        && cur.reason == s.reason
+        && cur.message == s.message
+        && ready_ok
+        && initialized_ok
+        && agent_ok
+}
+
 /// How a conditional write ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WriteOutcome {
@@ -221,6 +248,23 @@ mod tests {
         assert_eq!((term.exit_code, term.reason.as_deref()), (1, Some("SnapshotCPUClassMismatch")));
         let st = build_pod_status(&pod(), &ProviderPodStatus::deleted(), &now);
         assert_eq!(st.phase.as_deref(), Some("Succeeded"));
+    }
+
+    #[test]
+    fn a_published_status_matches_itself_and_not_a_changed_one() {
+        let now = Time(Timestamp::from_second(100).unwrap());
+        let mut p = pod();
+        assert!(!matches(None, &running(true)));
+        p.status = Some(build_pod_status(&p, &running(false), &now));
+        assert!(matches(p.status.as_ref(), &running(false)), "publishing it again would only echo");
+        assert!(!matches(p.status.as_ref(), &running(true)), "a Ready flip is a change");
+        let mut moved = running(false);
+        moved.pod_ip = Some("10.0.0.8".into());
+        assert!(!matches(p.status.as_ref(), &moved), "a new pod IP is a change");
+        let mut msg = running(false);
+        msg.ready_message = Some("tcp probe 22: refused".into());
+        assert!(!matches(p.status.as_ref(), &msg), "a new probe message is a change");
+        assert!(!matches(p.status.as_ref(), &ProviderPodStatus::failed("VMGone", "vm no longer exists")));
     }
 
     #[test]

@@ -24,6 +24,11 @@ pub const KEEP_SNAPSHOT_ON_DELETE: &str = "vm.cocoonstack.io/keep-snapshot-on-de
 /// The CocoonSet generation the operator stamps on the pod.
 pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
 
+// Written by vk-cocoon: guest fixup progress, and its hint when retries are exhausted (§4e).
+pub const POST_CLONE_STATE: &str = "vm.cocoonstack.io/post-clone-state";
+pub const POST_CLONE_HINT: &str = "vm.cocoonstack.io/post-clone-hint";
+pub const POST_CLONE_ERRORS: &str = "vm.cocoonstack.io/post-clone-errors";
+
 // Written by vk-cocoon: its lifecycle intent (behaviour spec §3.8).
 pub const LIFECYCLE_STATE: &str = "vm.cocoonstack.io/lifecycle-state";
 pub const LIFECYCLE_OBSERVED_GENERATION: &str = "vm.cocoonstack.io/lifecycle-observed-generation";

@@ -1,51 +1,48 @@
 //! CreatePod (lifecycle document; behaviour spec §3.2, §4b): decode, admit, claim, adopt or
-//! gather evidence, ask the bring-up policy, execute its plan, resolve the IP, write the runtime
-//! annotations, publish Ready. A failure boots no VM, leaves a Warning Event and lifecycle
-//! `failed` with the message, and drops the provisional row so the retry is a fresh create.
+//! gather evidence, ask the bring-up policy, execute its plan, write the runtime annotations,
+//! then finish the boot (probe; guest fixup and lease wait in the background; Ready only when
+//! the probe and the lifecycle agree). A failure boots no VM, leaves a Warning Event and
+//! lifecycle `failed` with the message, and drops the provisional row so the retry is a fresh
+//! create. A pod that asks to stay hibernated boots nothing.
 
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::ensure::{ensure_base_image, ensure_fork_snapshot, ensure_run_image, ensure_snapshot};
+use super::failure::Failure;
+use super::guest::Finish;
 use super::lifecycle::LifecycleState;
-use super::plan::{self, ArtifactKind, BaseImage};
-use super::ports::CloudImageResult;
+use super::plan;
+use super::reconcile::{OwedFacts, OwedOp};
+use super::wake::restore;
 use super::CocoonProvider;
 use crate::kubelet::ProviderError;
 use crate::model::{first_container_resources, PodFacts, VmSpec};
 use crate::policy::decision::{BringUpOutcome, CloneOptions, GuestResources, Plan, TranslationOutcome};
-use crate::policy::facts::{AdmissionContext, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, PreassignedRuntime, TranslationFacts};
-use crate::runtime::{CloneSource, RunSpec, SnapshotRecord, VmRecord, VmState};
+use crate::policy::facts::{AdmissionContext, BootOrigin, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, PreassignedRuntime, TranslationFacts};
+use crate::runtime::{CloneSource, RunSpec, VmRecord, VmState};
 
-/// Why a create failed: Event reason, message, and whether a retry may succeed.
-#[derive(Debug)]
-pub(super) struct Failure {
-    pub reason: &'static str,
-    pub message: String,
-    pub transient: bool,
+/// The pod a bring-up is for.
+pub(super) struct Ctx<'a> {
+    pub pod: &'a Pod,
+    pub facts: PodFacts,
+    pub spec: VmSpec,
 }
 
-impl Failure {
-    fn transient(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into(), transient: true }
-    }
-    fn permanent(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into(), transient: false }
-    }
+/// A VM that is up, and what it still needs.
+struct BroughtUp {
+    vm: VmRecord,
+    /// Restored from hibernate (a wake through CreatePod).
+    restoring: bool,
+    /// An existing VM was adopted (nothing booted).
+    adopted: bool,
+    finish: Finish,
 }
 
-fn to_provider_error(f: &Failure) -> ProviderError {
-    if f.transient {
-        ProviderError::Transient(format!("{}: {}", f.reason, f.message))
-    } else {
-        ProviderError::Rejected { reason: f.reason.into(), message: f.message.clone() }
-    }
-}
-
-struct Ctx<'a> {
-    pod: &'a Pod,
-    facts: PodFacts,
-    spec: VmSpec,
+/// A fresh clone: the guest-fixup policy decides what runs in it.
+fn fresh(vm: VmRecord, origin: BootOrigin, source_image: String) -> BroughtUp {
+    BroughtUp { vm, restoring: false, adopted: false, finish: Finish::Fixup { origin, source_image } }
 }
 
 pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
@@ -79,9 +76,20 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
             ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message }
         });
     }
+    if p.state.resume_claimed(&key) {
+        return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));
+    }
+
+    // A pod the startup reconcile already tracks with its VM: finish what it is owed.
+    if let Some(vm) = p.state.tracked_as(&key, &uid).and_then(|t| t.vm) {
+        return adopt_tracked(p, pod, &key, &spec, vm).await;
+    }
 
     // 3. Claim the incarnation.
     p.state.track(&key, pod, &spec.vm_name);
+    if spec.managed && plan::hibernate_requested(pod) {
+        return stay_hibernated(p, pod, &key, &spec).await;
+    }
     p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
 
     if spec.managed && spec.os.trim().eq_ignore_ascii_case("macos") {
@@ -91,21 +99,19 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
 
     let ctx = Ctx { pod, facts, spec };
     let started = Instant::now();
-    let (vm, restoring, adopted) = match bring_up(p, &ctx).await {
+    let up = match bring_up(p, &ctx).await {
         Ok(v) => v,
         Err((restoring, f)) => return fail_create(p, &key, pod, restoring, f).await,
     };
     let spec = &ctx.spec;
-    let mode = if restoring || !spec.mode.eq_ignore_ascii_case("run") { "clone" } else { "run" };
-    if !adopted {
+    let mode = if up.restoring || !spec.mode.eq_ignore_ascii_case("run") { "clone" } else { "run" };
+    if !up.adopted {
         p.metrics.vm_boot_duration.with_label_values(&[mode, &spec.backend]).observe(started.elapsed().as_secs_f64());
     }
-    if restoring {
-        p.metrics.wake.with_label_values(&["ok"]).inc();
-    }
 
-    // 5.–6. IP and runtime annotations.
-    let ip = if spec.managed { p.resolve_ip(&vm) } else { vm.primary_ip().unwrap_or_default().to_string() };
+    // 5.–6. IP and runtime annotations, before any guest work.
+    let vm = up.vm;
+    let ip = p.resolve_ip(&vm);
     if !p.state.set_vm(&key, &uid, vm.clone()) {
         tracing::info!(pod = %key, "create finished for a superseded incarnation");
         return Ok(());
@@ -113,9 +119,10 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     if spec.managed {
         p.write_runtime(pod, &key, &vm.id, &ip).await;
     }
-    tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring, "vm up");
-    p.publish_ready(pod, &key).await;
-    p.metrics.lifecycle("create", "ok", if adopted { "adopted" } else { "" });
+    tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, "vm up");
+    // 7. The probe, then Ready now or after the guest work.
+    p.finish_boot(pod, &key, &vm, up.finish, up.restoring).await;
+    p.metrics.lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
     Ok(())
 }
 
@@ -126,12 +133,81 @@ async fn fail_create(p: &CocoonProvider, key: &str, pod: &Pod, restoring: bool, 
     p.fail_op(pod, key, f.reason, "create", &f.message).await;
     p.state.untrack(key, &super::state::uid_of(pod));
     p.notify(key);
-    Err(to_provider_error(&f))
+    Err(f.to_provider_error())
+}
+
+/// CreatePod of a pod the startup reconcile adopted: hibernate it if that is asked, leave guest
+/// work that is already running alone, else finish the boot the way the restart owes it.
+async fn adopt_tracked(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec, vm: VmRecord) -> Result<(), ProviderError> {
+    p.state.refresh(key, pod);
+    if spec.managed && plan::hibernate_requested(pod) {
+        p.hibernate_or_owe(pod, key).await;
+    } else if p.guest_work_running(key) {
+        p.notify(key);
+    } else {
+        let finish = if spec.managed { adopted_finish(p, pod, spec).await } else { Finish::ReadyNow };
+        p.finish_boot(pod, key, &vm, finish, false).await;
+    }
+    p.metrics.lifecycle("create", "ok", "adopted");
+    Ok(())
+}
+
+/// What an adopted VM still needs, from the markers its pod carries (behaviour spec §4h).
+async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let owed = super::reconcile::owed_op(OwedFacts {
+        deleting: false,
+        has_vm: true,
+        annotations: &annotations,
+        drop_nic: plan::drop_nic(spec),
+        cloned: plan::is_cloned_boot(spec),
+    });
+    match owed {
+        OwedOp::PostClone => Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() },
+        OwedOp::ReadyWait => Finish::LeaseWait,
+        OwedOp::ClassifyDropNic => match hibernate_evidence(p, &spec.vm_name).await {
+            HibernateEvidence::Found { .. } => Finish::LeaseWait,
+            _ => Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() },
+        },
+        OwedOp::None | OwedOp::Hibernate | OwedOp::FinishHibernate => Finish::ReadyNow,
+    }
+}
+
+/// CreatePod of a pod asking to be hibernated (`vm.cocoonstack.io/hibernate: "true"`): nothing
+/// boots. With a hibernate snapshot it reports `hibernated`; without one there is nothing to
+/// resume and it says so; when the evidence cannot be read the create retries.
+async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec) -> Result<(), ProviderError> {
+    let uid = super::state::uid_of(pod);
+    let vm = spec.vm_name.as_str();
+    if p.state.intent(key).is_some_and(|i| i.uid == uid && i.state == LifecycleState::Hibernated) {
+        p.state.mark_hibernated(key, &uid);
+        p.notify(key);
+        return Ok(());
+    }
+    match hibernate_evidence(p, vm).await {
+        HibernateEvidence::Found { .. } => {
+            p.state.mark_hibernated(key, &uid);
+            p.set_lifecycle(pod, key, LifecycleState::Hibernated, "").await;
+            p.notify(key);
+            Ok(())
+        }
+        HibernateEvidence::Unavailable { error } => {
+            let f = Failure::transient("HibernateEvidenceUnavailable", format!("hibernate evidence for {vm}: {error}; retrying"));
+            fail_create(p, key, pod, false, f).await
+        }
+        HibernateEvidence::None | HibernateEvidence::NotChecked => {
+            let message = format!(
+                "vm {vm}: hibernate requested but no VM runs here and no hibernate snapshot exists, so there is nothing to resume; clear vm.cocoonstack.io/hibernate to boot it"
+            );
+            p.fail_op(pod, key, "HibernateSnapshotMissing", "create", &message).await;
+            p.notify(key);
+            Ok(())
+        }
+    }
 }
 
 /// Steps 2–3 of the lifecycle document: adopt, or gather facts, decide and execute.
-/// Returns the VM, whether it was a restore, and whether an existing VM was adopted.
-async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, bool), (bool, Failure)> {
+async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool, Failure)> {
     let spec = &ctx.spec;
     let vm_name = spec.vm_name.as_str();
 
@@ -184,13 +260,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, 
     tracing::info!(pod = %ctx.facts.key(), reason = %decision.reason, message = %decision.message, fail_safe = ?decision.fail_safe, "bring-up decision");
     let plan = match decision.outcome {
         BringUpOutcome::Refuse => {
-            let reason = match decision.reason.as_str() {
-                "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" => "HibernateEvidenceUnavailable",
-                "image-conflict" | "source-conflict" => "HibernateSnapshotConflict",
-                "policy-failed" => "BringUpPolicyFailed",
-                "backend-mismatch" => "SnapshotBackendMismatch",
-                _ => "CreateBringUpFailed",
-            };
+            let reason = plan::refusal_event_reason(&decision.reason);
             let f = Failure { reason, message: decision.message, transient: plan::refusal_is_transient(&decision.reason) };
             return Err((false, f));
         }
@@ -200,9 +270,12 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, 
     match plan {
         Plan::AdoptExisting { .. } => {
             let vm = existing.ok_or_else(|| (false, Failure::transient("CreateBringUpFailed", format!("bring-up policy adopts vm {vm_name} but none exists here"))))?;
-            Ok((vm, false, true))
+            let finish = adopted_finish(p, ctx.pod, spec).await;
+            Ok(BroughtUp { vm, restoring: false, adopted: true, finish })
         }
-        Plan::AdoptUnmanaged { vm_id, ip, .. } => Ok((synthesized(vm_name, &vm_id, &ip), false, true)),
+        Plan::AdoptUnmanaged { vm_id, ip, .. } => {
+            Ok(BroughtUp { vm: synthesized(vm_name, &vm_id, &ip), restoring: false, adopted: true, finish: Finish::ReadyNow })
+        }
         Plan::RestoreFromHibernate { options, derived, fresh_nic } => {
             if derived {
                 p.ports.events.record(
@@ -212,25 +285,29 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, 
                     format!("vm {vm_name} owns a hibernate snapshot: restoring it instead of booting fresh"),
                 );
             }
-            restore(p, ctx, &options, fresh_nic).await.map(|vm| (vm, true, false)).map_err(|f| (true, f))
+            let (vm, label) = restore(p, ctx, &options, fresh_nic).await.map_err(|f| (true, f))?;
+            tracing::info!(pod = %ctx.facts.key(), vm = %vm_name, source = %label, "restored from hibernate");
+            Ok(BroughtUp { vm, restoring: true, adopted: false, finish: super::wake::restore_finish(spec) })
         }
         Plan::CloneFromDir { options, dir } => {
             drop_own_fork(p, &options).await;
-            let cpu = translate(p, ctx, BootPath::Clone).await?.0;
+            let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
             let result = p.ports.runtime.clone_vm(&plan::clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu, None)).await;
             p.metrics.clone_from_dir.with_label_values(&[if result.is_ok() { "ok" } else { "failed" }]).inc();
-            result.map(|vm| (vm, false, false)).map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}"))))
+            let vm = result.map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}"))))?;
+            Ok(fresh(vm, BootOrigin::CloneFromDir, String::new()))
         }
         Plan::Fork { options, source_vm, fork_snapshot } => {
             drop_own_fork(p, &options).await;
             ensure_fork_snapshot(p, &source_vm, &fork_snapshot).await.map_err(|f| (false, f))?;
-            let cpu = translate(p, ctx, BootPath::Clone).await?.0;
-            p.ports
+            let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
+            let vm = p
+                .ports
                 .runtime
                 .clone_vm(&plan::clone_spec(&options, CloneSource::Snapshot(fork_snapshot.clone()), false, cpu, None))
                 .await
-                .map(|vm| (vm, false, false))
-                .map_err(|e| (false, Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}"))))
+                .map_err(|e| (false, Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}"))))?;
+            Ok(fresh(vm, BootOrigin::Fork, String::new()))
         }
         Plan::Clone { options, local_snapshot, repository, tag, expected_backend } => {
             drop_own_fork(p, &options).await;
@@ -238,19 +315,20 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, 
             plan::assert_backend(&local_snapshot, &snapshot.hypervisor, &expected_backend)
                 .map_err(|m| (false, Failure::permanent("SnapshotBackendMismatch", m)))?;
             ensure_base_image(p, &snapshot).await.map_err(|f| (false, f))?;
-            let cpu = translate(p, ctx, BootPath::Clone).await?.0;
+            let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
             let pull = !snapshot.image.is_empty();
-            p.ports
+            let vm = p
+                .ports
                 .runtime
                 .clone_vm(&plan::clone_spec(&options, CloneSource::Snapshot(local_snapshot.clone()), pull, cpu, None))
                 .await
-                .map(|vm| (vm, false, false))
-                .map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"))))
+                .map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"))))?;
+            Ok(fresh(vm, BootOrigin::Clone, snapshot.image.clone()))
         }
         Plan::Run { vm_name: name, image, force_pull, network, backend, windows, no_direct_io } => {
             drop_fork_of(p, &name).await;
             let local_image = ensure_run_image(p, &image, force_pull).await.map_err(|f| (false, f))?;
-            let (cpu, guest) = translate(p, ctx, BootPath::Run).await?;
+            let (cpu, guest) = translate(p, ctx, BootPath::Run).await.map_err(|f| (false, f))?;
             let guest = guest.unwrap_or(GuestResources { vcpus: None, memory_bytes: None, storage_bytes: None });
             let run = RunSpec {
                 name: Some(name.clone()),
@@ -265,12 +343,8 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<(VmRecord, bool, 
                 no_direct_io,
                 image: local_image,
             };
-            p.ports
-                .runtime
-                .run(&run)
-                .await
-                .map(|vm| (vm, false, false))
-                .map_err(|e| (false, Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}"))))
+            let vm = p.ports.runtime.run(&run).await.map_err(|e| (false, Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}"))))?;
+            Ok(BroughtUp { vm, restoring: false, adopted: false, finish: Finish::ReadyNow })
         }
     }
 }
@@ -311,7 +385,7 @@ fn synthesized(name: &str, id: &str, ip: &str) -> VmRecord {
 }
 
 /// Hibernate evidence: the registry's `<vm>:hibernate` tag, or a local snapshot when registry-less.
-async fn hibernate_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
+pub(super) async fn hibernate_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
     match &p.ports.registry {
         Some(registry) => {
             let lookup = registry.manifest(vm, plan::HIBERNATE_SNAPSHOT_TAG).await;
@@ -322,20 +396,19 @@ async fn hibernate_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
 }
 
 /// The translation policy: cgroup flags (every path) and guest resources (run path).
-async fn translate(p: &CocoonProvider, ctx: &Ctx<'_>, path: BootPath) -> Result<(crate::runtime::CpuPolicy, Option<GuestResources>), (bool, Failure)> {
+pub(super) async fn translate(p: &CocoonProvider, ctx: &Ctx<'_>, path: BootPath) -> Result<(crate::runtime::CpuPolicy, Option<GuestResources>), Failure> {
     let facts = TranslationFacts {
         pod: ctx.facts.clone(),
         spec: ctx.spec.clone(),
         path,
         resources: first_container_resources(ctx.pod).map(|(requests, limits)| ContainerResources { requests, limits }),
     };
-    let d = p.decide(move |pol| pol.resource_translation(facts)).await.map_err(|e| (false, Failure::transient("PolicyUnavailable", e.to_string())))?;
+    let d = p.decide(move |pol| pol.resource_translation(facts)).await.map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
     match d.outcome {
         TranslationOutcome::Translated { cpu, guest } => Ok((plan::cpu_policy(&cpu), guest)),
-        TranslationOutcome::Refuse => Err((
-            false,
-            Failure { reason: "ResourceTranslationRefused", message: d.message, transient: d.reason == crate::policy::decision::POLICY_FAILED },
-        )),
+        TranslationOutcome::Refuse => {
+            Err(Failure { reason: "ResourceTranslationRefused", message: d.message, transient: d.reason == crate::policy::decision::POLICY_FAILED })
+        }
     }
 }
 
@@ -346,176 +419,10 @@ async fn drop_own_fork(p: &CocoonProvider, options: &CloneOptions) {
     }
 }
 
-async fn drop_fork_of(p: &CocoonProvider, vm: &str) {
+pub(super) async fn drop_fork_of(p: &CocoonProvider, vm: &str) {
     let name = plan::fork_snapshot_name(vm);
     if let Err(error) = p.ports.runtime.snapshot_remove_if_exists(&name).await {
         tracing::warn!(snapshot = %name, %error, "could not drop the stale fork snapshot");
     }
 }
 
-/// One fork snapshot per source lineage, shared by concurrent forks.
-async fn ensure_fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(), Failure> {
-    let lock = p.state.key_lock(&format!("fork:{fork}"));
-    let _guard = lock.lock().await;
-    match p.ports.runtime.snapshot_inspect(fork).await {
-        Ok(_) => return Ok(()),
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(Failure::transient("ForkSnapshotFailed", format!("inspect fork snapshot {fork}: {e}"))),
-    }
-    let source_vm = match p.state.vm_by_name(source) {
-        Some(vm) => vm,
-        None => p.ports.runtime.inspect(source).await.map_err(|e| {
-            if e.is_not_found() {
-                Failure::transient("ForkSourceMissing", format!("fork source vm {source} does not exist on this node: {e}"))
-            } else {
-                Failure::transient("ForkSnapshotFailed", format!("inspect fork source vm {source}: {e}"))
-            }
-        })?,
-    };
-    let started = Instant::now();
-    let saved = p.ports.runtime.snapshot_save(fork, &source_vm.id).await;
-    p.metrics.snapshot_save.with_label_values(&[if saved.is_ok() { "ok" } else { "failed" }]).inc();
-    p.metrics.snapshot_save_duration.observe(started.elapsed().as_secs_f64());
-    saved.map_err(|e| Failure::transient("ForkSnapshotFailed", format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id)))
-}
-
-/// The clone source snapshot: local, else pulled from the registry (one pull per name).
-async fn ensure_snapshot(p: &CocoonProvider, local: &str, repo: &str, tag: &str) -> Result<SnapshotRecord, Failure> {
-    let lock = p.state.key_lock(&format!("snapshot:{local}"));
-    let _guard = lock.lock().await;
-    match p.ports.runtime.snapshot_inspect(local).await {
-        Ok(s) => return Ok(s),
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(Failure::transient("SnapshotInspectFailed", format!("inspect snapshot {local}: {e}"))),
-    }
-    let Some(registry) = &p.ports.registry else {
-        return Err(Failure::transient("SnapshotUnavailable", format!("snapshot {local} is not on this node and no registry is configured (set OCI_REGISTRY)")));
-    };
-    let started = Instant::now();
-    let pulled = registry.pull_snapshot(p.ports.runtime.as_ref(), repo, tag, local).await;
-    p.metrics.snapshot_pull.with_label_values(&[if pulled.is_ok() { "ok" } else { "failed" }]).inc();
-    p.metrics.snapshot_pull_duration.observe(started.elapsed().as_secs_f64());
-    pulled.map_err(|e| Failure::transient("SnapshotPullFailed", format!("pull snapshot {repo}:{tag} into {local}: {e}")))?;
-    p.ports
-        .runtime
-        .snapshot_inspect(local)
-        .await
-        .map_err(|e| Failure::transient("SnapshotInspectFailed", format!("inspect snapshot {local} after the pull: {e}")))
-}
-
-/// The snapshot's base image, so `vm clone --pull` finds the exact version.
-async fn ensure_base_image(p: &CocoonProvider, snapshot: &SnapshotRecord) -> Result<(), Failure> {
-    match plan::base_image(snapshot) {
-        BaseImage::Skip => Ok(()),
-        BaseImage::CheckDigest { digest, image } => match p.ports.runtime.image_inspect(&digest).await {
-            Ok(_) => Ok(()),
-            Err(_) => ensure_run_image(p, &image, false).await.map(|_| ()),
-        },
-        BaseImage::Ensure(image) => ensure_run_image(p, &image, false).await.map(|_| ()),
-    }
-}
-
-/// Makes `reference` runnable; returns the local image name (§4b "Ensure run image").
-async fn ensure_run_image(p: &CocoonProvider, reference: &str, force: bool) -> Result<String, Failure> {
-    if reference.is_empty() {
-        return Ok(String::new());
-    }
-    let lock = p.state.key_lock(&format!("image:{}{reference}", if force { "force " } else { "" }));
-    let _guard = lock.lock().await;
-    let pull = || async {
-        p.ports
-            .runtime
-            .image_pull(reference, force)
-            .await
-            .map(|()| reference.to_string())
-            .map_err(|e| Failure::transient("ImagePullFailed", format!("pull image {reference}: {e}")))
-    };
-    let Some(registry) = p.ports.registry.as_ref().filter(|_| !plan::is_http(reference)) else { return pull().await };
-    let (repo, tag) = plan::parse_ref(reference);
-    match registry.manifest(repo, tag).await {
-        Ok(Some(artifact)) => match plan::artifact_kind(&artifact.artifact_type) {
-            ArtifactKind::Snapshot => {
-                Err(Failure::permanent("SnapshotAsImage", format!("image {reference} is a snapshot artifact; use mode=clone instead of mode=run")))
-            }
-            ArtifactKind::CloudImage => match registry.ensure_cloud_image(p.ports.runtime.as_ref(), reference, force).await {
-                Ok(CloudImageResult::Imported(name)) => Ok(name),
-                Ok(CloudImageResult::NotACloudImage) => pull().await,
-                Err(e) => Err(Failure::transient("CloudImageImportFailed", format!("import cloud image {reference}: {e}"))),
-            },
-            ArtifactKind::Other => pull().await,
-        },
-        Ok(None) | Err(_) => pull().await,
-    }
-}
-
-/// Restore from hibernate: the verified local snapshot, else a registry pull into the import name.
-async fn restore(p: &CocoonProvider, ctx: &Ctx<'_>, options: &CloneOptions, fresh_nic: bool) -> Result<VmRecord, Failure> {
-    let vm = ctx.spec.vm_name.as_str();
-    let (source, snapshot, import) = wake_source(p, vm).await?;
-    ensure_base_image(p, &snapshot).await?;
-    let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|(_, f)| f)?.0;
-    let nics = fresh_nic.then_some(1);
-    let result = p
-        .ports
-        .runtime
-        .clone_vm(&plan::clone_spec(options, CloneSource::Snapshot(source.clone()), !snapshot.image.is_empty(), cpu, nics))
-        .await
-        .map_err(|e| Failure::transient("WakeCloneFailed", format!("restore vm {vm} from hibernate snapshot {source}: {e}")));
-    if import && result.is_ok() {
-        let runtime = p.ports.runtime.clone();
-        tokio::spawn(async move {
-            if let Err(error) = runtime.snapshot_remove_if_exists(&source).await {
-                tracing::warn!(snapshot = %source, %error, "could not remove the hibernate import snapshot");
-            }
-        });
-    }
-    result
-}
-
-/// `resolveWakeSource` without the peer tier: (snapshot name, record, is an import to remove).
-async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<(String, SnapshotRecord, bool), Failure> {
-    let mut tag_absent = false;
-    match p.ports.runtime.snapshot_inspect(vm).await {
-        Ok(local) => match &p.ports.registry {
-            None => return Ok((vm.to_string(), local, false)),
-            Some(registry) => match registry.snapshot_meta(vm, plan::HIBERNATE_SNAPSHOT_TAG).await {
-                Ok(Some(meta)) if meta.snapshot_id == local.id => {
-                    p.metrics.snapshot_verify.with_label_values(&["ok"]).inc();
-                    return Ok((vm.to_string(), local, false));
-                }
-                Ok(found) => {
-                    p.metrics.snapshot_verify.with_label_values(&["stale"]).inc();
-                    tag_absent = found.is_none();
-                    tracing::info!(vm, "local snapshot is stale against {vm}:hibernate; discarding it");
-                    let _ = p.ports.runtime.snapshot_remove_if_exists(vm).await;
-                    let _ = p.ports.runtime.snapshot_remove_if_exists(&plan::fork_snapshot_name(vm)).await;
-                }
-                Err(e) => {
-                    p.metrics.snapshot_verify.with_label_values(&["error"]).inc();
-                    return Err(Failure::transient("WakeVerifyFailed", format!("verify local snapshot {vm} against {vm}:hibernate: {e} (an unverified copy is never restored)")));
-                }
-            },
-        },
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(Failure::transient("WakeSourceFailed", format!("inspect local snapshot {vm}: {e}"))),
-    }
-    let Some(registry) = &p.ports.registry else {
-        return Err(Failure::transient("WakeSourceMissing", format!("wake {vm}: no local snapshot and no registry configured")));
-    };
-    if tag_absent {
-        return Err(Failure::transient("WakeSourceMissing", format!("wake {vm}: the {vm}:hibernate tag is gone")));
-    }
-    let import = plan::hibernate_import_name(vm);
-    let started = Instant::now();
-    let pulled = registry.pull_snapshot(p.ports.runtime.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import).await;
-    p.metrics.snapshot_pull.with_label_values(&[if pulled.is_ok() { "ok" } else { "failed" }]).inc();
-    p.metrics.snapshot_pull_duration.observe(started.elapsed().as_secs_f64());
-    pulled.map_err(|e| Failure::transient("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}")))?;
-    let record = p
-        .ports
-        .runtime
-        .snapshot_inspect(&import)
-        .await
-        .map_err(|e| Failure::transient("WakePullFailed", format!("inspect pulled snapshot {import}: {e}")))?;
-    Ok((import, record, true))
-}

@@ -19,6 +19,9 @@ pub use crate::model::annotations::KEEP_SNAPSHOT_ON_DELETE;
 pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
     let facts = PodFacts::from_pod(pod);
     let key = facts.key();
+    if p.state.resume_claimed(&key) {
+        return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));
+    }
     if !p.state.begin_delete(&key) {
         return Err(ProviderError::Transient(format!("delete operation still in flight for pod {key}")));
     }
@@ -36,6 +39,9 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
     }
     let spec = VmSpec::decode(&facts.annotations);
     let vm_name = spec.vm_name.clone();
+    // Nothing else acts on a pod being deleted: no probe flips, no guest work.
+    p.state.stop_guest_work(key);
+    p.probes.forget(key, Some(&uid));
 
     if !spec.managed {
         // Decision 8: unmanaged VMs belong to someone else; only forget the pod.

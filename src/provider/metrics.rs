@@ -23,6 +23,14 @@ pub struct ProviderMetrics {
     pub snapshot_save_duration: Histogram,
     pub snapshot_push_duration: Histogram,
     pub snapshot_pull_duration: Histogram,
+    pub probe_duration: Histogram,
+    pub hibernate: IntCounterVec,
+    pub wake_ip_wait: IntCounterVec,
+    pub wake_renew_nudge: IntCounterVec,
+    pub postclone: IntCounterVec,
+    pub postclone_retry_attempts: HistogramVec,
+    pub vm_inspect_transient_fail: IntCounter,
+    pub pod_evict_failure: IntCounter,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -58,6 +66,17 @@ impl ProviderMetrics {
             snapshot_save_duration: Histogram::with_opts(hopts("snapshot_save_duration_seconds", "Snapshot save time.", &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0]))?,
             snapshot_push_duration: Histogram::with_opts(hopts("snapshot_push_duration_seconds", "Snapshot push time.", &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]))?,
             snapshot_pull_duration: Histogram::with_opts(hopts("snapshot_pull_duration_seconds", "Snapshot pull time.", &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]))?,
+            probe_duration: Histogram::with_opts(hopts("probe_duration_seconds", "Readiness probe time.", &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]))?,
+            hibernate: IntCounterVec::new(opts("hibernate_total", "Hibernate steps by phase and result."), &["phase", "result"])?,
+            wake_ip_wait: result("wake_ip_wait_total", "Waits for a fresh DHCP lease before Ready.")?,
+            wake_renew_nudge: result("wake_renew_nudge_total", "ipconfig /renew nudges of Windows guests without a lease.")?,
+            postclone: IntCounterVec::new(opts("postclone_total", "Guest fixups after a clone, fork or wake."), &["kind", "result"])?,
+            postclone_retry_attempts: HistogramVec::new(
+                hopts("postclone_retry_attempts", "vm exec attempts a guest fixup took.", &[1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0]),
+                &["result"],
+            )?,
+            vm_inspect_transient_fail: IntCounter::with_opts(opts("vm_inspect_transient_fail_total", "Inconclusive inspects after a VM event."))?,
+            pod_evict_failure: IntCounter::with_opts(opts("pod_evict_failure_total", "Evictions the apiserver did not accept."))?,
         })
     }
 
@@ -81,6 +100,14 @@ impl ProviderMetrics {
         registry.register(Box::new(m.snapshot_save_duration.clone()))?;
         registry.register(Box::new(m.snapshot_push_duration.clone()))?;
         registry.register(Box::new(m.snapshot_pull_duration.clone()))?;
+        registry.register(Box::new(m.probe_duration.clone()))?;
+        registry.register(Box::new(m.hibernate.clone()))?;
+        registry.register(Box::new(m.wake_ip_wait.clone()))?;
+        registry.register(Box::new(m.wake_renew_nudge.clone()))?;
+        registry.register(Box::new(m.postclone.clone()))?;
+        registry.register(Box::new(m.postclone_retry_attempts.clone()))?;
+        registry.register(Box::new(m.vm_inspect_transient_fail.clone()))?;
+        registry.register(Box::new(m.pod_evict_failure.clone()))?;
         Ok(m)
     }
 
@@ -95,6 +122,16 @@ impl ProviderMetrics {
 
     pub fn lifecycle_count(&self, op: &str, result: &str, reason: &str) -> u64 {
         self.pod_lifecycle.with_label_values(&[op, result, reason]).get()
+    }
+
+    /// `hibernate_total{phase,result}`.
+    pub fn hibernate_step(&self, phase: &str, ok: bool) {
+        self.hibernate.with_label_values(&[phase, if ok { "ok" } else { "failed" }]).inc();
+    }
+
+    /// Counts a `{result}` counter by outcome.
+    pub fn count(counter: &IntCounterVec, ok: bool) {
+        counter.with_label_values(&[if ok { "ok" } else { "failed" }]).inc();
     }
 }
 

@@ -1,81 +1,63 @@
-//! The cocoon provider (issue 6): CreatePod, DeletePod and the startup reconcile, every
-//! decision taken by a policy.
+//! The cocoon provider: CreatePod, UpdatePod (hibernate / wake), DeletePod and the startup
+//! reconcile, every decision taken by a policy; readiness probes, guest fixups, the VM event
+//! watcher and the periodic reconcilers keep each pod's status true to its VM.
 //!
 //! Layout — a pure core and thin executors over ports:
 //! * pure: [`plan`] (evidence, CLI specs, image routing, backend assertion), [`lifecycle`]
-//!   (intent rules), [`reconcile`] (orphans, stale creates, pod↔VM matching, owed work);
+//!   (intent rules), [`reconcile`] (orphans, stale creates, pod↔VM matching, owed work),
+//!   [`gone`] (what a VM event means), [`retry`] (owed-retry delays), the probe [`probe::Schedule`],
+//!   [`status`] (the pod status from what the provider knows);
 //! * tables: [`state`]; ports: [`ports`] (`SnapshotRegistry`, `LeaseSource`, `LeaseReleaser`,
-//!   `PodPatcher`, `EventRecorder`); adapters: [`cocoon_net`], `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`);
-//! * executors: `create`, `delete`, `startup`, and `publish` (lifecycle flush, Ready, failures);
-//! * [`metrics`]: `cocoon_vk_*` and `/metrics`.
+//!   `PodPatcher`, `EventRecorder`), [`probe::Prober`]; adapters: [`cocoon_net`],
+//!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`);
+//! * executors: `create`, `update` (with `hibernate` and `wake`), `delete`, `startup` (with
+//!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
+//!   flush, Ready, failures), `background` (reconciler loops);
+//! * [`config`]: settings and timings; [`metrics`]: `cocoon_vk_*` and `/metrics`.
 
+mod background;
 pub mod cocoon_net;
+pub mod config;
 mod create;
 mod delete;
+mod ensure;
+mod evict;
+mod failure;
+pub mod gone;
+mod guest;
+mod hibernate;
 pub mod lifecycle;
 pub mod metrics;
 pub mod plan;
 pub mod ports;
-mod registry_adapter;
+pub mod probe;
 mod publish;
 pub mod reconcile;
+mod registry_adapter;
+mod resume;
+pub mod retry;
 pub mod state;
+pub mod status;
 mod startup;
+mod update;
+mod wake;
+mod watcher;
 
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock, Weak};
 
 use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
 
-use crate::kubelet::{AgentState, PodPhase, Provider, ProviderError, ProviderPodStatus};
+pub use config::{ProbeTimings, ProviderConfig, Timings};
+
+use crate::kubelet::{Provider, ProviderError, ProviderPodStatus};
 use crate::model::PodFacts;
 use crate::policy::Policies;
 use crate::runtime::{CocoonRuntime, VmRecord};
-use lifecycle::LifecycleState;
 use metrics::ProviderMetrics;
 use ports::{EventRecorder, LeaseError, LeaseReleaser, LeaseSource, PodPatcher, SnapshotRegistry, StatusNotifier};
-use reconcile::OrphanPolicy;
+use probe::{Prober, Probes};
 use state::State;
-
-/// Provider settings (environment, behaviour spec §2).
-#[derive(Debug, Clone)]
-pub struct ProviderConfig {
-    pub node_name: String,
-    /// `VK_SNAPSHOT_CPU_CLASS`; "" = unclassified.
-    pub node_class: String,
-    /// `VK_RESTORE_MODE` (`copy` | `ondemand` | `mmap`, default mmap).
-    pub restore_mode: String,
-    /// `VK_ORPHAN_POLICY`.
-    pub orphan_policy: OrphanPolicy,
-    /// Pause between attempts of an apiserver write (3 attempts).
-    pub patch_retry: Duration,
-    /// Budget of the background watcher of a stale create.
-    pub stale_watch_budget: Duration,
-    /// Period of the lifecycle reconciler (re-flush of intents that did not reach the apiserver).
-    pub reflush_interval: Duration,
-}
-
-impl ProviderConfig {
-    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let restore_mode = env("VK_RESTORE_MODE").map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty()).unwrap_or_else(|| "mmap".into());
-        if crate::runtime::RestoreMode::parse(&restore_mode).is_none() {
-            return Err(format!("VK_RESTORE_MODE={restore_mode:?} is not one of copy, ondemand, mmap"));
-        }
-        Ok(Self {
-            node_name: env("VK_NODE_NAME").filter(|v| !v.is_empty()).unwrap_or_else(|| crate::kubelet::config::DEFAULT_NODE_NAME.into()),
-            node_class: env("VK_SNAPSHOT_CPU_CLASS").unwrap_or_default(),
-            restore_mode,
-            orphan_policy: OrphanPolicy::parse(env("VK_ORPHAN_POLICY").as_deref())?,
-            patch_retry: Duration::from_millis(500),
-            stale_watch_budget: Duration::from_secs(30 * 60),
-            reflush_interval: Duration::from_secs(15),
-        })
-    }
-
-    pub fn from_env() -> Result<Self, String> {
-        Self::from_lookup(|k| std::env::var(k).ok())
-    }
-}
 
 /// Everything the provider talks to.
 pub struct Ports {
@@ -87,6 +69,8 @@ pub struct Ports {
     pub releaser: Option<Arc<dyn LeaseReleaser>>,
     pub patcher: Arc<dyn PodPatcher>,
     pub events: Arc<dyn EventRecorder>,
+    /// Readiness probes (production: [`probe::NetProber`]).
+    pub prober: Arc<dyn Prober>,
 }
 
 /// The virtual-kubelet provider running pods as cocoon microVMs.
@@ -96,13 +80,35 @@ pub struct CocoonProvider {
     policies: Arc<Policies>,
     state: State,
     metrics: ProviderMetrics,
+    probes: Probes,
     notifier: OnceLock<Arc<dyn StatusNotifier>>,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
+    /// Cancelled by [`CocoonProvider::close`]: stops background work.
+    closing: CancellationToken,
+    /// Background tasks hold the provider through this (it lives in an `Arc`).
+    me: Weak<CocoonProvider>,
 }
 
 impl CocoonProvider {
-    pub fn new(cfg: ProviderConfig, ports: Ports, policies: Arc<Policies>, metrics: ProviderMetrics) -> Self {
-        Self { cfg, ports, policies, state: State::default(), metrics, notifier: OnceLock::new(), vm_prefetch: Default::default() }
+    pub fn new(cfg: ProviderConfig, ports: Ports, policies: Arc<Policies>, metrics: ProviderMetrics) -> Arc<Self> {
+        let probes = Probes::new(ports.prober.clone(), cfg.timings.probe, metrics.probe_duration.clone());
+        Arc::new_cyclic(|me| Self {
+            cfg,
+            ports,
+            policies,
+            state: State::default(),
+            metrics,
+            probes,
+            notifier: OnceLock::new(),
+            vm_prefetch: Default::default(),
+            closing: CancellationToken::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// The provider as an `Arc`, for work that outlives the current call.
+    fn arc(&self) -> Arc<Self> {
+        self.me.upgrade().expect("the provider lives in an Arc while its methods run")
     }
 
     /// Starts `cocoon vm list` now, so the startup reconcile's VM list runs in parallel with the
@@ -126,6 +132,12 @@ impl CocoonProvider {
         &self.state
     }
 
+    /// Stops background work: probe agents, guest work, retries, rechecks.
+    pub fn close(&self) {
+        self.closing.cancel();
+        self.probes.stop_all();
+    }
+
     fn notify(&self, key: &str) {
         self.metrics.vm_table_size.set(i64::try_from(self.state.vm_count()).unwrap_or(i64::MAX));
         if let Some(n) = self.notifier.get() {
@@ -142,6 +154,7 @@ impl CocoonProvider {
     }
 
     /// The VM's IP: NIC 0's static address, else cocoon-net's lease for its MAC ("" while none).
+    /// The lease is read on every call: cocoon-net may rebind a MAC.
     pub fn resolve_ip(&self, vm: &VmRecord) -> String {
         if let Some(ip) = vm.primary_ip() {
             return ip.to_string();
@@ -171,42 +184,27 @@ impl CocoonProvider {
         }
     }
 
-    fn status_of(&self, key: &str) -> Option<ProviderPodStatus> {
+    /// The provider's view of pod `key` (see [`status::build`]); `bypass_lifecycle` gives
+    /// Ready from the probe alone (the status that must land before `lifecycle-state=ready`).
+    fn status_of(&self, key: &str, bypass_lifecycle: bool) -> Option<ProviderPodStatus> {
         let tracked = self.state.tracked(key)?;
-        let intent = self.state.intent(key);
-        let Some(vm) = tracked.vm else {
-            let message = intent.filter(|i| i.state == LifecycleState::Failed).map(|i| i.message);
-            return Some(ProviderPodStatus::pending("ContainerCreating", message));
-        };
-        let ready = intent.as_ref().is_some_and(|i| i.state == LifecycleState::Ready && i.uid == tracked.uid);
-        let ip = self.resolve_ip(&vm);
-        let ready_message = match &intent {
-            Some(i) if i.state == LifecycleState::Failed => i.message.clone(),
-            Some(i) => format!("lifecycle {}", i.state.as_str()),
-            None => "lifecycle unknown".into(),
-        };
-        Some(ProviderPodStatus {
-            phase: PodPhase::Running,
-            reason: None,
-            message: None,
-            pod_ip: (!ip.is_empty()).then_some(ip),
-            ready,
-            ready_message: Some(ready_message),
-            start_time: None,
-            container_id: Some(format!("cocoon://{}", vm.id)),
-            agent: AgentState::Running { started_at: None },
-        })
+        let intent = self.state.intent(key).filter(|i| i.uid == tracked.uid);
+        let probe = self.probes.result(key, &tracked.uid);
+        let ip = tracked.vm.as_ref().map(|vm| self.resolve_ip(vm)).unwrap_or_default();
+        Some(status::build(&status::View {
+            vm: tracked.vm.as_ref(),
+            hibernated: tracked.hibernated,
+            ip: &ip,
+            intent: intent.as_ref(),
+            probe: probe.as_ref(),
+            bypass_lifecycle,
+        }))
     }
 
-    /// Background upkeep until `shutdown`: re-flushes lifecycle intents every `reflush_interval`.
-    pub async fn run_background(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
-        let mut tick = tokio::time::interval(self.cfg.reflush_interval);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => self.reflush().await,
-            }
-        }
+    /// Background upkeep until `shutdown` (or [`CocoonProvider::close`]): the lifecycle
+    /// reconciler, the VM event watcher and the status reconciler.
+    pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
+        background::run(self, shutdown).await;
     }
 }
 
@@ -220,18 +218,7 @@ impl Provider for CocoonProvider {
     }
 
     async fn update_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
-        // Only the CPU-class gate and the tracked copy; hibernate/wake is UpdatePod's own issue.
-        let facts = PodFacts::from_pod(pod);
-        let key = facts.key();
-        let verdict = self.admission(&facts, crate::policy::facts::AdmissionContext::Update).await?;
-        if let Err((reason, message)) = verdict {
-            self.metrics.lifecycle("update", "failed", "snapshot_cpu_class_mismatch");
-            self.ports.events.record(pod, true, "SnapshotCPUClassMismatch", format!("update: {message}"));
-            return Err(ProviderError::Rejected { reason, message });
-        }
-        self.state.refresh(&key, pod);
-        self.metrics.lifecycle("update", "skipped", "noop");
-        Ok(())
+        update::update(self, pod).await
     }
 
     async fn delete_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
@@ -241,8 +228,11 @@ impl Provider for CocoonProvider {
     async fn pod_status(&self, pod: &Pod) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let key = PodFacts::from_pod(pod).key();
         let uid = state::uid_of(pod);
+        if let Some(terminal) = self.state.terminal_status(&key, &uid) {
+            return Ok(Some(terminal));
+        }
         match self.state.tracked(&key) {
-            Some(t) if t.uid == uid => Ok(self.status_of(&key)),
+            Some(t) if t.uid == uid => Ok(self.status_of(&key, false)),
             _ => Ok(None),
         }
     }
@@ -266,26 +256,5 @@ impl CocoonProvider {
             crate::policy::decision::Verdict::Admit => Ok(()),
             crate::policy::decision::Verdict::Reject => Err((d.reason, d.message)),
         })
-    }
-}
-
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg(pairs: &[(&str, &str)]) -> Result<ProviderConfig, String> {
-        let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        ProviderConfig::from_lookup(|k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
-    }
-
-    #[test]
-    fn configuration_defaults_and_startup_errors() {
-        let c = cfg(&[]).unwrap();
-        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy), ("cocoon-pool", "mmap", OrphanPolicy::Destroy));
-        let c = cfg(&[("VK_NODE_NAME", "n1"), ("VK_RESTORE_MODE", " OnDemand "), ("VK_ORPHAN_POLICY", "keep"), ("VK_SNAPSHOT_CPU_CLASS", "icx")]).unwrap();
-        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy, c.node_class.as_str()), ("n1", "ondemand", OrphanPolicy::Keep, "icx"));
-        assert!(cfg(&[("VK_ORPHAN_POLICY", "nuke")]).unwrap_err().contains("VK_ORPHAN_POLICY"));
-        assert!(cfg(&[("VK_RESTORE_MODE", "lazy")]).unwrap_err().contains("VK_RESTORE_MODE"));
     }
 }

@@ -22,6 +22,27 @@ pub fn hibernate_import_name(vm: &str) -> String {
     format!("{vm}-hibernate-import")
 }
 
+/// `vm.cocoonstack.io/hibernate: "true"` on the pod: the operator wants the guest parked.
+pub fn hibernate_requested(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::model::annotations::HIBERNATE)).is_some_and(|v| v == "true")
+}
+
+/// `cocoonset.cocoonstack.io/managed: "true"`: vk-cocoon owns this pod's VM.
+pub fn is_managed_pod(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::model::annotations::MANAGED)).is_some_and(|v| v == "true")
+}
+
+/// `dropNIC`: a cloud-hypervisor Windows guest hibernates without its NIC and wakes with a
+/// fresh one (exact strings, as cocoon-common compares them).
+pub fn drop_nic(spec: &crate::model::VmSpec) -> bool {
+    spec.backend == "cloud-hypervisor" && spec.os == "windows"
+}
+
+/// `isClonedBoot`: the VM came from a snapshot (an explicit clone source, or any mode but run).
+pub fn is_cloned_boot(spec: &crate::model::VmSpec) -> bool {
+    !spec.clone_from_dir.trim().is_empty() || !spec.fork_from.is_empty() || !spec.mode.eq_ignore_ascii_case("run")
+}
+
 pub fn is_http(reference: &str) -> bool {
     reference.starts_with("http://") || reference.starts_with("https://")
 }
@@ -72,6 +93,18 @@ pub fn evidence_verdict(reason: &str) -> Option<&'static str> {
 /// Everything else needs the operator to change the pod.
 pub fn refusal_is_transient(reason: &str) -> bool {
     matches!(reason, "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" | "policy-failed" | "snapshot-unavailable")
+}
+
+/// The Event reason of a bring-up refusal, by the policy's reason token.
+pub fn refusal_event_reason(reason: &str) -> &'static str {
+    match reason {
+        "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" => "HibernateEvidenceUnavailable",
+        "image-conflict" | "source-conflict" => "HibernateSnapshotConflict",
+        "hibernate-snapshot-missing" => "HibernateSnapshotMissing",
+        "policy-failed" => "BringUpPolicyFailed",
+        "backend-mismatch" => "SnapshotBackendMismatch",
+        _ => "CreateBringUpFailed",
+    }
 }
 
 /// cgroup flags for cocoon from the translation policy's answer.
@@ -258,6 +291,19 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(dhcp_macs(&vm), vec!["aa:bb:cc:00:00:01", "aa:bb:cc:00:00:03"]);
+    }
+
+    #[test]
+    fn nic_drop_and_cloned_boots() {
+        let spec = |backend: &str, os: &str, mode: &str| crate::model::VmSpec { backend: backend.into(), os: os.into(), mode: mode.into(), ..Default::default() };
+        assert!(drop_nic(&spec("cloud-hypervisor", "windows", "")));
+        assert!(!drop_nic(&spec("firecracker", "windows", "")));
+        assert!(!drop_nic(&spec("", "windows", "")), "an unspecified backend never drops a NIC");
+        assert!(!drop_nic(&spec("cloud-hypervisor", "Windows", "")), "exact strings");
+        assert!(is_cloned_boot(&spec("", "", "")));
+        assert!(!is_cloned_boot(&spec("", "", "RUN")));
+        let fork_run = crate::model::VmSpec { mode: "run".into(), fork_from: "main".into(), ..Default::default() };
+        assert!(is_cloned_boot(&fork_run), "fork-from overrides mode=run");
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub trait SnapshotRegistry: Send + Sync {
     /// Imports `repo:tag` into the local store as `local`.
     async fn pull_snapshot(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local: &str) -> Result<(), RegistryFailure>;
     async fn ensure_cloud_image(&self, runtime: &dyn CocoonRuntime, reference: &str, force: bool) -> Result<CloudImageResult, RegistryFailure>;
+    /// Deletes the tag `repo:tag` (an absent tag counts as deleted).
+    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure>;
 }
 
 /// A cocoon-net lease lookup failure.
@@ -98,6 +100,10 @@ pub trait PodPatcher: Send + Sync {
     async fn patch_annotations(&self, pod: &Pod, changes: &BTreeMap<String, Option<String>>) -> Result<PatchOutcome, String>;
     /// Publishes the pod status (used to land the status before `lifecycle-state=ready`).
     async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, String>;
+    /// Deletes the pod (graceful, uid precondition): an eviction. NotFound is `Superseded`.
+    async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, String>;
+    /// The pod as the apiserver has it now; `None` when it is gone or another incarnation owns the name.
+    async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, String>;
 }
 
 /// Kubernetes Events about a pod.
@@ -151,6 +157,28 @@ impl PodPatcher for KubePodPatcher {
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
         let built = crate::kubelet::status::build_pod_status(pod, status, &now);
         outcome(crate::kubelet::status::publish_status(&self.api(pod), pod, &built).await)
+    }
+
+    async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, String> {
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
+            ..Default::default()
+        };
+        match self.api(pod).delete(pod.metadata.name.as_deref().unwrap_or_default(), &params).await {
+            Ok(_) => Ok(PatchOutcome::Applied),
+            Err(e) => match crate::kubelet::status::superseded(&e) {
+                Some((code, message)) => Ok(PatchOutcome::Superseded(format!("{code}: {message}"))),
+                None => Err(e.to_string()),
+            },
+        }
+    }
+
+    async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, String> {
+        match self.api(pod).get_opt(pod.metadata.name.as_deref().unwrap_or_default()).await {
+            Ok(Some(current)) if current.metadata.uid == pod.metadata.uid => Ok(Some(current)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
     }
 }
 

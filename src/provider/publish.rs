@@ -53,7 +53,7 @@ impl CocoonProvider {
                 Err(error) => {
                     tracing::warn!(pod = %pkey, attempt, %error, state = intent.state.as_str(), "lifecycle annotation patch failed");
                     if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.patch_retry).await;
+                        tokio::time::sleep(self.cfg.timings.patch_retry).await;
                     }
                 }
             }
@@ -84,9 +84,21 @@ impl CocoonProvider {
         self.notify(pkey);
     }
 
-    /// Patches the pod status from the provider's view (3 attempts); false when it did not land.
+    /// Publish Ready only if the boot it finishes is still current: the incarnation is tracked
+    /// with VM `vm_id` and no hibernate was requested since. Returns whether it was published.
+    pub(super) async fn publish_ready_guarded(&self, key: &str, uid: &str, vm_id: &str) -> bool {
+        let Some(t) = self.state.tracked_as(key, uid) else { return false };
+        if t.vm.as_ref().is_none_or(|v| v.id != vm_id) || super::plan::hibernate_requested(&t.pod) {
+            return false;
+        }
+        self.publish_ready(&t.pod, key).await;
+        true
+    }
+
+    /// Patches the pod status from the provider's view, Ready from the probe alone
+    /// (3 attempts); false when it did not land.
     async fn land_status(&self, pod: &Pod, pkey: &str) -> bool {
-        let Some(status) = self.status_of(pkey) else { return false };
+        let Some(status) = self.status_of(pkey, true) else { return false };
         for attempt in 1..=ATTEMPTS {
             match self.ports.patcher.patch_status(pod, &status).await {
                 Ok(PatchOutcome::Applied) => return true,
@@ -94,7 +106,7 @@ impl CocoonProvider {
                 Err(error) => {
                     tracing::warn!(pod = %pkey, attempt, %error, "status patch before ready failed");
                     if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.patch_retry).await;
+                        tokio::time::sleep(self.cfg.timings.patch_retry).await;
                     }
                 }
             }
@@ -102,9 +114,33 @@ impl CocoonProvider {
         false
     }
 
-    /// Writes `{id, ip}` (and, for unmanaged pods, nothing else) on the pod and the tracked copy.
-    /// A failure is logged only: the next restart repairs it.
-    pub(super) async fn write_runtime(&self, pod: &Pod, pkey: &str, vm_id: &str, ip: &str) {
+    /// Sets or removes annotations on the pod (3 attempts, uid precondition) and on the tracked
+    /// copy. Returns whether they landed; a failure is logged (the next pass or restart repairs it).
+    pub(super) async fn write_annotations(&self, pod: &Pod, pkey: &str, changes: &BTreeMap<String, Option<String>>) -> bool {
+        if changes.is_empty() {
+            return true;
+        }
+        self.state.set_annotations(pkey, &super::state::uid_of(pod), changes);
+        for attempt in 1..=ATTEMPTS {
+            match self.ports.patcher.patch_annotations(pod, changes).await {
+                Ok(PatchOutcome::Applied) => return true,
+                Ok(PatchOutcome::Superseded(why)) => {
+                    tracing::info!(pod = %pkey, %why, "annotations not written: incarnation superseded");
+                    return false;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pkey, attempt, %error, keys = ?changes.keys().collect::<Vec<_>>(), "annotation patch failed");
+                    if attempt < ATTEMPTS {
+                        tokio::time::sleep(self.cfg.timings.patch_retry).await;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Writes `{id, ip}` (non-empty values only) on the pod and the tracked copy.
+    pub(super) async fn write_runtime(&self, pod: &Pod, pkey: &str, vm_id: &str, ip: &str) -> bool {
         let mut changes = BTreeMap::new();
         if !vm_id.is_empty() {
             changes.insert(key::VM_ID.to_string(), Some(vm_id.to_string()));
@@ -112,34 +148,13 @@ impl CocoonProvider {
         if !ip.is_empty() {
             changes.insert(key::IP.to_string(), Some(ip.to_string()));
         }
-        if changes.is_empty() {
-            return;
-        }
-        self.state.set_annotations(pkey, &super::state::uid_of(pod), &changes);
-        for attempt in 1..=ATTEMPTS {
-            match self.ports.patcher.patch_annotations(pod, &changes).await {
-                Ok(PatchOutcome::Applied) => return,
-                Ok(PatchOutcome::Superseded(why)) => {
-                    tracing::info!(pod = %pkey, %why, "runtime annotations not written: incarnation superseded");
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(pod = %pkey, attempt, %error, "runtime annotation patch failed; will reconcile on restart");
-                    if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.patch_retry).await;
-                    }
-                }
-            }
-        }
+        self.write_annotations(pod, pkey, &changes).await
     }
 
-    /// Clears stale `id`/`ip` on a pod whose VM is gone (hibernated pods at startup).
-    pub(super) async fn clear_runtime(&self, pod: &Pod, pkey: &str) {
-        let changes = BTreeMap::from([(key::VM_ID.to_string(), None), (key::IP.to_string(), None)]);
-        self.state.set_annotations(pkey, &super::state::uid_of(pod), &changes);
-        if let Err(error) = self.ports.patcher.patch_annotations(pod, &changes).await {
-            tracing::warn!(pod = %pkey, %error, "clearing stale runtime annotations failed");
-        }
+    /// Clears `id`, `ip` and `post-clone-state` (the VM is going or gone); returns whether it landed.
+    pub(super) async fn clear_runtime(&self, pod: &Pod, pkey: &str) -> bool {
+        let changes = BTreeMap::from([(key::VM_ID.to_string(), None), (key::IP.to_string(), None), (key::POST_CLONE_STATE.to_string(), None)]);
+        self.write_annotations(pod, pkey, &changes).await
     }
 
     /// The lifecycle reconciler: re-flushes intents that have not reached the apiserver.

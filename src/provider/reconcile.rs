@@ -127,26 +127,71 @@ pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)
     (out, orphans)
 }
 
-/// Work a restart owes a pod (§4h), reduced to what this provider resumes.
+/// Work a restart owes a pod (§4h `owedOpFor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwedOp {
     None,
-    /// The create got as far as a VM: finish it by publishing Ready.
-    ReadyWait,
-    /// A hibernate was requested: resumed by the UpdatePod path.
+    /// A hibernate was requested and the VM still runs: start it (a no-op on a live VM) and hibernate.
     Hibernate,
+    /// A hibernate got as far as removing the VM: confirm the snapshot and report `hibernated`.
+    FinishHibernate,
+    /// A guest fixup ran, or may be needed (the guest-fixup policy decides), then the lease wait.
+    PostClone,
+    /// The fixup is done (or none applies): wait for the lease, then Ready.
+    ReadyWait,
+    /// A cloud-hypervisor Windows clone without a marker: restored (lease wait) or fresh (fixup)?
+    /// The hibernate evidence tells.
+    ClassifyDropNic,
 }
 
-pub fn owed_op(deleting: bool, has_vm: bool, annotations: &BTreeMap<String, String>) -> OwedOp {
-    if deleting || !has_vm {
+impl OwedOp {
+    /// `startup_resume_total{op}`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Hibernate => "hibernate",
+            Self::FinishHibernate => "finish_hibernate",
+            Self::PostClone => "post_clone",
+            Self::ReadyWait => "ready_wait",
+            Self::ClassifyDropNic => "classify_drop_nic",
+        }
+    }
+}
+
+/// What the pod looks like to [`owed_op`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwedFacts<'a> {
+    pub deleting: bool,
+    pub has_vm: bool,
+    pub annotations: &'a BTreeMap<String, String>,
+    /// `dropNIC(spec)`.
+    pub drop_nic: bool,
+    /// `isClonedBoot(spec)`.
+    pub cloned: bool,
+}
+
+pub fn owed_op(f: OwedFacts<'_>) -> OwedOp {
+    if f.deleting {
         return OwedOp::None;
     }
-    if annotations.get(HIBERNATE).is_some_and(|v| v == "true") {
-        return OwedOp::Hibernate;
+    let lifecycle = f.annotations.get(super::lifecycle::STATE).map(String::as_str).unwrap_or("");
+    if f.annotations.get(HIBERNATE).is_some_and(|v| v == "true") {
+        return match (f.has_vm, lifecycle) {
+            (true, _) => OwedOp::Hibernate,
+            (false, "hibernating") => OwedOp::FinishHibernate,
+            (false, _) => OwedOp::None,
+        };
     }
-    match annotations.get(super::lifecycle::STATE).map(String::as_str) {
-        None | Some("") | Some("creating") => OwedOp::ReadyWait,
-        _ => OwedOp::None,
+    if !f.has_vm || !matches!(lifecycle, "" | "creating") {
+        return OwedOp::None;
+    }
+    match f.annotations.get(crate::model::annotations::POST_CLONE_STATE).map(String::as_str) {
+        Some("failed") => OwedOp::None,
+        Some("running") => OwedOp::PostClone,
+        Some("done") => OwedOp::ReadyWait,
+        _ if f.drop_nic && f.cloned => OwedOp::ClassifyDropNic,
+        _ if f.cloned => OwedOp::PostClone,
+        _ => OwedOp::ReadyWait,
     }
 }
 
@@ -210,13 +255,27 @@ mod tests {
 
     #[test]
     fn owed_work() {
+        use crate::model::annotations::POST_CLONE_STATE;
+        use crate::provider::lifecycle::STATE;
         let a = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
-        assert_eq!(owed_op(true, true, &a(&[])), OwedOp::None);
-        assert_eq!(owed_op(false, false, &a(&[])), OwedOp::None);
-        assert_eq!(owed_op(false, true, &a(&[(HIBERNATE, "true")])), OwedOp::Hibernate);
-        assert_eq!(owed_op(false, true, &a(&[])), OwedOp::ReadyWait);
-        assert_eq!(owed_op(false, true, &a(&[(crate::provider::lifecycle::STATE, "creating")])), OwedOp::ReadyWait);
-        assert_eq!(owed_op(false, true, &a(&[(crate::provider::lifecycle::STATE, "ready")])), OwedOp::None);
-        assert_eq!(owed_op(false, true, &a(&[(crate::provider::lifecycle::STATE, "failed")])), OwedOp::None);
+        let owed = |deleting: bool, has_vm: bool, annotations: &BTreeMap<String, String>, drop_nic: bool, cloned: bool| {
+            owed_op(OwedFacts { deleting, has_vm, annotations, drop_nic, cloned })
+        };
+        // Deleting or VM-less pods owe nothing (a hibernate in its last step excepted).
+        assert_eq!(owed(true, true, &a(&[]), false, true), OwedOp::None);
+        assert_eq!(owed(false, false, &a(&[]), false, true), OwedOp::None);
+        assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "ready")]), false, true), OwedOp::Hibernate);
+        assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::Hibernate, "a stopped VM is started then hibernated");
+        assert_eq!(owed(false, false, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::FinishHibernate);
+        assert_eq!(owed(false, false, &a(&[(HIBERNATE, "true"), (STATE, "hibernated")]), false, true), OwedOp::None);
+        // Only a create that had not finished is resumed.
+        assert_eq!(owed(false, true, &a(&[(STATE, "ready")]), false, true), OwedOp::None);
+        assert_eq!(owed(false, true, &a(&[(STATE, "failed")]), false, true), OwedOp::None);
+        assert_eq!(owed(false, true, &a(&[(STATE, "creating"), (POST_CLONE_STATE, "failed")]), false, true), OwedOp::None, "a failed fixup stays parked");
+        assert_eq!(owed(false, true, &a(&[(STATE, "creating"), (POST_CLONE_STATE, "running")]), false, true), OwedOp::PostClone);
+        assert_eq!(owed(false, true, &a(&[(STATE, "creating"), (POST_CLONE_STATE, "done")]), false, true), OwedOp::ReadyWait);
+        assert_eq!(owed(false, true, &a(&[(STATE, "creating")]), true, true), OwedOp::ClassifyDropNic);
+        assert_eq!(owed(false, true, &a(&[]), false, true), OwedOp::PostClone);
+        assert_eq!(owed(false, true, &a(&[(STATE, "creating")]), false, false), OwedOp::ReadyWait, "a run-mode VM needs no fixup");
     }
 }

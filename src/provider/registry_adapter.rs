@@ -45,4 +45,8 @@ impl SnapshotRegistry for Registry {
             CloudImage::NotACloudImage => Ok(CloudImageResult::NotACloudImage),
         }
     }
+
+    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure> {
+        Registry::delete_manifest(self, repo, tag).await.map_err(failure)
+    }
 }

@@ -10,7 +10,7 @@ use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::lifecycle::Intent;
-use super::reconcile::{self, InspectVerdict, OrphanPolicy, OwedOp, PodMatch, PodView, StaleStep};
+use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
 use super::CocoonProvider;
 use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, VmSpec};
@@ -111,10 +111,12 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
             }
             PodMatch::Hibernated { clear_stale_id } => {
                 p.state.track(&pkey, pod, &view.vm_name);
+                p.state.mark_hibernated(&pkey, &uid);
                 seed(p);
                 if clear_stale_id {
                     p.clear_runtime(pod, &pkey).await;
                 }
+                owed.push((pod.clone(), pkey));
             }
             PodMatch::Skip { stale_id } => {
                 if stale_id {
@@ -133,23 +135,12 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         apply_orphan_policy(p, &vm).await;
     }
 
-    // 6. Owed work.
+    // 6. Probes for the adopted pods, then the work a restart owes each pod (in the background).
+    stream::iter(owed.iter().filter(|(_, k)| p.state.tracked(k).is_some_and(|t| t.vm.is_some())))
+        .for_each_concurrent(FAN_OUT, |(pod, pkey)| async move { p.start_probe(pkey, &super::state::uid_of(pod)).await })
+        .await;
     for (pod, pkey) in owed {
-        let deleting = pod.metadata.deletion_timestamp.is_some();
-        let has_vm = p.state.tracked(&pkey).is_some_and(|t| t.vm.is_some());
-        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        match reconcile::owed_op(deleting, has_vm, &annotations) {
-            OwedOp::None => {}
-            OwedOp::Hibernate => {
-                p.metrics.startup_resume.with_label_values(&["hibernate"]).inc();
-                tracing::warn!(pod = %pkey, "a hibernate is owed; it resumes when UpdatePod delivers the pod");
-            }
-            OwedOp::ReadyWait => {
-                p.metrics.startup_resume.with_label_values(&["ready_wait"]).inc();
-                p.ports.events.record(&pod, false, "ResumedAfterRestart", "op=ready_wait".into());
-                p.publish_ready(&pod, &pkey).await;
-            }
-        }
+        p.dispatch_owed(&pod, &pkey).await;
     }
     p.notify("");
     tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
@@ -209,7 +200,7 @@ async fn inspect_step(runtime: &dyn CocoonRuntime, id: &str) -> StaleResult {
 /// The bounded watcher of a stale create: 1 s doubling to 30 s, within the budget.
 fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
     let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
-    let budget = p.cfg.stale_watch_budget;
+    let budget = p.cfg.timings.stale_watch_budget;
     let policy = p.cfg.orphan_policy;
     let releaser = p.ports.releaser.clone();
     tokio::spawn(async move {

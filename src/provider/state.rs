@@ -1,13 +1,18 @@
 //! The provider's in-memory tables (behaviour spec §3.1): tracked pods with their incarnation
-//! and VM, VMs by name, lifecycle intents, the delete fence, and per-key async locks that make
-//! concurrent callers share one piece of work (fork snapshots, snapshot pulls, image pulls).
+//! and VM, VMs by name, lifecycle intents, the delete fence, resume claims, the statuses of
+//! evicted pods, background guest work, VM restart times, owed retries, and per-key async locks
+//! that make concurrent callers share one piece of work (fork snapshots, snapshot pulls, image
+//! pulls) or serialise one pod's operations.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, Dropped, Intent};
+use crate::kubelet::ProviderPodStatus;
 use crate::runtime::VmRecord;
 
 /// A pod the provider tracks.
@@ -17,6 +22,26 @@ pub struct Tracked {
     pub uid: String,
     pub vm_name: String,
     pub vm: Option<VmRecord>,
+    /// No VM because the guest is hibernated (its state is in a snapshot): the pod stays alive.
+    pub hibernated: bool,
+}
+
+/// One run of background guest work (fixup, lease wait) of a pod.
+#[derive(Debug, Clone)]
+pub struct GuestWork {
+    id: u64,
+    /// Cancelled when the pod is hibernated, deleted or evicted, or newer work replaces this.
+    pub stop: CancellationToken,
+}
+
+/// A failed hibernate or wake owed a retry (decision 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwedRetry {
+    pub uid: String,
+    /// The delay the retry was scheduled with (the next one doubles it).
+    pub delay: Duration,
+    /// Identifies the scheduled task: a later schedule supersedes it.
+    pub token: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -33,6 +58,18 @@ struct Inner {
     vms_by_name: HashMap<String, VmRecord>,
     intents: HashMap<String, StoredIntent>,
     deleting: HashSet<String>,
+    /// Pods whose work owed after a restart is running (`resumedOps`).
+    resumed: HashSet<String>,
+    /// The final status of evicted incarnations, published when the kubelet finalizes them.
+    terminal: HashMap<String, (String, ProviderPodStatus)>,
+    /// Background guest work (fixup, lease wait) per pod: (uid, stop).
+    guest_work: HashMap<String, (String, GuestWork)>,
+    /// When the watcher last restarted a VM in place, by VM id.
+    last_restart: HashMap<String, Instant>,
+    /// VM ids with a deferred inspect recheck running.
+    rechecks: HashSet<String>,
+    retries: HashMap<String, OwedRetry>,
+    next_token: u64,
 }
 
 #[derive(Default)]
@@ -56,10 +93,14 @@ impl State {
         let uid = uid_of(pod);
         let mut s = self.lock();
         let vm = s.pods.get(key).filter(|t| t.uid == uid).and_then(|t| t.vm.clone());
+        let hibernated = s.pods.get(key).filter(|t| t.uid == uid).is_some_and(|t| t.hibernated);
         if s.intents.get(key).is_some_and(|i| i.intent.uid != uid) {
             s.intents.remove(key);
         }
-        s.pods.insert(key.into(), Tracked { pod: pod.clone(), uid, vm_name: vm_name.into(), vm });
+        if s.terminal.get(key).is_some_and(|(u, _)| *u != uid) {
+            s.terminal.remove(key);
+        }
+        s.pods.insert(key.into(), Tracked { pod: pod.clone(), uid, vm_name: vm_name.into(), vm, hibernated });
     }
 
     /// Refreshes the tracked copy of the same incarnation (annotations such as the keep flag).
@@ -75,6 +116,7 @@ impl State {
         let mut s = self.lock();
         let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid) else { return false };
         t.vm = Some(vm.clone());
+        t.hibernated = false;
         let name = if vm.name().is_empty() { t.vm_name.clone() } else { vm.name().to_string() };
         s.vms_by_name.insert(name, vm);
         true
@@ -97,6 +139,54 @@ impl State {
         self.lock().pods.get(key).cloned()
     }
 
+    /// The tracked row of incarnation `uid`.
+    pub fn tracked_as(&self, key: &str, uid: &str) -> Option<Tracked> {
+        self.lock().pods.get(key).filter(|t| t.uid == uid).cloned()
+    }
+
+    /// Replaces the tracked VM record of incarnation `uid` when it still is VM `vm.id`
+    /// (a refresh after a restart in place, or a NIC change); false when the VM changed.
+    pub fn refresh_vm(&self, key: &str, uid: &str, vm: VmRecord) -> bool {
+        let mut s = self.lock();
+        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid && t.vm.as_ref().is_some_and(|v| v.id == vm.id)) else { return false };
+        t.vm = Some(vm.clone());
+        let name = t.vm_name.clone();
+        s.vms_by_name.insert(name, vm);
+        true
+    }
+
+    /// Detaches the VM of incarnation `uid` (it was removed): the pod stays tracked, marked
+    /// hibernated when its guest state was saved.
+    pub fn detach_vm(&self, key: &str, uid: &str, hibernated: bool) {
+        let mut s = self.lock();
+        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid) else { return };
+        t.vm = None;
+        t.hibernated = hibernated;
+        let name = t.vm_name.clone();
+        s.vms_by_name.remove(&name);
+    }
+
+    /// Marks a VM-less tracked incarnation as hibernated (startup: its guest is in a snapshot).
+    pub fn mark_hibernated(&self, key: &str, uid: &str) {
+        if let Some(t) = self.lock().pods.get_mut(key).filter(|t| t.uid == uid && t.vm.is_none()) {
+            t.hibernated = true;
+        }
+    }
+
+    /// The tracked pod running VM `vm_id`; for a record without an id, the pod whose VM is named
+    /// `vm_name`. (An event about an older VM of the same name never matches the current one.)
+    pub fn pod_of_vm(&self, vm_id: &str, vm_name: &str) -> Option<(String, Tracked)> {
+        let s = self.lock();
+        let found = if !vm_id.is_empty() {
+            s.pods.iter().find(|(_, t)| t.vm.as_ref().is_some_and(|v| v.id == vm_id))
+        } else if !vm_name.is_empty() {
+            s.pods.iter().find(|(_, t)| t.vm.is_some() && t.vm_name == vm_name)
+        } else {
+            None
+        };
+        found.map(|(k, t)| (k.clone(), t.clone()))
+    }
+
     /// Drops a provisional tracked pod of incarnation `uid` (its intent stays).
     pub fn untrack(&self, key: &str, uid: &str) {
         let mut s = self.lock();
@@ -105,7 +195,8 @@ impl State {
         }
     }
 
-    /// Forgets incarnation `uid`: tracked row, its VM's name index and its intent.
+    /// Forgets incarnation `uid`: tracked row, its VM's name index, its intent, its guest work
+    /// and any retry owed to it.
     pub fn forget(&self, key: &str, uid: &str, vm_name: &str) {
         let mut s = self.lock();
         if s.pods.get(key).is_some_and(|t| t.uid == uid) {
@@ -116,6 +207,134 @@ impl State {
         }
         if !vm_name.is_empty() {
             s.vms_by_name.remove(vm_name);
+        }
+        if s.guest_work.get(key).is_some_and(|(u, _)| u == uid)
+            && let Some((_, work)) = s.guest_work.remove(key)
+        {
+            work.stop.cancel();
+        }
+        if s.retries.get(key).is_some_and(|r| r.uid == uid) {
+            s.retries.remove(key);
+        }
+    }
+
+    // ---- resume claims, evictions, guest work ----
+
+    /// Claims `key` for work resumed after a restart; false when already claimed.
+    pub fn claim_resume(&self, key: &str) -> bool {
+        self.lock().resumed.insert(key.into())
+    }
+
+    pub fn release_resume(&self, key: &str) {
+        self.lock().resumed.remove(key);
+    }
+
+    pub fn resume_claimed(&self, key: &str) -> bool {
+        self.lock().resumed.contains(key)
+    }
+
+    pub fn is_deleting(&self, key: &str) -> bool {
+        self.lock().deleting.contains(key)
+    }
+
+    /// Records the final status of an evicted incarnation and untracks it.
+    pub fn evicted(&self, key: &str, uid: &str, status: ProviderPodStatus) {
+        let mut s = self.lock();
+        if s.pods.get(key).is_some_and(|t| t.uid == uid) {
+            let name = s.pods.remove(key).map(|t| t.vm_name).unwrap_or_default();
+            s.vms_by_name.remove(&name);
+        }
+        s.terminal.insert(key.into(), (uid.into(), status));
+    }
+
+    pub fn terminal_status(&self, key: &str, uid: &str) -> Option<ProviderPodStatus> {
+        self.lock().terminal.get(key).filter(|(u, _)| u == uid).map(|(_, st)| st.clone())
+    }
+
+    /// Registers the guest work of incarnation `uid`, stopping any earlier work of the pod.
+    pub fn begin_guest_work(&self, key: &str, uid: &str) -> GuestWork {
+        let mut s = self.lock();
+        s.next_token += 1;
+        let work = GuestWork { id: s.next_token, stop: CancellationToken::new() };
+        if let Some(old) = s.guest_work.insert(key.into(), (uid.into(), work.clone())) {
+            old.1.stop.cancel();
+        }
+        work
+    }
+
+    /// Stops the pod's guest work (hibernate, delete, eviction).
+    pub fn stop_guest_work(&self, key: &str) {
+        if let Some((_, work)) = self.lock().guest_work.remove(key) {
+            work.stop.cancel();
+        }
+    }
+
+    /// The guest work `work` finished (a later registration is left alone).
+    pub fn end_guest_work(&self, key: &str, work: &GuestWork) {
+        let mut s = self.lock();
+        if s.guest_work.get(key).is_some_and(|(_, w)| w.id == work.id) {
+            s.guest_work.remove(key);
+        }
+    }
+
+    pub fn guest_work_running(&self, key: &str) -> bool {
+        self.lock().guest_work.contains_key(key)
+    }
+
+    // ---- the VM watcher's memory ----
+
+    /// When VM `vm_id` was last restarted in place.
+    pub fn last_restart(&self, vm_id: &str) -> Option<Instant> {
+        self.lock().last_restart.get(vm_id).copied()
+    }
+
+    pub fn record_restart(&self, vm_id: &str, at: Instant) {
+        self.lock().last_restart.insert(vm_id.into(), at);
+    }
+
+    /// Drops restart records older than `age` (after a clean end of the event stream).
+    pub fn gc_restarts(&self, now: Instant, age: Duration) {
+        self.lock().last_restart.retain(|_, at| now.saturating_duration_since(*at) < age);
+    }
+
+    /// Starts a deferred recheck of VM `vm_id`; false when one is already running.
+    pub fn begin_recheck(&self, vm_id: &str) -> bool {
+        self.lock().rechecks.insert(vm_id.into())
+    }
+
+    pub fn end_recheck(&self, vm_id: &str) {
+        self.lock().rechecks.remove(vm_id);
+    }
+
+    // ---- owed retries (decision 10) ----
+
+    /// Schedules the next retry of incarnation `uid`: returns the delay (`min` the first time,
+    /// then doubling up to `max`) and the token identifying this schedule.
+    pub fn owe_retry(&self, key: &str, uid: &str, min: Duration, max: Duration) -> (Duration, u64) {
+        let mut s = self.lock();
+        let previous = s.retries.get(key).filter(|r| r.uid == uid).map(|r| r.delay);
+        let delay = super::retry::next_delay(previous, min, max);
+        s.next_token += 1;
+        let token = s.next_token;
+        s.retries.insert(key.into(), OwedRetry { uid: uid.into(), delay, token });
+        (delay, token)
+    }
+
+    /// Whether the retry scheduled with `token` is still the one owed to the tracked incarnation.
+    pub fn retry_due(&self, key: &str, token: u64) -> bool {
+        let s = self.lock();
+        s.retries.get(key).is_some_and(|r| r.token == token && s.pods.get(key).is_some_and(|t| t.uid == r.uid))
+    }
+
+    pub fn owed_retry(&self, key: &str) -> Option<OwedRetry> {
+        self.lock().retries.get(key).cloned()
+    }
+
+    /// The operation succeeded (or is no longer owed): no retry.
+    pub fn settle_retry(&self, key: &str, uid: &str) {
+        let mut s = self.lock();
+        if s.retries.get(key).is_some_and(|r| r.uid == uid) {
+            s.retries.remove(key);
         }
     }
 

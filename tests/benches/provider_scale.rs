@@ -36,7 +36,8 @@ use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
 use vk_cocoon::provider::ports::{KubePodPatcher, SnapshotRegistry};
 use vk_cocoon::provider::reconcile::OrphanPolicy;
-use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
+use vk_cocoon::provider::probe::NetProber;
+use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig, Timings};
 use vk_cocoon::runtime::{
     CloneSource, CloneSpec, CocoonCli, CocoonRuntime, ExecIo, ExecSpec, ImageRecord, Result as RtResult, RunSpec, SnapshotRecord, StaleCreateOutcome,
     VmRecord, WatchItem,
@@ -182,9 +183,8 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         node_class: String::new(),
         restore_mode: "mmap".into(),
         orphan_policy: OrphanPolicy::Alert,
-        patch_retry: Duration::from_millis(50),
-        stale_watch_budget: Duration::from_secs(20),
-        reflush_interval: Duration::from_secs(3600),
+        root_dir: env.sim_dir.path().join("cocoon-root"),
+        timings: Timings { patch_retry: Duration::from_millis(50), reflush_interval: Duration::from_secs(3600), ..Timings::default() },
     };
     let ports = Ports {
         runtime: runtime as Arc<dyn CocoonRuntime>,
@@ -193,8 +193,9 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         releaser: None,
         patcher: Arc::new(KubePodPatcher::new(env.server.client())),
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
+        prober: Arc::new(NetProber::default()),
     };
-    Arc::new(CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()))
+    CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered())
 }
 
 /// Writes `n` copies of `template` (names `vm-p-<i>`, fresh ids and IPs) into the simulator's state in one update.

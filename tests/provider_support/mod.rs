@@ -28,7 +28,8 @@ use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
 use vk_cocoon::provider::ports::{Artifact, CloudImageResult, KubePodPatcher, RegistryFailure, SnapshotMeta, SnapshotRegistry};
 use vk_cocoon::provider::reconcile::OrphanPolicy;
-use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
+use vk_cocoon::provider::probe::NetProber;
+use vk_cocoon::provider::{CocoonProvider, Ports, ProbeTimings, ProviderConfig, Timings};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
 
 pub use kubelet_support::{eventually, NODE};
@@ -54,6 +55,7 @@ pub struct FakeRegistry {
     pub failing_pushes: AtomicU32,
     pub pulls: AtomicU32,
     pub pushes: Mutex<Vec<(String, String, String)>>,
+    pub deletes: Mutex<Vec<(String, String)>>,
 }
 
 impl FakeRegistry {
@@ -123,6 +125,13 @@ impl SnapshotRegistry for FakeRegistry {
         self.check()?;
         Ok(CloudImageResult::NotACloudImage)
     }
+
+    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure> {
+        self.check()?;
+        self.store.lock().unwrap().remove(&(repo.into(), tag.into()));
+        self.deletes.lock().unwrap().push((repo.into(), tag.into()));
+        Ok(())
+    }
 }
 
 /// Everything a daemon runs against; survives daemon restarts.
@@ -143,6 +152,8 @@ pub async fn env(with_registry: bool) -> Env {
     let server = FakeApiServer::start().await;
     let sim_dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(sim_dir.path()).unwrap();
+    // Static guest addresses on loopback: the daemon's real TCP and ICMP probes reach them.
+    sim.set_settings(|s| s.static_subnet = "127.88".into()).unwrap();
     let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
     // A generous decision deadline: these tests share two cores with builds, and a policy
     // timeout (fail-safe refusal, retried) is not what they are about.
@@ -173,11 +184,47 @@ pub struct Options {
     pub orphan: OrphanPolicy,
     pub node_class: String,
     pub releaser: Option<Arc<dyn vk_cocoon::provider::ports::LeaseReleaser>>,
+    pub timings: Timings,
+    pub root_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { orphan: OrphanPolicy::Destroy, node_class: String::new(), releaser: None }
+        Self { orphan: OrphanPolicy::Destroy, node_class: String::new(), releaser: None, timings: fast_timings(), root_dir: None }
+    }
+}
+
+/// The spec's timings scaled down so background work finishes within a test. The restart
+/// cooldown keeps its 30 s: the tests stop a VM twice well within it.
+pub fn fast_timings() -> Timings {
+    Timings {
+        patch_retry: Duration::from_millis(50),
+        stale_watch_budget: Duration::from_secs(20),
+        reflush_interval: Duration::from_millis(300),
+        probe: ProbeTimings {
+            initial: Duration::from_millis(50),
+            max_unready: Duration::from_millis(200),
+            ready: Duration::from_millis(200),
+            timeout: Duration::from_secs(1),
+            failures_to_unready: 3,
+        },
+        fixup_interval: Duration::from_millis(200),
+        fixup_budget: Duration::from_secs(3),
+        ip_wait: Duration::from_secs(3),
+        ip_poll: Duration::from_millis(50),
+        renew_nudge_after: Duration::from_millis(1500),
+        inspect_retry: Duration::from_millis(50),
+        recheck_initial: Duration::from_millis(100),
+        recheck_max: Duration::from_millis(400),
+        recheck_budget: Duration::from_secs(4),
+        restart_cooldown: Duration::from_secs(30),
+        status_initial: Duration::from_millis(200),
+        status_period: Duration::from_millis(400),
+        op_retry_min: Duration::from_millis(300),
+        op_retry_max: Duration::from_secs(2),
+        evict_backoff: Duration::from_millis(50),
+        evict_retry_max: Duration::from_secs(1),
+        classify_budget: Duration::from_secs(5),
     }
 }
 
@@ -209,9 +256,8 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         node_class: opts.node_class.clone(),
         restore_mode: "mmap".into(),
         orphan_policy: opts.orphan,
-        patch_retry: Duration::from_millis(50),
-        stale_watch_budget: Duration::from_secs(20),
-        reflush_interval: Duration::from_millis(300),
+        root_dir: opts.root_dir.clone().unwrap_or_else(|| env.sim_dir.path().join("cocoon-root")),
+        timings: opts.timings.clone(),
     };
     let ports = Ports {
         runtime: env.runtime.clone(),
@@ -220,8 +266,9 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         releaser: opts.releaser.clone(),
         patcher: Arc::new(KubePodPatcher::new(env.server.client())),
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
+        prober: Arc::new(NetProber::default()),
     };
-    Arc::new(CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()))
+    CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered())
 }
 
 pub fn start(env: &Env, opts: Options) -> Daemon {

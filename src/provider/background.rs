@@ -1,0 +1,118 @@
+//! The provider's background loops (behaviour spec §3.8, §3.9): the lifecycle reconciler
+//! re-flushes intents that did not reach the apiserver; the VM event watcher; the status
+//! reconciler keeps the IP annotation on the lease and republishes drifted statuses.
+
+use std::sync::Arc;
+
+use futures::stream::{self, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::CocoonProvider;
+use crate::runtime::VmRecord;
+
+const FAN_OUT: usize = 8;
+
+pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
+    let stop = CancellationToken::new();
+    let watcher = tokio::spawn(super::watcher::run(p.clone(), stop.clone()));
+    let statuses = tokio::spawn(status_loop(p.clone(), stop.clone()));
+    let mut tick = tokio::time::interval(p.cfg.timings.reflush_interval);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = p.closing.cancelled() => break,
+            _ = tick.tick() => p.reflush().await,
+        }
+    }
+    stop.cancel();
+    p.close();
+    let _ = watcher.await;
+    let _ = statuses.await;
+}
+
+async fn status_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
+    let t = &p.cfg.timings;
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = tokio::time::sleep(t.status_initial) => {}
+    }
+    let mut tick = tokio::time::interval(t.status_period);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => p.reconcile_statuses().await,
+        }
+    }
+}
+
+impl CocoonProvider {
+    /// One pass of the status reconciler over every tracked pod with a VM.
+    pub(super) async fn reconcile_statuses(&self) {
+        let keys = self.state.tracked_keys();
+        stream::iter(keys).for_each_concurrent(FAN_OUT, |key| async move { self.reconcile_status(&key).await }).await;
+    }
+
+    async fn reconcile_status(&self, key: &str) {
+        let Some(tracked) = self.state.tracked(key) else { return };
+        let Some(vm) = tracked.vm.clone() else { return };
+        let current = match self.ports.patcher.get_pod(&tracked.pod).await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(pod = %key, %error, "status reconciler: reading the pod failed; next pass");
+                return;
+            }
+        };
+        self.reconcile_endpoint(&current, key, &vm).await;
+        if let Some(status) = self.status_of(key, false)
+            && !crate::kubelet::status::matches(current.status.as_ref(), &status)
+        {
+            tracing::info!(pod = %key, "pod status drifted from the provider's view; republishing");
+            self.notify(key);
+        }
+    }
+
+    /// The IP annotation follows the VM's resolved IP (cocoon-net may rebind a MAC).
+    pub(super) async fn reconcile_endpoint(&self, pod: &k8s_openapi::api::core::v1::Pod, key: &str, vm: &VmRecord) {
+        let ip = self.resolve_ip(vm);
+        let annotated = pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::model::annotations::IP)).map(String::as_str).unwrap_or("");
+        if !ip.is_empty() && ip != annotated && super::plan::is_managed_pod(pod) {
+            tracing::info!(pod = %key, vm = %vm.id, from = annotated, to = %ip, "vm ip changed; updating the ip annotation");
+            self.write_runtime(pod, key, "", &ip).await;
+        }
+    }
+
+    /// A probe agent saw readiness flip: repair the endpoint annotation and republish the status.
+    pub(super) async fn on_probe_flip(&self, key: &str, uid: &str) {
+        let Some(tracked) = self.state.tracked_as(key, uid) else { return };
+        if let Some(vm) = &tracked.vm {
+            self.reconcile_endpoint(&tracked.pod, key, vm).await;
+        }
+        self.notify(key);
+    }
+
+    /// Starts the probe agent of the tracked incarnation (first probe before returning).
+    pub(super) async fn start_probe(&self, key: &str, uid: &str) {
+        let Some(tracked) = self.state.tracked_as(key, uid) else { return };
+        if tracked.pod.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        let me = self.me.clone();
+        let (k, u) = (key.to_string(), uid.to_string());
+        let target: super::probe::TargetFn = Arc::new(move || {
+            let p = me.upgrade()?;
+            let t = p.state.tracked_as(&k, &u)?;
+            let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
+            let port = t.pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::model::annotations::PROBE_PORT)).cloned().unwrap_or_default();
+            Some(super::probe::target(t.vm.is_some(), &ip, &port))
+        });
+        let me = self.me.clone();
+        let (k, u) = (key.to_string(), uid.to_string());
+        let on_flip: super::probe::FlipFn = Arc::new(move |_ready| {
+            let Some(p) = me.upgrade() else { return };
+            let (k, u) = (k.clone(), u.clone());
+            tokio::spawn(async move { p.on_probe_flip(&k, &u).await });
+        });
+        self.probes.start(key, uid, target, on_flip).await;
+    }
+}

@@ -1,0 +1,157 @@
+//! Provider settings (environment, behaviour spec §2) and the timings of its background work.
+//! Every timing defaults to the spec's value; tests shorten them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::reconcile::OrphanPolicy;
+
+/// Provider settings.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    pub node_name: String,
+    /// `VK_SNAPSHOT_CPU_CLASS`; "" = unclassified.
+    pub node_class: String,
+    /// `VK_RESTORE_MODE` (`copy` | `ondemand` | `mmap`, default mmap).
+    pub restore_mode: String,
+    /// `VK_ORPHAN_POLICY`.
+    pub orphan_policy: OrphanPolicy,
+    /// `COCOON_ROOT_DIR`: where cocoon keeps a VM's run dir (the cloud-image overlay is read there).
+    pub root_dir: PathBuf,
+    pub timings: Timings,
+}
+
+impl ProviderConfig {
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let restore_mode = env("VK_RESTORE_MODE").map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty()).unwrap_or_else(|| "mmap".into());
+        if crate::runtime::RestoreMode::parse(&restore_mode).is_none() {
+            return Err(format!("VK_RESTORE_MODE={restore_mode:?} is not one of copy, ondemand, mmap"));
+        }
+        Ok(Self {
+            node_name: env("VK_NODE_NAME").filter(|v| !v.is_empty()).unwrap_or_else(|| crate::kubelet::config::DEFAULT_NODE_NAME.into()),
+            node_class: env("VK_SNAPSHOT_CPU_CLASS").unwrap_or_default(),
+            restore_mode,
+            orphan_policy: OrphanPolicy::parse(env("VK_ORPHAN_POLICY").as_deref())?,
+            root_dir: env("COCOON_ROOT_DIR").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/cocoon")),
+            timings: Timings::default(),
+        })
+    }
+
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+}
+
+/// Readiness probing (§3.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTimings {
+    /// First interval while not ready; grows ×1.5 up to `max_unready`.
+    pub initial: Duration,
+    pub max_unready: Duration,
+    /// Steady interval once ready.
+    pub ready: Duration,
+    /// Timeout of one probe.
+    pub timeout: Duration,
+    /// Consecutive failures that flip a ready pod back to not ready.
+    pub failures_to_unready: u32,
+}
+
+impl Default for ProbeTimings {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max_unready: Duration::from_secs(1),
+            ready: Duration::from_secs(5),
+            timeout: Duration::from_secs(3),
+            failures_to_unready: 3,
+        }
+    }
+}
+
+/// How long background work waits and retries (§3.4–§3.9, §4e, §4h).
+#[derive(Debug, Clone)]
+pub struct Timings {
+    /// Pause between attempts of an apiserver write (3 attempts).
+    pub patch_retry: Duration,
+    /// Budget of the background watcher of a stale create.
+    pub stale_watch_budget: Duration,
+    /// Period of the lifecycle reconciler (re-flush of intents that did not reach the apiserver).
+    pub reflush_interval: Duration,
+    pub probe: ProbeTimings,
+    /// Guest fixup: pause between `vm exec` attempts, and the whole budget.
+    pub fixup_interval: Duration,
+    pub fixup_budget: Duration,
+    /// Waiting for a DHCP lease before Ready, its poll, and when a Windows guest gets one renew nudge.
+    pub ip_wait: Duration,
+    pub ip_poll: Duration,
+    pub renew_nudge_after: Duration,
+    /// VM watcher: pause before the second inline inspect; deferred recheck backoff and budget.
+    pub inspect_retry: Duration,
+    pub recheck_initial: Duration,
+    pub recheck_max: Duration,
+    pub recheck_budget: Duration,
+    /// A VM that stops again within this window of its last restart is removed, not restarted.
+    pub restart_cooldown: Duration,
+    /// Status reconciler: first pass after start, then every `status_period`.
+    pub status_initial: Duration,
+    pub status_period: Duration,
+    /// Retry of a failed hibernate or wake (decision 10): `op_retry_min` doubling to `op_retry_max`.
+    pub op_retry_min: Duration,
+    pub op_retry_max: Duration,
+    /// Eviction: pause × attempt between delete attempts, then background retries up to `evict_retry_max`.
+    pub evict_backoff: Duration,
+    pub evict_retry_max: Duration,
+    /// Classifying a resumed CH+Windows clone (hibernate evidence lookups) gives up after this.
+    pub classify_budget: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            patch_retry: Duration::from_millis(500),
+            stale_watch_budget: Duration::from_secs(30 * 60),
+            reflush_interval: Duration::from_secs(15),
+            probe: ProbeTimings::default(),
+            fixup_interval: Duration::from_secs(3),
+            fixup_budget: Duration::from_secs(180),
+            ip_wait: Duration::from_secs(45),
+            ip_poll: Duration::from_millis(200),
+            renew_nudge_after: Duration::from_secs(30),
+            inspect_retry: Duration::from_millis(200),
+            recheck_initial: Duration::from_secs(1),
+            recheck_max: Duration::from_secs(30),
+            recheck_budget: Duration::from_secs(30 * 60),
+            restart_cooldown: Duration::from_secs(30),
+            status_initial: Duration::from_secs(10),
+            status_period: Duration::from_secs(30),
+            op_retry_min: Duration::from_secs(15),
+            op_retry_max: Duration::from_secs(5 * 60),
+            evict_backoff: Duration::from_millis(200),
+            evict_retry_max: Duration::from_secs(30),
+            classify_budget: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<ProviderConfig, String> {
+        let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ProviderConfig::from_lookup(|k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn configuration_defaults_and_startup_errors() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy), ("cocoon-pool", "mmap", OrphanPolicy::Destroy));
+        assert_eq!(c.root_dir, PathBuf::from("/var/lib/cocoon"));
+        assert_eq!(c.timings.fixup_budget, Duration::from_secs(180));
+        let c = cfg(&[("VK_NODE_NAME", "n1"), ("VK_RESTORE_MODE", " OnDemand "), ("VK_ORPHAN_POLICY", "keep"), ("VK_SNAPSHOT_CPU_CLASS", "icx"), ("COCOON_ROOT_DIR", "/srv/cocoon")]).unwrap();
+        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy, c.node_class.as_str()), ("n1", "ondemand", OrphanPolicy::Keep, "icx"));
+        assert_eq!(c.root_dir, PathBuf::from("/srv/cocoon"));
+        assert!(cfg(&[("VK_ORPHAN_POLICY", "nuke")]).unwrap_err().contains("VK_ORPHAN_POLICY"));
+        assert!(cfg(&[("VK_RESTORE_MODE", "lazy")]).unwrap_err().contains("VK_RESTORE_MODE"));
+    }
+}

@@ -1,0 +1,74 @@
+//! Eviction (behaviour spec §3.6 `evictPod`): the pod of a VM that is gone (or was removed
+//! after failing) is deleted, conditioned on its uid, and reported Failed with its `agent`
+//! container terminated for the reason. The kubelet then finalizes it like any delete.
+
+use std::time::Duration;
+
+use super::gone::Eviction;
+use super::ports::PatchOutcome;
+use super::CocoonProvider;
+use crate::kubelet::ProviderPodStatus;
+
+/// Delete attempts before the eviction is handed to the background.
+const ATTEMPTS: u32 = 2;
+
+impl CocoonProvider {
+    /// Evicts incarnation `uid` of pod `key`. Returns whether the apiserver took the delete; when
+    /// it did not, the state is kept and the eviction retries in the background.
+    pub(super) async fn evict(&self, key: &str, uid: &str, why: Eviction) -> bool {
+        let Some(tracked) = self.state.tracked_as(key, uid) else { return false };
+        tracing::warn!(pod = %key, reason = why.reason, message = %why.message, "evicting the pod");
+        for attempt in 1..=ATTEMPTS {
+            match self.ports.patcher.delete_pod(&tracked.pod).await {
+                // Superseded: the object is gone or another incarnation owns the name; either
+                // way this incarnation is over.
+                Ok(PatchOutcome::Applied | PatchOutcome::Superseded(_)) => {
+                    self.evicted(&tracked.pod, key, uid, why);
+                    return true;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %key, attempt, %error, "evicting the pod: delete failed");
+                    if attempt < ATTEMPTS {
+                        tokio::time::sleep(self.cfg.timings.evict_backoff * attempt).await;
+                    }
+                }
+            }
+        }
+        self.metrics.pod_evict_failure.inc();
+        self.retry_eviction(key.to_string(), uid.to_string(), why);
+        false
+    }
+
+    fn evicted(&self, pod: &k8s_openapi::api::core::v1::Pod, key: &str, uid: &str, why: Eviction) {
+        self.ports.events.record(pod, true, why.reason, super::lifecycle::truncate(&format!("evicted: {}", why.message), super::lifecycle::MAX_EVENT_NOTE));
+        self.probes.forget(key, Some(uid));
+        self.state.stop_guest_work(key);
+        self.state.evicted(key, uid, ProviderPodStatus::failed(why.reason, &why.message));
+        self.notify(key);
+    }
+
+    /// Keeps trying an eviction the apiserver refused (it may be down), with backoff, while the
+    /// same incarnation is tracked.
+    fn retry_eviction(&self, key: String, uid: String, why: Eviction) {
+        let p = self.arc();
+        tokio::spawn(async move {
+            let mut failures = 0u32;
+            loop {
+                failures += 1;
+                let delay = crate::backoff::delay(failures, Duration::from_secs(1), p.cfg.timings.evict_retry_max);
+                tokio::select! {
+                    _ = p.closing.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                let Some(tracked) = p.state.tracked_as(&key, &uid) else { return };
+                match p.ports.patcher.delete_pod(&tracked.pod).await {
+                    Ok(_) => {
+                        p.evicted(&tracked.pod, &key, &uid, why);
+                        return;
+                    }
+                    Err(error) => tracing::warn!(pod = %key, %error, failures, "eviction still refused; retrying"),
+                }
+            }
+        });
+    }
+}

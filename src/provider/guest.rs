@@ -1,0 +1,279 @@
+//! Finishing a boot (behaviour spec §3.2 steps 11–15, §3.4 "hibernate-restore finish", §4e):
+//! start the readiness probe, then — in the background, so CreatePod returns — run the guest
+//! fixup the `guest-fixup` policy asks for over `cocoon vm exec` (every 3 s within 180 s),
+//! wait for the guest's DHCP lease (45 s), and only then publish Ready. An exhausted fixup
+//! leaves the pod Running / Not Ready with the commands as a base64 hint (decision 1).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::lifecycle::{self, LifecycleState};
+use super::metrics::ProviderMetrics;
+use super::CocoonProvider;
+use crate::model::annotations as key;
+use crate::model::{PodFacts, VmSpec};
+use crate::policy::decision::{FixupOutcome, GuestFixup};
+use crate::policy::facts::{BootOrigin, GuestFixupFacts, GuestNic};
+use crate::runtime::{ExecSpec, VmRecord};
+
+/// What a booted VM still needs before Ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Finish {
+    /// Nothing in the guest (run path, unmanaged, an adopted VM that is done): Ready now.
+    ReadyNow,
+    /// Ask the guest-fixup policy, run what it says, wait for the lease, then Ready.
+    Fixup { origin: BootOrigin, source_image: String },
+    /// Wait for a fresh lease, then Ready (a cloud-hypervisor Windows wake: its NIC is new).
+    LeaseWait,
+}
+
+/// How the fixup ended.
+enum Fixed {
+    /// Done, or nothing to do: go on to the lease wait.
+    Proceed,
+    /// Refused or exhausted; the pod is already reported failed.
+    Failed,
+}
+
+/// `post-clone-state` values (persisted so a restart resumes or parks the fixup).
+const STATE_RUNNING: &str = "running";
+const STATE_DONE: &str = "done";
+const STATE_FAILED: &str = "failed";
+
+impl CocoonProvider {
+    /// Starts the probe of the pod's VM and whatever finishing the boot needs. `wake` marks a
+    /// restore from hibernate (it counts in `cocoon_vk_wake_total` when it ends).
+    pub(super) async fn finish_boot(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
+        let uid = super::state::uid_of(pod);
+        self.start_probe(pkey, &uid).await;
+        if finish == Finish::ReadyNow {
+            if wake {
+                self.metrics.wake.with_label_values(&["ok"]).inc();
+            }
+            self.publish_ready(pod, pkey).await;
+            return;
+        }
+        let work = self.state.begin_guest_work(pkey, &uid);
+        let (p, pod, key, vm) = (self.arc(), pod.clone(), pkey.to_string(), vm.clone());
+        tokio::spawn(async move {
+            let stop = work.stop.clone();
+            tokio::select! {
+                _ = stop.cancelled() => tracing::info!(pod = %key, vm = %vm.id, "guest work stopped"),
+                _ = p.closing.cancelled() => {}
+                _ = p.guest_work(&pod, &key, &vm, finish, wake) => {}
+            }
+            p.state.end_guest_work(&key, &work);
+        });
+        self.notify(pkey);
+    }
+
+    /// Whether guest work of the pod is running (an adoption then leaves it alone).
+    pub(super) fn guest_work_running(&self, pkey: &str) -> bool {
+        self.state.guest_work_running(pkey)
+    }
+
+    async fn guest_work(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
+        if let Finish::Fixup { origin, source_image } = finish
+            && let Fixed::Failed = self.fixup(pod, pkey, vm, origin, &source_image, wake).await
+        {
+            return;
+        }
+        self.ready_after_lease(pod, pkey, vm, wake).await;
+    }
+
+    fn fixup_facts(&self, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> GuestFixupFacts {
+        let facts = PodFacts::from_pod(pod);
+        let spec = VmSpec::decode(&facts.annotations);
+        let backend_dir = if vm.hypervisor == "firecracker" { "firecracker" } else { "cloudhypervisor" };
+        let overlay = self.cfg.root_dir.join("run").join(backend_dir).join(&vm.id).join("overlay.qcow2");
+        GuestFixupFacts {
+            pod: facts,
+            spec,
+            vm_id: vm.id.clone(),
+            hypervisor: vm.hypervisor.clone(),
+            nics: vm
+                .network_configs
+                .iter()
+                .map(|n| GuestNic {
+                    mac: n.mac.trim().to_ascii_lowercase(),
+                    ip: n.network.as_ref().map(|x| x.ip.clone()).unwrap_or_default(),
+                    gateway: n.network.as_ref().map(|x| x.gateway.clone()).unwrap_or_default(),
+                    prefix: n.network.as_ref().map(|x| x.prefix).unwrap_or_default(),
+                })
+                .collect(),
+            origin,
+            source_image: source_image.to_string(),
+            cloudimg_overlay: overlay.exists(),
+        }
+    }
+
+    /// Asks the guest-fixup policy and runs its answer.
+    async fn fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, origin: BootOrigin, source_image: &str, wake: bool) -> Fixed {
+        let op = if wake { "wake" } else { "create" };
+        let facts = self.fixup_facts(pod, vm, origin, source_image);
+        let decision = match self.decide(move |p| p.guest_fixup(facts)).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string()).await;
+                return Fixed::Failed;
+            }
+        };
+        tracing::info!(pod = %pkey, vm = %vm.id, reason = %decision.reason, message = %decision.message, fail_safe = ?decision.fail_safe, "guest-fixup decision");
+        match decision.outcome {
+            FixupOutcome::None => Fixed::Proceed,
+            FixupOutcome::Refuse => {
+                self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
+                if wake {
+                    self.metrics.wake.with_label_values(&["failed"]).inc();
+                }
+                let reason = if decision.reason == crate::policy::decision::POLICY_FAILED { "PostClonePolicyFailed" } else { "PostCloneRefused" };
+                self.fail_op(pod, pkey, reason, op, &decision.message).await;
+                Fixed::Failed
+            }
+            FixupOutcome::Run { fixup } => self.run_fixup(pod, pkey, vm, &fixup, op, wake).await,
+        }
+    }
+
+    /// One `vm exec` per attempt, `fixup_interval` apart, within `fixup_budget`.
+    async fn run_fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, fixup: &GuestFixup, op: &str, wake: bool) -> Fixed {
+        let t = &self.cfg.timings;
+        self.set_post_clone_state(pod, pkey, STATE_RUNNING).await;
+        let spec = ExecSpec { argv: fixup.argv.clone(), ..Default::default() };
+        let started = Instant::now();
+        let mut errors: Vec<String> = Vec::new();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let left = t.fixup_budget.saturating_sub(started.elapsed());
+            let result = match tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &spec, None)).await {
+                Ok(Ok(out)) if out.code == 0 => Ok(()),
+                Ok(Ok(out)) => Err(format!("exit {}: {}", out.code, String::from_utf8_lossy(&out.stderr).trim())),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("vm exec did not finish within the {:?} budget", t.fixup_budget)),
+            };
+            match result {
+                Ok(()) => {
+                    self.metrics.postclone.with_label_values(&[&fixup.kind, "ok"]).inc();
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pkey, vm = %vm.id, attempt, %error, "guest fixup attempt failed");
+                    self.ports.events.record(pod, true, "PostCloneExecAttemptFailed", lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE));
+                    errors.push(format!("attempt {attempt}: {error}"));
+                    if started.elapsed() + t.fixup_interval >= t.fixup_budget {
+                        return self.fixup_exhausted(pod, pkey, fixup, op, wake, attempt, &errors).await;
+                    }
+                    tokio::time::sleep(t.fixup_interval).await;
+                }
+            }
+        }
+        self.metrics.postclone_retry_attempts.with_label_values(&["ok"]).observe(f64::from(attempt));
+        self.set_post_clone_state(pod, pkey, STATE_DONE).await;
+        let failed = self.state.intent(pkey).is_some_and(|i| i.state == LifecycleState::Failed);
+        if !failed {
+            self.ports.events.record(pod, false, "PostCloneSucceeded", format!("kind={} attempts={attempt}", fixup.kind));
+        }
+        Fixed::Proceed
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn fixup_exhausted(&self, pod: &Pod, pkey: &str, fixup: &GuestFixup, op: &str, wake: bool, attempts: u32, errors: &[String]) -> Fixed {
+        self.metrics.postclone.with_label_values(&[&fixup.kind, "failed"]).inc();
+        self.metrics.postclone_retry_attempts.with_label_values(&["failed"]).observe(f64::from(attempts));
+        if wake {
+            self.metrics.wake.with_label_values(&["failed"]).inc();
+        }
+        self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
+        let joined = errors.join("; ");
+        let hint = base64::engine::general_purpose::STANDARD.encode(fixup.hint.as_bytes());
+        let changes = BTreeMap::from([
+            (key::POST_CLONE_HINT.to_string(), Some(hint)),
+            (key::POST_CLONE_ERRORS.to_string(), Some(lifecycle::truncate(&joined, lifecycle::MAX_MESSAGE))),
+        ]);
+        self.write_annotations(pod, pkey, &changes).await;
+        let message = format!(
+            "guest fixup ({}) failed {attempts} times within {:?}: {joined}; the commands are in {} (base64); recreate the pod after repairing the guest",
+            fixup.kind,
+            self.cfg.timings.fixup_budget,
+            key::POST_CLONE_HINT
+        );
+        self.fail_op(pod, pkey, "PostCloneExecExhausted", op, &message).await;
+        self.notify(pkey);
+        Fixed::Failed
+    }
+
+    /// Persists the fixup progress; `failed` is final.
+    async fn set_post_clone_state(&self, pod: &Pod, pkey: &str, value: &str) {
+        let uid = super::state::uid_of(pod);
+        let current = self.state.tracked_as(pkey, &uid).and_then(|t| t.pod.metadata.annotations.and_then(|a| a.get(key::POST_CLONE_STATE).cloned()));
+        if current.as_deref() == Some(STATE_FAILED) || current.as_deref() == Some(value) {
+            return;
+        }
+        self.write_annotations(pod, pkey, &BTreeMap::from([(key::POST_CLONE_STATE.to_string(), Some(value.to_string()))])).await;
+    }
+
+    /// `markReadyAfterIP`: wait for the guest's lease (one `ipconfig /renew` nudge for a Windows
+    /// guest after `renew_nudge_after`), then publish Ready — if the boot is still current.
+    async fn ready_after_lease(&self, pod: &Pod, pkey: &str, vm: &VmRecord, wake: bool) {
+        let t = &self.cfg.timings;
+        let uid = super::state::uid_of(pod);
+        let windows = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new())).os == "windows";
+        let started = Instant::now();
+        let mut nudged = false;
+        let ip = loop {
+            let Some(current) = self.state.tracked_as(pkey, &uid).and_then(|t| t.vm).filter(|v| v.id == vm.id) else {
+                tracing::info!(pod = %pkey, vm = %vm.id, "lease wait abandoned: the pod's vm changed");
+                return;
+            };
+            let ip = self.resolve_ip(&current);
+            if !ip.is_empty() {
+                break Some(ip);
+            }
+            if windows && !nudged && started.elapsed() >= t.renew_nudge_after {
+                nudged = true;
+                let left = t.ip_wait.saturating_sub(started.elapsed());
+                let renew = ExecSpec { argv: vec!["cmd".into(), "/c".into(), "ipconfig".into(), "/renew".into()], ..Default::default() };
+                let ok = matches!(tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &renew, None)).await, Ok(Ok(ref out)) if out.code == 0);
+                ProviderMetrics::count(&self.metrics.wake_renew_nudge, ok);
+                continue;
+            }
+            if started.elapsed() >= t.ip_wait {
+                break None;
+            }
+            tokio::time::sleep(t.ip_poll).await;
+        };
+        match ip {
+            Some(ip) => {
+                if let Some(tracked) = self.state.tracked_as(pkey, &uid) {
+                    self.reconcile_endpoint(&tracked.pod, pkey, vm).await;
+                }
+                if self.publish_ready_guarded(pkey, &uid, &vm.id).await {
+                    tracing::info!(pod = %pkey, vm = %vm.id, %ip, "guest has its lease: ready");
+                    self.metrics.wake_ip_wait.with_label_values(&["ok"]).inc();
+                    if wake {
+                        self.metrics.wake.with_label_values(&["ok"]).inc();
+                    }
+                }
+            }
+            None => {
+                let Some(tracked) = self.state.tracked_as(pkey, &uid) else { return };
+                if tracked.vm.as_ref().is_none_or(|v| v.id != vm.id) || super::plan::hibernate_requested(&tracked.pod) {
+                    return;
+                }
+                let what = if wake { "wake" } else { "clone" };
+                let message = format!("{what} {}: dhcp lease not observed within {:?}", tracked.vm_name, t.ip_wait);
+                self.metrics.wake_ip_wait.with_label_values(&["timeout"]).inc();
+                if wake {
+                    self.metrics.wake.with_label_values(&["failed"]).inc();
+                }
+                let reason = if wake { "WakeIPWaitTimeout" } else { "PostCloneIPWaitTimeout" };
+                self.fail_op(&tracked.pod, pkey, reason, what, &message).await;
+                self.notify(pkey);
+            }
+        }
+    }
+}
+

@@ -1,0 +1,376 @@
+//! Readiness probing (behaviour spec §3.7): one agent per pod. The first probe runs inside the
+//! caller (so the first status already says whether the guest answers); later probes run on a
+//! schedule — 100 ms growing ×1.5 to 1 s while not ready, 5 s once ready, three failures in a
+//! row to flip back — and every flip calls back into the provider so the status is republished.
+//!
+//! Pure: [`Schedule`] and [`target`]. I/O: the [`Prober`] port ([`NetProber`]: TCP connect, one
+//! ICMPv4 echo) and the [`Probes`] manager that runs the agents.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use super::config::ProbeTimings;
+
+/// The latest verdict of a pod's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub ready: bool,
+    pub message: String,
+    pub last_seen: Option<Instant>,
+}
+
+impl ProbeResult {
+    fn not_started() -> Self {
+        Self { ready: false, message: "not probed yet".into(), last_seen: None }
+    }
+}
+
+/// When to probe next, and whether a result flips readiness.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    timings: ProbeTimings,
+    ready: bool,
+    failures: u32,
+    interval: Duration,
+}
+
+impl Schedule {
+    pub fn new(timings: ProbeTimings) -> Self {
+        Self { timings, ready: false, failures: 0, interval: timings.initial }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Records one probe; returns whether readiness flipped and the delay before the next probe.
+    pub fn observe(&mut self, ok: bool) -> (bool, Duration) {
+        if ok {
+            self.failures = 0;
+            let flipped = !self.ready;
+            self.ready = true;
+            return (flipped, self.timings.ready);
+        }
+        if self.ready {
+            self.failures += 1;
+            if self.failures < self.timings.failures_to_unready {
+                return (false, self.timings.ready);
+            }
+            self.ready = false;
+            self.failures = 0;
+            self.interval = self.timings.initial;
+            return (true, self.interval);
+        }
+        let delay = self.interval;
+        self.interval = self.interval.mul_f64(1.5).min(self.timings.max_unready);
+        (false, delay)
+    }
+}
+
+/// What one probe of a pod checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Not reachable by construction; the message says why.
+    Unready(String),
+    Tcp(SocketAddr),
+    Icmp(Ipv4Addr),
+}
+
+/// The probe of a pod whose VM is `has_vm`, resolved IP `ip` ("" while none) and
+/// `vm.cocoonstack.io/probe-port` annotation `probe_port` ("" for ICMP).
+pub fn target(has_vm: bool, ip: &str, probe_port: &str) -> Target {
+    if !has_vm {
+        return Target::Unready("vm gone".into());
+    }
+    if ip.is_empty() {
+        return Target::Unready("waiting for dhcp lease".into());
+    }
+    let Ok(addr) = ip.parse::<IpAddr>() else {
+        return Target::Unready(format!("vm ip {ip:?} is not an IP address"));
+    };
+    let port = probe_port.trim();
+    if !port.is_empty() {
+        return match port.parse::<u16>() {
+            Ok(p) if p > 0 => Target::Tcp(SocketAddr::new(addr, p)),
+            _ => Target::Unready(format!("vm.cocoonstack.io/probe-port {probe_port:?} is not a port number (1-65535)")),
+        };
+    }
+    match addr {
+        IpAddr::V4(v4) => Target::Icmp(v4),
+        IpAddr::V6(_) => Target::Unready(format!("vm ip {ip} is IPv6: set vm.cocoonstack.io/probe-port for a TCP probe")),
+    }
+}
+
+/// Reachability checks.
+#[async_trait]
+pub trait Prober: Send + Sync {
+    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String>;
+    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String>;
+}
+
+/// Probes one target; `(ready, message)` as the Ready condition shows it.
+pub async fn probe(prober: &dyn Prober, target: &Target, timeout: Duration) -> (bool, String) {
+    match target {
+        Target::Unready(why) => (false, why.clone()),
+        Target::Tcp(addr) => match prober.tcp(*addr, timeout).await {
+            Ok(()) => (true, "tcp ok".into()),
+            Err(e) => (false, format!("tcp probe {}: {e}", addr.port())),
+        },
+        Target::Icmp(ip) => match prober.ping(*ip, timeout).await {
+            Ok(()) => (true, "ping ok".into()),
+            Err(e) => (false, format!("ping failed: {e}")),
+        },
+    }
+}
+
+/// The production prober: `connect(2)` for TCP, one ICMPv4 echo (identifier = pid & 0xffff,
+/// sequence 1, payload `vk-cocoon`) through an unprivileged ICMP socket or a raw one. When the
+/// host allows neither (no CAP_NET_RAW and `net.ipv4.ping_group_range` excludes us) it says so
+/// once and treats ICMP-probed guests as reachable, as vk-cocoon always has.
+pub struct NetProber {
+    icmp: tokio::sync::OnceCell<Option<surge_ping::Client>>,
+}
+
+impl Default for NetProber {
+    fn default() -> Self {
+        Self { icmp: tokio::sync::OnceCell::new() }
+    }
+}
+
+impl NetProber {
+    async fn icmp_client(&self) -> Option<&surge_ping::Client> {
+        self.icmp
+            .get_or_init(|| async {
+                match surge_ping::Client::new(&surge_ping::Config::default()) {
+                    Ok(client) => Some(client),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot open an ICMP socket (needs CAP_NET_RAW or net.ipv4.ping_group_range): pods without vm.cocoonstack.io/probe-port are treated as reachable");
+                        None
+                    }
+                }
+            })
+            .await
+            .as_ref()
+    }
+}
+
+const PING_PAYLOAD: &[u8] = b"vk-cocoon";
+
+#[async_trait]
+impl Prober for NetProber {
+    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_stream)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {timeout:?}")),
+        }
+    }
+
+    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String> {
+        let Some(client) = self.icmp_client().await else { return Ok(()) };
+        let ident = surge_ping::PingIdentifier((std::process::id() & 0xffff) as u16);
+        let mut pinger = client.pinger(IpAddr::V4(ip), ident).await;
+        pinger.timeout(timeout);
+        pinger.ping(surge_ping::PingSequence(1), PING_PAYLOAD).await.map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Called by an agent to learn what to probe now (`None` = stop: the pod is gone).
+pub type TargetFn = Arc<dyn Fn() -> Option<Target> + Send + Sync>;
+/// Called by an agent when readiness flips.
+pub type FlipFn = Arc<dyn Fn(bool) + Send + Sync>;
+
+struct Agent {
+    uid: String,
+    result: Arc<Mutex<ProbeResult>>,
+    stop: CancellationToken,
+}
+
+/// The per-pod probe agents.
+pub struct Probes {
+    prober: Arc<dyn Prober>,
+    timings: ProbeTimings,
+    duration: prometheus::Histogram,
+    agents: Mutex<HashMap<String, Agent>>,
+}
+
+impl Probes {
+    pub fn new(prober: Arc<dyn Prober>, timings: ProbeTimings, duration: prometheus::Histogram) -> Self {
+        Self { prober, timings, duration, agents: Mutex::new(HashMap::new()) }
+    }
+
+    async fn once(prober: &dyn Prober, target: &Target, timings: &ProbeTimings, duration: &prometheus::Histogram) -> ProbeResult {
+        let started = Instant::now();
+        let (ready, message) = probe(prober, target, timings.timeout).await;
+        duration.observe(started.elapsed().as_secs_f64());
+        ProbeResult { ready, message, last_seen: Some(Instant::now()) }
+    }
+
+    /// Starts (or replaces) the agent of pod `key`, incarnation `uid`. The first probe runs
+    /// before this returns; `on_flip` runs on every later readiness flip.
+    pub async fn start(&self, key: &str, uid: &str, target: TargetFn, on_flip: FlipFn) {
+        let result = Arc::new(Mutex::new(ProbeResult::not_started()));
+        let stop = CancellationToken::new();
+        if let Some(old) = self.agents.lock().expect("probe agents").insert(key.into(), Agent { uid: uid.into(), result: result.clone(), stop: stop.clone() }) {
+            old.stop.cancel();
+        }
+        let mut schedule = Schedule::new(self.timings);
+        let Some(first_target) = target() else { return };
+        let first = Self::once(self.prober.as_ref(), &first_target, &self.timings, &self.duration).await;
+        let (_, mut delay) = schedule.observe(first.ready);
+        tracing::debug!(pod = %key, ready = first.ready, message = %first.message, "first probe");
+        *result.lock().expect("probe result") = first;
+
+        let (prober, timings, duration, key) = (self.prober.clone(), self.timings, self.duration.clone(), key.to_string());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                let Some(t) = target() else { return };
+                let r = Self::once(prober.as_ref(), &t, &timings, &duration).await;
+                if stop.is_cancelled() {
+                    return;
+                }
+                let (flipped, next) = schedule.observe(r.ready);
+                delay = next;
+                let ready = r.ready;
+                if flipped {
+                    tracing::info!(pod = %key, ready, message = %r.message, "readiness flipped");
+                }
+                *result.lock().expect("probe result") = r;
+                if flipped {
+                    on_flip(ready);
+                }
+            }
+        });
+    }
+
+    /// The agent's latest result for incarnation `uid` (`None` without an agent).
+    pub fn result(&self, key: &str, uid: &str) -> Option<ProbeResult> {
+        let agents = self.agents.lock().expect("probe agents");
+        agents.get(key).filter(|a| a.uid == uid).map(|a| a.result.lock().expect("probe result").clone())
+    }
+
+    /// Stops the agent of pod `key` (any incarnation when `uid` is `None`).
+    pub fn forget(&self, key: &str, uid: Option<&str>) {
+        let mut agents = self.agents.lock().expect("probe agents");
+        if agents.get(key).is_some_and(|a| uid.is_none_or(|u| a.uid == u))
+            && let Some(agent) = agents.remove(key)
+        {
+            agent.stop.cancel();
+        }
+    }
+
+    pub fn stop_all(&self) {
+        for (_, agent) in self.agents.lock().expect("probe agents").drain() {
+            agent.stop.cancel();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    fn timings() -> ProbeTimings {
+        ProbeTimings {
+            initial: Duration::from_millis(100),
+            max_unready: Duration::from_secs(1),
+            ready: Duration::from_secs(5),
+            timeout: Duration::from_secs(3),
+            failures_to_unready: 3,
+        }
+    }
+
+    #[test]
+    fn not_ready_intervals_grow_by_half_up_to_one_second() {
+        let mut s = Schedule::new(timings());
+        let delays: Vec<u128> = (0..8).map(|_| s.observe(false).1.as_millis()).collect();
+        assert_eq!(delays, vec![100, 150, 225, 337, 506, 759, 1000, 1000]);
+        assert!(!s.ready());
+    }
+
+    #[test]
+    fn ready_is_steady_and_three_failures_flip_back_and_reset_the_interval() {
+        let mut s = Schedule::new(timings());
+        s.observe(false);
+        s.observe(false);
+        assert_eq!(s.observe(true), (true, Duration::from_secs(5)), "first success flips");
+        assert_eq!(s.observe(true), (false, Duration::from_secs(5)));
+        assert_eq!(s.observe(false), (false, Duration::from_secs(5)), "one failure keeps ready");
+        assert_eq!(s.observe(true), (false, Duration::from_secs(5)), "a success resets the count");
+        assert_eq!(s.observe(false), (false, Duration::from_secs(5)));
+        assert_eq!(s.observe(false), (false, Duration::from_secs(5)));
+        assert_eq!(s.observe(false), (true, Duration::from_millis(100)), "third failure in a row flips");
+        assert!(!s.ready());
+        assert_eq!(s.observe(false), (false, Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(target(false, "10.0.0.1", ""), Target::Unready("vm gone".into()));
+        assert_eq!(target(true, "", "22"), Target::Unready("waiting for dhcp lease".into()));
+        assert_eq!(target(true, "10.0.0.1", "22"), Target::Tcp("10.0.0.1:22".parse().unwrap()));
+        assert_eq!(target(true, "10.0.0.1", ""), Target::Icmp("10.0.0.1".parse().unwrap()));
+        assert!(matches!(target(true, "10.0.0.1", "ssh"), Target::Unready(m) if m.contains("not a port number")));
+        assert!(matches!(target(true, "10.0.0.1", "0"), Target::Unready(_)));
+        assert!(matches!(target(true, "fe80::1", ""), Target::Unready(m) if m.contains("IPv6")));
+    }
+
+    struct Flaky {
+        up: AtomicBool,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Prober for Flaky {
+        async fn tcp(&self, _: SocketAddr, _: Duration) -> Result<(), String> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.up.load(Ordering::SeqCst) { Ok(()) } else { Err("connection refused".into()) }
+        }
+        async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    fn fast() -> ProbeTimings {
+        ProbeTimings { initial: Duration::from_millis(5), max_unready: Duration::from_millis(10), ready: Duration::from_millis(10), timeout: Duration::from_secs(1), failures_to_unready: 3 }
+    }
+
+    #[tokio::test]
+    async fn the_first_probe_runs_before_start_returns_and_flips_call_back() {
+        let prober = Arc::new(Flaky { up: AtomicBool::new(false), calls: AtomicUsize::new(0) });
+        let probes = Probes::new(prober.clone(), fast(), prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap());
+        let flips = Arc::new(Mutex::new(Vec::new()));
+        let f = flips.clone();
+        let target: TargetFn = Arc::new(|| Some(Target::Tcp("127.0.0.1:1".parse().unwrap())));
+        probes.start("ns/p", "u1", target, Arc::new(move |ready| f.lock().unwrap().push(ready))).await;
+        assert_eq!(prober.calls.load(Ordering::SeqCst), 1, "the first probe is synchronous");
+        let r = probes.result("ns/p", "u1").unwrap();
+        assert!(!r.ready && r.message.contains("tcp probe 1: connection refused"), "{r:?}");
+        assert!(probes.result("ns/p", "other-uid").is_none());
+
+        prober.up.store(true, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), async { while flips.lock().unwrap().is_empty() { tokio::time::sleep(Duration::from_millis(5)).await } }).await.unwrap();
+        assert_eq!(flips.lock().unwrap().as_slice(), &[true]);
+        assert_eq!(probes.result("ns/p", "u1").unwrap().message, "tcp ok");
+
+        prober.up.store(false, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), async { while flips.lock().unwrap().len() < 2 { tokio::time::sleep(Duration::from_millis(5)).await } }).await.unwrap();
+        assert_eq!(flips.lock().unwrap().as_slice(), &[true, false]);
+
+        probes.forget("ns/p", Some("u1"));
+        let calls = prober.calls.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(prober.calls.load(Ordering::SeqCst), calls, "a forgotten agent stops probing");
+        assert!(probes.result("ns/p", "u1").is_none());
+    }
+}

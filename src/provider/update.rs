@@ -1,0 +1,165 @@
+//! UpdatePod (lifecycle document; behaviour spec §3.4, decision 10): the only update honoured is
+//! the hibernate transition. The CPU-class gate runs first, so a wake never resumes a snapshot on
+//! a foreign CPU class. A failed hibernate or wake is reported on the pod and retried in the
+//! background (15 s doubling to 5 min) while the same incarnation is tracked; it is not returned
+//! as an error. Any other update is a no-op that publishes nothing (no status echo).
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::lifecycle;
+use super::plan;
+use super::CocoonProvider;
+use crate::kubelet::ProviderError;
+use crate::model::{PodFacts, VmSpec};
+use crate::policy::facts::AdmissionContext;
+
+/// What an update asks of the provider (§3.4 decision table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    Hibernate,
+    Wake,
+    /// No VM and no hibernated guest (a pod that never booted): bring it up as CreatePod would.
+    BringUp,
+    Noop,
+}
+
+/// `hibernate` = the annotation is "true"; `has_vm` = a VM is tracked; `hibernated` = the
+/// tracked pod's guest is parked in a snapshot.
+pub fn transition(hibernate: bool, has_vm: bool, hibernated: bool) -> Transition {
+    match (hibernate, has_vm) {
+        (true, true) => Transition::Hibernate,
+        (false, false) if hibernated => Transition::Wake,
+        (false, false) => Transition::BringUp,
+        _ => Transition::Noop,
+    }
+}
+
+pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
+    let facts = PodFacts::from_pod(pod);
+    let key = facts.key();
+    let uid = facts.uid.clone();
+    if let Err((reason, message)) = p.admission(&facts, AdmissionContext::Update).await? {
+        p.metrics.lifecycle("update", "failed", "snapshot_cpu_class_mismatch");
+        p.ports.events.record(pod, true, "SnapshotCPUClassMismatch", format!("update: {message}"));
+        return Err(if reason == crate::policy::decision::POLICY_FAILED {
+            ProviderError::Transient(message)
+        } else {
+            ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message }
+        });
+    }
+    if p.state.resume_claimed(&key) {
+        return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));
+    }
+    let Some(tracked) = p.state.tracked_as(&key, &uid) else {
+        p.metrics.lifecycle("update", "skipped", "noop");
+        return Ok(());
+    };
+    p.state.refresh(&key, pod);
+    let spec = VmSpec::decode(&facts.annotations);
+    if !spec.managed {
+        // Decision 8: an unmanaged VM is not ours to hibernate.
+        p.metrics.lifecycle("update", "skipped", "noop");
+        return Ok(());
+    }
+    let step = transition(plan::hibernate_requested(pod), tracked.vm.is_some(), tracked.hibernated);
+    if step == Transition::BringUp {
+        return super::create::create(p, pod).await;
+    }
+    if step == Transition::Noop {
+        republish_if_generation_rose(p, pod, &key).await;
+        p.metrics.lifecycle("update", "skipped", "noop");
+        return Ok(());
+    }
+    let lock = p.state.key_lock(&format!("op:{key}"));
+    let _op = lock.lock().await;
+    if run_transition(p, pod, &key, step).await {
+        p.state.settle_retry(&key, &uid);
+        p.metrics.lifecycle("update", "ok", "");
+    } else {
+        p.owe_retry(&key, &uid);
+    }
+    p.notify(&key);
+    Ok(())
+}
+
+async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transition) -> bool {
+    match step {
+        Transition::Hibernate => p.hibernate(pod, key).await,
+        Transition::Wake => p.wake(pod, key).await,
+        Transition::BringUp | Transition::Noop => true,
+    }
+}
+
+/// A newer CocoonSet generation is acknowledged by re-stamping the current intent.
+async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) {
+    let uid = super::state::uid_of(pod);
+    let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
+    if let Some(intent) = p.state.intent(key).filter(|i| i.uid == uid && i.generation < generation) {
+        p.set_lifecycle(pod, key, intent.state, &intent.message).await;
+    }
+}
+
+impl CocoonProvider {
+    /// Hibernates now, or owes a retry when that fails (resume after restart, CreatePod adoption).
+    pub(super) async fn hibernate_or_owe(&self, pod: &Pod, key: &str) {
+        let uid = super::state::uid_of(pod);
+        let lock = self.state.key_lock(&format!("op:{key}"));
+        let _op = lock.lock().await;
+        if self.hibernate(pod, key).await {
+            self.state.settle_retry(key, &uid);
+        } else {
+            self.owe_retry(key, &uid);
+        }
+        self.notify(key);
+    }
+
+    /// Schedules the next retry of the pod's failed transition (decision 10). A due retry
+    /// yields to an operation in flight, and is dropped once the incarnation is forgotten.
+    pub(super) fn owe_retry(&self, key: &str, uid: &str) {
+        let t = &self.cfg.timings;
+        let (delay, token) = self.state.owe_retry(key, uid, t.op_retry_min, t.op_retry_max);
+        tracing::info!(pod = %key, ?delay, "hibernate/wake failed; retry owed");
+        let (p, key, uid) = (self.arc(), key.to_string(), uid.to_string());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = p.closing.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if !p.state.retry_due(&key, token) {
+                return;
+            }
+            let lock = p.state.key_lock(&format!("op:{key}"));
+            let Ok(_op) = lock.try_lock() else {
+                p.owe_retry(&key, &uid);
+                return;
+            };
+            let Some(tracked) = p.state.tracked_as(&key, &uid) else { return };
+            let step = transition(plan::hibernate_requested(&tracked.pod), tracked.vm.is_some(), tracked.hibernated);
+            if !matches!(step, Transition::Hibernate | Transition::Wake) {
+                p.state.settle_retry(&key, &uid);
+                return;
+            }
+            tracing::info!(pod = %key, ?step, "retrying");
+            if run_transition(&p, &tracked.pod, &key, step).await {
+                p.state.settle_retry(&key, &uid);
+            } else {
+                p.owe_retry(&key, &uid);
+            }
+            p.notify(&key);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_update_decision_table() {
+        assert_eq!(transition(true, true, false), Transition::Hibernate);
+        assert_eq!(transition(false, false, true), Transition::Wake);
+        assert_eq!(transition(false, false, false), Transition::BringUp);
+        assert_eq!(transition(false, true, false), Transition::Noop, "an ordinary update of a running pod");
+        assert_eq!(transition(true, false, true), Transition::Noop, "already hibernated");
+    }
+}
