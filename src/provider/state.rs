@@ -68,6 +68,8 @@ struct Inner {
     last_restart: HashMap<String, Instant>,
     /// VM ids with a deferred inspect recheck running.
     rechecks: HashSet<String>,
+    /// VM ids whose event is being handled (the stream may repeat an event).
+    handling: HashSet<String>,
     retries: HashMap<String, OwedRetry>,
     next_token: u64,
 }
@@ -304,6 +306,15 @@ impl State {
 
     pub fn end_recheck(&self, vm_id: &str) {
         self.lock().rechecks.remove(vm_id);
+    }
+
+    /// Starts handling an event of VM `vm_id`; false when one is already being handled.
+    pub fn begin_vm_event(&self, vm_id: &str) -> bool {
+        self.lock().handling.insert(vm_id.into())
+    }
+
+    pub fn end_vm_event(&self, vm_id: &str) {
+        self.lock().handling.remove(vm_id);
     }
 
     // ---- owed retries (decision 10) ----

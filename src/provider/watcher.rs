@@ -53,9 +53,19 @@ impl CocoonProvider {
     }
 
     /// `handleVMGone`: the VM of an event is deleted or not running (by the event's word).
+    /// One event per VM is handled at a time; repeats while it runs are dropped.
     pub(super) async fn handle_vm_gone(&self, event_vm: VmRecord) {
         let Some((key, tracked)) = self.state.pod_of_vm(&event_vm.id, event_vm.name()) else { return };
         let Some(vm) = tracked.vm.clone() else { return };
+        if !self.state.begin_vm_event(&vm.id) {
+            return;
+        }
+        self.on_vm_gone(&key, &tracked, &vm).await;
+        self.state.end_vm_event(&vm.id);
+    }
+
+    async fn on_vm_gone(&self, key: &str, tracked: &super::state::Tracked, vm: &VmRecord) {
+        let (key, vm) = (key.to_string(), vm.clone());
         if super::plan::hibernate_requested(&tracked.pod) || self.state.is_deleting(&key) {
             tracing::debug!(pod = %key, vm = %vm.id, "vm event ignored: the pod is hibernating or being deleted");
             return;

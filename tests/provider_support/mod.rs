@@ -382,3 +382,82 @@ pub async fn delete(env: &Env, name: &str) {
     let pods: kube::Api<Pod> = kube::Api::namespaced(env.server.client(), "default");
     pods.delete(name, &Default::default()).await.unwrap();
 }
+
+// ---- readiness, leases, history --------------------------------------------------------------
+
+/// (status, message) of the pod's Ready condition.
+pub fn ready_condition(env: &Env, name: &str) -> Option<(String, String)> {
+    get(env, name)
+        .and_then(|p| p.status)
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"))
+        .map(|c| (c.status, c.message.unwrap_or_default()))
+}
+
+pub fn pod_ip(env: &Env, name: &str) -> Option<String> {
+    get(env, name).and_then(|p| p.status).and_then(|s| s.pod_ip)
+}
+
+/// Writes cocoon-net's lease file: `(mac, ip)` pairs valid far into the future.
+pub fn write_leases(env: &Env, leases: &[(&str, &str)]) {
+    let rows: Vec<String> = leases.iter().map(|(mac, ip)| format!(r#"{{"mac":"{mac}","ip":"{ip}","expiry":"2999-01-01T00:00:00Z"}}"#)).collect();
+    let tmp = env.leases.with_extension("tmp");
+    std::fs::write(&tmp, format!("[{}]", rows.join(","))).unwrap();
+    std::fs::rename(&tmp, &env.leases).unwrap();
+}
+
+/// Every version of pod `name` the apiserver stored from now on (including its last state when
+/// it is deleted), so a test can see a status that was published just before the object went.
+pub struct PodHistory {
+    seen: Arc<Mutex<Vec<Pod>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodHistory {
+    pub fn record(env: &Env, name: &str) -> Self {
+        let mut rx = env.server.store().subscribe();
+        let seen: Arc<Mutex<Vec<Pod>>> = Arc::default();
+        let (out, name) = (seen.clone(), name.to_string());
+        let task = tokio::spawn(async move {
+            while let Ok(msg) = rx.recv().await {
+                let fake_apiserver::store::Broadcast::Change(change) = msg else { continue };
+                if change.resource == fake_apiserver::resource::PODS && change.object["metadata"]["name"] == name.as_str()
+                    && let Ok(pod) = serde_json::from_value::<Pod>(change.object.clone())
+                {
+                    out.lock().unwrap().push(pod);
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    pub fn versions(&self) -> Vec<Pod> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The last status phase recorded with `reason` as its pod-level reason.
+    pub fn final_failure(&self) -> Option<(String, String)> {
+        self.versions().into_iter().rev().find_map(|p| {
+            let s = p.status?;
+            (s.phase.as_deref() == Some("Failed")).then(|| (s.reason.unwrap_or_default(), s.message.unwrap_or_default()))
+        })
+    }
+}
+
+impl Drop for PodHistory {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How many times Event `reason` was recorded about pod `name` (Events are deduplicated into a
+/// series: one object, a count).
+pub fn event_count(env: &Env, name: &str, reason: &str) -> i32 {
+    env.server
+        .store()
+        .list_as::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.reason.as_deref() == Some(reason))
+        .map(|e| e.series.map(|s| s.count).unwrap_or(1))
+        .sum()
+}
