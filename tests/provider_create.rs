@@ -291,17 +291,20 @@ async fn the_status_lands_before_the_ready_annotation() {
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
+    let history = PodHistory::record(&env, "order-0");
     create(&env, &managed("order-0", "vm-order", &[("cocoonset.cocoonstack.io/image", "base")])).await;
     wait_ready(&env, "order-0").await;
-    let patches: Vec<&'static str> = env
-        .server
-        .requests()
+    // The first stored version that says `lifecycle-state=ready` already carries the status:
+    // the pod IP and a Ready condition that is True (the probe answered).
+    let first_ready = history
+        .versions()
         .into_iter()
-        .filter(|r| r.method == "PATCH" && (r.path.ends_with("/pods/order-0") || r.path.ends_with("/pods/order-0/status")))
-        .map(|r| if r.path.ends_with("/status") { "status" } else { "annotations" })
-        .collect();
-    // creating, {id, ip}, the status (podIP), then lifecycle-state=ready.
-    assert_eq!(&patches[..4], &["annotations", "annotations", "status", "annotations"], "{patches:?}");
+        .find(|p| p.metadata.annotations.as_ref().and_then(|a| a.get("vm.cocoonstack.io/lifecycle-state")).map(String::as_str) == Some("ready"))
+        .expect("a version with lifecycle ready");
+    let status = first_ready.status.expect("status landed first");
+    assert!(status.pod_ip.is_some(), "the pod IP landed before the ready annotation");
+    let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "True", "Ready landed before the ready annotation: {ready:?}");
     d.kill().await;
 }
 

@@ -169,3 +169,30 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
     assert!(!ready(&env, "dhcp-0"));
     d.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
+    let env = env(false).await;
+    env.sim.add_image("win11", "cloudimg").unwrap();
+    let seed = env
+        .runtime
+        .run(&vk_cocoon::runtime::RunSpec { name: Some("seed-win".into()), image: "win11".into(), windows: true, ..Default::default() })
+        .await
+        .unwrap();
+    env.runtime.snapshot_save("winbase", &seed.id).await.unwrap();
+    env.runtime.remove(&seed.id).await.unwrap();
+    // Room after the nudge (at 1.5 s) for the test to hand out the lease.
+    let d = start(&env, Options { timings: vk_cocoon::provider::Timings { ip_wait: Duration::from_secs(8), ..fast_timings() }, ..Default::default() });
+    let pod = managed("win-0", "vm-win", &[(IMAGE, "winbase"), (NETWORK, "dhcp-net"), ("cocoonset.cocoonstack.io/os", "windows")]);
+    create(&env, &pod).await;
+    let renews = |env: &Env| env.sim.exec_log().unwrap().iter().filter(|e| e.argv.join(" ") == "cmd /c ipconfig /renew").count();
+    eventually(20, "one renew nudge after the guest stays without a lease", || renews(&env) == 1).await;
+    assert_eq!(env.sim.exec_log().unwrap()[0].argv[0], "powershell", "the Windows fixup ran first");
+    assert_eq!(lifecycle(&env, "win-0").as_deref(), Some("creating"));
+    let mac = vm_named(&env, "vm-win").await.unwrap().primary_mac().unwrap().to_string();
+    write_leases(&env, &[(&mac, "127.0.0.41")]);
+    eventually(20, "ready with the lease", || ready(&env, "win-0") && pod_ip(&env, "win-0").as_deref() == Some("127.0.0.41")).await;
+    assert_eq!(renews(&env), 1, "exactly one nudge");
+    assert_eq!(d.provider.metrics().wake_renew_nudge.with_label_values(&["ok"]).get(), 1);
+    d.kill().await;
+}

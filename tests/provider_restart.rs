@@ -82,8 +82,8 @@ async fn a_cpu_class_mismatch_at_startup_keeps_the_node_unregistered() {
     let mut pod = managed("classy", "vm-c", &[("cocoonset.cocoonstack.io/image", "base")]);
     pod.spec.as_mut().unwrap().node_selector = Some([("cocoonstack.io/snapshot-cpu-class".to_string(), "spr".to_string())].into());
     create(&env, &pod).await;
-    let d = start(&env, Options { node_class: "icx".into(), ..Default::default() });
-    let result = tokio::time::timeout(std::time::Duration::from_secs(20), d.task).await.expect("the node stops").unwrap();
+    let mut d = start(&env, Options { node_class: "icx".into(), ..Default::default() });
+    let result = tokio::time::timeout(std::time::Duration::from_secs(20), &mut d.task).await.expect("the node stops").unwrap();
     let err = result.unwrap_err().to_string();
     assert!(err.contains("startup compatibility check") && err.contains("spr"), "{err}");
     assert!(env.server.store().get_as::<Node>(None, NODE).is_none(), "the node never registers");

@@ -18,6 +18,9 @@ impl CocoonProvider {
     pub(super) async fn evict(&self, key: &str, uid: &str, why: Eviction) -> bool {
         let Some(tracked) = self.state.tracked_as(key, uid) else { return false };
         tracing::warn!(pod = %key, reason = why.reason, message = %why.message, "evicting the pod");
+        // The VM is gone (or was just removed): the delete this eviction triggers must not act
+        // on it again, whichever of the two runs first.
+        self.state.detach_vm(key, uid, false);
         for attempt in 1..=ATTEMPTS {
             match self.ports.patcher.delete_pod(&tracked.pod).await {
                 // Superseded: the object is gone or another incarnation owns the name; either

@@ -23,15 +23,25 @@ pub enum Transition {
     Noop,
 }
 
-/// `hibernate` = the annotation is "true"; `has_vm` = a VM is tracked; `hibernated` = the
-/// tracked pod's guest is parked in a snapshot.
-pub fn transition(hibernate: bool, has_vm: bool, hibernated: bool) -> Transition {
+/// What reconciling the wanted state with the pod's VM takes: `hibernate` = the annotation is
+/// "true"; `has_vm` = a VM is tracked; `hibernated` = the guest is parked in a snapshot.
+pub fn owed_step(hibernate: bool, has_vm: bool, hibernated: bool) -> Transition {
     match (hibernate, has_vm) {
         (true, true) => Transition::Hibernate,
         (false, false) if hibernated => Transition::Wake,
         (false, false) => Transition::BringUp,
         _ => Transition::Noop,
     }
+}
+
+/// UpdatePod acts on a *change* of the hibernate annotation only (`was` → `now`). Our own
+/// annotation writes come back as updates too: acting on them would retry a failed hibernate
+/// at once, on every write, instead of on the owed retry's backoff.
+pub fn transition(was: bool, now: bool, has_vm: bool, hibernated: bool) -> Transition {
+    if was == now {
+        return Transition::Noop;
+    }
+    owed_step(now, has_vm, hibernated)
 }
 
 pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
@@ -61,7 +71,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(());
     }
-    let step = transition(plan::hibernate_requested(pod), tracked.vm.is_some(), tracked.hibernated);
+    let step = transition(plan::hibernate_requested(&tracked.pod), plan::hibernate_requested(pod), tracked.vm.is_some(), tracked.hibernated);
     if step == Transition::BringUp {
         return super::create::create(p, pod).await;
     }
@@ -134,7 +144,7 @@ impl CocoonProvider {
                 return;
             };
             let Some(tracked) = p.state.tracked_as(&key, &uid) else { return };
-            let step = transition(plan::hibernate_requested(&tracked.pod), tracked.vm.is_some(), tracked.hibernated);
+            let step = owed_step(plan::hibernate_requested(&tracked.pod), tracked.vm.is_some(), tracked.hibernated);
             if !matches!(step, Transition::Hibernate | Transition::Wake) {
                 p.state.settle_retry(&key, &uid);
                 return;
@@ -156,10 +166,20 @@ mod tests {
 
     #[test]
     fn the_update_decision_table() {
-        assert_eq!(transition(true, true, false), Transition::Hibernate);
-        assert_eq!(transition(false, false, true), Transition::Wake);
-        assert_eq!(transition(false, false, false), Transition::BringUp);
-        assert_eq!(transition(false, true, false), Transition::Noop, "an ordinary update of a running pod");
-        assert_eq!(transition(true, false, true), Transition::Noop, "already hibernated");
+        assert_eq!(transition(false, true, true, false), Transition::Hibernate);
+        assert_eq!(transition(true, false, false, true), Transition::Wake);
+        assert_eq!(transition(true, false, false, false), Transition::BringUp, "asked to stay hibernated with nothing saved, then released");
+        assert_eq!(transition(false, false, true, false), Transition::Noop, "an ordinary update of a running pod");
+        assert_eq!(transition(true, true, false, true), Transition::Noop, "already hibernated");
+        assert_eq!(transition(true, true, true, false), Transition::Noop, "our own write echoing back: the owed retry acts, not the echo");
+        assert_eq!(transition(false, true, false, true), Transition::Noop, "asked to hibernate a pod that has no VM: nothing to save");
+    }
+
+    #[test]
+    fn an_owed_retry_reconciles_the_wanted_state() {
+        assert_eq!(owed_step(true, true, false), Transition::Hibernate);
+        assert_eq!(owed_step(false, false, true), Transition::Wake);
+        assert_eq!(owed_step(false, true, false), Transition::Noop, "woken meanwhile");
+        assert_eq!(owed_step(true, false, true), Transition::Noop, "hibernated meanwhile");
     }
 }

@@ -7,6 +7,8 @@
 pub mod kubelet_support;
 #[path = "../runtime_support/mod.rs"]
 pub mod runtime_support;
+#[path = "../registry_support/mod.rs"]
+pub mod registry_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -141,6 +143,9 @@ pub struct Env {
     pub sim: Sim,
     pub runtime: Arc<CocoonCli>,
     pub registry: Option<Arc<FakeRegistry>>,
+    /// A real OCI registry (Debian's docker-registry) and the daemon's client for it, when the
+    /// test runs against one instead of the in-memory fake.
+    pub oci: Option<Oci>,
     pub policies: Arc<Policies>,
     pub leases: std::path::PathBuf,
 }
@@ -161,22 +166,58 @@ pub async fn env(with_registry: bool) -> Env {
     let policies = Arc::new(Policies::with_defaults(engine, None, PolicyMetrics::unregistered()).unwrap());
     let leases = sim_dir.path().join("leases.json");
     std::fs::write(&leases, "null").unwrap();
-    Env { server, sim_dir, sim, runtime, registry: with_registry.then(Arc::default), policies, leases }
+    Env { server, sim_dir, sim, runtime, registry: with_registry.then(Arc::default), oci: None, policies, leases }
 }
 
-/// One running daemon (provider + virtual node).
+/// A real registry for the provider's tests.
+pub struct Oci {
+    pub server: Mutex<registry_support::TestRegistry>,
+    pub client: Arc<vk_cocoon::registry::Registry>,
+}
+
+impl Oci {
+    /// Kills the registry process (every call fails until [`Oci::restart`]).
+    pub fn kill(&self) {
+        self.server.lock().unwrap().kill();
+    }
+
+    pub fn restart(&self) {
+        self.server.lock().unwrap().restart();
+    }
+}
+
+/// An environment whose registry is a real `docker-registry` on loopback.
+pub async fn env_with_oci() -> Env {
+    let mut env = env(false).await;
+    let server = tokio::task::spawn_blocking(registry_support::TestRegistry::start).await.unwrap();
+    let client = Arc::new(server.client("", NODE));
+    env.oci = Some(Oci { server: Mutex::new(server), client });
+    env
+}
+
+/// One running daemon (provider + virtual node) on its own tokio runtime, so that killing it
+/// drops every task it started, as a crash of the process would.
 pub struct Daemon {
     pub provider: Arc<CocoonProvider>,
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<Result<(), vk_cocoon::kubelet::KubeletError>>,
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Daemon {
-    /// Stops it abruptly (as a kill would: no cleanup of in-flight work).
-    pub async fn kill(self) {
-        self.task.abort();
-        let _ = self.task.await;
-        self.shutdown.cancel();
+    /// Stops it abruptly: no cleanup of in-flight work (its cocoon child processes die with it).
+    pub async fn kill(mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -261,7 +302,10 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
     };
     let ports = Ports {
         runtime: env.runtime.clone(),
-        registry: env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
+        registry: match &env.oci {
+            Some(oci) => Some(oci.client.clone() as Arc<dyn SnapshotRegistry>),
+            None => env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
+        },
         leases: Arc::new(LeaseFile::new(&env.leases)),
         releaser: opts.releaser.clone(),
         patcher: Arc::new(KubePodPatcher::new(env.server.client())),
@@ -272,14 +316,17 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
 }
 
 pub fn start(env: &Env, opts: Options) -> Daemon {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("daemon").enable_all().build().unwrap();
+    let _inside = runtime.enter();
     let provider = provider(env, &opts);
     let node = VirtualNode::new(env.server.client(), kubelet_config(&opts.node_class), kubelet_support::fixed_host(), "10.0.0.9".parse().unwrap(), provider.clone());
     provider.set_notifier(Arc::new(node.notifier()));
     let shutdown = CancellationToken::new();
     provider.prefetch_vms();
-    tokio::spawn(provider.clone().run_background(shutdown.clone()));
-    let task = tokio::spawn(node.run(shutdown.clone()));
-    Daemon { provider, shutdown, task }
+    runtime.spawn(provider.clone().run_background(shutdown.clone()));
+    let task = runtime.spawn(node.run(shutdown.clone()));
+    drop(_inside);
+    Daemon { provider, shutdown, task, runtime: Some(runtime) }
 }
 
 // ---- pods ----------------------------------------------------------------------------------
@@ -375,6 +422,14 @@ pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
 
 pub async fn create(env: &Env, pod: &Pod) -> Pod {
     env.server.store().seed(pod).unwrap()
+}
+
+/// Merge-patches pod annotations as the operator does (`None` removes the key).
+pub async fn annotate(env: &Env, name: &str, changes: &[(&str, Option<&str>)]) {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(env.server.client(), "default");
+    let map: serde_json::Map<String, serde_json::Value> = changes.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+    let patch = serde_json::json!({"metadata": {"annotations": map}});
+    pods.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
 }
 
 /// Kubelet-style delete (graceful: sets deletionTimestamp; the node finalizes).
