@@ -142,3 +142,45 @@ async fn a_hundred_pods_are_created_and_deleted_concurrently() {
     assert!(vms(&env).await.is_empty(), "no VM leaked");
     d.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_fixup_cut_by_a_restart_resumes_and_a_failed_one_stays_parked() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // The first fixup hangs long enough for the daemon to die in the middle of it.
+    env.sim.delay("vm exec", Some(1), 3_000).unwrap();
+    let d = start(&env, Options::default());
+    create(&env, &managed("fix-0", "vm-fix", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    eventually(20, "fixup running", || annotation(&env, "fix-0", "vm.cocoonstack.io/post-clone-state").as_deref() == Some("running")).await;
+    d.kill().await;
+    assert_eq!(lifecycle(&env, "fix-0").as_deref(), Some("creating"));
+
+    let d = start(&env, Options::default());
+    eventually(30, "the resumed fixup finished the boot", || lifecycle(&env, "fix-0").as_deref() == Some("ready") && ready(&env, "fix-0")).await;
+    assert_eq!(annotation(&env, "fix-0", "vm.cocoonstack.io/post-clone-state").as_deref(), Some("done"));
+    eventually(10, "ResumedAfterRestart op=post_clone", || events(&env, "fix-0").iter().any(|(r, n)| r == "ResumedAfterRestart" && n == "op=post_clone")).await;
+    assert_eq!(calls(&env, "vm clone").len(), 1, "the VM was adopted, not cloned again");
+    d.kill().await;
+
+    // A fixup that was exhausted stays parked across a restart: nothing runs in the guest again.
+    let env2 = env_parked().await;
+    let execs = env2.sim.exec_log().unwrap().len();
+    let d = start(&env2, Options::default());
+    eventually(20, "adopted", || d.provider.state().tracked("default/park-0").is_some_and(|t| t.vm.is_some())).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(env2.sim.exec_log().unwrap().len(), execs, "a parked fixup is not retried");
+    assert_eq!(lifecycle(&env2, "park-0").as_deref(), Some("failed"));
+    d.kill().await;
+}
+
+/// An environment with pod `park-0` whose fixup was exhausted before the daemon restarted.
+async fn env_parked() -> Env {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    env.sim.on_exec(cocoon_sim::ExecRule { vm: Some("vm-park".into()), exit_code: 9, ..Default::default() }).unwrap();
+    let d = start(&env, Options::default());
+    create(&env, &managed("park-0", "vm-park", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    eventually(30, "exhausted", || lifecycle(&env, "park-0").as_deref() == Some("failed")).await;
+    d.kill().await;
+    env
+}

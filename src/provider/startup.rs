@@ -135,10 +135,17 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         apply_orphan_policy(p, &vm).await;
     }
 
-    // 6. Probes for the adopted pods, then the work a restart owes each pod (in the background).
-    stream::iter(owed.iter().filter(|(_, k)| p.state.tracked(k).is_some_and(|t| t.vm.is_some())))
-        .for_each_concurrent(FAN_OUT, |(pod, pkey)| async move { p.start_probe(pkey, &super::state::uid_of(pod)).await })
-        .await;
+    // 6. Probes for the adopted pods — in the background: a node with many unreachable guests
+    // must not wait out their probe timeouts before it registers — then the owed work.
+    let probed: Vec<(String, String)> = owed
+        .iter()
+        .filter(|(_, k)| p.state.tracked(k).is_some_and(|t| t.vm.is_some()))
+        .map(|(pod, k)| (k.clone(), super::state::uid_of(pod)))
+        .collect();
+    let me = p.arc();
+    tokio::spawn(async move {
+        stream::iter(probed).for_each_concurrent(FAN_OUT, |(k, uid)| { let me = me.clone(); async move { me.start_probe(&k, &uid).await } }).await;
+    });
     for (pod, pkey) in owed {
         p.dispatch_owed(&pod, &pkey).await;
     }
