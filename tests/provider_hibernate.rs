@@ -129,6 +129,7 @@ async fn a_failed_save_keeps_the_vm_running_and_the_retry_hibernates() {
     eventually(20, "hibernate failed", || lifecycle(&env, "agent-0").as_deref() == Some("failed")).await;
     assert!(lifecycle_message(&env, "agent-0").contains("snapshot save vm-s"), "{}", lifecycle_message(&env, "agent-0"));
     assert!(vm_named(&env, "vm-s").await.is_some_and(|v| v.state.is_running()), "the VM keeps running");
+    assert!(annotation(&env, "agent-0", ID).is_some(), "its runtime annotations stay");
     assert!(!tag_exists(&env, "vm-s").await);
     eventually(10, "HibernateSnapshotFailed event", || has_event(&env, "agent-0", "HibernateSnapshotFailed")).await;
     hibernated(&env, "agent-0").await;
@@ -409,6 +410,7 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     env.sim.add_fault(Fault { verb: "vm net".into(), match_arg: None, times: Some(1), action: fail("Error: hot-unplug: device busy") }).unwrap();
     annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
     eventually(20, "HibernateNetResizeFailed", || has_event(&env, "win-0", "HibernateNetResizeFailed")).await;
+    assert_eq!(calls(&env, "snapshot save").len(), 1, "only the seed's: nothing is saved without the NIC dropped");
     eventually(10, "the guest renews its lease", || env.sim.exec_log().unwrap().iter().any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")).await;
     assert!(vm_named(&env, "vm-win").await.is_some_and(|v| v.state.is_running() && !v.network_configs.is_empty()));
     assert!(!tag_exists(&env, "vm-win").await);

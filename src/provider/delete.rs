@@ -25,7 +25,11 @@ pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     if !p.state.begin_delete(&key) {
         return Err(ProviderError::Transient(format!("delete operation still in flight for pod {key}")));
     }
+    // A retried hibernate or wake of the same pod runs under this lock too: never both at once.
+    let lock = p.state.key_lock(&format!("op:{key}"));
+    let op = lock.lock().await;
     let result = delete_fenced(p, pod, &facts, &key).await;
+    drop(op);
     p.state.end_delete(&key);
     result
 }

@@ -478,6 +478,23 @@ mod tests {
     }
 
     #[test]
+    fn an_owed_retry_doubles_and_is_dropped_with_its_incarnation() {
+        let s = State::default();
+        s.track("ns/p", &pod("u1"), "vm");
+        let (min, max) = (Duration::from_secs(15), Duration::from_secs(300));
+        let (d1, t1) = s.owe_retry("ns/p", "u1", min, max);
+        let (d2, t2) = s.owe_retry("ns/p", "u1", min, max);
+        assert_eq!((d1, d2), (min, min * 2));
+        assert!(!s.retry_due("ns/p", t1), "a later schedule supersedes the earlier one");
+        assert!(s.retry_due("ns/p", t2));
+        s.track("ns/p", &pod("u2"), "vm");
+        assert!(!s.retry_due("ns/p", t2), "owed only while the same incarnation is tracked");
+        let (_, t3) = s.owe_retry("ns/p", "u2", min, max);
+        s.forget("ns/p", "u2", "vm");
+        assert!(!s.retry_due("ns/p", t3) && s.owed_retry("ns/p").is_none(), "forgetting the pod drops its retry");
+    }
+
+    #[test]
     fn the_delete_fence_admits_one() {
         let s = State::default();
         assert!(s.begin_delete("k"));
