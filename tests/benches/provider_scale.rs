@@ -10,11 +10,11 @@
 //! Cocoon time is measured by a decorator around the real CLI client that sums the wall time of
 //! every `CocoonRuntime` call.
 //!
-//! Measured once on the 2-core dev machine (release, with another build running): vm list of 1,000
-//! VMs 32 ms, pod list 28 ms; startup (prefetch ∥ pod list, then reconcile) 142 ms = 142 µs/pod,
-//! 4.4× the floor. CreatePod (clone): 160 ms/pod wall, 157 ms of it inside cocoon-sim (7 calls),
-//! overhead 2.8 ms/pod (p50 2.5, p90 3.9). Peak RSS 110 MiB (this process also hosts the fake
-//! apiserver and its 1,200 pods).
+//! Measured on the 2-core dev machine (release, quiet): vm list of 1,000 VMs 13.8 ms, pod list
+//! 9.9 ms; startup (prefetch ∥ pod list, then reconcile) 73.3 ms = 73 µs/pod, 5.3× the floor.
+//! CreatePod (clone, including the first probe and the guest-fixup decision): 95.7 ms/pod wall,
+//! 93.5 ms of it inside cocoon-sim (7 calls), overhead 2.17 ms/pod (p50 1.77, p90 3.22). Peak
+//! RSS 109 MiB (this process also hosts the fake apiserver and its 1,200 pods).
 
 #[allow(unused_imports)]
 #[path = "../provider_support/mod.rs"]
