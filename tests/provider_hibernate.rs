@@ -347,14 +347,7 @@ async fn an_unrelated_update_is_a_noop_without_a_status_echo() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_with_a_fresh_one() {
     let env = env_with_oci().await;
-    env.sim.add_image("win11", "cloudimg").unwrap();
-    let seed = env
-        .runtime
-        .run(&vk_cocoon::runtime::RunSpec { name: Some("seed-win".into()), image: "win11".into(), windows: true, ..Default::default() })
-        .await
-        .unwrap();
-    env.runtime.snapshot_save("winbase", &seed.id).await.unwrap();
-    env.runtime.remove(&seed.id).await.unwrap();
+    seed_windows_snapshot(&env, "winbase").await;
     let d = start(&env, Options::default());
     let windows = [(IMAGE, "winbase"), ("cocoonset.cocoonstack.io/os", "windows"), ("vm.cocoonstack.io/backend", "cloud-hypervisor")];
     create(&env, &managed("win-0", "vm-win", &windows)).await;
@@ -395,14 +388,7 @@ async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_w
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     let env = env_with_oci().await;
-    env.sim.add_image("win11", "cloudimg").unwrap();
-    let seed = env
-        .runtime
-        .run(&vk_cocoon::runtime::RunSpec { name: Some("seed-win".into()), image: "win11".into(), windows: true, ..Default::default() })
-        .await
-        .unwrap();
-    env.runtime.snapshot_save("winbase", &seed.id).await.unwrap();
-    env.runtime.remove(&seed.id).await.unwrap();
+    seed_windows_snapshot(&env, "winbase").await;
     let d = start(&env, slow_retries());
     let windows = [(IMAGE, "winbase"), ("cocoonset.cocoonstack.io/os", "windows"), ("vm.cocoonstack.io/backend", "cloud-hypervisor")];
     create(&env, &managed("win-0", "vm-win", &windows)).await;

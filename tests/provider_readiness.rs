@@ -173,14 +173,7 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
     let env = env(false).await;
-    env.sim.add_image("win11", "cloudimg").unwrap();
-    let seed = env
-        .runtime
-        .run(&vk_cocoon::runtime::RunSpec { name: Some("seed-win".into()), image: "win11".into(), windows: true, ..Default::default() })
-        .await
-        .unwrap();
-    env.runtime.snapshot_save("winbase", &seed.id).await.unwrap();
-    env.runtime.remove(&seed.id).await.unwrap();
+    seed_windows_snapshot(&env, "winbase").await;
     // Room after the nudge (at 1.5 s) for the test to hand out the lease.
     let d = start(&env, Options { timings: vk_cocoon::provider::Timings { ip_wait: Duration::from_secs(8), ..fast_timings() }, ..Default::default() });
     let pod = managed("win-0", "vm-win", &[(IMAGE, "winbase"), (NETWORK, "dhcp-net"), ("cocoonset.cocoonstack.io/os", "windows")]);

@@ -97,7 +97,7 @@ async fn a_daemon_killed_mid_create_converges_without_duplicates() {
     env.sim.die_next("vm clone", 0).unwrap();
     let d = start(&env, Options::default());
     create(&env, &managed("k", "vm-k", &[("cocoonset.cocoonstack.io/image", "base")])).await;
-    eventually(20, "the clone ran", || !calls(&env, "vm clone").is_empty()).await;
+    eventually(20, "the clone died, leaving its creating record", || env.sim.vm_state("vm-k").unwrap().as_deref() == Some("creating")).await;
     d.kill().await;
     assert!(vms(&env).await.iter().any(|v| v.name() == "vm-k"), "a stale record is left behind");
 
@@ -152,6 +152,7 @@ async fn a_guest_fixup_cut_by_a_restart_resumes_and_a_failed_one_stays_parked() 
     let d = start(&env, Options::default());
     create(&env, &managed("fix-0", "vm-fix", &[("cocoonset.cocoonstack.io/image", "base")])).await;
     eventually(20, "fixup running", || annotation(&env, "fix-0", "vm.cocoonstack.io/post-clone-state").as_deref() == Some("running")).await;
+    eventually(20, "its vm exec started", || !calls(&env, "vm exec").is_empty()).await;
     d.kill().await;
     assert_eq!(lifecycle(&env, "fix-0").as_deref(), Some("creating"));
 

@@ -69,12 +69,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         p.state.track(&key, pod, &spec.vm_name);
         p.fail_op(pod, &key, "SnapshotCPUClassMismatch", "create", &message).await;
         p.state.untrack(&key, &uid);
-        // A failing admission policy is retried; a real mismatch is final.
-        return Err(if reason == crate::policy::decision::POLICY_FAILED {
-            ProviderError::Transient(message)
-        } else {
-            ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message }
-        });
+        return Err(super::admission_error(&reason, message));
     }
     if p.state.resume_claimed(&key) {
         return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));

@@ -238,6 +238,16 @@ impl Provider for CocoonProvider {
     }
 }
 
+/// The error a CPU-class rejection returns: a failing admission policy is retried; a real
+/// mismatch is final.
+fn admission_error(reason: &str, message: String) -> ProviderError {
+    if reason == crate::policy::decision::POLICY_FAILED {
+        ProviderError::Transient(message)
+    } else {
+        ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message }
+    }
+}
+
 impl CocoonProvider {
     /// The CPU-class admission policy: `Ok(Err((reason, message)))` on a rejection.
     async fn admission(

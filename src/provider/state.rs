@@ -26,6 +26,9 @@ pub struct Tracked {
     pub hibernated: bool,
 }
 
+/// How long the final status of an evicted pod is kept for its finalize.
+const TERMINAL_TTL: Duration = Duration::from_secs(600);
+
 /// One run of background guest work (fixup, lease wait) of a pod.
 #[derive(Debug, Clone)]
 pub struct GuestWork {
@@ -60,8 +63,9 @@ struct Inner {
     deleting: HashSet<String>,
     /// Pods whose work owed after a restart is running (`resumedOps`).
     resumed: HashSet<String>,
-    /// The final status of evicted incarnations, published when the kubelet finalizes them.
-    terminal: HashMap<String, (String, ProviderPodStatus)>,
+    /// The final status of evicted incarnations, published when the kubelet finalizes them
+    /// (kept for [`TERMINAL_TTL`]: the finalize follows within seconds).
+    terminal: HashMap<String, (String, ProviderPodStatus, Instant)>,
     /// Background guest work (fixup, lease wait) per pod: (uid, stop).
     guest_work: HashMap<String, (String, GuestWork)>,
     /// When the watcher last restarted a VM in place, by VM id.
@@ -99,7 +103,7 @@ impl State {
         if s.intents.get(key).is_some_and(|i| i.intent.uid != uid) {
             s.intents.remove(key);
         }
-        if s.terminal.get(key).is_some_and(|(u, _)| *u != uid) {
+        if s.terminal.get(key).is_some_and(|(u, _, _)| *u != uid) {
             s.terminal.remove(key);
         }
         s.pods.insert(key.into(), Tracked { pod: pod.clone(), uid, vm_name: vm_name.into(), vm, hibernated });
@@ -246,11 +250,13 @@ impl State {
             let name = s.pods.remove(key).map(|t| t.vm_name).unwrap_or_default();
             s.vms_by_name.remove(&name);
         }
-        s.terminal.insert(key.into(), (uid.into(), status));
+        let now = Instant::now();
+        s.terminal.retain(|_, (_, _, at)| now.saturating_duration_since(*at) < TERMINAL_TTL);
+        s.terminal.insert(key.into(), (uid.into(), status, now));
     }
 
     pub fn terminal_status(&self, key: &str, uid: &str) -> Option<ProviderPodStatus> {
-        self.lock().terminal.get(key).filter(|(u, _)| u == uid).map(|(_, st)| st.clone())
+        self.lock().terminal.get(key).filter(|(u, _, _)| u == uid).map(|(_, st, _)| st.clone())
     }
 
     /// Registers the guest work of incarnation `uid`, stopping any earlier work of the pod.

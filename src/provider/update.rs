@@ -51,11 +51,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     if let Err((reason, message)) = p.admission(&facts, AdmissionContext::Update).await? {
         p.metrics.lifecycle("update", "failed", "snapshot_cpu_class_mismatch");
         p.ports.events.record(pod, true, "SnapshotCPUClassMismatch", format!("update: {message}"));
-        return Err(if reason == crate::policy::decision::POLICY_FAILED {
-            ProviderError::Transient(message)
-        } else {
-            ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message }
-        });
+        return Err(super::admission_error(&reason, message));
     }
     if p.state.resume_claimed(&key) {
         return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));

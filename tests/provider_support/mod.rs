@@ -420,6 +420,14 @@ pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
     env.runtime.remove(&vm.id).await.unwrap();
 }
 
+/// A local Windows snapshot `name` (a cloud image booted with `--windows`, then saved).
+pub async fn seed_windows_snapshot(env: &Env, name: &str) {
+    env.sim.add_image("win11", "cloudimg").unwrap();
+    let seed = env.runtime.run(&RunSpec { name: Some(format!("seed-{name}")), image: "win11".into(), windows: true, ..Default::default() }).await.unwrap();
+    env.runtime.snapshot_save(name, &seed.id).await.unwrap();
+    env.runtime.remove(&seed.id).await.unwrap();
+}
+
 pub async fn create(env: &Env, pod: &Pod) -> Pod {
     env.server.store().seed(pod).unwrap()
 }
