@@ -44,6 +44,7 @@ async fn a_vm_deleted_out_of_band_evicts_its_pod_within_two_seconds_and_releases
     env.sim.flip_vm("vm-gone", Flip::Deleted).unwrap();
     eventually(10, "pod evicted", || deleting(&env, "agent-0")).await;
     let took = killed.elapsed();
+    eprintln!("evicted {took:?} after the VM vanished");
     assert!(took < Duration::from_secs(2), "evicted {took:?} after the VM vanished");
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert_eq!(history.final_failure(), Some(("VMGone".to_string(), "vm no longer exists".to_string())));
