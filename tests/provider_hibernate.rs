@@ -403,3 +403,51 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     hibernated(&env, "win-0").await;
     d.kill().await;
 }
+
+/// A pod whose VM was stopped behind a dead daemon's back, with the hibernate asked for meanwhile.
+async fn stopped_with_hibernate_owed(env: &Env, vm: &str, saved_first: bool) -> (String, Option<String>) {
+    let d = start(env, Options::default());
+    ready_pod(env, "agent-0", vm).await;
+    d.kill().await;
+    let id = vm_named(env, vm).await.unwrap().id;
+    let mut saved = None;
+    if saved_first {
+        // The guest was saved and pushed before the host lost the VM's memory.
+        env.runtime.snapshot_save(vm, &id).await.unwrap();
+        oci(env).client.push_snapshot(env.runtime.as_ref(), vm, vm, "hibernate", "base").await.unwrap();
+        saved = oci(env).client.snapshot_config(vm, "hibernate").await.unwrap().map(|c| c.snapshot_id);
+    }
+    env.sim.flip_vm(vm, cocoon_sim::Flip::Stopped).unwrap();
+    annotate(env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    (id, saved)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_vm_whose_save_is_the_tag_is_removed_without_saving_a_cold_guest_over_it() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let (_, saved) = stopped_with_hibernate_owed(&env, "vm-z", true).await;
+    let saves = calls(&env, "snapshot save").len();
+    let d = start(&env, Options::default());
+    hibernated(&env, "agent-0").await;
+    assert_eq!(calls(&env, "snapshot save").len(), saves, "no new save");
+    assert!(calls(&env, "vm start").is_empty(), "the stopped VM was not booted");
+    let now = oci(&env).client.snapshot_config("vm-z", "hibernate").await.unwrap().map(|c| c.snapshot_id);
+    assert_eq!(now, saved, "the tag still holds the guest's own save");
+    assert!(vm_named(&env, "vm-z").await.is_none());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_vm_without_a_saved_guest_is_booted_and_saved_before_it_goes() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let (id, _) = stopped_with_hibernate_owed(&env, "vm-y", false).await;
+    let saves = calls(&env, "snapshot save").len();
+    let d = start(&env, Options::default());
+    hibernated(&env, "agent-0").await;
+    assert!(calls(&env, "vm start").iter().any(|a| a.last() == Some(&id)), "booted so its disk can be saved");
+    assert_eq!(calls(&env, "snapshot save").len(), saves + 1);
+    assert!(tag_exists(&env, "vm-y").await && vm_named(&env, "vm-y").await.is_none());
+    d.kill().await;
+}

@@ -41,31 +41,29 @@ impl CocoonProvider {
         self.set_lifecycle(pod, pkey, LifecycleState::Hibernating, "").await;
 
         // A retried or resumed hibernate may find the VM gone (its remove answered late) or
-        // stopped (the host restarted). A stopped VM is never saved over a hibernate snapshot:
-        // its memory is gone and the snapshot holds the guest.
-        let mut skip_save = false;
+        // stopped (the host restarted). A stopped VM whose own save is the hibernate snapshot is
+        // just removed: saving it again would put a cold guest over the saved one. Any other
+        // stopped VM is booted and saved: its disk is newer than any snapshot.
         match self.ports.runtime.inspect(&vm.id).await {
             Err(e) if e.is_vm_not_found() => return self.settle_vanished(pod, pkey, &name).await,
-            Ok(current) if !current.state.is_running() => match hibernate_evidence(self, &name).await {
-                HibernateEvidence::Found { .. } => skip_save = true,
-                HibernateEvidence::Unavailable { error } => {
-                    let message = format!("vm {} is {} and its hibernate snapshot cannot be checked: {error}; retrying", vm.id, current.state.as_str());
-                    self.fail_op(pod, pkey, "HibernateEvidenceUnavailable", OP, &message).await;
-                    return false;
+            Ok(current) if !current.state.is_running() => match self.saved_snapshot_id(&name).await {
+                Ok(Some(id)) if current.snapshot_ids.contains_key(&id) => {
+                    tracing::info!(pod = %pkey, vm = %vm.id, snapshot = %id, "vm is not running and its own save is the hibernate snapshot: removing it");
+                    return self.remove_saved(pod, pkey, &vm, false).await;
                 }
-                HibernateEvidence::None | HibernateEvidence::NotChecked => {
-                    // Its disk still holds the guest: boot it so it can be saved.
+                Ok(_) => {
                     if let Err(e) = self.ports.runtime.start(&vm.id).await {
                         self.fail_op(pod, pkey, "ResumeStartFailed", OP, &format!("start stopped vm {} to save it: {e}", vm.id)).await;
                         return false;
                     }
                 }
+                Err(error) => {
+                    let message = format!("vm {} is {} and its hibernate snapshot cannot be checked: {error}; retrying", vm.id, current.state.as_str());
+                    self.fail_op(pod, pkey, "HibernateEvidenceUnavailable", OP, &message).await;
+                    return false;
+                }
             },
             _ => {}
-        }
-        if skip_save {
-            tracing::info!(pod = %pkey, vm = %vm.id, "vm is not running and its hibernate snapshot exists: removing it without a new save");
-            return self.remove_saved(pod, pkey, &vm, false).await;
         }
 
         let drop_nic = plan::drop_nic(&spec);
@@ -98,6 +96,19 @@ impl CocoonProvider {
         }
 
         self.remove_saved(pod, pkey, &vm, drop_nic).await
+    }
+
+    /// The snapshot id the hibernated guest lives in: the `:hibernate` tag's (with a registry),
+    /// else the local snapshot's. `None` when there is none.
+    async fn saved_snapshot_id(&self, name: &str) -> Result<Option<String>, String> {
+        match &self.ports.registry {
+            Some(registry) => registry.snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG).await.map(|m| m.map(|m| m.snapshot_id)).map_err(|e| e.to_string()),
+            None => match self.ports.runtime.snapshot_inspect(name).await {
+                Ok(s) => Ok(Some(s.id)),
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+        }
     }
 
     /// The guest is saved: clear the runtime annotations, remove the VM, release its leases.
