@@ -147,7 +147,7 @@ async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
     wait_ready(&env, "agent-0").await;
     let argv = calls(&env, "vm clone")[0].join(" ");
     assert!(argv.ends_with(" vm-h-hibernate-import"), "restored from the pulled hibernate snapshot: {argv}");
-    assert!(has_event(&env, "agent-0", "HibernateSnapshotExists"));
+    eventually(10, "HibernateSnapshotExists event", || has_event(&env, "agent-0", "HibernateSnapshotExists")).await;
     assert!(!calls(&env, "snapshot rm").iter().any(|a| a.contains(&"fork-vm-h".to_string())), "a restore keeps the lineage's fork snapshot");
     d.kill().await;
 }

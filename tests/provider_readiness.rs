@@ -82,7 +82,7 @@ async fn a_clone_with_a_static_nic_gets_its_network_fixed_over_vm_exec_before_re
     }
     assert!(!script.contains("ip link set"), "a cloud-hypervisor guest keeps its MACs");
     assert_eq!(annotation(&env, "agent-0", POST_CLONE_STATE).as_deref(), Some("done"));
-    assert!(events(&env, "agent-0").iter().any(|(r, n)| r == "PostCloneSucceeded" && n == "kind=linux_static attempts=1"), "{:?}", events(&env, "agent-0"));
+    eventually(10, "PostCloneSucceeded kind=linux_static attempts=1", || events(&env, "agent-0").iter().any(|(r, n)| r == "PostCloneSucceeded" && n == "kind=linux_static attempts=1")).await;
     d.kill().await;
 }
 
@@ -98,8 +98,7 @@ async fn a_failing_fixup_is_retried_until_the_guest_agent_answers() {
     eventually(10, "one Warning per failed attempt", || event_count(&env, "agent-0", "PostCloneExecAttemptFailed") == 2).await;
     let failures: Vec<String> = events(&env, "agent-0").into_iter().filter(|(r, _)| r == "PostCloneExecAttemptFailed").map(|(_, n)| n).collect();
     assert!(failures.iter().any(|n| n.starts_with("attempt 1: exit 1: cocoon-agent not ready")), "{failures:?}");
-    assert!(has_event(&env, "agent-0", "PostCloneSucceeded"));
-    assert!(events(&env, "agent-0").iter().any(|(_, n)| n == "kind=linux_static attempts=3"));
+    eventually(10, "PostCloneSucceeded after 3 attempts", || events(&env, "agent-0").iter().any(|(r, n)| r == "PostCloneSucceeded" && n == "kind=linux_static attempts=3")).await;
     d.kill().await;
 }
 
@@ -120,7 +119,7 @@ async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hi
     let errors = annotation(&env, "agent-0", "vm.cocoonstack.io/post-clone-errors").unwrap();
     assert!(errors.starts_with("attempt 1: exit 7: systemctl: not found"), "{errors}");
     assert_eq!(annotation(&env, "agent-0", POST_CLONE_STATE).as_deref(), Some("failed"));
-    assert!(has_event(&env, "agent-0", "PostCloneExecExhausted"));
+    eventually(10, "PostCloneExecExhausted event", || has_event(&env, "agent-0", "PostCloneExecExhausted")).await;
     assert!(lifecycle_message(&env, "agent-0").contains("vm.cocoonstack.io/post-clone-hint"), "{}", lifecycle_message(&env, "agent-0"));
     assert_eq!(phase(&env, "agent-0").as_deref(), Some("Running"), "decision 1: Running, not Ready");
     eventually(10, "Ready=False with the failure", || ready_is(&env, "agent-0", "False", "guest fixup")).await;
@@ -165,7 +164,7 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
     create(&env, &managed("dhcp-0", "vm-nolease", &[(IMAGE, "base"), (NETWORK, "dhcp-net")])).await;
     eventually(30, "lifecycle failed", || lifecycle(&env, "dhcp-0").as_deref() == Some("failed")).await;
     assert!(lifecycle_message(&env, "dhcp-0").contains("clone vm-nolease: dhcp lease not observed within"), "{}", lifecycle_message(&env, "dhcp-0"));
-    assert!(has_event(&env, "dhcp-0", "PostCloneIPWaitTimeout"));
+    eventually(10, "PostCloneIPWaitTimeout event", || has_event(&env, "dhcp-0", "PostCloneIPWaitTimeout")).await;
     assert!(!ready(&env, "dhcp-0"));
     d.kill().await;
 }
