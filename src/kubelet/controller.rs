@@ -46,6 +46,11 @@ impl Written {
     fn record(&self, key: &str, uid: &str, status: &ProviderPodStatus) {
         self.0.lock().expect("written statuses").insert(key.to_string(), (uid.to_string(), status.clone()));
     }
+
+    /// The pod object is gone: nothing to compare against any more.
+    fn forget(&self, key: &str) {
+        self.0.lock().expect("written statuses").remove(key);
+    }
 }
 
 /// The pod controller of one node.
@@ -227,7 +232,10 @@ async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>
                 ..Default::default()
             };
             match pods.delete(&pod.name_any(), &params).await {
-                Ok(_) => OpOutcome::Done,
+                Ok(_) => {
+                    written.forget(&key);
+                    OpOutcome::Done
+                }
                 Err(e) if superseded(&e).is_some() => OpOutcome::Superseded,
                 Err(e) => OpOutcome::Failed { error: format!("deleting the pod object: {e}") },
             }
