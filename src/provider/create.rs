@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::ensure::{ensure_base_image, ensure_fork_snapshot, ensure_run_image, ensure_snapshot};
 use super::failure::Failure;
+use super::metrics::ProviderMetrics;
 use super::guest::Finish;
 use super::lifecycle::LifecycleState;
 use super::plan;
@@ -288,7 +289,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
             drop_own_fork(p, &options).await;
             let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
             let result = p.ports.runtime.clone_vm(&plan::clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu, None)).await;
-            p.metrics.clone_from_dir.with_label_values(&[if result.is_ok() { "ok" } else { "failed" }]).inc();
+            ProviderMetrics::count(&p.metrics.clone_from_dir, result.is_ok());
             let vm = result.map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}"))))?;
             Ok(fresh(vm, BootOrigin::CloneFromDir, String::new()))
         }

@@ -2,7 +2,7 @@
 //! policy, save + push `:latest` (a failure keeps the VM and the delete retries), `vm rm
 //! --force`, lease release, snapshot cleanup unless `keep-snapshot-on-delete`, forget.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -89,18 +89,10 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
         if !running {
             return Err(kept(p, pod, key, &vm.id, format!("the snapshot-before-destroy policy asks for a snapshot of vm {} but it is not running", vm.id)));
         }
-        let started = Instant::now();
-        let saved = p.ports.runtime.snapshot_save(&vm_name, &vm.id).await;
-        p.metrics.snapshot_save.with_label_values(&[if saved.is_ok() { "ok" } else { "failed" }]).inc();
-        p.metrics.snapshot_save_duration.observe(started.elapsed().as_secs_f64());
-        if let Err(e) = saved {
+        if let Err(e) = p.save_snapshot(&vm_name, &vm.id).await {
             return Err(kept(p, pod, key, &vm.id, format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id)));
         }
-        let started = Instant::now();
-        let pushed = registry.push_snapshot(p.ports.runtime.as_ref(), &vm_name, &target.repository, &target.tag, &target.base_image).await;
-        p.metrics.snapshot_push.with_label_values(&[if pushed.is_ok() { "ok" } else { "failed" }]).inc();
-        p.metrics.snapshot_push_duration.observe(started.elapsed().as_secs_f64());
-        if let Err(e) = pushed {
+        if let Err(e) = p.push_snapshot(registry.as_ref(), &vm_name, &target.repository, &target.tag, &target.base_image).await {
             return Err(kept(p, pod, key, &vm.id, format!("push snapshot {vm_name} to {}:{} before delete: {e}", target.repository, target.tag)));
         }
     }

@@ -3,8 +3,6 @@
 //! snapshot's base image, and a run image (a cloud image is imported, a snapshot artifact is
 //! refused, anything else is `cocoon image pull`). Concurrent callers share one piece of work.
 
-use std::time::Instant;
-
 use super::failure::Failure;
 use super::plan::{self, ArtifactKind, BaseImage};
 use super::ports::CloudImageResult;
@@ -30,11 +28,7 @@ pub(super) async fn ensure_fork_snapshot(p: &CocoonProvider, source: &str, fork:
             }
         })?,
     };
-    let started = Instant::now();
-    let saved = p.ports.runtime.snapshot_save(fork, &source_vm.id).await;
-    p.metrics.snapshot_save.with_label_values(&[if saved.is_ok() { "ok" } else { "failed" }]).inc();
-    p.metrics.snapshot_save_duration.observe(started.elapsed().as_secs_f64());
-    saved.map_err(|e| Failure::transient("ForkSnapshotFailed", format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id)))
+    p.save_snapshot(fork, &source_vm.id).await.map_err(|e| Failure::transient("ForkSnapshotFailed", format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id)))
 }
 
 /// The clone source snapshot: local, else pulled from the registry (one pull per name).
@@ -49,11 +43,7 @@ pub(super) async fn ensure_snapshot(p: &CocoonProvider, local: &str, repo: &str,
     let Some(registry) = &p.ports.registry else {
         return Err(Failure::transient("SnapshotUnavailable", format!("snapshot {local} is not on this node and no registry is configured (set OCI_REGISTRY)")));
     };
-    let started = Instant::now();
-    let pulled = registry.pull_snapshot(p.ports.runtime.as_ref(), repo, tag, local).await;
-    p.metrics.snapshot_pull.with_label_values(&[if pulled.is_ok() { "ok" } else { "failed" }]).inc();
-    p.metrics.snapshot_pull_duration.observe(started.elapsed().as_secs_f64());
-    pulled.map_err(|e| Failure::transient("SnapshotPullFailed", format!("pull snapshot {repo}:{tag} into {local}: {e}")))?;
+    p.pull_snapshot(registry.as_ref(), repo, tag, local).await.map_err(|e| Failure::transient("SnapshotPullFailed", format!("pull snapshot {repo}:{tag} into {local}: {e}")))?;
     p.ports
         .runtime
         .snapshot_inspect(local)

@@ -5,13 +5,12 @@
 //! state is then in the VM), and keeps both when that cannot be told. A cloud-hypervisor
 //! Windows guest gives up its NIC first and gets it back on any failure.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::create::hibernate_evidence;
 use super::lifecycle::LifecycleState;
-use super::metrics::ProviderMetrics;
 use super::plan;
 use super::CocoonProvider;
 use crate::model::VmSpec;
@@ -71,10 +70,7 @@ impl CocoonProvider {
             return false;
         }
 
-        let started = Instant::now();
-        let saved = self.ports.runtime.snapshot_save(&name, &vm.id).await;
-        ProviderMetrics::count(&self.metrics.snapshot_save, saved.is_ok());
-        self.metrics.snapshot_save_duration.observe(started.elapsed().as_secs_f64());
+        let saved = self.save_snapshot(&name, &vm.id).await;
         self.metrics.hibernate_step("snapshot", saved.is_ok());
         if let Err(e) = saved {
             self.rollback_nic(pod, pkey, &vm, drop_nic).await;
@@ -83,10 +79,7 @@ impl CocoonProvider {
         }
 
         if let Some(registry) = &self.ports.registry {
-            let started = Instant::now();
-            let pushed = registry.push_snapshot(self.ports.runtime.as_ref(), &name, &name, plan::HIBERNATE_SNAPSHOT_TAG, &spec.image).await;
-            ProviderMetrics::count(&self.metrics.snapshot_push, pushed.is_ok());
-            self.metrics.snapshot_push_duration.observe(started.elapsed().as_secs_f64());
+            let pushed = self.push_snapshot(registry.as_ref(), &name, &name, plan::HIBERNATE_SNAPSHOT_TAG, &spec.image).await;
             self.metrics.hibernate_step("push", pushed.is_ok());
             if let Err(e) = pushed {
                 self.rollback_nic(pod, pkey, &vm, drop_nic).await;

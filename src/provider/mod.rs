@@ -39,6 +39,7 @@ pub mod retry;
 pub mod state;
 pub mod status;
 mod startup;
+mod transfer;
 mod update;
 mod wake;
 mod watcher;

@@ -68,11 +68,7 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
         return Err(Failure::transient("WakeSourceMissing", format!("wake {vm}: the {vm}:hibernate tag is gone, so there is no guest state to restore")));
     }
     let import = plan::hibernate_import_name(vm);
-    let started = Instant::now();
-    let pulled = registry.pull_snapshot(p.ports.runtime.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import).await;
-    p.metrics.snapshot_pull.with_label_values(&[if pulled.is_ok() { "ok" } else { "failed" }]).inc();
-    p.metrics.snapshot_pull_duration.observe(started.elapsed().as_secs_f64());
-    pulled.map_err(|e| Failure::transient("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}")))?;
+    p.pull_snapshot(registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import).await.map_err(|e| Failure::transient("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}")))?;
     let record = p
         .ports
         .runtime
