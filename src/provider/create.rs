@@ -15,7 +15,7 @@ use super::metrics::ProviderMetrics;
 use super::guest::Finish;
 use super::lifecycle::LifecycleState;
 use super::plan;
-use super::reconcile::{OwedFacts, OwedOp};
+use super::reconcile::OwedOp;
 use super::wake::restore;
 use super::CocoonProvider;
 use crate::kubelet::ProviderError;
@@ -138,7 +138,7 @@ async fn adopt_tracked(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec, 
     p.state.refresh(key, pod);
     if spec.managed && plan::hibernate_requested(pod) {
         p.hibernate_or_owe(pod, key).await;
-    } else if p.guest_work_running(key) {
+    } else if p.state.guest_work_running(key) {
         p.notify(key);
     } else {
         let finish = if spec.managed { adopted_finish(p, pod, spec).await } else { Finish::ReadyNow };
@@ -150,20 +150,12 @@ async fn adopt_tracked(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec, 
 
 /// What an adopted VM still needs, from the markers its pod carries (behaviour spec §4h).
 async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish {
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let owed = super::reconcile::owed_op(OwedFacts {
-        deleting: false,
-        has_vm: true,
-        annotations: &annotations,
-        drop_nic: plan::drop_nic(spec),
-        cloned: plan::is_cloned_boot(spec),
-    });
-    match owed {
-        OwedOp::PostClone => Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() },
+    match super::reconcile::owed_for(pod, true) {
+        OwedOp::PostClone => Finish::resumed_fixup(),
         OwedOp::ReadyWait => Finish::LeaseWait,
         OwedOp::ClassifyDropNic => match hibernate_evidence(p, &spec.vm_name).await {
             HibernateEvidence::Found { .. } => Finish::LeaseWait,
-            _ => Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() },
+            _ => Finish::resumed_fixup(),
         },
         OwedOp::None | OwedOp::Hibernate | OwedOp::FinishHibernate => Finish::ReadyNow,
     }

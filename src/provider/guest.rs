@@ -30,6 +30,14 @@ pub(super) enum Finish {
     LeaseWait,
 }
 
+impl Finish {
+    /// The fixup of a VM whose boot is being finished after the fact (a restart, an adoption):
+    /// the clone source's image is no longer known, the guest-fixup policy reads the overlay.
+    pub(super) fn resumed_fixup() -> Self {
+        Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() }
+    }
+}
+
 /// How the fixup ended.
 enum Fixed {
     /// Done, or nothing to do: go on to the lease wait.
@@ -68,11 +76,6 @@ impl CocoonProvider {
             p.state.end_guest_work(&key, &work);
         });
         self.notify(pkey);
-    }
-
-    /// Whether guest work of the pod is running (an adoption then leaves it alone).
-    pub(super) fn guest_work_running(&self, pkey: &str) -> bool {
-        self.state.guest_work_running(pkey)
     }
 
     async fn guest_work(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {

@@ -131,7 +131,8 @@ pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwedOp {
     None,
-    /// A hibernate was requested and the VM still runs: start it (a no-op on a live VM) and hibernate.
+    /// A hibernate was requested and the VM still exists: hibernate it (a stopped VM is booted
+    /// and saved, unless its own save already is the hibernate snapshot).
     Hibernate,
     /// A hibernate got as far as removing the VM: confirm the snapshot and report `hibernated`.
     FinishHibernate,
@@ -168,6 +169,19 @@ pub struct OwedFacts<'a> {
     pub drop_nic: bool,
     /// `isClonedBoot(spec)`.
     pub cloned: bool,
+}
+
+/// [`owed_op`] for a pod as the apiserver has it (a VM of it is tracked or not).
+pub fn owed_for(pod: &k8s_openapi::api::core::v1::Pod, has_vm: bool) -> OwedOp {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let spec = crate::model::VmSpec::decode(&annotations);
+    owed_op(OwedFacts {
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+        has_vm,
+        annotations: &annotations,
+        drop_nic: super::plan::drop_nic(&spec),
+        cloned: super::plan::is_cloned_boot(&spec),
+    })
 }
 
 pub fn owed_op(f: OwedFacts<'_>) -> OwedOp {
@@ -265,7 +279,7 @@ mod tests {
         assert_eq!(owed(true, true, &a(&[]), false, true), OwedOp::None);
         assert_eq!(owed(false, false, &a(&[]), false, true), OwedOp::None);
         assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "ready")]), false, true), OwedOp::Hibernate);
-        assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::Hibernate, "a stopped VM is started then hibernated");
+        assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::Hibernate, "an interrupted hibernate is resumed");
         assert_eq!(owed(false, false, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::FinishHibernate);
         assert_eq!(owed(false, false, &a(&[(HIBERNATE, "true"), (STATE, "hibernated")]), false, true), OwedOp::None);
         // Only a create that had not finished is resumed.

@@ -10,29 +10,21 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::create::hibernate_evidence;
 use super::guest::Finish;
-use super::plan;
-use super::reconcile::{owed_op, OwedFacts, OwedOp};
+use super::reconcile::{owed_for, OwedOp};
 use super::CocoonProvider;
 use crate::model::VmSpec;
-use crate::policy::facts::{BootOrigin, HibernateEvidence};
+use crate::policy::facts::HibernateEvidence;
 
 impl CocoonProvider {
     /// Dispatches what the restart owes `pod` (already tracked by the reconcile).
     pub(super) async fn dispatch_owed(&self, pod: &Pod, key: &str) {
         let uid = super::state::uid_of(pod);
         let Some(tracked) = self.state.tracked_as(key, &uid) else { return };
-        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        let spec = VmSpec::decode(&annotations);
+        let spec = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
         if !spec.managed {
             return;
         }
-        let op = owed_op(OwedFacts {
-            deleting: pod.metadata.deletion_timestamp.is_some(),
-            has_vm: tracked.vm.is_some(),
-            annotations: &annotations,
-            drop_nic: plan::drop_nic(&spec),
-            cloned: plan::is_cloned_boot(&spec),
-        });
+        let op = owed_for(pod, tracked.vm.is_some());
         if op == OwedOp::None {
             return;
         }
@@ -40,7 +32,7 @@ impl CocoonProvider {
         self.ports.events.record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
         tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
         match (op, tracked.vm) {
-            (OwedOp::PostClone, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() }, false).await,
+            (OwedOp::PostClone, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
             (OwedOp::ReadyWait, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::LeaseWait, false).await,
             (OwedOp::Hibernate | OwedOp::FinishHibernate | OwedOp::ClassifyDropNic, _) => {
                 if !self.state.claim_resume(key) {
@@ -113,7 +105,7 @@ impl CocoonProvider {
             .await;
         match restored {
             Some(true) => self.finish_boot(pod, key, &vm, Finish::LeaseWait, false).await,
-            Some(false) => self.finish_boot(pod, key, &vm, Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() }, false).await,
+            Some(false) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
             None => {
                 let message = format!("could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable", spec.vm_name);
                 self.fail_op(pod, key, "ResumeClassifyFailed", "reconcile", &message).await;

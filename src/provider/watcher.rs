@@ -65,8 +65,7 @@ impl CocoonProvider {
     }
 
     async fn on_vm_gone(&self, key: &str, tracked: &super::state::Tracked, vm: &VmRecord) {
-        let (key, vm) = (key.to_string(), vm.clone());
-        if super::plan::hibernate_requested(&tracked.pod) || self.state.is_deleting(&key) {
+        if super::plan::hibernate_requested(&tracked.pod) || self.state.is_deleting(key) {
             tracing::debug!(pod = %key, vm = %vm.id, "vm event ignored: the pod is hibernating or being deleted");
             return;
         }
@@ -82,30 +81,30 @@ impl CocoonProvider {
         match action {
             Action::Ignore => {}
             Action::Evict(why) => {
-                self.release_leases(&vm).await;
-                self.evict(&key, &tracked.uid, why).await;
+                self.release_leases(vm).await;
+                self.evict(key, &tracked.uid, why).await;
             }
             Action::Recheck => {
                 self.metrics.vm_inspect_transient_fail.inc();
-                self.spawn_recheck(key, tracked.uid.clone(), vm);
+                self.spawn_recheck(key.to_string(), tracked.uid.clone(), vm.clone());
             }
             Action::RemoveThenEvict(why) => {
-                self.remove_then_evict(&key, &tracked.uid, &vm, why).await;
+                self.remove_then_evict(key, &tracked.uid, vm, why).await;
             }
             Action::Restart => {
                 self.state.record_restart(&vm.id, now);
                 match self.ports.runtime.start(&vm.id).await {
                     Err(e) => {
                         tracing::warn!(pod = %key, vm = %vm.id, error = %e, "restarting the stopped vm failed");
-                        self.remove_then_evict(&key, &tracked.uid, &vm, Eviction::restart_failed(&format!("vm start {}: {e}", vm.id))).await;
+                        self.remove_then_evict(key, &tracked.uid, vm, Eviction::restart_failed(&format!("vm start {}: {e}", vm.id))).await;
                     }
                     Ok(()) => {
                         tracing::info!(pod = %key, vm = %vm.id, "stopped vm restarted in place");
                         if let Ok(current) = self.ports.runtime.inspect(&vm.id).await {
-                            self.state.refresh_vm(&key, &tracked.uid, current);
+                            self.state.refresh_vm(key, &tracked.uid, current);
                         }
                         self.ports.events.record(&tracked.pod, true, "VMRestarted", format!("vm {} stopped and was started again in place", vm.id));
-                        self.notify(&key);
+                        self.notify(key);
                     }
                 }
             }
