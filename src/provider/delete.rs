@@ -26,7 +26,7 @@ pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         return Err(ProviderError::Transient(format!("delete operation still in flight for pod {key}")));
     }
     // A retried hibernate or wake of the same pod runs under this lock too: never both at once.
-    let lock = p.state.key_lock(&format!("op:{key}"));
+    let lock = p.state.op_lock(&key);
     let op = lock.lock().await;
     let result = delete_fenced(p, pod, &facts, &key).await;
     drop(op);

@@ -436,6 +436,12 @@ impl State {
         self.lock().deleting.remove(key);
     }
 
+    /// The lock serialising the operations that change one pod's VM (UpdatePod's transitions,
+    /// their owed retries, resumed hibernates, DeletePod).
+    pub fn op_lock(&self, pod_key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.key_lock(&format!("op:{pod_key}"))
+    }
+
     /// An async lock per work key: concurrent callers serialise on it and the later ones find
     /// the work done.
     pub fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {

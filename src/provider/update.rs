@@ -76,15 +76,11 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(());
     }
-    let lock = p.state.key_lock(&format!("op:{key}"));
+    let lock = p.state.op_lock(&key);
     let _op = lock.lock().await;
-    if run_transition(p, pod, &key, step).await {
-        p.state.settle_retry(&key, &uid);
+    if p.after_transition(&key, &uid, run_transition(p, pod, &key, step).await) {
         p.metrics.lifecycle("update", "ok", "");
-    } else {
-        p.owe_retry(&key, &uid);
     }
-    p.notify(&key);
     Ok(())
 }
 
@@ -109,14 +105,21 @@ impl CocoonProvider {
     /// Hibernates now, or owes a retry when that fails (resume after restart, CreatePod adoption).
     pub(super) async fn hibernate_or_owe(&self, pod: &Pod, key: &str) {
         let uid = super::state::uid_of(pod);
-        let lock = self.state.key_lock(&format!("op:{key}"));
+        let lock = self.state.op_lock(key);
         let _op = lock.lock().await;
-        if self.hibernate(pod, key).await {
-            self.state.settle_retry(key, &uid);
+        self.after_transition(key, &uid, self.hibernate(pod, key).await);
+    }
+
+    /// After a hibernate or wake: nothing owed once it worked, the next retry owed when it
+    /// failed; the status is republished either way. Returns `ok`.
+    fn after_transition(&self, key: &str, uid: &str, ok: bool) -> bool {
+        if ok {
+            self.state.settle_retry(key, uid);
         } else {
-            self.owe_retry(key, &uid);
+            self.owe_retry(key, uid);
         }
         self.notify(key);
+        ok
     }
 
     /// Schedules the next retry of the pod's failed transition (decision 10). A due retry
@@ -134,7 +137,7 @@ impl CocoonProvider {
             if !p.state.retry_due(&key, token) {
                 return;
             }
-            let lock = p.state.key_lock(&format!("op:{key}"));
+            let lock = p.state.op_lock(&key);
             let Ok(_op) = lock.try_lock() else {
                 p.owe_retry(&key, &uid);
                 return;
@@ -146,12 +149,8 @@ impl CocoonProvider {
                 return;
             }
             tracing::info!(pod = %key, ?step, "retrying");
-            if run_transition(&p, &tracked.pod, &key, step).await {
-                p.state.settle_retry(&key, &uid);
-            } else {
-                p.owe_retry(&key, &uid);
-            }
-            p.notify(&key);
+            let ok = run_transition(&p, &tracked.pod, &key, step).await;
+            p.after_transition(&key, &uid, ok);
         });
     }
 }
