@@ -123,9 +123,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
 }
 
 async fn fail_create(p: &CocoonProvider, key: &str, pod: &Pod, restoring: bool, f: Failure) -> Result<(), ProviderError> {
-    if restoring {
-        p.metrics.wake.with_label_values(&["failed"]).inc();
-    }
+    p.metrics.wake_ended(restoring, false);
     p.fail_op(pod, key, f.reason, "create", &f.message).await;
     p.state.untrack(key, &super::state::uid_of(pod));
     p.notify(key);

@@ -58,9 +58,7 @@ impl CocoonProvider {
         let uid = super::state::uid_of(pod);
         self.start_probe(pkey, &uid).await;
         if finish == Finish::ReadyNow {
-            if wake {
-                self.metrics.wake.with_label_values(&["ok"]).inc();
-            }
+            self.metrics.wake_ended(wake, true);
             self.publish_ready(pod, pkey).await;
             return;
         }
@@ -129,9 +127,7 @@ impl CocoonProvider {
             FixupOutcome::None => Fixed::Proceed,
             FixupOutcome::Refuse => {
                 self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
-                if wake {
-                    self.metrics.wake.with_label_values(&["failed"]).inc();
-                }
+                self.metrics.wake_ended(wake, false);
                 let reason = if decision.reason == crate::policy::decision::POLICY_FAILED { "PostClonePolicyFailed" } else { "PostCloneRefused" };
                 self.fail_op(pod, pkey, reason, op, &decision.message).await;
                 Fixed::Failed
@@ -186,9 +182,7 @@ impl CocoonProvider {
     async fn fixup_exhausted(&self, pod: &Pod, pkey: &str, fixup: &GuestFixup, op: &str, wake: bool, attempts: u32, errors: &[String]) -> Fixed {
         self.metrics.postclone.with_label_values(&[&fixup.kind, "failed"]).inc();
         self.metrics.postclone_retry_attempts.with_label_values(&["failed"]).observe(f64::from(attempts));
-        if wake {
-            self.metrics.wake.with_label_values(&["failed"]).inc();
-        }
+        self.metrics.wake_ended(wake, false);
         self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
         let joined = errors.join("; ");
         let hint = base64::engine::general_purpose::STANDARD.encode(fixup.hint.as_bytes());
@@ -238,8 +232,7 @@ impl CocoonProvider {
             if windows && !nudged && started.elapsed() >= t.renew_nudge_after {
                 nudged = true;
                 let left = t.ip_wait.saturating_sub(started.elapsed());
-                let renew = ExecSpec { argv: vec!["cmd".into(), "/c".into(), "ipconfig".into(), "/renew".into()], ..Default::default() };
-                let ok = matches!(tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &renew, None)).await, Ok(Ok(ref out)) if out.code == 0);
+                let ok = matches!(tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &super::plan::ipconfig("/renew"), None)).await, Ok(Ok(ref out)) if out.code == 0);
                 ProviderMetrics::count(&self.metrics.wake_renew_nudge, ok);
                 continue;
             }
@@ -256,9 +249,7 @@ impl CocoonProvider {
                 if self.publish_ready_guarded(pkey, &uid, &vm.id).await {
                     tracing::info!(pod = %pkey, vm = %vm.id, %ip, "guest has its lease: ready");
                     self.metrics.wake_ip_wait.with_label_values(&["ok"]).inc();
-                    if wake {
-                        self.metrics.wake.with_label_values(&["ok"]).inc();
-                    }
+                    self.metrics.wake_ended(wake, true);
                 }
             }
             None => {
@@ -269,9 +260,7 @@ impl CocoonProvider {
                 let what = if wake { "wake" } else { "clone" };
                 let message = format!("{what} {}: dhcp lease not observed within {:?}", tracked.vm_name, t.ip_wait);
                 self.metrics.wake_ip_wait.with_label_values(&["timeout"]).inc();
-                if wake {
-                    self.metrics.wake.with_label_values(&["failed"]).inc();
-                }
+                self.metrics.wake_ended(wake, false);
                 let reason = if wake { "WakeIPWaitTimeout" } else { "PostCloneIPWaitTimeout" };
                 self.fail_op(&tracked.pod, pkey, reason, what, &message).await;
                 self.notify(pkey);

@@ -11,17 +11,13 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::create::hibernate_evidence;
 use super::lifecycle::LifecycleState;
-use super::plan;
+use super::plan::{self, ipconfig};
 use super::CocoonProvider;
 use crate::model::VmSpec;
 use crate::policy::facts::HibernateEvidence;
-use crate::runtime::{ExecSpec, VmRecord};
+use crate::runtime::VmRecord;
 
 const OP: &str = "hibernate";
-
-fn ipconfig(verb: &str) -> ExecSpec {
-    ExecSpec { argv: vec!["cmd".into(), "/c".into(), "ipconfig".into(), verb.into()], ..Default::default() }
-}
 
 impl CocoonProvider {
     /// Hibernates the tracked pod's VM. Returns false when it failed (reported on the pod with

@@ -129,6 +129,13 @@ impl ProviderMetrics {
         self.hibernate.with_label_values(&[phase, if ok { "ok" } else { "failed" }]).inc();
     }
 
+    /// `wake_total{result}` for a boot that was a wake (`wake`); nothing for any other boot.
+    pub fn wake_ended(&self, wake: bool, ok: bool) {
+        if wake {
+            Self::count(&self.wake, ok);
+        }
+    }
+
     /// Counts a `{result}` counter by outcome.
     pub fn count(counter: &IntCounterVec, ok: bool) {
         counter.with_label_values(&[if ok { "ok" } else { "failed" }]).inc();

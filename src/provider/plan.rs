@@ -43,6 +43,11 @@ pub fn is_cloned_boot(spec: &crate::model::VmSpec) -> bool {
     !spec.clone_from_dir.trim().is_empty() || !spec.fork_from.is_empty() || !spec.mode.eq_ignore_ascii_case("run")
 }
 
+/// `cmd /c ipconfig <verb>` in a Windows guest (`/release` before its NIC goes, `/renew` after).
+pub fn ipconfig(verb: &str) -> crate::runtime::ExecSpec {
+    crate::runtime::ExecSpec { argv: vec!["cmd".into(), "/c".into(), "ipconfig".into(), verb.into()], ..Default::default() }
+}
+
 pub fn is_http(reference: &str) -> bool {
     reference.starts_with("http://") || reference.starts_with("https://")
 }

@@ -180,7 +180,7 @@ impl CocoonProvider {
     }
 
     async fn wake_failed(&self, pod: &Pod, pkey: &str, f: Failure) -> bool {
-        self.metrics.wake.with_label_values(&["failed"]).inc();
+        self.metrics.wake_ended(true, false);
         self.fail_op(pod, pkey, f.reason, "wake", &f.message).await;
         false
     }
