@@ -29,13 +29,24 @@ async fn state_somewhere(env: &Env, vm: &str) -> bool {
     vm_named(env, vm).await.is_some() || tag_exists(env, vm).await
 }
 
+/// The lifecycle says `ready` and so does the Ready condition.
+fn is_up(env: &Env, pod: &str) -> bool {
+    lifecycle(env, pod).as_deref() == Some("ready") && ready(env, pod)
+}
+
 async fn ready_pod(env: &Env, pod: &str, vm: &str) {
     create(env, &managed(pod, vm, &[(IMAGE, "base")])).await;
-    eventually(30, &format!("{pod} ready"), || lifecycle(env, pod).as_deref() == Some("ready") && ready(env, pod)).await;
+    eventually(30, &format!("{pod} ready"), || is_up(env, pod)).await;
 }
 
 async fn hibernated(env: &Env, pod: &str) {
     eventually(30, &format!("{pod} hibernated"), || lifecycle(env, pod).as_deref() == Some("hibernated")).await;
+}
+
+/// Asks for the hibernate and waits until it is reported done.
+async fn hibernate_now(env: &Env, pod: &str) {
+    annotate(env, pod, &[(HIBERNATE, Some("true"))]).await;
+    hibernated(env, pod).await;
 }
 
 /// Slow retries, so a test can look at the state a failure left before the retry repairs it.
@@ -66,8 +77,7 @@ async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     ready_pod(&env, "agent-0", "vm-h").await;
     let first = vm_named(&env, "vm-h").await.unwrap();
 
-    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "agent-0").await;
+    hibernate_now(&env, "agent-0").await;
     assert!(vm_named(&env, "vm-h").await.is_none(), "the VM is removed");
     assert!(tag_exists(&env, "vm-h").await, "the guest is in vm-h:hibernate");
     let artifact = match oci(&env).client.manifest("vm-h", "hibernate").await.unwrap() {
@@ -95,7 +105,7 @@ async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     // Wake from the registry (the warm copy is gone, as on another node).
     env.runtime.snapshot_remove_if_exists("vm-h").await.unwrap();
     annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
-    eventually(30, "woken and ready", || lifecycle(&env, "agent-0").as_deref() == Some("ready") && ready(&env, "agent-0")).await;
+    eventually(30, "woken and ready", || is_up(&env, "agent-0")).await;
     let woken = vm_named(&env, "vm-h").await.expect("a VM again");
     assert_ne!(woken.id, first.id, "a new incarnation of the guest");
     assert_eq!(annotation(&env, "agent-0", ID).as_deref(), Some(woken.id.as_str()));
@@ -109,10 +119,9 @@ async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     assert_eq!(m.wake_ip_wait.with_label_values(&["ok"]).get(), 2, "the create and the wake each waited for the lease");
 
     // Second cycle: the warm local copy is verified against the tag and used.
-    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "agent-0").await;
+    hibernate_now(&env, "agent-0").await;
     annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
-    eventually(30, "woken again", || lifecycle(&env, "agent-0").as_deref() == Some("ready") && ready(&env, "agent-0")).await;
+    eventually(30, "woken again", || is_up(&env, "agent-0")).await;
     assert!(calls(&env, "vm clone").last().unwrap().last().map(String::as_str) == Some("vm-h"), "cloned from the verified local copy");
     assert_eq!(m.snapshot_verify.with_label_values(&["ok"]).get(), 1);
     d.kill().await;
@@ -182,8 +191,7 @@ async fn a_wake_fails_closed_while_the_registry_cannot_verify_the_local_copy() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, slow_retries());
     ready_pod(&env, "agent-0", "vm-v").await;
-    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "agent-0").await;
+    hibernate_now(&env, "agent-0").await;
     oci(&env).kill();
     annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
     eventually(30, "wake failed", || lifecycle(&env, "agent-0").as_deref() == Some("failed")).await;
@@ -191,7 +199,7 @@ async fn a_wake_fails_closed_while_the_registry_cannot_verify_the_local_copy() {
     assert!(env.sim.snapshot_dir("vm-v").unwrap().is_some(), "the local copy is kept");
     oci(&env).restart();
     assert!(state_somewhere(&env, "vm-v").await);
-    eventually(30, "woken once the registry answers", || lifecycle(&env, "agent-0").as_deref() == Some("ready") && ready(&env, "agent-0")).await;
+    eventually(30, "woken once the registry answers", || is_up(&env, "agent-0")).await;
     assert_eq!(calls(&env, "vm clone").last().unwrap().last().map(String::as_str), Some("vm-v"), "from the now verified local copy");
     d.kill().await;
 }
@@ -202,15 +210,14 @@ async fn a_failed_pull_keeps_the_tag_boots_nothing_and_the_retry_wakes() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, slow_retries());
     ready_pod(&env, "agent-0", "vm-u").await;
-    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "agent-0").await;
+    hibernate_now(&env, "agent-0").await;
     env.runtime.snapshot_remove_if_exists("vm-u").await.unwrap();
     env.sim.add_fault(Fault { verb: "snapshot import".into(), match_arg: None, times: Some(1), action: FaultAction::Die { after_bytes: 4096 } }).unwrap();
     annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
     eventually(30, "WakePullFailed event", || has_event(&env, "agent-0", "WakePullFailed")).await;
     assert!(vm_named(&env, "vm-u").await.is_none(), "nothing booted");
     assert!(tag_exists(&env, "vm-u").await, "the guest is still in the registry");
-    eventually(30, "woken by the retry", || lifecycle(&env, "agent-0").as_deref() == Some("ready") && ready(&env, "agent-0")).await;
+    eventually(30, "woken by the retry", || is_up(&env, "agent-0")).await;
     assert!(vm_named(&env, "vm-u").await.is_some());
     d.kill().await;
 }
@@ -221,8 +228,7 @@ async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, slow_retries());
     ready_pod(&env, "agent-0", "vm-t").await;
-    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "agent-0").await;
+    hibernate_now(&env, "agent-0").await;
     oci(&env).client.delete_manifest("vm-t", "hibernate").await.unwrap();
     annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
     eventually(30, "wake refused", || lifecycle(&env, "agent-0").as_deref() == Some("failed")).await;
@@ -288,8 +294,7 @@ async fn a_seat_release_keeps_the_warm_copy_and_a_cross_node_wake_restores_only_
     let d = start(&env, Options { node_class: "genoa".into(), ..Default::default() });
     create(&env, &pod).await;
     eventually(30, "ready", || lifecycle(&env, "agent-0").as_deref() == Some("ready")).await;
-    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "agent-0").await;
+    hibernate_now(&env, "agent-0").await;
     // hibernatePolicy: release — the operator flags the seat release and deletes the pod.
     annotate(&env, "agent-0", &[("vm.cocoonstack.io/keep-snapshot-on-delete", Some("true"))]).await;
     delete(&env, "agent-0").await;
@@ -320,7 +325,7 @@ async fn a_seat_release_keeps_the_warm_copy_and_a_cross_node_wake_restores_only_
     let d = start(&env, Options { node_class: "genoa".into(), ..Default::default() });
     eventually(20, "node registered", || node_registered(&env)).await;
     create(&env, &rebuilt).await;
-    eventually(30, "restored and ready", || lifecycle(&env, "agent-0").as_deref() == Some("ready") && ready(&env, "agent-0")).await;
+    eventually(30, "restored and ready", || is_up(&env, "agent-0")).await;
     assert_eq!(calls(&env, "vm clone").last().unwrap().last().map(String::as_str), Some("vm-x"), "the warm copy, verified against the tag");
     assert_eq!(d.provider.metrics().snapshot_verify.with_label_values(&["ok"]).get(), 1);
     d.kill().await;
@@ -351,14 +356,13 @@ async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_w
     let d = start(&env, Options::default());
     let windows = [(IMAGE, "winbase"), ("cocoonset.cocoonstack.io/os", "windows"), ("vm.cocoonstack.io/backend", "cloud-hypervisor")];
     create(&env, &managed("win-0", "vm-win", &windows)).await;
-    eventually(30, "ready", || lifecycle(&env, "win-0").as_deref() == Some("ready") && ready(&env, "win-0")).await;
+    eventually(30, "ready", || is_up(&env, "win-0")).await;
     let first_clone = calls(&env, "vm clone")[0].join(" ");
     assert!(first_clone.contains("--restore-mode copy"), "Windows guests restore by copy: {first_clone}");
     assert_eq!(env.sim.exec_log().unwrap()[0].argv[0], "powershell", "a fresh Windows clone gets its NIC reset");
     let id = vm_named(&env, "vm-win").await.unwrap().id;
 
-    annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
-    hibernated(&env, "win-0").await;
+    hibernate_now(&env, "win-0").await;
     let seq: Vec<String> = env
         .sim
         .calls()
@@ -378,7 +382,7 @@ async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_w
 
     let execs_before_wake = env.sim.exec_log().unwrap().len();
     annotate(&env, "win-0", &[(HIBERNATE, None)]).await;
-    eventually(30, "woken", || lifecycle(&env, "win-0").as_deref() == Some("ready") && ready(&env, "win-0")).await;
+    eventually(30, "woken", || is_up(&env, "win-0")).await;
     let wake_clone = calls(&env, "vm clone").last().unwrap().join(" ");
     assert!(wake_clone.contains("--restore-mode copy") && wake_clone.contains("--nics 1"), "a fresh NIC is hot-added: {wake_clone}");
     assert_eq!(env.sim.exec_log().unwrap().len(), execs_before_wake, "a restored Windows guest only waits for its lease");
