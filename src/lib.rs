@@ -9,6 +9,6 @@ pub mod backoff;
 pub mod kubelet;
 pub mod model;
 pub mod policy;
-pub mod registry;
 pub mod provider;
+pub mod registry;
 pub mod runtime;

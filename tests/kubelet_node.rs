@@ -15,7 +15,11 @@ use vk_cocoon::kubelet::{KubeletError, ProviderError, VirtualNode, measure_host,
 
 fn q(node: &Node, field: &str, key: &str) -> String {
     let st = node.status.as_ref().expect("status");
-    let map = if field == "capacity" { st.capacity.as_ref() } else { st.allocatable.as_ref() };
+    let map = if field == "capacity" {
+        st.capacity.as_ref()
+    } else {
+        st.allocatable.as_ref()
+    };
     map.and_then(|m| m.get(key)).map(|q| q.0.clone()).unwrap_or_default()
 }
 
@@ -40,7 +44,10 @@ async fn node_is_registered_with_measured_capacity_labels_and_taint() {
     let task = tokio::spawn(vn.run(shutdown.clone()));
 
     eventually(10, "node with status", || {
-        server.store().get_as::<Node>(None, NODE).is_some_and(|n| n.status.as_ref().is_some_and(|s| s.capacity.is_some()))
+        server
+            .store()
+            .get_as::<Node>(None, NODE)
+            .is_some_and(|n| n.status.as_ref().is_some_and(|s| s.capacity.is_some()))
     })
     .await;
     let n = server.store().get_as::<Node>(None, NODE).unwrap();
@@ -52,26 +59,63 @@ async fn node_is_registered_with_measured_capacity_labels_and_taint() {
     assert_eq!(q(&n, "capacity", "ephemeral-storage"), total.to_string());
     let alloc_storage: u64 = q(&n, "allocatable", "ephemeral-storage").parse().unwrap();
     // statfs moves a little between the two reads on a live filesystem; allow 1 MiB.
-    assert!(alloc_storage.abs_diff(avail / 100 * 75) < (1 << 20) * 75 / 100 + 100, "{alloc_storage} vs {}", avail * 75 / 100);
-    assert_eq!(q(&n, "allocatable", "memory"), (host.memory_bytes as u128 * 75 / 100).to_string());
+    assert!(
+        alloc_storage.abs_diff(avail / 100 * 75) < (1 << 20) * 75 / 100 + 100,
+        "{alloc_storage} vs {}",
+        avail * 75 / 100
+    );
+    assert_eq!(
+        q(&n, "allocatable", "memory"),
+        (host.memory_bytes as u128 * 75 / 100).to_string()
+    );
     let cpu_millis = host.cpus as u128 * 1000 * 75 / 100;
-    let want_cpu = if cpu_millis % 1000 == 0 { (cpu_millis / 1000).to_string() } else { format!("{cpu_millis}m") };
+    let want_cpu = if cpu_millis % 1000 == 0 {
+        (cpu_millis / 1000).to_string()
+    } else {
+        format!("{cpu_millis}m")
+    };
     assert_eq!(q(&n, "allocatable", "cpu"), want_cpu);
     assert_eq!(q(&n, "capacity", "pods"), "100");
     assert_eq!(q(&n, "allocatable", "pods"), "100");
 
     let labels = n.labels();
     assert_eq!(labels.get(node::LABEL_POOL).map(String::as_str), Some("default"));
-    assert_eq!(labels.get(node::LABEL_SNAPSHOT_CPU_CLASS).map(String::as_str), Some("icx"));
+    assert_eq!(
+        labels.get(node::LABEL_SNAPSHOT_CPU_CLASS).map(String::as_str),
+        Some("icx")
+    );
     assert_eq!(labels.get(node::LABEL_ROLE).map(String::as_str), Some(""));
     let spec = n.spec.as_ref().unwrap();
     assert_eq!(spec.provider_id.as_deref(), Some("cocoon://vk-test"));
     let taints = spec.taints.as_ref().unwrap();
-    assert!(taints.iter().any(|t| t.key == "virtual-kubelet.io/provider" && t.value.as_deref() == Some("cocoon") && t.effect == "NoSchedule"));
+    assert!(taints.iter().any(|t| t.key == "virtual-kubelet.io/provider"
+        && t.value.as_deref() == Some("cocoon")
+        && t.effect == "NoSchedule"));
     let st = n.status.as_ref().unwrap();
-    assert_eq!(st.daemon_endpoints.as_ref().unwrap().kubelet_endpoint.as_ref().unwrap().port, 10255);
-    assert!(st.addresses.as_ref().unwrap().iter().any(|a| a.type_ == "InternalIP" && a.address == "192.0.2.7"));
-    let ready = st.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        st.daemon_endpoints
+            .as_ref()
+            .unwrap()
+            .kubelet_endpoint
+            .as_ref()
+            .unwrap()
+            .port,
+        10255
+    );
+    assert!(
+        st.addresses
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|a| a.type_ == "InternalIP" && a.address == "192.0.2.7")
+    );
+    let ready = st
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(ready.status, "True");
 
     shutdown.cancel();
@@ -88,19 +132,33 @@ async fn existing_node_is_updated_and_an_unset_cpu_class_label_is_removed() {
         ("team".to_string(), "infra".to_string()),
     ]));
     existing.spec = Some(NodeSpec {
-        taints: Some(vec![Taint { key: "maintenance".into(), effect: "NoSchedule".into(), ..Default::default() }]),
+        taints: Some(vec![Taint {
+            key: "maintenance".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]),
         ..Default::default()
     });
     let seeded = server.store().seed(&existing).unwrap();
 
     let running = start_node(&server, config(&[]), Arc::new(RecordingProvider::default()));
     eventually(10, "labels merged", || {
-        server.store().get_as::<Node>(None, NODE).is_some_and(|n| n.labels().contains_key(node::LABEL_POOL))
+        server
+            .store()
+            .get_as::<Node>(None, NODE)
+            .is_some_and(|n| n.labels().contains_key(node::LABEL_POOL))
     })
     .await;
     let n = server.store().get_as::<Node>(None, NODE).unwrap();
-    assert!(!n.labels().contains_key(node::LABEL_SNAPSHOT_CPU_CLASS), "unset VK_SNAPSHOT_CPU_CLASS removes the label");
-    assert_eq!(n.labels().get("team").map(String::as_str), Some("infra"), "foreign labels are kept");
+    assert!(
+        !n.labels().contains_key(node::LABEL_SNAPSHOT_CPU_CLASS),
+        "unset VK_SNAPSHOT_CPU_CLASS removes the label"
+    );
+    assert_eq!(
+        n.labels().get("team").map(String::as_str),
+        Some("infra"),
+        "foreign labels are kept"
+    );
     let taints = n.spec.as_ref().unwrap().taints.clone().unwrap();
     assert!(taints.iter().any(|t| t.key == "maintenance"));
     assert!(taints.iter().any(|t| t.key == "virtual-kubelet.io/provider"));
@@ -112,7 +170,10 @@ async fn existing_node_is_updated_and_an_unset_cpu_class_label_is_removed() {
     let nodes: kube::Api<Node> = kube::Api::all(server.client());
     nodes.replace(NODE, &Default::default(), &stripped).await.unwrap();
     eventually(10, "label re-asserted", || {
-        server.store().get_as::<Node>(None, NODE).is_some_and(|n| n.labels().contains_key(node::LABEL_POOL))
+        server
+            .store()
+            .get_as::<Node>(None, NODE)
+            .is_some_and(|n| n.labels().contains_key(node::LABEL_POOL))
     })
     .await;
     running.stop().await;
@@ -126,7 +187,10 @@ fn existing_uid(server: &FakeApiServer) -> Option<String> {
 async fn lease_is_created_and_renewed() {
     let server = FakeApiServer::start().await;
     let running = start_node(&server, config(&[]), Arc::new(RecordingProvider::default()));
-    eventually(10, "lease", || server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).is_some()).await;
+    eventually(10, "lease", || {
+        server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).is_some()
+    })
+    .await;
     let first = server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).unwrap();
     let spec = first.spec.clone().unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some(NODE));
@@ -136,9 +200,10 @@ async fn lease_is_created_and_renewed() {
 
     let rv = |l: &Lease| l.resource_version().unwrap().parse::<u64>().unwrap();
     eventually(10, "lease renewed twice", || {
-        server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).is_some_and(|l| {
-            rv(&l) > rv(&first) && l.spec.as_ref().unwrap().renew_time > spec.renew_time
-        })
+        server
+            .store()
+            .get_as::<Lease>(Some("kube-node-lease"), NODE)
+            .is_some_and(|l| rv(&l) > rv(&first) && l.spec.as_ref().unwrap().renew_time > spec.renew_time)
     })
     .await;
 
@@ -149,7 +214,10 @@ async fn lease_is_created_and_renewed() {
     let before = server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).unwrap();
     server.start_again().await;
     eventually(10, "lease renewed after the outage", || {
-        server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).is_some_and(|l| rv(&l) > rv(&before))
+        server
+            .store()
+            .get_as::<Lease>(Some("kube-node-lease"), NODE)
+            .is_some_and(|l| rv(&l) > rv(&before))
     })
     .await;
     running.stop().await;
@@ -163,10 +231,15 @@ async fn startup_reconcile_sees_this_nodes_pods_and_an_error_is_fatal() {
     server.store().seed(&pod("elsewhere", "other-node")).unwrap();
 
     let provider = Arc::new(RecordingProvider::default());
-    *provider.reconcile_error.lock().unwrap() =
-        Some(ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message: "pod default/mine-1 wants spr".into() });
+    *provider.reconcile_error.lock().unwrap() = Some(ProviderError::Rejected {
+        reason: "SnapshotCPUClassMismatch".into(),
+        message: "pod default/mine-1 wants spr".into(),
+    });
     let running = start_node(&server, config(&[]), provider.clone());
-    let result = tokio::time::timeout(Duration::from_secs(10), running.task).await.expect("run returns").unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), running.task)
+        .await
+        .expect("run returns")
+        .unwrap();
     match result {
         Err(KubeletError::StartupReconcile { node, source }) => {
             assert_eq!(node, NODE);
@@ -177,8 +250,14 @@ async fn startup_reconcile_sees_this_nodes_pods_and_an_error_is_fatal() {
     let mut seen = provider.reconciled.lock().unwrap().clone().unwrap();
     seen.sort();
     assert_eq!(seen, vec!["default/mine-1", "default/mine-2"]);
-    assert!(server.store().get_as::<Node>(None, NODE).is_none(), "the node never registers");
-    assert!(server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).is_none(), "no lease either");
+    assert!(
+        server.store().get_as::<Node>(None, NODE).is_none(),
+        "the node never registers"
+    );
+    assert!(
+        server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).is_none(),
+        "no lease either"
+    );
     assert!(provider.calls().is_empty(), "no pod reaches the provider");
 }
 
@@ -188,7 +267,11 @@ async fn node_status_heartbeat_is_refreshed() {
     let running = start_node(&server, config(&[]), Arc::new(RecordingProvider::default()));
     let heartbeat = || {
         server.store().get_as::<Node>(None, NODE).and_then(|n| {
-            n.status?.conditions?.into_iter().find(|c| c.type_ == "Ready").and_then(|c| c.last_heartbeat_time)
+            n.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Ready")
+                .and_then(|c| c.last_heartbeat_time)
         })
     };
     eventually(10, "first heartbeat", || heartbeat().is_some()).await;

@@ -5,8 +5,8 @@ mod kubelet_support;
 
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 use kubelet_support::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,10 @@ async fn a_bound_pod_reaches_the_provider_exactly_once_and_its_status_is_publish
     server.store().seed(&pod("theirs", "other-node")).unwrap();
     let uid = mine.uid().unwrap();
 
-    eventually(10, "status published", || get(&server, "web-0").is_some_and(|p| phase(&p).as_deref() == Some("Running"))).await;
+    eventually(10, "status published", || {
+        get(&server, "web-0").is_some_and(|p| phase(&p).as_deref() == Some("Running"))
+    })
+    .await;
     let p = get(&server, "web-0").unwrap();
     let st = p.status.unwrap();
     assert_eq!(st.pod_ip, provider.ip_of(&uid));
@@ -43,13 +46,21 @@ async fn a_bound_pod_reaches_the_provider_exactly_once_and_its_status_is_publish
 
     // Unrelated writes and bookmarks do not re-create it.
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    pods.patch_status("web-0", &Default::default(), &kube::api::Patch::Merge(serde_json::json!({"status": {"message": "x"}})))
-        .await
-        .unwrap();
+    pods.patch_status(
+        "web-0",
+        &Default::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"status": {"message": "x"}})),
+    )
+    .await
+    .unwrap();
     server.bookmark();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(provider.count("create", &uid), 1);
-    assert_eq!(provider.count_key("create", "default/theirs"), 0, "pods of other nodes never reach the provider");
+    assert_eq!(
+        provider.count_key("create", "default/theirs"),
+        0,
+        "pods of other nodes never reach the provider"
+    );
     running.stop().await;
 }
 
@@ -62,12 +73,18 @@ async fn the_pod_object_is_removed_only_after_the_providers_delete_returned() {
     let running = start_node(&server, config(&[]), provider.clone());
     let created = server.store().seed(&pod("db-0", NODE)).unwrap();
     let uid = created.uid().unwrap();
-    eventually(10, "running", || get(&server, "db-0").is_some_and(|p| phase(&p).as_deref() == Some("Running"))).await;
+    eventually(10, "running", || {
+        get(&server, "db-0").is_some_and(|p| phase(&p).as_deref() == Some("Running"))
+    })
+    .await;
 
     // kubectl delete: graceful, the apiserver only sets deletionTimestamp.
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
     pods.delete("db-0", &DeleteParams::default()).await.unwrap();
-    eventually(10, "provider delete started", || provider.count("delete_started", &uid) == 1).await;
+    eventually(10, "provider delete started", || {
+        provider.count("delete_started", &uid) == 1
+    })
+    .await;
     for _ in 0..10 {
         let p = get(&server, "db-0").expect("the object stays while the provider deletes");
         assert!(p.metadata.deletion_timestamp.is_some());
@@ -82,9 +99,16 @@ async fn the_pod_object_is_removed_only_after_the_providers_delete_returned() {
 
     // Terminal status patched, then the grace-0 delete — in that order, after the provider returned.
     let reqs = server.requests();
-    let status_patch = reqs.iter().rposition(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/default/pods/db-0/status");
-    let final_delete = reqs.iter().rposition(|r| r.method == "DELETE" && r.path == "/api/v1/namespaces/default/pods/db-0" && r.status == 200);
-    assert!(status_patch.is_some() && final_delete.is_some() && status_patch < final_delete, "{reqs:#?}");
+    let status_patch = reqs
+        .iter()
+        .rposition(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/default/pods/db-0/status");
+    let final_delete = reqs
+        .iter()
+        .rposition(|r| r.method == "DELETE" && r.path == "/api/v1/namespaces/default/pods/db-0" && r.status == 200);
+    assert!(
+        status_patch.is_some() && final_delete.is_some() && status_patch < final_delete,
+        "{reqs:#?}"
+    );
     running.stop().await;
 }
 
@@ -100,21 +124,43 @@ async fn the_watch_survives_an_apiserver_restart_and_a_410_gone() {
     server.stop().await;
     let b = server.store().seed(&pod("b", NODE)).unwrap();
     server.start_again().await;
-    eventually(20, "b created after restart", || provider.count("create", &b.uid().unwrap()) == 1).await;
-    let lists_before = server.requests().iter().filter(|r| r.method == "GET" && r.path == "/api/v1/pods" && !r.is_watch()).count();
+    eventually(20, "b created after restart", || {
+        provider.count("create", &b.uid().unwrap()) == 1
+    })
+    .await;
+    let lists_before = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods" && !r.is_watch())
+        .count();
 
     // Restart with the history compacted: resuming gets 410 Gone, the watcher relists.
     server.stop().await;
     let c = server.store().seed(&pod("c", NODE)).unwrap();
     server.store().compact_history();
     server.start_again().await;
-    eventually(20, "c created after 410 and relist", || provider.count("create", &c.uid().unwrap()) == 1).await;
-    let lists_after = server.requests().iter().filter(|r| r.method == "GET" && r.path == "/api/v1/pods" && !r.is_watch()).count();
-    assert!(lists_after > lists_before, "a relist happened ({lists_before} → {lists_after})");
+    eventually(20, "c created after 410 and relist", || {
+        provider.count("create", &c.uid().unwrap()) == 1
+    })
+    .await;
+    let lists_after = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods" && !r.is_watch())
+        .count();
+    assert!(
+        lists_after > lists_before,
+        "a relist happened ({lists_before} → {lists_after})"
+    );
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     for p in [&a, &b, &c] {
-        assert_eq!(provider.count("create", &p.uid().unwrap()), 1, "{} created exactly once", p.name_any());
+        assert_eq!(
+            provider.count("create", &p.uid().unwrap()),
+            1,
+            "{} created exactly once",
+            p.name_any()
+        );
     }
     running.stop().await;
 }
@@ -132,11 +178,22 @@ async fn a_pod_deleted_while_the_daemon_watch_was_down_is_deleted_after_the_reli
     let pods = fake_apiserver::resource::PODS;
     server
         .store()
-        .delete(pods, Some("default"), "a", &fake_apiserver::store::DeleteOptions { grace_period_seconds: Some(0), ..Default::default() })
+        .delete(
+            pods,
+            Some("default"),
+            "a",
+            &fake_apiserver::store::DeleteOptions {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
         .unwrap();
     server.store().compact_history();
     server.start_again().await;
-    eventually(20, "provider delete after relist", || provider.count("delete_returned", &uid) == 1).await;
+    eventually(20, "provider delete after relist", || {
+        provider.count("delete_returned", &uid) == 1
+    })
+    .await;
     running.stop().await;
 }
 
@@ -144,10 +201,15 @@ async fn a_pod_deleted_while_the_daemon_watch_was_down_is_deleted_after_the_reli
 async fn transient_create_failures_are_retried_with_backoff() {
     let server = FakeApiServer::start().await;
     let provider = Arc::new(RecordingProvider::default());
-    provider.transient_create_failures.store(2, std::sync::atomic::Ordering::SeqCst);
+    provider
+        .transient_create_failures
+        .store(2, std::sync::atomic::Ordering::SeqCst);
     let running = start_node(&server, config(&[]), provider.clone());
     let p = server.store().seed(&pod("flaky", NODE)).unwrap();
-    eventually(10, "running after retries", || get(&server, "flaky").is_some_and(|p| phase(&p).as_deref() == Some("Running"))).await;
+    eventually(10, "running after retries", || {
+        get(&server, "flaky").is_some_and(|p| phase(&p).as_deref() == Some("Running"))
+    })
+    .await;
     assert_eq!(provider.count("create", &p.uid().unwrap()), 3);
     eventually(5, "a warning event", || {
         server
@@ -167,7 +229,10 @@ async fn a_rejected_pod_is_published_failed_and_not_retried() {
     *provider.reject_name.lock().unwrap() = Some("wrong-class".into());
     let running = start_node(&server, config(&[]), provider.clone());
     let p = server.store().seed(&pod("wrong-class", NODE)).unwrap();
-    eventually(10, "failed", || get(&server, "wrong-class").is_some_and(|p| phase(&p).as_deref() == Some("Failed"))).await;
+    eventually(10, "failed", || {
+        get(&server, "wrong-class").is_some_and(|p| phase(&p).as_deref() == Some("Failed"))
+    })
+    .await;
     let st = get(&server, "wrong-class").unwrap().status.unwrap();
     assert_eq!(st.reason.as_deref(), Some("SnapshotCPUClassMismatch"));
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -182,8 +247,15 @@ async fn failed_apiserver_writes_are_retried() {
     let running = start_node(&server, config(&[]), provider.clone());
     server.inject_fault(Some(axum::http::Method::PATCH), "/pods/retry-me/status", 500, 2);
     server.store().seed(&pod("retry-me", NODE)).unwrap();
-    eventually(10, "status published after two 500s", || get(&server, "retry-me").is_some_and(|p| phase(&p).as_deref() == Some("Running"))).await;
-    let failures = server.requests().iter().filter(|r| r.path.ends_with("/retry-me/status") && r.status == 500).count();
+    eventually(10, "status published after two 500s", || {
+        get(&server, "retry-me").is_some_and(|p| phase(&p).as_deref() == Some("Running"))
+    })
+    .await;
+    let failures = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/retry-me/status") && r.status == 500)
+        .count();
     assert_eq!(failures, 2);
     running.stop().await;
 }

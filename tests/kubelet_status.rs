@@ -6,30 +6,45 @@ use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
 use kubelet_support::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
-use vk_cocoon::kubelet::status::{WriteOutcome, build_pod_status, patch_annotations, publish_status};
 use vk_cocoon::kubelet::ProviderPodStatus;
+use vk_cocoon::kubelet::status::{WriteOutcome, build_pod_status, patch_annotations, publish_status};
 
 #[tokio::test]
 async fn writes_for_a_stale_uid_are_rejected_and_leave_the_new_incarnation_alone() {
     let server = FakeApiServer::start().await;
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
     let old = pods.create(&PostParams::default(), &pod("p", NODE)).await.unwrap();
-    pods.delete("p", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    pods.delete(
+        "p",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     let new = pods.create(&PostParams::default(), &pod("p", NODE)).await.unwrap();
 
-    let failed = build_pod_status(&old, &ProviderPodStatus::failed("VMGone", "vm no longer exists"), &Time(Timestamp::now()));
+    let failed = build_pod_status(
+        &old,
+        &ProviderPodStatus::failed("VMGone", "vm no longer exists"),
+        &Time(Timestamp::now()),
+    );
     match publish_status(&pods, &old, &failed).await.unwrap() {
         WriteOutcome::Superseded { code, .. } => assert_eq!(code, 409),
         other => panic!("expected superseded, got {other:?}"),
     }
     let changes = BTreeMap::from([("vm.cocoonstack.io/id".to_string(), Some("vm-1".to_string()))]);
-    assert!(matches!(patch_annotations(&pods, &old, &changes).await.unwrap(), WriteOutcome::Superseded { code: 409, .. }));
+    assert!(matches!(
+        patch_annotations(&pods, &old, &changes).await.unwrap(),
+        WriteOutcome::Superseded { code: 409, .. }
+    ));
 
     let stored = pods.get("p").await.unwrap();
     assert_eq!(stored.status.as_ref().unwrap().phase.as_deref(), Some("Pending"));
@@ -37,9 +52,19 @@ async fn writes_for_a_stale_uid_are_rejected_and_leave_the_new_incarnation_alone
     assert_eq!(stored.resource_version(), new.resource_version(), "nothing was written");
 
     // The same writes for the live incarnation land.
-    assert!(matches!(patch_annotations(&pods, &new, &changes).await.unwrap(), WriteOutcome::Applied(_)));
-    let running = build_pod_status(&new, &ProviderPodStatus::pending("ContainerCreating", None), &Time(Timestamp::now()));
-    assert!(matches!(publish_status(&pods, &new, &running).await.unwrap(), WriteOutcome::Applied(_)));
+    assert!(matches!(
+        patch_annotations(&pods, &new, &changes).await.unwrap(),
+        WriteOutcome::Applied(_)
+    ));
+    let running = build_pod_status(
+        &new,
+        &ProviderPodStatus::pending("ContainerCreating", None),
+        &Time(Timestamp::now()),
+    );
+    assert!(matches!(
+        publish_status(&pods, &new, &running).await.unwrap(),
+        WriteOutcome::Applied(_)
+    ));
     // Removing an annotation (None) deletes the key.
     let removal = BTreeMap::from([("vm.cocoonstack.io/id".to_string(), None)]);
     match patch_annotations(&pods, &new, &removal).await.unwrap() {
@@ -47,8 +72,19 @@ async fn writes_for_a_stale_uid_are_rejected_and_leave_the_new_incarnation_alone
         other => panic!("{other:?}"),
     }
     // A pod that is gone entirely is superseded too (404).
-    pods.delete("p", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
-    assert!(matches!(publish_status(&pods, &new, &running).await.unwrap(), WriteOutcome::Superseded { code: 404, .. }));
+    pods.delete(
+        "p",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        publish_status(&pods, &new, &running).await.unwrap(),
+        WriteOutcome::Superseded { code: 404, .. }
+    ));
 }
 
 #[tokio::test]
@@ -62,10 +98,21 @@ async fn the_controller_drops_a_status_for_a_replaced_pod_and_serves_the_new_one
 
     let old = server.store().seed(&pod("p", NODE)).unwrap();
     let old_uid = old.uid().unwrap();
-    eventually(10, "created; status publication waiting", || provider.count("create", &old_uid) == 1).await;
+    eventually(10, "created; status publication waiting", || {
+        provider.count("create", &old_uid) == 1
+    })
+    .await;
 
     // While the status publication for the old incarnation is in flight, the pod is replaced.
-    pods.delete("p", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    pods.delete(
+        "p",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     let new = pods.create(&PostParams::default(), &pod("p", NODE)).await.unwrap();
     let new_uid = new.uid().unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -73,15 +120,28 @@ async fn the_controller_drops_a_status_for_a_replaced_pod_and_serves_the_new_one
 
     eventually(10, "new incarnation running", || {
         server.store().get_as::<Pod>(Some("default"), "p").is_some_and(|p| {
-            p.uid().as_deref() == Some(new_uid.as_str()) && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            p.uid().as_deref() == Some(new_uid.as_str())
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
         })
     })
     .await;
     let stored = server.store().get_as::<Pod>(Some("default"), "p").unwrap();
-    assert_eq!(stored.status.unwrap().pod_ip, provider.ip_of(&new_uid), "the new incarnation carries its own IP");
-    let rejected = server.requests().iter().filter(|r| r.method == "PATCH" && r.path.ends_with("/pods/p/status") && r.status == 409).count();
+    assert_eq!(
+        stored.status.unwrap().pod_ip,
+        provider.ip_of(&new_uid),
+        "the new incarnation carries its own IP"
+    );
+    let rejected = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/pods/p/status") && r.status == 409)
+        .count();
     assert_eq!(rejected, 1, "the stale write was rejected once and not retried");
-    assert_eq!(provider.count("delete_returned", &old_uid), 1, "the old incarnation was deleted in the provider");
+    assert_eq!(
+        provider.count("delete_returned", &old_uid),
+        1,
+        "the old incarnation was deleted in the provider"
+    );
     assert_eq!(provider.count("create", &new_uid), 1);
     running.stop().await;
 }

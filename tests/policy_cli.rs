@@ -7,7 +7,10 @@ use std::process::{Command, Output};
 use policy_artifacts::hostile;
 
 fn vk_cocoon(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vk-cocoon")).args(args).output().expect("run vk-cocoon")
+    Command::new(env!("CARGO_BIN_EXE_vk-cocoon"))
+        .args(args)
+        .output()
+        .expect("run vk-cocoon")
 }
 
 fn stdout(o: &Output) -> String {
@@ -19,7 +22,10 @@ fn stderr(o: &Output) -> String {
 }
 
 fn policies_dir() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("policies").display().to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("policies")
+        .display()
+        .to_string()
 }
 
 #[test]
@@ -32,7 +38,10 @@ fn the_default_tables_pass_and_the_report_ends_with_the_counts() {
     assert_eq!(rest, "0 failed");
     assert!(passed.parse::<u32>().unwrap() >= 110, "{last}");
     for slot in vk_cocoon::policy::Slot::ALL {
-        assert!(text.contains(&format!("slot {slot} on the built-in {slot} policy")), "{slot} table ran:\n{text}");
+        assert!(
+            text.contains(&format!("slot {slot} on the built-in {slot} policy")),
+            "{slot} table ran:\n{text}"
+        );
     }
 }
 
@@ -48,7 +57,10 @@ fn a_failing_case_fails_the_run_and_shows_the_decision() {
     let out = vk_cocoon(&["policy", "test", table.to_str().unwrap()]);
     let text = stdout(&out);
     assert!(!out.status.success());
-    assert!(text.contains("FAIL expects the impossible: verdict: expected \"reject\", got \"admit\""), "{text}");
+    assert!(
+        text.contains("FAIL expects the impossible: verdict: expected \"reject\", got \"admit\""),
+        "{text}"
+    );
     assert!(text.contains("decision: {"), "{text}");
     assert_eq!(text.lines().last(), Some("0 passed, 1 failed"));
 }
@@ -93,7 +105,14 @@ host: {path: clone}
 "#,
     )
     .unwrap();
-    let out = vk_cocoon(&["policy", "eval", "--slot", "resource-translation", "--input", input.to_str().unwrap()]);
+    let out = vk_cocoon(&[
+        "policy",
+        "eval",
+        "--slot",
+        "resource-translation",
+        "--input",
+        input.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON document");
     assert_eq!(json["outcome"], "translated");
@@ -115,7 +134,14 @@ host: {vm-id: id-1, nics: [{mac: "52:54:00:00:00:01", ip: 10.0.0.2, gateway: 10.
 "#,
     )
     .unwrap();
-    let out = vk_cocoon(&["policy", "eval", "--slot", "guest-fixup", "--input", input.to_str().unwrap()]);
+    let out = vk_cocoon(&[
+        "policy",
+        "eval",
+        "--slot",
+        "guest-fixup",
+        "--input",
+        input.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON document");
     assert_eq!(json["outcome"], "run");
@@ -134,8 +160,15 @@ fn every_default_component_checks_as_exactly_its_own_slot() {
         let out = vk_cocoon(&["policy", "check", path.to_str().unwrap()]);
         let text = stdout(&out);
         assert!(out.status.success(), "{slot}: {}", stderr(&out));
-        assert!(text.contains(&format!("implements slot {slot} (world {slot}-policy)")), "{text}");
-        assert_eq!(text.matches("implements slot").count(), 1, "one slot per default: {text}");
+        assert!(
+            text.contains(&format!("implements slot {slot} (world {slot}-policy)")),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("implements slot").count(),
+            1,
+            "one slot per default: {text}"
+        );
     }
 }
 
@@ -147,10 +180,17 @@ fn check_accepts_a_policy_and_refuses_hostile_components_with_reasons() {
         fs::write(&path, bytes).unwrap();
         path.display().to_string()
     };
-    let good = write("admission.wasm", vk_cocoon::policy::Slot::CpuClassAdmission.default_component());
+    let good = write(
+        "admission.wasm",
+        vk_cocoon::policy::Slot::CpuClassAdmission.default_component(),
+    );
     let out = vk_cocoon(&["policy", "check", &good]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("implements slot cpu-class-admission"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("implements slot cpu-class-admission"),
+        "{}",
+        stdout(&out)
+    );
 
     let wasi = write("wasi.wasm", hostile::WASI_IMPORTER);
     let out = vk_cocoon(&["policy", "check", &wasi]);
@@ -160,9 +200,17 @@ fn check_accepts_a_policy_and_refuses_hostile_components_with_reasons() {
     let corrupt = write("corrupt.wasm", b"\0asm garbage");
     let out = vk_cocoon(&["policy", "check", &corrupt]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("not a valid WebAssembly component"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a valid WebAssembly component"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = vk_cocoon(&["policy", "check", &good, "--slot", "bring-up"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.1.0"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.1.0"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -12,7 +12,9 @@ use policy_artifacts::hostile;
 use vk_cocoon::policy::config::SlotConfig;
 use vk_cocoon::policy::input::{DecisionInput, facts_for};
 use vk_cocoon::policy::reload::PolicyReloader;
-use vk_cocoon::policy::{CompileCache, LoadError, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts};
+use vk_cocoon::policy::{
+    CompileCache, LoadError, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
+};
 
 fn policies(cache: Option<CompileCache>) -> Arc<Policies> {
     let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
@@ -48,7 +50,13 @@ fn a_changed_file_changes_the_next_decision_and_a_bad_one_keeps_the_last_good() 
     let path = dir.path().join("bring-up.wasm");
     fs::write(&path, Slot::BringUp.default_component()).unwrap();
     let policies = policies(None);
-    let slots = BTreeMap::from([(Slot::BringUp, SlotConfig { path: path.clone(), cases: None })]);
+    let slots = BTreeMap::from([(
+        Slot::BringUp,
+        SlotConfig {
+            path: path.clone(),
+            cases: None,
+        },
+    )]);
     let reloader = Arc::new(PolicyReloader::new(policies.clone(), slots));
     reloader.load_all().unwrap();
     let _watcher = reloader.clone().watch().unwrap();
@@ -56,23 +64,31 @@ fn a_changed_file_changes_the_next_decision_and_a_bad_one_keeps_the_last_good() 
 
     // A valid component that decides differently (it traps, so bring-up fails safe).
     replace(&path, hostile::TRAPPER);
-    wait_until("the new component serves", || policies.decide(&clone_pod()).reason() == "policy-failed");
+    wait_until("the new component serves", || {
+        policies.decide(&clone_pod()).reason() == "policy-failed"
+    });
     assert_eq!(policies.metrics().reloads(Slot::BringUp, "ok"), 2);
 
     // A corrupt file is refused; the trapper stays installed.
     let serving = policies.current(Slot::BringUp).digest().to_string();
     replace(&path, b"not wasm at all");
-    wait_until("the corrupt file is refused", || policies.metrics().reloads(Slot::BringUp, "corrupt") >= 1);
+    wait_until("the corrupt file is refused", || {
+        policies.metrics().reloads(Slot::BringUp, "corrupt") >= 1
+    });
     assert_eq!(policies.current(Slot::BringUp).digest(), serving);
 
     // A WASI component is refused too.
     replace(&path, hostile::WASI_IMPORTER);
-    wait_until("the WASI file is refused", || policies.metrics().reloads(Slot::BringUp, "forbidden_imports") >= 1);
+    wait_until("the WASI file is refused", || {
+        policies.metrics().reloads(Slot::BringUp, "forbidden_imports") >= 1
+    });
     assert_eq!(policies.current(Slot::BringUp).digest(), serving);
 
     // And the good default comes back.
     replace(&path, Slot::BringUp.default_component());
-    wait_until("the default serves again", || policies.decide(&clone_pod()).reason() == "clone");
+    wait_until("the default serves again", || {
+        policies.decide(&clone_pod()).reason() == "clone"
+    });
 }
 
 #[test]
@@ -92,7 +108,13 @@ cases:
     )
     .unwrap();
     let policies = policies(None);
-    let slots = BTreeMap::from([(Slot::BringUp, SlotConfig { path: path.clone(), cases: None })]);
+    let slots = BTreeMap::from([(
+        Slot::BringUp,
+        SlotConfig {
+            path: path.clone(),
+            cases: None,
+        },
+    )]);
     let reloader = PolicyReloader::new(policies.clone(), slots);
     reloader.load_all().expect("the default passes its table");
     let good = policies.current(Slot::BringUp).digest().to_string();
@@ -100,13 +122,19 @@ cases:
     fs::write(&path, hostile::TRAPPER).unwrap();
     let error = reloader.reload(Slot::BringUp).unwrap_err();
     match &error {
-        LoadError::CasesFailed { failed, total, first, .. } => {
+        LoadError::CasesFailed {
+            failed, total, first, ..
+        } => {
             assert_eq!((*failed, *total), (1, 1));
             assert!(first.contains("a plain clone"), "{first}");
         }
         other => panic!("expected the table to refuse the swap, got {other}"),
     }
-    assert_eq!(policies.current(Slot::BringUp).digest(), good, "the last good version keeps serving");
+    assert_eq!(
+        policies.current(Slot::BringUp).digest(),
+        good,
+        "the last good version keeps serving"
+    );
     assert_eq!(policies.metrics().reloads(Slot::BringUp, "cases_failed"), 1);
     assert_eq!(policies.decide(&clone_pod()).reason(), "clone");
 }
@@ -116,11 +144,23 @@ fn a_bad_operator_policy_at_startup_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("admission.wasm");
     fs::write(&path, hostile::WASI_IMPORTER).unwrap();
-    let slots = BTreeMap::from([(Slot::CpuClassAdmission, SlotConfig { path: path.clone(), cases: None })]);
+    let slots = BTreeMap::from([(
+        Slot::CpuClassAdmission,
+        SlotConfig {
+            path: path.clone(),
+            cases: None,
+        },
+    )]);
     let error = PolicyReloader::new(policies(None), slots).load_all().unwrap_err();
     assert!(error.to_string().contains(&path.display().to_string()), "{error}");
 
-    let missing = BTreeMap::from([(Slot::CpuClassAdmission, SlotConfig { path: dir.path().join("nope.wasm"), cases: None })]);
+    let missing = BTreeMap::from([(
+        Slot::CpuClassAdmission,
+        SlotConfig {
+            path: dir.path().join("nope.wasm"),
+            cases: None,
+        },
+    )]);
     let error = PolicyReloader::new(policies(None), missing).load_all().unwrap_err();
     assert!(matches!(error, LoadError::Read { .. }), "{error}");
 }
@@ -135,7 +175,11 @@ fn compiled_components_are_cached_by_digest_and_engine() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .filter(|n| n.ends_with(".cwasm"))
         .collect();
-    assert_eq!(entries.len(), Slot::ALL.len(), "one compiled entry per default policy: {entries:?}");
+    assert_eq!(
+        entries.len(),
+        Slot::ALL.len(),
+        "one compiled entry per default policy: {entries:?}"
+    );
     assert!(entries.iter().all(|n| n.contains("-wasmtime-48.0.8-")), "{entries:?}");
 
     // A tampered entry is detected and recompiled; the policies still decide correctly.

@@ -12,7 +12,8 @@ use vk_cocoon::policy::decision::{BringUpOutcome, FixupOutcome, SlotDecision, Tr
 use vk_cocoon::policy::facts::{BootOrigin, GuestFixupFacts, GuestNic};
 use vk_cocoon::policy::input::{DecisionInput, facts_for};
 use vk_cocoon::policy::{
-    DecisionError, LoadError, LoadedPolicy, Origin, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
+    DecisionError, LoadError, LoadedPolicy, Origin, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot,
+    SlotFacts,
 };
 
 /// The deadline is generous enough that the memory bomb always reaches the memory limit first,
@@ -20,7 +21,12 @@ use vk_cocoon::policy::{
 const DEADLINE: Duration = Duration::from_millis(250);
 
 fn engine() -> PolicyEngine {
-    PolicyEngine::new(SandboxLimits { memory_bytes: 16 << 20, timeout: DEADLINE, max_concurrent: 8 }).expect("engine")
+    PolicyEngine::new(SandboxLimits {
+        memory_bytes: 16 << 20,
+        timeout: DEADLINE,
+        max_concurrent: 8,
+    })
+    .expect("engine")
 }
 
 fn load(engine: &PolicyEngine, slot: Slot, name: &str, bytes: &[u8]) -> Result<LoadedPolicy, LoadError> {
@@ -58,9 +64,16 @@ fn managed_pod(slot: Slot) -> SlotFacts {
 #[test]
 fn an_infinite_loop_is_stopped_at_the_deadline() {
     let engine = engine();
-    let spin = load(&engine, Slot::CpuClassAdmission, "spin.wasm", hostile::SPIN_FOREVER).expect("a loop is valid at load");
+    let spin =
+        load(&engine, Slot::CpuClassAdmission, "spin.wasm", hostile::SPIN_FOREVER).expect("a loop is valid at load");
     let error = spin.decide(&engine, &matching_pod()).unwrap_err();
-    assert_eq!(error, DecisionError::Timeout { slot: Slot::CpuClassAdmission, limit: DEADLINE });
+    assert_eq!(
+        error,
+        DecisionError::Timeout {
+            slot: Slot::CpuClassAdmission,
+            limit: DEADLINE
+        }
+    );
     assert!(error.to_string().contains("deadline"), "{error}");
 }
 
@@ -68,8 +81,16 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
 fn a_memory_bomb_hits_the_memory_limit() {
     let engine = engine();
     let bomb = load(&engine, Slot::ResourceTranslation, "bomb.wasm", hostile::MEMORY_BOMB).expect("valid at load");
-    let error = bomb.decide(&engine, &managed_pod(Slot::ResourceTranslation)).unwrap_err();
-    assert_eq!(error, DecisionError::OutOfMemory { slot: Slot::ResourceTranslation, limit_bytes: 16 << 20 });
+    let error = bomb
+        .decide(&engine, &managed_pod(Slot::ResourceTranslation))
+        .unwrap_err();
+    assert_eq!(
+        error,
+        DecisionError::OutOfMemory {
+            slot: Slot::ResourceTranslation,
+            limit_bytes: 16 << 20
+        }
+    );
 }
 
 #[test]
@@ -94,11 +115,17 @@ fn a_wasi_importing_component_is_refused_at_load_naming_the_imports() {
     match &error {
         LoadError::ForbiddenImports { imports, .. } => {
             assert!(imports.iter().any(|i| i.starts_with("wasi:")), "{imports:?}");
-            assert!(!imports.iter().any(|i| i.contains("cocoonstack:vk-policy/types")), "{imports:?}");
+            assert!(
+                !imports.iter().any(|i| i.contains("cocoonstack:vk-policy/types")),
+                "{imports:?}"
+            );
         }
         other => panic!("expected ForbiddenImports, got {other}"),
     }
-    assert!(error.to_string().contains("no_std"), "the error says what to do: {error}");
+    assert!(
+        error.to_string().contains("no_std"),
+        "the error says what to do: {error}"
+    );
 }
 
 #[test]
@@ -135,20 +162,37 @@ fn a_wrong_signature_is_refused_at_load_not_at_the_first_decision() {
     let Err(error) = load(&engine, Slot::CpuClassAdmission, "wrong.wasm", hostile::WRONG_SIGNATURE) else {
         panic!("a component with the right names but the wrong types must be refused");
     };
-    assert!(matches!(error, LoadError::ExportMismatch { slot: Slot::CpuClassAdmission, .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            LoadError::ExportMismatch {
+                slot: Slot::CpuClassAdmission,
+                ..
+            }
+        ),
+        "{error}"
+    );
     assert!(error.to_string().contains("type mismatch"), "{error}");
 }
 
 #[test]
 fn a_component_for_another_slot_is_a_wrong_world_listing_its_exports() {
     let engine = engine();
-    let Err(error) = load(&engine, Slot::BringUp, "admission.wasm", Slot::CpuClassAdmission.default_component()) else {
+    let Err(error) = load(
+        &engine,
+        Slot::BringUp,
+        "admission.wasm",
+        Slot::CpuClassAdmission.default_component(),
+    ) else {
         panic!("an admission policy cannot serve bring-up");
     };
     match &error {
         LoadError::WrongWorld { expected, found, .. } => {
             assert_eq!(expected, "cocoonstack:vk-policy/bring-up@0.1.0");
-            assert_eq!(found, &vec!["cocoonstack:vk-policy/cpu-class-admission@0.1.0".to_string()]);
+            assert_eq!(
+                found,
+                &vec!["cocoonstack:vk-policy/cpu-class-admission@0.1.0".to_string()]
+            );
         }
         other => panic!("expected WrongWorld, got {other}"),
     }
@@ -161,12 +205,20 @@ fn corrupt_bytes_and_core_modules_are_refused_with_a_reason() {
         (b"", "only 0 bytes"),
         (b"#!/bin/sh\necho hi\n", "magic bytes"),
         (b"\0asm\x01\0\0\0", "core WebAssembly module"),
-        (&hostile::TRAPPER[..hostile::TRAPPER.len() / 2], "not a valid WebAssembly component"),
+        (
+            &hostile::TRAPPER[..hostile::TRAPPER.len() / 2],
+            "not a valid WebAssembly component",
+        ),
     ];
     for (bytes, expected) in cases {
-        let Err(error) = load(&engine, Slot::BringUp, "bad.wasm", bytes) else { panic!("{expected}: accepted") };
+        let Err(error) = load(&engine, Slot::BringUp, "bad.wasm", bytes) else {
+            panic!("{expected}: accepted")
+        };
         assert!(matches!(error, LoadError::Corrupt { .. }), "{error}");
-        assert!(error.to_string().contains(expected), "{error} should mention {expected:?}");
+        assert!(
+            error.to_string().contains(expected),
+            "{error} should mention {expected:?}"
+        );
     }
 }
 
@@ -180,13 +232,20 @@ fn failed_decisions_take_the_non_permissive_fail_safe_and_are_counted() {
         SlotFacts::CpuClassAdmission(f) => f,
         _ => unreachable!(),
     });
-    assert_eq!(verdict.outcome, Verdict::Reject, "a timed-out admission rejects even a matching pod");
+    assert_eq!(
+        verdict.outcome,
+        Verdict::Reject,
+        "a timed-out admission rejects even a matching pod"
+    );
     assert_eq!(verdict.reason, "policy-failed");
     assert!(verdict.fail_safe.as_deref().unwrap().contains("deadline"));
 
     policies.install(load(&engine, Slot::BringUp, "trap.wasm", hostile::TRAPPER).unwrap());
     let bring_up = policies.decide(&managed_pod(Slot::BringUp));
-    assert!(matches!(bring_up, SlotDecision::BringUp(ref d) if d.outcome == BringUpOutcome::Refuse), "{bring_up:?}");
+    assert!(
+        matches!(bring_up, SlotDecision::BringUp(ref d) if d.outcome == BringUpOutcome::Refuse),
+        "{bring_up:?}"
+    );
 
     policies.install(load(&engine, Slot::ResourceTranslation, "bomb.wasm", hostile::MEMORY_BOMB).unwrap());
     let translation = policies.decide(&managed_pod(Slot::ResourceTranslation));
@@ -196,7 +255,11 @@ fn failed_decisions_take_the_non_permissive_fail_safe_and_are_counted() {
     );
 
     let metrics = policies.metrics();
-    assert_eq!(metrics.failures(Slot::CpuClassAdmission, "timeout_retried"), 1, "a missed deadline is retried once");
+    assert_eq!(
+        metrics.failures(Slot::CpuClassAdmission, "timeout_retried"),
+        1,
+        "a missed deadline is retried once"
+    );
     assert_eq!(metrics.failures(Slot::CpuClassAdmission, "timeout"), 1);
     assert_eq!(metrics.failures(Slot::BringUp, "trap"), 1);
     assert_eq!(metrics.failures(Slot::ResourceTranslation, "out_of_memory"), 1);
@@ -213,7 +276,10 @@ fn fixup_facts(os: &str, backend: &str, nics: Vec<GuestNic>) -> GuestFixupFacts 
     let pod = PodFacts {
         namespace: "ns".into(),
         name: "p".into(),
-        annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         ..PodFacts::default()
     };
     let spec = VmSpec::decode(&pod.annotations);
@@ -243,16 +309,44 @@ fn nic(i: usize) -> GuestNic {
 fn guest_fixups_come_back_typed_through_the_live_policies() {
     let policies = Policies::with_defaults(engine(), None, PolicyMetrics::unregistered()).unwrap();
     let d = policies.guest_fixup(fixup_facts("windows", "cloud-hypervisor", vec![nic(0)]));
-    let FixupOutcome::Run { fixup } = &d.outcome else { panic!("a windows clone needs a fixup: {d:?}") };
-    assert_eq!((fixup.kind.as_str(), &fixup.argv[..3]), ("windows", &["powershell", "-nop", "-c"].map(String::from)[..]));
+    let FixupOutcome::Run { fixup } = &d.outcome else {
+        panic!("a windows clone needs a fixup: {d:?}")
+    };
+    assert_eq!(
+        (fixup.kind.as_str(), &fixup.argv[..3]),
+        ("windows", &["powershell", "-nop", "-c"].map(String::from)[..])
+    );
     assert_eq!(d.fail_safe, None);
 
-    let d = policies.guest_fixup(fixup_facts("", "firecracker", vec![nic(0), GuestNic { ip: String::new(), ..nic(1) }]));
-    let FixupOutcome::Run { fixup } = &d.outcome else { panic!("firecracker needs a fixup: {d:?}") };
+    let d = policies.guest_fixup(fixup_facts(
+        "",
+        "firecracker",
+        vec![
+            nic(0),
+            GuestNic {
+                ip: String::new(),
+                ..nic(1)
+            },
+        ],
+    ));
+    let FixupOutcome::Run { fixup } = &d.outcome else {
+        panic!("firecracker needs a fixup: {d:?}")
+    };
     assert_eq!(fixup.argv[..2], ["sh", "-c"]);
-    assert!(fixup.argv[2].contains("ip link set dev eth1 address 02:fc:00:00:00:01"), "{}", fixup.argv[2]);
+    assert!(
+        fixup.argv[2].contains("ip link set dev eth1 address 02:fc:00:00:00:01"),
+        "{}",
+        fixup.argv[2]
+    );
 
-    let d = policies.guest_fixup(fixup_facts("", "cloud-hypervisor", vec![GuestNic { ip: String::new(), ..nic(0) }]));
+    let d = policies.guest_fixup(fixup_facts(
+        "",
+        "cloud-hypervisor",
+        vec![GuestNic {
+            ip: String::new(),
+            ..nic(0)
+        }],
+    ));
     assert_eq!((d.outcome, d.reason.as_str()), (FixupOutcome::None, "not-needed"));
     assert_eq!(policies.metrics().decisions(Slot::GuestFixup, "not-needed"), 1);
 }
@@ -280,16 +374,23 @@ fn the_host_keeps_serving_while_hostile_guests_run() {
             let (engine, spin) = (engine.clone(), spin.clone());
             thread::spawn(move || {
                 for _ in 0..3 {
-                    assert!(matches!(spin.decide(&engine, &matching_pod()), Err(DecisionError::Timeout { .. })));
+                    assert!(matches!(
+                        spin.decide(&engine, &matching_pod()),
+                        Err(DecisionError::Timeout { .. })
+                    ));
                 }
             })
         })
         .collect();
     // Meanwhile, and after every trap, the same engine keeps deciding correctly.
     for _ in 0..200 {
-        let decision = good.decide(&engine, &mismatched_pod()).expect("the default policy decides");
+        let decision = good
+            .decide(&engine, &mismatched_pod())
+            .expect("the default policy decides");
         assert!(matches!(decision, SlotDecision::CpuClassAdmission(ref d) if d.outcome == Verdict::Reject));
-        let decision = good.decide(&engine, &matching_pod()).expect("the default policy decides");
+        let decision = good
+            .decide(&engine, &matching_pod())
+            .expect("the default policy decides");
         assert!(matches!(decision, SlotDecision::CpuClassAdmission(ref d) if d.outcome == Verdict::Admit));
     }
     for t in hostile_threads {
@@ -297,16 +398,25 @@ fn the_host_keeps_serving_while_hostile_guests_run() {
     }
     let trapper = load(&engine, Slot::BringUp, "trap.wasm", hostile::TRAPPER).unwrap();
     for _ in 0..3 {
-        assert!(matches!(trapper.decide(&engine, &managed_pod(Slot::BringUp)), Err(DecisionError::Trap { .. })));
+        assert!(matches!(
+            trapper.decide(&engine, &managed_pod(Slot::BringUp)),
+            Err(DecisionError::Trap { .. })
+        ));
     }
     let bring_up = LoadedPolicy::builtin(&engine, None, Slot::BringUp).unwrap();
-    let decision = bring_up.decide(&engine, &managed_pod(Slot::BringUp)).expect("a trap does not poison the engine");
+    let decision = bring_up
+        .decide(&engine, &managed_pod(Slot::BringUp))
+        .expect("a trap does not poison the engine");
     assert_eq!(decision.reason(), "clone");
 }
 
 #[test]
 fn more_concurrent_decisions_than_the_pool_holds_wait_instead_of_failing() {
-    let engine = PolicyEngine::new(SandboxLimits { max_concurrent: 2, ..SandboxLimits::default() }).unwrap();
+    let engine = PolicyEngine::new(SandboxLimits {
+        max_concurrent: 2,
+        ..SandboxLimits::default()
+    })
+    .unwrap();
     let policy = Arc::new(LoadedPolicy::builtin(&engine, None, Slot::CpuClassAdmission).unwrap());
     let threads: Vec<_> = (0..8)
         .map(|_| {
@@ -315,7 +425,10 @@ fn more_concurrent_decisions_than_the_pool_holds_wait_instead_of_failing() {
         })
         .collect();
     for t in threads {
-        assert!(t.join().unwrap(), "every decision succeeded despite a pool of two instances");
+        assert!(
+            t.join().unwrap(),
+            "every decision succeeded despite a pool of two instances"
+        );
     }
 }
 
@@ -326,7 +439,9 @@ fn every_decision_gets_a_fresh_instance() {
     policies.install(load(&engine, Slot::CpuClassAdmission, "counter.wasm", hostile::CALL_COUNTER).unwrap());
     for round in 0..20 {
         // The guest counts its decisions in instance state: a reused instance would say 2.
-        let SlotDecision::CpuClassAdmission(d) = policies.decide(&matching_pod()) else { unreachable!() };
+        let SlotDecision::CpuClassAdmission(d) = policies.decide(&matching_pod()) else {
+            unreachable!()
+        };
         assert_eq!(d.message, "decision 1 of this instance", "round {round}");
     }
 }

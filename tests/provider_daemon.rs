@@ -12,7 +12,11 @@ use k8s_openapi::api::core::v1::Node;
 use provider_support::*;
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn scrape(port: u16) -> Option<String> {
@@ -60,17 +64,29 @@ async fn the_daemon_runs_a_pod_serves_metrics_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
 
-    eventually(60, "node registered", || env.server.store().get_as::<Node>(None, "vk-daemon").is_some()).await;
+    eventually(60, "node registered", || {
+        env.server.store().get_as::<Node>(None, "vk-daemon").is_some()
+    })
+    .await;
     let mut pod = managed("d-0", "vm-daemon", &[("cocoonset.cocoonstack.io/image", "base")]);
     pod.spec.as_mut().unwrap().node_name = Some("vk-daemon".into());
     create(&env, &pod).await;
-    eventually(60, "pod ready", || lifecycle(&env, "d-0").as_deref() == Some("ready") && ready(&env, "d-0")).await;
+    eventually(60, "pod ready", || {
+        lifecycle(&env, "d-0").as_deref() == Some("ready") && ready(&env, "d-0")
+    })
+    .await;
     assert!(vm_named(&env, "vm-daemon").await.is_some());
 
     let text = scrape(port).expect("metrics answer");
-    assert!(text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="",result="ok"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="",result="ok"} 1"#),
+        "{text}"
+    );
     assert!(text.contains("cocoon_vk_vm_boot_duration_seconds_count"), "{text}");
-    assert!(text.contains("cocoon_vk_policy_decision_seconds"), "policy metrics are served too: {text}");
+    assert!(
+        text.contains("cocoon_vk_policy_decision_seconds"),
+        "policy metrics are served too: {text}"
+    );
 
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -79,7 +95,10 @@ async fn the_daemon_runs_a_pod_serves_metrics_and_stops_on_sigterm() {
             assert!(status.success(), "clean exit on SIGTERM: {status:?}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the daemon did not stop on SIGTERM");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not stop on SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -32,21 +32,60 @@ async fn the_ip_comes_from_the_lease_file_and_leases_are_released_after_the_dele
     let mac = vm.primary_mac().expect("the NIC has a MAC").to_string();
     std::fs::write(
         &env.leases,
-        format!(r#"[{{"mac":"{}","ip":"172.22.0.17","expiry":"2999-01-01T00:00:00Z"}}]"#, mac.to_ascii_uppercase()),
+        format!(
+            r#"[{{"mac":"{}","ip":"172.22.0.17","expiry":"2999-01-01T00:00:00Z"}}]"#,
+            mac.to_ascii_uppercase()
+        ),
     )
     .unwrap();
-    create(&env, &managed("dhcp-0", "vm-dhcp", &[("cocoonset.cocoonstack.io/image", "base"), ("cocoonset.cocoonstack.io/network", "dhcp-net")])).await;
+    create(
+        &env,
+        &managed(
+            "dhcp-0",
+            "vm-dhcp",
+            &[
+                ("cocoonset.cocoonstack.io/image", "base"),
+                ("cocoonset.cocoonstack.io/network", "dhcp-net"),
+            ],
+        ),
+    )
+    .await;
 
     let releaser = Arc::new(RecordingReleaser::default());
-    let d = start(&env, Options { releaser: Some(releaser.clone()), ..Default::default() });
-    eventually(60, "adopted and ready", || lifecycle(&env, "dhcp-0").as_deref() == Some("ready")).await;
-    assert_eq!(annotation(&env, "dhcp-0", "vm.cocoonstack.io/ip").as_deref(), Some("172.22.0.17"));
-    eventually(20, "pod IP published", || get(&env, "dhcp-0").and_then(|p| p.status).and_then(|s| s.pod_ip).as_deref() == Some("172.22.0.17")).await;
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(releaser.clone()),
+            ..Default::default()
+        },
+    );
+    eventually(60, "adopted and ready", || {
+        lifecycle(&env, "dhcp-0").as_deref() == Some("ready")
+    })
+    .await;
+    assert_eq!(
+        annotation(&env, "dhcp-0", "vm.cocoonstack.io/ip").as_deref(),
+        Some("172.22.0.17")
+    );
+    eventually(20, "pod IP published", || {
+        get(&env, "dhcp-0")
+            .and_then(|p| p.status)
+            .and_then(|s| s.pod_ip)
+            .as_deref()
+            == Some("172.22.0.17")
+    })
+    .await;
 
-    assert!(releaser.released.lock().unwrap().is_empty(), "nothing released while the VM lives");
+    assert!(
+        releaser.released.lock().unwrap().is_empty(),
+        "nothing released while the VM lives"
+    );
     delete(&env, "dhcp-0").await;
     eventually(60, "pod finalized", || get(&env, "dhcp-0").is_none()).await;
-    assert_eq!(releaser.released.lock().unwrap().clone(), vec![mac.to_ascii_lowercase()]);
+    assert_eq!(
+        releaser.released.lock().unwrap().clone(),
+        vec![mac.to_ascii_lowercase()]
+    );
     assert!(vm_named(&env, "vm-dhcp").await.is_none());
     d.kill().await;
 }

@@ -18,7 +18,10 @@ async fn ready_pod(env: &Env, pod: &str, vm: &str, extra: &[(&str, &str)]) {
     let mut a = vec![(IMAGE, "base")];
     a.extend_from_slice(extra);
     create(env, &managed(pod, vm, &a)).await;
-    eventually(30, &format!("{pod} ready"), || lifecycle(env, pod).as_deref() == Some("ready") && ready(env, pod)).await;
+    eventually(30, &format!("{pod} ready"), || {
+        lifecycle(env, pod).as_deref() == Some("ready") && ready(env, pod)
+    })
+    .await;
 }
 
 fn deleting(env: &Env, name: &str) -> bool {
@@ -30,10 +33,28 @@ async fn a_vm_deleted_out_of_band_evicts_its_pod_within_two_seconds_and_releases
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let releaser = Arc::new(RecordingReleaser::default());
-    let d = start(&env, Options { releaser: Some(releaser.clone()), ..Default::default() });
-    create(&env, &managed("agent-0", "vm-gone", &[(IMAGE, "base"), (NETWORK, "dhcp-net")])).await;
-    eventually(20, "vm up", || annotation(&env, "agent-0", "vm.cocoonstack.io/id").is_some()).await;
-    let mac = vm_named(&env, "vm-gone").await.unwrap().primary_mac().unwrap().to_string();
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(releaser.clone()),
+            ..Default::default()
+        },
+    );
+    create(
+        &env,
+        &managed("agent-0", "vm-gone", &[(IMAGE, "base"), (NETWORK, "dhcp-net")]),
+    )
+    .await;
+    eventually(20, "vm up", || {
+        annotation(&env, "agent-0", "vm.cocoonstack.io/id").is_some()
+    })
+    .await;
+    let mac = vm_named(&env, "vm-gone")
+        .await
+        .unwrap()
+        .primary_mac()
+        .unwrap()
+        .to_string();
     write_leases(&env, &[(&mac, "127.0.0.31")]);
     eventually(20, "ready", || ready(&env, "agent-0")).await;
     // Let the event stream see the VM first.
@@ -47,9 +68,16 @@ async fn a_vm_deleted_out_of_band_evicts_its_pod_within_two_seconds_and_releases
     eprintln!("evicted {took:?} after the VM vanished");
     assert!(took < Duration::from_secs(2), "evicted {took:?} after the VM vanished");
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
-    assert_eq!(history.final_failure(), Some(("VMGone".to_string(), "vm no longer exists".to_string())));
+    assert_eq!(
+        history.final_failure(),
+        Some(("VMGone".to_string(), "vm no longer exists".to_string()))
+    );
     eventually(10, "VMGone event", || has_event(&env, "agent-0", "VMGone")).await;
-    assert_eq!(releaser.released.lock().unwrap().clone(), vec![mac], "the lease goes with the VM");
+    assert_eq!(
+        releaser.released.lock().unwrap().clone(),
+        vec![mac],
+        "the lease goes with the VM"
+    );
     assert!(calls(&env, "vm start").is_empty(), "a deleted VM is not restarted");
     d.kill().await;
 }
@@ -64,12 +92,22 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     env.sim.flip_vm("vm-stop", Flip::Stopped).unwrap();
-    eventually(10, "vm started again", || calls(&env, "vm start").iter().any(|a| a.last() == Some(&id))).await;
-    eventually(10, "running again", || env.sim.vm_state(&id).unwrap().as_deref() == Some("running")).await;
+    eventually(10, "vm started again", || {
+        calls(&env, "vm start").iter().any(|a| a.last() == Some(&id))
+    })
+    .await;
+    eventually(10, "running again", || {
+        env.sim.vm_state(&id).unwrap().as_deref() == Some("running")
+    })
+    .await;
     eventually(10, "VMRestarted event", || has_event(&env, "agent-0", "VMRestarted")).await;
     assert!(!deleting(&env, "agent-0"), "a restarted VM keeps its pod");
     eventually(20, "ready again", || ready(&env, "agent-0")).await;
-    assert_eq!(vm_named(&env, "vm-stop").await.unwrap().id, id, "restarted in place, not recreated");
+    assert_eq!(
+        vm_named(&env, "vm-stop").await.unwrap().id,
+        id,
+        "restarted in place, not recreated"
+    );
 
     // Stopping again within 30 s of the restart: removed, pod evicted.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -79,7 +117,11 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert_eq!(history.final_failure().map(|f| f.0).as_deref(), Some("RestartCooldown"));
     assert!(vm_named(&env, "vm-stop").await.is_none(), "the VM was removed");
-    assert_eq!(calls(&env, "vm start").iter().filter(|a| a.last() == Some(&id)).count(), 1, "no second restart");
+    assert_eq!(
+        calls(&env, "vm start").iter().filter(|a| a.last() == Some(&id)).count(),
+        1,
+        "no second restart"
+    );
     d.kill().await;
 }
 
@@ -93,18 +135,39 @@ async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_t
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // cocoon cannot tell: every inspect of this VM fails inconclusively.
-    let fault = FaultAction::Fail { stdout: String::new(), stderr: "Error: dial meta store: connection refused".into(), exit_code: 1 };
-    env.sim.add_fault(Fault { verb: "vm inspect".into(), match_arg: Some(id.clone()), times: None, action: fault }).unwrap();
+    let fault = FaultAction::Fail {
+        stdout: String::new(),
+        stderr: "Error: dial meta store: connection refused".into(),
+        exit_code: 1,
+    };
+    env.sim
+        .add_fault(Fault {
+            verb: "vm inspect".into(),
+            match_arg: Some(id.clone()),
+            times: None,
+            action: fault,
+        })
+        .unwrap();
     let history = PodHistory::record(&env, "agent-0");
     let started = Instant::now();
     env.sim.flip_vm("vm-dark", Flip::Error).unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!deleting(&env, "agent-0"), "an inconclusive inspect is not a verdict");
     eventually(20, "evicted after the recheck budget", || deleting(&env, "agent-0")).await;
-    assert!(started.elapsed() >= Duration::from_secs(4), "not before the 4 s test budget: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "not before the 4 s test budget: {:?}",
+        started.elapsed()
+    );
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
-    assert_eq!(history.final_failure().map(|f| f.0).as_deref(), Some("VMInspectTimeout"));
-    assert!(env.sim.vm_state(&id).unwrap().is_none(), "the undecidable VM was removed");
+    assert_eq!(
+        history.final_failure().map(|f| f.0).as_deref(),
+        Some("VMInspectTimeout")
+    );
+    assert!(
+        env.sim.vm_state(&id).unwrap().is_none(),
+        "the undecidable VM was removed"
+    );
     d.kill().await;
 }
 
@@ -117,8 +180,19 @@ async fn a_transient_inspect_failure_is_rechecked_and_a_definitive_answer_evicts
     let id = vm_named(&env, "vm-flaky").await.unwrap().id;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let fault = FaultAction::Fail { stdout: String::new(), stderr: "Error: database is locked".into(), exit_code: 1 };
-    env.sim.add_fault(Fault { verb: "vm inspect".into(), match_arg: Some(id.clone()), times: Some(3), action: fault }).unwrap();
+    let fault = FaultAction::Fail {
+        stdout: String::new(),
+        stderr: "Error: database is locked".into(),
+        exit_code: 1,
+    };
+    env.sim
+        .add_fault(Fault {
+            verb: "vm inspect".into(),
+            match_arg: Some(id.clone()),
+            times: Some(3),
+            action: fault,
+        })
+        .unwrap();
     let history = PodHistory::record(&env, "agent-0");
     env.sim.flip_vm("vm-flaky", Flip::Deleted).unwrap();
     eventually(20, "evicted once cocoon answers", || deleting(&env, "agent-0")).await;

@@ -5,7 +5,7 @@
 mod registry_support;
 
 use registry_support::runtime_support::{self, Harness};
-use registry_support::{push_raw_artifact, TestRegistry};
+use registry_support::{TestRegistry, push_raw_artifact};
 use std::time::Duration;
 use vk_cocoon::registry::{ManifestLookup, RegistryError};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
@@ -16,7 +16,14 @@ async fn saved_snapshot(memory: u64) -> (Harness, String) {
     let h = runtime_support::harness();
     h.sim.set_settings(|s| s.snapshot_memory_bytes = memory).unwrap();
     h.client.image_pull(IMG, false).await.unwrap();
-    let spec = RunSpec { name: Some("vm".into()), cpu: Some(1), cpu_policy: CpuPolicy::default(), memory: Some("1Gi".into()), image: IMG.into(), ..Default::default() };
+    let spec = RunSpec {
+        name: Some("vm".into()),
+        cpu: Some(1),
+        cpu_policy: CpuPolicy::default(),
+        memory: Some("1Gi".into()),
+        image: IMG.into(),
+        ..Default::default()
+    };
     let vm = h.client.run(&spec).await.unwrap();
     h.client.snapshot_save("vm", &vm.id).await.unwrap();
     let id = h.client.snapshot_inspect("vm").await.unwrap().id;
@@ -24,7 +31,9 @@ async fn saved_snapshot(memory: u64) -> (Harness, String) {
 }
 
 fn spool_is_empty(reg: &TestRegistry) -> bool {
-    std::fs::read_dir(reg.dir.path().join("spool")).map(|mut d| d.next().is_none()).unwrap_or(true)
+    std::fs::read_dir(reg.dir.path().join("spool"))
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
 }
 
 #[tokio::test]
@@ -50,11 +59,18 @@ async fn registry_killed_mid_push_leaves_no_tag_and_says_so() {
     assert!(e.is_unavailable(), "{e:?}");
     let msg = e.to_string();
     eprintln!("error: {msg}");
-    assert!(msg.contains("vk-a:latest") && msg.contains("registry unavailable") && msg.contains("retry"), "{msg}");
+    assert!(
+        msg.contains("vk-a:latest") && msg.contains("registry unavailable") && msg.contains("retry"),
+        "{msg}"
+    );
     assert!(spool_is_empty(&reg), "spool files left behind");
 
     reg.restart();
-    assert_eq!(r.manifest("vk-a", "latest").await.unwrap(), ManifestLookup::Absent, "no partial artifact under the tag");
+    assert_eq!(
+        r.manifest("vk-a", "latest").await.unwrap(),
+        ManifestLookup::Absent,
+        "no partial artifact under the tag"
+    );
 }
 
 #[tokio::test]
@@ -63,11 +79,17 @@ async fn export_dying_mid_push_leaves_no_tag() {
     let r = reg.client("cocoon", "node-a");
     let (h, _) = saved_snapshot(8 << 20).await;
     h.sim.die_next("snapshot export", 2 << 20).unwrap();
-    let e = r.push_snapshot(&h.client, "vm", "vk-b", "hibernate", IMG).await.unwrap_err();
+    let e = r
+        .push_snapshot(&h.client, "vm", "vk-b", "hibernate", IMG)
+        .await
+        .unwrap_err();
     assert!(!e.is_unavailable(), "{e:?}");
     let msg = e.to_string();
     eprintln!("error: {msg}");
-    assert!(msg.contains("vk-b:hibernate") && msg.contains("snapshot export vm") && msg.contains("nothing was tagged"), "{msg}");
+    assert!(
+        msg.contains("vk-b:hibernate") && msg.contains("snapshot export vm") && msg.contains("nothing was tagged"),
+        "{msg}"
+    );
     assert_eq!(r.manifest("vk-b", "hibernate").await.unwrap(), ManifestLookup::Absent);
     assert!(spool_is_empty(&reg));
 }
@@ -77,7 +99,9 @@ async fn registry_killed_mid_pull_leaves_no_snapshot_and_says_so() {
     let mut reg = TestRegistry::start();
     let r = reg.client("cocoon", "node-a");
     let (h, _) = saved_snapshot(192 << 20).await;
-    r.push_snapshot(&h.client, "vm", "vk-c", "hibernate", IMG).await.unwrap();
+    r.push_snapshot(&h.client, "vm", "vk-c", "hibernate", IMG)
+        .await
+        .unwrap();
     // The import sleeps before reading, so the transfer is parked mid-stream when the registry dies.
     h.sim.delay("snapshot import", Some(1), 1500).unwrap();
     let pull = r.pull_snapshot(&h.client, "vk-c", "hibernate", "vk-c-hibernate-import");
@@ -90,10 +114,19 @@ async fn registry_killed_mid_pull_leaves_no_snapshot_and_says_so() {
     let msg = e.to_string();
     eprintln!("error: {msg}");
     assert!(e.is_unavailable(), "{e:?}");
-    assert!(msg.contains("vk-c:hibernate") && msg.contains("downloading blob"), "{msg}");
+    assert!(
+        msg.contains("vk-c:hibernate") && msg.contains("downloading blob"),
+        "{msg}"
+    );
     let gone = h.client.snapshot_inspect("vk-c-hibernate-import").await.unwrap_err();
-    assert!(gone.is_snapshot_not_found(), "a partial import was registered: {gone:?}");
-    assert!(h.sim.calls().unwrap().iter().any(|c| c.verb == "snapshot import"), "the import had started");
+    assert!(
+        gone.is_snapshot_not_found(),
+        "a partial import was registered: {gone:?}"
+    );
+    assert!(
+        h.sim.calls().unwrap().iter().any(|c| c.verb == "snapshot import"),
+        "the import had started"
+    );
 }
 
 async fn pushed_with_blob(reg: &TestRegistry, h: &Harness, id: &str, repo: &str) -> std::path::PathBuf {
@@ -120,12 +153,27 @@ async fn a_corrupted_blob_is_detected_on_pull() {
     bytes[mid] ^= 0xff;
     std::fs::write(&blob, &bytes).unwrap();
 
-    let e = r.pull_snapshot(&h.client, "vk-d", "latest", "d-restored").await.unwrap_err();
+    let e = r
+        .pull_snapshot(&h.client, "vk-d", "latest", "d-restored")
+        .await
+        .unwrap_err();
     assert!(matches!(e, RegistryError::Corrupt { .. }), "{e:?}");
     let msg = e.to_string();
     eprintln!("error: {msg}");
-    assert!(msg.contains("vk-d:latest") && msg.contains("corrupt") && msg.contains("memory-ranges") && msg.contains("re-push"), "{msg}");
-    assert!(h.client.snapshot_inspect("d-restored").await.unwrap_err().is_snapshot_not_found());
+    assert!(
+        msg.contains("vk-d:latest")
+            && msg.contains("corrupt")
+            && msg.contains("memory-ranges")
+            && msg.contains("re-push"),
+        "{msg}"
+    );
+    assert!(
+        h.client
+            .snapshot_inspect("d-restored")
+            .await
+            .unwrap_err()
+            .is_snapshot_not_found()
+    );
 }
 
 #[tokio::test]
@@ -136,10 +184,22 @@ async fn a_truncated_blob_is_detected_on_pull() {
     let blob = pushed_with_blob(&reg, &h, &id, "vk-e").await;
     let bytes = std::fs::read(&blob).unwrap();
     std::fs::write(&blob, &bytes[..bytes.len() - 4096]).unwrap();
-    let e = r.pull_snapshot(&h.client, "vk-e", "latest", "e-restored").await.unwrap_err();
+    let e = r
+        .pull_snapshot(&h.client, "vk-e", "latest", "e-restored")
+        .await
+        .unwrap_err();
     // Either the registry's short body or our size check: never a silent success.
-    assert!(matches!(e, RegistryError::Corrupt { .. } | RegistryError::Unavailable { .. }), "{e:?}");
-    assert!(h.client.snapshot_inspect("e-restored").await.unwrap_err().is_snapshot_not_found());
+    assert!(
+        matches!(e, RegistryError::Corrupt { .. } | RegistryError::Unavailable { .. }),
+        "{e:?}"
+    );
+    assert!(
+        h.client
+            .snapshot_inspect("e-restored")
+            .await
+            .unwrap_err()
+            .is_snapshot_not_found()
+    );
 }
 
 #[tokio::test]
@@ -152,12 +212,22 @@ async fn an_unknown_layer_media_type_is_refused_before_any_import() {
         "odd",
         "latest",
         "application/vnd.cocoonstack.snapshot.v1+json",
-        ("application/vnd.cocoonstack.snapshot.config.v1+json", br#"{"schemaVersion":"v1","snapshotId":"X","files":{}}"#),
-        &[("application/vnd.oci.image.layer.v1.tar+gzip", "memory-ranges", vec![1, 2, 3])],
+        (
+            "application/vnd.cocoonstack.snapshot.config.v1+json",
+            br#"{"schemaVersion":"v1","snapshotId":"X","files":{}}"#,
+        ),
+        &[(
+            "application/vnd.oci.image.layer.v1.tar+gzip",
+            "memory-ranges",
+            vec![1, 2, 3],
+        )],
     )
     .await;
     let e = r.pull_snapshot(&h.client, "odd", "latest", "odd").await.unwrap_err();
     assert!(matches!(e, RegistryError::UnsupportedMediaType { .. }), "{e:?}");
-    assert!(e.to_string().contains("application/vnd.oci.image.layer.v1.tar+gzip") && e.to_string().contains("odd:latest"), "{e}");
+    assert!(
+        e.to_string().contains("application/vnd.oci.image.layer.v1.tar+gzip") && e.to_string().contains("odd:latest"),
+        "{e}"
+    );
     assert!(h.sim.calls().unwrap().iter().all(|c| c.verb != "snapshot import"));
 }

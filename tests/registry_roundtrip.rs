@@ -4,7 +4,7 @@
 mod registry_support;
 
 use registry_support::runtime_support::{self, Harness};
-use registry_support::{dir_files, TestRegistry};
+use registry_support::{TestRegistry, dir_files};
 use vk_cocoon::registry::media;
 use vk_cocoon::registry::{ManifestLookup, RegistryError};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
@@ -48,7 +48,10 @@ async fn export_dir(h: &Harness, name: &str) -> std::collections::BTreeMap<Strin
 async fn manifest_reads_are_typed_absent_or_unavailable() {
     let mut reg = TestRegistry::start();
     let r = reg.client("cocoon", "node-a");
-    assert_eq!(r.manifest("never-pushed", "hibernate").await.unwrap(), ManifestLookup::Absent);
+    assert_eq!(
+        r.manifest("never-pushed", "hibernate").await.unwrap(),
+        ManifestLookup::Absent
+    );
     assert!(r.snapshot_config("never-pushed", "hibernate").await.unwrap().is_none());
     // Deleting what is not there is done.
     r.delete_manifest("never-pushed", "hibernate").await.unwrap();
@@ -57,9 +60,22 @@ async fn manifest_reads_are_typed_absent_or_unavailable() {
     let e = r.manifest("never-pushed", "hibernate").await.unwrap_err();
     assert!(e.is_unavailable(), "{e:?}");
     let msg = e.to_string();
-    assert!(msg.contains("never-pushed:hibernate") && msg.contains("unavailable") && msg.contains("retry"), "{msg}");
-    assert!(r.snapshot_config("never-pushed", "hibernate").await.unwrap_err().is_unavailable());
-    assert!(r.delete_manifest("never-pushed", "hibernate").await.unwrap_err().is_unavailable());
+    assert!(
+        msg.contains("never-pushed:hibernate") && msg.contains("unavailable") && msg.contains("retry"),
+        "{msg}"
+    );
+    assert!(
+        r.snapshot_config("never-pushed", "hibernate")
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    assert!(
+        r.delete_manifest("never-pushed", "hibernate")
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
 }
 
 #[tokio::test]
@@ -68,18 +84,32 @@ async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte()
     let r = reg.client("cocoon", "node-a");
     let (h, id) = saved_snapshot(5 << 20).await;
 
-    let rep = r.push_snapshot(&h.client, "vm", "vk-ns-vm", "latest", IMG).await.unwrap();
+    let rep = r
+        .push_snapshot(&h.client, "vm", "vk-ns-vm", "latest", IMG)
+        .await
+        .unwrap();
     assert_eq!((rep.repo.as_str(), rep.tag.as_str()), ("vk-ns-vm", "latest"));
     assert!(rep.layer_count >= 4, "{rep:?}");
 
     // The manifest: v1 artifact type, annotations including the from-node amend, digest = the tag's.
-    let ManifestLookup::Found(info) = r.manifest("vk-ns-vm", "latest").await.unwrap() else { panic!("pushed tag absent") };
+    let ManifestLookup::Found(info) = r.manifest("vk-ns-vm", "latest").await.unwrap() else {
+        panic!("pushed tag absent")
+    };
     assert_eq!(info.artifact_type.as_deref(), Some(media::SNAPSHOT_V1));
     assert_eq!(info.digest, rep.manifest_digest);
-    assert_eq!(info.annotations.get(media::ANN_BASEIMAGE).map(String::as_str), Some(IMG));
-    assert_eq!(info.annotations.get(media::ANN_FROM_NODE).map(String::as_str), Some("node-a"));
+    assert_eq!(
+        info.annotations.get(media::ANN_BASEIMAGE).map(String::as_str),
+        Some(IMG)
+    );
+    assert_eq!(
+        info.annotations.get(media::ANN_FROM_NODE).map(String::as_str),
+        Some("node-a")
+    );
     let created = &info.annotations[media::ANN_CREATED];
-    assert!(chrono::DateTime::parse_from_rfc3339(created).is_ok() && created.ends_with('Z'), "{created}");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(created).is_ok() && created.ends_with('Z'),
+        "{created}"
+    );
 
     // The config blob carries the snapshot's identity and every file with its mode and sparse map.
     let cfg = r.snapshot_config("vk-ns-vm", "latest").await.unwrap().expect("config");
@@ -87,13 +117,22 @@ async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte()
     assert_eq!(cfg.image, IMG);
     assert_eq!(cfg.hypervisor, "cloud-hypervisor");
     assert_eq!(cfg.schema_version, "v1");
-    assert!(cfg.files.contains_key("memory-ranges") && cfg.files.contains_key("cow.raw") && cfg.files.contains_key("cocoon.json"), "{:?}", cfg.files.keys());
+    assert!(
+        cfg.files.contains_key("memory-ranges")
+            && cfg.files.contains_key("cow.raw")
+            && cfg.files.contains_key("cocoon.json"),
+        "{:?}",
+        cfg.files.keys()
+    );
     let cow = &cfg.files["cow.raw"];
     assert!(cow.sparse_map.is_some() && cow.sparse_size == Some(64 << 20), "{cow:?}");
     assert!(!cfg.files.contains_key("snapshot.json"));
 
     // Pull into another local name and compare every file byte for byte (holes read back as zeros).
-    let pulled = r.pull_snapshot(&h.client, "vk-ns-vm", "latest", "restored").await.unwrap();
+    let pulled = r
+        .pull_snapshot(&h.client, "vk-ns-vm", "latest", "restored")
+        .await
+        .unwrap();
     assert_eq!(pulled.snapshot_id, id);
     assert_eq!(pulled.manifest_digest, rep.manifest_digest);
     assert!(!pulled.shared);
@@ -118,7 +157,10 @@ async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte()
     assert!(blocks < (32 << 20), "cow.raw allocated {blocks} bytes");
 
     // A second push of the same snapshot uploads no layer again (HEAD before upload).
-    let again = r.push_snapshot(&h.client, "vm", "vk-ns-vm", "hibernate", IMG).await.unwrap();
+    let again = r
+        .push_snapshot(&h.client, "vm", "vk-ns-vm", "hibernate", IMG)
+        .await
+        .unwrap();
     assert_eq!(again.uploaded_bytes, 0, "{again:?}");
 }
 
@@ -129,7 +171,9 @@ async fn concurrent_pulls_of_one_snapshot_share_one_transfer() {
     let (h, id) = saved_snapshot(8 << 20).await;
     r.push_snapshot(&h.client, "vm", "vm", "hibernate", IMG).await.unwrap();
     // No node name: no from-node amend.
-    let ManifestLookup::Found(info) = r.manifest("vm", "hibernate").await.unwrap() else { panic!() };
+    let ManifestLookup::Found(info) = r.manifest("vm", "hibernate").await.unwrap() else {
+        panic!()
+    };
     assert!(!info.annotations.contains_key(media::ANN_FROM_NODE));
 
     h.sim.delay("snapshot import", Some(1), 500).unwrap();
@@ -141,7 +185,13 @@ async fn concurrent_pulls_of_one_snapshot_share_one_transfer() {
     let reps = [a.unwrap(), b.unwrap(), c.unwrap()];
     assert_eq!(reps.iter().filter(|r| !r.shared).count(), 1, "{reps:?}");
     assert!(reps.iter().all(|r| r.snapshot_id == id));
-    let imports = h.sim.calls().unwrap().into_iter().filter(|c| c.verb == "snapshot import").count();
+    let imports = h
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.verb == "snapshot import")
+        .count();
     assert_eq!(imports, 1, "one transfer for three callers");
     h.client.snapshot_inspect("vm-hibernate-import").await.unwrap();
 }
@@ -151,10 +201,18 @@ async fn delete_manifest_falls_back_to_delete_by_digest_and_treats_404_as_done()
     let reg = TestRegistry::start();
     let r = reg.client("cocoon", "node-a");
     let (h, _) = saved_snapshot(1 << 20).await;
-    r.push_snapshot(&h.client, "vm", "vk-x", "hibernate", IMG).await.unwrap();
-    assert!(matches!(r.manifest("vk-x", "hibernate").await.unwrap(), ManifestLookup::Found(_)));
+    r.push_snapshot(&h.client, "vm", "vk-x", "hibernate", IMG)
+        .await
+        .unwrap();
+    assert!(matches!(
+        r.manifest("vk-x", "hibernate").await.unwrap(),
+        ManifestLookup::Found(_)
+    ));
     // distribution 2.8 refuses DELETE by tag (400 DIGEST_INVALID): the fallback deletes by digest.
-    assert_eq!(reg.http_status("DELETE", "/v2/cocoon/vk-x/manifests/hibernate"), Some(400));
+    assert_eq!(
+        reg.http_status("DELETE", "/v2/cocoon/vk-x/manifests/hibernate"),
+        Some(400)
+    );
     r.delete_manifest("vk-x", "hibernate").await.unwrap();
     assert_eq!(r.manifest("vk-x", "hibernate").await.unwrap(), ManifestLookup::Absent);
     r.delete_manifest("vk-x", "hibernate").await.unwrap();
@@ -166,7 +224,10 @@ async fn pulling_an_absent_tag_says_so() {
     let r = reg.client("cocoon", "n");
     let h = runtime_support::harness();
     let e = r.pull_snapshot(&h.client, "nope", "hibernate", "x").await.unwrap_err();
-    assert!(matches!(e, RegistryError::NotFound { .. }) && !e.is_unavailable(), "{e:?}");
+    assert!(
+        matches!(e, RegistryError::NotFound { .. }) && !e.is_unavailable(),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("nope:hibernate"), "{e}");
     assert!(h.sim.calls().unwrap().iter().all(|c| c.verb != "snapshot import"));
 }

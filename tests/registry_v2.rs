@@ -5,8 +5,8 @@
 mod registry_support;
 
 use registry_support::runtime_support;
-use registry_support::{dir_files, TestRegistry};
-use serde_json::{json, Value};
+use registry_support::{TestRegistry, dir_files};
+use serde_json::{Value, json};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 use vk_cocoon::registry::media;
@@ -39,18 +39,34 @@ async fn setup() -> Setup {
     let h = runtime_support::harness();
     h.sim.set_settings(|s| s.snapshot_memory_bytes = 3 << 20).unwrap();
     h.client.image_pull(IMG, false).await.unwrap();
-    let spec = RunSpec { name: Some("vm".into()), cpu: Some(1), cpu_policy: CpuPolicy::default(), memory: Some("1Gi".into()), image: IMG.into(), ..Default::default() };
+    let spec = RunSpec {
+        name: Some("vm".into()),
+        cpu: Some(1),
+        cpu_policy: CpuPolicy::default(),
+        memory: Some("1Gi".into()),
+        image: IMG.into(),
+        ..Default::default()
+    };
     let vm = h.client.run(&spec).await.unwrap();
     h.client.snapshot_save("vm", &vm.id).await.unwrap();
     let id = h.client.snapshot_inspect("vm").await.unwrap().id;
     r.push_snapshot(&h.client, "vm", "vm", "latest", IMG).await.unwrap();
 
     use oci_client::client::{ClientConfig, ClientProtocol};
-    let client = oci_client::Client::new(ClientConfig { protocol: ClientProtocol::Http, ..Default::default() });
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
     let anon = oci_client::secrets::RegistryAuth::Anonymous;
     let at = |tag: &str| oci_client::Reference::with_tag(reg.host(), "vm".into(), tag.into());
-    client.auth(&at("latest"), &anon, oci_client::RegistryOperation::Push).await.unwrap();
-    let (raw, v1_digest) = client.pull_manifest_raw(&at("latest"), &anon, &[media::OCI_MANIFEST]).await.unwrap();
+    client
+        .auth(&at("latest"), &anon, oci_client::RegistryOperation::Push)
+        .await
+        .unwrap();
+    let (raw, v1_digest) = client
+        .pull_manifest_raw(&at("latest"), &anon, &[media::OCI_MANIFEST])
+        .await
+        .unwrap();
     let mut m: Value = serde_json::from_slice(&raw).unwrap();
     let cfg_digest = m["config"]["digest"].as_str().unwrap().to_string();
     let mut cfg: Value = serde_json::from_slice(&std::fs::read(reg.blob_path(&cfg_digest)).unwrap()).unwrap();
@@ -87,7 +103,10 @@ async fn setup() -> Setup {
     m["layers"] = json!(layers);
     let body = serde_json::to_vec(&m).unwrap();
     let v2_digest = digest(&body);
-    client.push_manifest_raw(&at("v2"), body.clone(), media::OCI_MANIFEST.parse().unwrap()).await.unwrap();
+    client
+        .push_manifest_raw(&at("v2"), body.clone(), media::OCI_MANIFEST.parse().unwrap())
+        .await
+        .unwrap();
 
     // An index: an arm64 decoy (the v1 manifest) first, the v2 manifest for linux/amd64.
     let idx = serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": [
@@ -95,7 +114,10 @@ async fn setup() -> Setup {
         {"mediaType": media::OCI_MANIFEST, "digest": v2_digest, "size": body.len(), "platform": {"os": "linux", "architecture": "amd64"}},
     ]}))
     .unwrap();
-    client.push_manifest_raw(&at("idx"), idx, media::OCI_INDEX.parse().unwrap()).await.unwrap();
+    client
+        .push_manifest_raw(&at("idx"), idx, media::OCI_INDEX.parse().unwrap())
+        .await
+        .unwrap();
     Setup { reg, h, id, v2_digest }
 }
 
@@ -122,7 +144,10 @@ async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
             }
         }
     }
-    assert_eq!(r.snapshot_config("vm", "idx").await.unwrap().unwrap().schema_version, "v2");
+    assert_eq!(
+        r.snapshot_config("vm", "idx").await.unwrap().unwrap().schema_version,
+        "v2"
+    );
 }
 
 #[tokio::test]

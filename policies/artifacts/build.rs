@@ -37,7 +37,10 @@ const GUEST_RUSTFLAGS: &str = "-Clink-arg=-zstack-size=32768";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let workspace = manifest_dir.ancestors().nth(2).expect("policies/artifacts sits two levels below the workspace");
+    let workspace = manifest_dir
+        .ancestors()
+        .nth(2)
+        .expect("policies/artifacts sits two levels below the workspace");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target_dir = out_dir.join("wasm");
     let with_hostile = env::var_os("CARGO_FEATURE_HOSTILE").is_some();
@@ -62,7 +65,12 @@ fn main() {
             assert!(wasm.exists(), "the nested build did not produce {}", wasm.display());
             report_sources(&artifacts.join(format!("{crate_name}.d")));
             writeln!(code, "    /// The `{package}` component.").unwrap();
-            writeln!(code, "    pub const {constant}: &[u8] = include_bytes!({:?});", wasm.display().to_string()).unwrap();
+            writeln!(
+                code,
+                "    pub const {constant}: &[u8] = include_bytes!({:?});",
+                wasm.display().to_string()
+            )
+            .unwrap();
         }
         writeln!(code, "}}").unwrap();
     }
@@ -88,7 +96,9 @@ fn build_guests(workspace: &Path, target_dir: &Path, guests: &[(&str, &str)]) {
     for (_, package) in guests {
         command.args(["-p", package]);
     }
-    let status = command.status().expect("run the nested cargo build of the policy guests");
+    let status = command
+        .status()
+        .expect("run the nested cargo build of the policy guests");
     assert!(
         status.success(),
         "building the policy guests for {TARGET} failed ({status}); if the target is missing, run `rustup target add {TARGET}`"
@@ -102,7 +112,9 @@ fn report_sources(dep_info: &Path) {
         return;
     };
     for line in text.lines() {
-        let Some((_, deps)) = line.split_once(": ") else { continue };
+        let Some((_, deps)) = line.split_once(": ") else {
+            continue;
+        };
         // Paths with spaces are escaped as `\ ` in dep-info files.
         let deps = deps.replace("\\ ", "\u{0}");
         for dep in deps.split_whitespace() {

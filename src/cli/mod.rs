@@ -8,7 +8,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "vk-cocoon", version, about = "Kubernetes virtual-kubelet node daemon for cocoon microVMs")]
+#[command(
+    name = "vk-cocoon",
+    version,
+    about = "Kubernetes virtual-kubelet node daemon for cocoon microVMs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -90,7 +90,10 @@ fn load_component(engine: &PolicyEngine, slot: Slot, path: Option<&Path>) -> Res
     match path {
         None => LoadedPolicy::builtin(engine, None, slot),
         Some(path) => {
-            let bytes = fs::read(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
+            let bytes = fs::read(path).map_err(|source| LoadError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
             LoadedPolicy::load(engine, None, slot, Origin::File(path.to_path_buf()), &bytes)
         }
     }
@@ -100,7 +103,8 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
     let engine = args.limits.engine()?;
     let mut tables = Vec::new();
     for path in &args.paths {
-        collect_tables(path, &mut tables).with_context(|| format!("cannot list case tables under {}", path.display()))?;
+        collect_tables(path, &mut tables)
+            .with_context(|| format!("cannot list case tables under {}", path.display()))?;
     }
     let (mut passed, mut failed) = (0usize, 0usize);
     for table_path in &tables {
@@ -122,7 +126,12 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        println!("# {shown}: slot {} on the {} ({})", table.slot, policy.origin(), &policy.digest()[..12]);
+        println!(
+            "# {shown}: slot {} on the {} ({})",
+            table.slot,
+            policy.origin(),
+            &policy.digest()[..12]
+        );
         for result in table.run(&engine, &policy) {
             match &result.failure {
                 None => {
@@ -142,22 +151,34 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: no case ran; give case tables (*.cases.yaml) or directories holding them");
         return Ok(ExitCode::FAILURE);
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Case tables at `path`: the file itself, or every `*.cases.yaml` below a directory (sorted).
 fn collect_tables(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     if !path.is_dir() {
         if !path.exists() {
-            return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such file or directory",
+            ));
         }
         out.push(path.to_path_buf());
         return Ok(());
     }
-    let mut entries: Vec<PathBuf> = fs::read_dir(path)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    let mut entries: Vec<PathBuf> = fs::read_dir(path)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
     entries.sort();
     for entry in entries {
-        let is_table = entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".cases.yaml"));
+        let is_table = entry
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".cases.yaml"));
         if entry.is_dir() {
             // Build output of nested crates is never a place for tables.
             if entry.file_name().is_some_and(|n| n != "target") {
@@ -189,7 +210,11 @@ fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let engine = LimitArgs { timeout_ms: 100, memory_mib: 32 }.engine()?;
+    let engine = LimitArgs {
+        timeout_ms: 100,
+        memory_mib: 32,
+    }
+    .engine()?;
     let bytes = fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
     let origin = Origin::File(args.file.clone());
     let slots = match args.slot {
@@ -206,14 +231,21 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some((slot, digest)) = implemented.first() {
         for (slot, _) in &implemented {
-            println!("{}: implements slot {slot} (world {}), imports no functions", args.file.display(), slot.world());
+            println!(
+                "{}: implements slot {slot} (world {}), imports no functions",
+                args.file.display(),
+                slot.world()
+            );
         }
         println!("sha256 {digest} (first slot {slot})");
         return Ok(ExitCode::SUCCESS);
     }
     // Slot-independent problems (corrupt, imports) are the same for every slot: say them once.
     let first = errors.first().expect("at least one slot was checked");
-    let slot_independent = matches!(first, LoadError::Corrupt { .. } | LoadError::ForbiddenImports { .. } | LoadError::Read { .. });
+    let slot_independent = matches!(
+        first,
+        LoadError::Corrupt { .. } | LoadError::ForbiddenImports { .. } | LoadError::Read { .. }
+    );
     if slot_independent || errors.len() == 1 {
         eprintln!("error: {first}");
     } else {

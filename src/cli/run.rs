@@ -16,7 +16,7 @@ use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::policy::config::PolicyConfig;
 use vk_cocoon::policy::reload::PolicyReloader;
 use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
-use vk_cocoon::provider::cocoon_net::{ControlSocket, LeaseFile, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH};
+use vk_cocoon::provider::cocoon_net::{ControlSocket, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH, LeaseFile};
 use vk_cocoon::provider::metrics::{self, ProviderMetrics};
 use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
 use vk_cocoon::provider::probe::NetProber;
@@ -29,7 +29,10 @@ use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig};
 pub struct RunArgs {}
 
 pub fn run(_args: RunArgs) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
     runtime.block_on(daemon())
 }
 
@@ -50,23 +53,39 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
     let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
     let policies = Arc::new(
-        Policies::with_defaults(engine, policy_cfg.cache_dir.clone().map(CompileCache::new), policy_metrics)
-            .map_err(|e| anyhow!("loading the built-in policies: {e}"))?,
+        Policies::with_defaults(
+            engine,
+            policy_cfg.cache_dir.clone().map(CompileCache::new),
+            policy_metrics,
+        )
+        .map_err(|e| anyhow!("loading the built-in policies: {e}"))?,
     );
     let reloader = Arc::new(PolicyReloader::new(policies.clone(), policy_cfg.slots.clone()));
-    reloader.load_all().map_err(|e| anyhow!("loading the configured policies: {e}"))?;
-    let _watcher = if policy_cfg.slots.is_empty() { None } else { Some(reloader.clone().watch().context("watching the policy files")?) };
+    reloader
+        .load_all()
+        .map_err(|e| anyhow!("loading the configured policies: {e}"))?;
+    let _watcher = if policy_cfg.slots.is_empty() {
+        None
+    } else {
+        Some(reloader.clone().watch().context("watching the policy files")?)
+    };
 
-    let client = kube::Client::try_default().await.context("building the Kubernetes client (KUBECONFIG or in-cluster)")?;
+    let client = kube::Client::try_default()
+        .await
+        .context("building the Kubernetes client (KUBECONFIG or in-cluster)")?;
     let runtime = Arc::new(CocoonCli::new(CocoonCliConfig::from_env()));
     let registry: Option<Arc<dyn SnapshotRegistry>> = match RegistryConfig::from_env().map_err(|e| anyhow!("{e}"))? {
-        Some(cfg) => Some(Arc::new(Registry::new(cfg, kubelet.node_name.clone()).map_err(|e| anyhow!("registry: {e}"))?)),
+        Some(cfg) => Some(Arc::new(
+            Registry::new(cfg, kubelet.node_name.clone()).map_err(|e| anyhow!("registry: {e}"))?,
+        )),
         None => {
             tracing::warn!("OCI_REGISTRY is not set: registry-less mode (no snapshot push or pull)");
             None
         }
     };
-    let leases = env("VK_LEASES_PATH").filter(|v| !v.is_empty()).unwrap_or_else(|| DEFAULT_LEASES_PATH.into());
+    let leases = env("VK_LEASES_PATH")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_LEASES_PATH.into());
     let releaser: Option<Arc<dyn LeaseReleaser>> = match env("VK_COCOON_NET_CONTROL_SOCKET") {
         Some(v) if v.is_empty() => None,
         Some(v) => Some(Arc::new(ControlSocket::new(PathBuf::from(v)))),
@@ -87,8 +106,11 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     provider.set_notifier(Arc::new(node.notifier()));
 
     let shutdown = CancellationToken::new();
-    let addr = metrics::parse_listen_addr(&env("VK_METRICS_ADDR").unwrap_or_else(|| ":9091".into())).map_err(|e| anyhow!(e))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the metrics listener on {addr}"))?;
+    let addr = metrics::parse_listen_addr(&env("VK_METRICS_ADDR").unwrap_or_else(|| ":9091".into()))
+        .map_err(|e| anyhow!(e))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener on {addr}"))?;
     tracing::info!(%addr, "serving /metrics");
     let metrics_server = tokio::spawn(metrics::serve(listener, prometheus, shutdown.clone()));
     tokio::spawn(provider.clone().run_background(shutdown.clone()));

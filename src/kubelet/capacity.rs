@@ -51,10 +51,18 @@ pub struct MemInfo {
 pub fn parse_meminfo(text: &str) -> MemInfo {
     let mut info = MemInfo::default();
     for line in text.lines() {
-        let Some((key, rest)) = line.split_once(':') else { continue };
+        let Some((key, rest)) = line.split_once(':') else {
+            continue;
+        };
         let mut parts = rest.split_whitespace();
-        let Some(value) = parts.next().and_then(|v| v.parse::<u64>().ok()) else { continue };
-        let bytes = if parts.next() == Some("kB") { value * 1024 } else { value };
+        let Some(value) = parts.next().and_then(|v| v.parse::<u64>().ok()) else {
+            continue;
+        };
+        let bytes = if parts.next() == Some("kB") {
+            value * 1024
+        } else {
+            value
+        };
         match key.trim() {
             "MemTotal" => info.mem_total_bytes = Some(bytes),
             "HugePages_Total" => info.hugepages_total = value,
@@ -90,7 +98,10 @@ pub fn statfs_bytes(path: &Path) -> Result<(u64, u64), MeasureError> {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
     if rc != 0 {
-        return Err(MeasureError::Statfs { path: path.to_path_buf(), source: std::io::Error::last_os_error() });
+        return Err(MeasureError::Statfs {
+            path: path.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     let frsize = st.f_frsize as u64;
     Ok((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
@@ -99,16 +110,27 @@ pub fn statfs_bytes(path: &Path) -> Result<(u64, u64), MeasureError> {
 /// Measures the host: CPUs, `/proc/meminfo`, `statvfs(root_dir)`.
 pub fn measure_host(root_dir: &Path) -> Result<HostResources, MeasureError> {
     let meminfo_path = PathBuf::from("/proc/meminfo");
-    let text = std::fs::read_to_string(&meminfo_path).map_err(|source| MeasureError::Read { path: meminfo_path.clone(), source })?;
+    let text = std::fs::read_to_string(&meminfo_path).map_err(|source| MeasureError::Read {
+        path: meminfo_path.clone(),
+        source,
+    })?;
     let mem = parse_meminfo(&text);
-    let memory_bytes = mem.mem_total_bytes.ok_or(MeasureError::NoMemTotal { path: meminfo_path })?;
+    let memory_bytes = mem
+        .mem_total_bytes
+        .ok_or(MeasureError::NoMemTotal { path: meminfo_path })?;
     let (storage_total_bytes, storage_available_bytes) = statfs_bytes(root_dir)?;
     let hugepages = (mem.hugepages_total > 0).then(|| HugePages {
         // The key follows the host page size, falling back to 2Mi.
         page_size_bytes: mem.hugepage_size_bytes.unwrap_or(2 << 20),
         total_pages: mem.hugepages_total,
     });
-    Ok(HostResources { cpus: cpu_count(), memory_bytes, storage_total_bytes, storage_available_bytes, hugepages })
+    Ok(HostResources {
+        cpus: cpu_count(),
+        memory_bytes,
+        storage_total_bytes,
+        storage_available_bytes,
+        hugepages,
+    })
 }
 
 /// The first non-loopback IPv4 address of the host.
@@ -159,6 +181,9 @@ mod tests {
         assert!(host.cpus >= 1);
         assert!(host.memory_bytes > 0);
         assert!(host.storage_total_bytes >= host.storage_available_bytes);
-        assert!(matches!(measure_host(Path::new("/definitely/not/here")), Err(MeasureError::Statfs { .. })));
+        assert!(matches!(
+            measure_host(Path::new("/definitely/not/here")),
+            Err(MeasureError::Statfs { .. })
+        ));
     }
 }

@@ -106,7 +106,8 @@ pub fn is_label_value(v: &str) -> bool {
         && (v.is_empty()
             || (v.starts_with(|c: char| c.is_ascii_alphanumeric())
                 && v.ends_with(|c: char| c.is_ascii_alphanumeric())
-                && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))))
 }
 
 /// Whether `v` is a DNS-1123 subdomain (what node names must be).
@@ -117,7 +118,9 @@ pub fn is_dns_subdomain(v: &str) -> bool {
             !part.is_empty()
                 && part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
                 && part.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         })
 }
 
@@ -139,41 +142,79 @@ impl KubeletConfig {
 
         let node_name = get("VK_NODE_NAME").unwrap_or_else(|| DEFAULT_NODE_NAME.into());
         if !is_dns_subdomain(&node_name) {
-            return Err(bad("VK_NODE_NAME", &node_name, "not a valid node name".into(), DNS_SUBDOMAIN_RULE));
+            return Err(bad(
+                "VK_NODE_NAME",
+                &node_name,
+                "not a valid node name".into(),
+                DNS_SUBDOMAIN_RULE,
+            ));
         }
         let node_pool = get("VK_NODE_POOL").unwrap_or_else(|| DEFAULT_NODE_POOL.into());
         if !is_label_value(&node_pool) {
-            return Err(bad("VK_NODE_POOL", &node_pool, "not a valid label value".into(), LABEL_VALUE_RULE));
+            return Err(bad(
+                "VK_NODE_POOL",
+                &node_pool,
+                "not a valid label value".into(),
+                LABEL_VALUE_RULE,
+            ));
         }
         let snapshot_cpu_class = get("VK_SNAPSHOT_CPU_CLASS");
         if let Some(class) = &snapshot_cpu_class
             && !is_label_value(class)
         {
-            return Err(bad("VK_SNAPSHOT_CPU_CLASS", class, "not a valid label value".into(), LABEL_VALUE_RULE));
+            return Err(bad(
+                "VK_SNAPSHOT_CPU_CLASS",
+                class,
+                "not a valid label value".into(),
+                LABEL_VALUE_RULE,
+            ));
         }
         let provider_id = get("VK_PROVIDER_ID");
         let node_ip = match get("VK_NODE_IP") {
             None => None,
-            Some(v) => Some(v.parse::<IpAddr>().map_err(|e| bad("VK_NODE_IP", &v, e.to_string(), "an IPv4 or IPv6 address, or unset to detect the first non-loopback IPv4"))?),
+            Some(v) => Some(v.parse::<IpAddr>().map_err(|e| {
+                bad(
+                    "VK_NODE_IP",
+                    &v,
+                    e.to_string(),
+                    "an IPv4 or IPv6 address, or unset to detect the first non-loopback IPv4",
+                )
+            })?),
         };
         let kubelet_port = match get("VK_KUBELET_PORT") {
             None => DEFAULT_KUBELET_PORT,
             Some(v) => match v.parse::<u16>() {
                 Ok(p) if p > 0 => p,
-                _ => return Err(bad("VK_KUBELET_PORT", &v, "not a TCP port".into(), "an integer from 1 to 65535 (default 10250)")),
+                _ => {
+                    return Err(bad(
+                        "VK_KUBELET_PORT",
+                        &v,
+                        "not a TCP port".into(),
+                        "an integer from 1 to 65535 (default 10250)",
+                    ));
+                }
             },
         };
         let reserve_percent = match get("VK_RESERVE_PERCENT") {
             None => DEFAULT_RESERVE_PERCENT,
             Some(v) => match v.parse::<u8>() {
                 Ok(p) if p <= 100 => p,
-                _ => return Err(bad("VK_RESERVE_PERCENT", &v, "not a percentage".into(), "an integer from 0 to 100 (default 20)")),
+                _ => {
+                    return Err(bad(
+                        "VK_RESERVE_PERCENT",
+                        &v,
+                        "not a percentage".into(),
+                        "an integer from 0 to 100 (default 20)",
+                    ));
+                }
             },
         };
         let quantity = |variable: &'static str| -> Result<Option<Quantity>, ConfigError> {
             match get(variable) {
                 None => Ok(None),
-                Some(v) => Quantity::parse(&v).map(Some).map_err(|e| bad(variable, &v, e.why.to_string(), QUANTITY_RULE)),
+                Some(v) => Quantity::parse(&v)
+                    .map(Some)
+                    .map_err(|e| bad(variable, &v, e.why.to_string(), QUANTITY_RULE)),
             }
         };
         let overrides = ResourceOverrides {
@@ -186,12 +227,24 @@ impl KubeletConfig {
             None => DEFAULT_MAX_PODS,
             Some(v) => match v.parse::<u32>() {
                 Ok(p) if p > 0 => p,
-                _ => return Err(bad("VK_NODE_PODS", &v, "not a pod count".into(), "a positive integer (default 256)")),
+                _ => {
+                    return Err(bad(
+                        "VK_NODE_PODS",
+                        &v,
+                        "not a pod count".into(),
+                        "a positive integer (default 256)",
+                    ));
+                }
             },
         };
         let root_dir = PathBuf::from(get("COCOON_ROOT_DIR").unwrap_or_else(|| DEFAULT_ROOT_DIR.into()));
         if !root_dir.is_absolute() {
-            return Err(bad("COCOON_ROOT_DIR", &root_dir.display().to_string(), "not an absolute path".into(), "an absolute directory path (default /var/lib/cocoon)"));
+            return Err(bad(
+                "COCOON_ROOT_DIR",
+                &root_dir.display().to_string(),
+                "not an absolute path".into(),
+                "an absolute directory path (default /var/lib/cocoon)",
+            ));
         }
         Ok(Self {
             node_name,

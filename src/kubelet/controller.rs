@@ -1,12 +1,12 @@
 //! The thin I/O driver of the pod controller: pumps the pod watch into the sans-I/O core
 //! ([`super::pods`]) and executes its actions on a bounded worker pool.
 
-use crate::backoff::Exponential;
 use super::config::Timings;
 use super::events::EventSink;
 use super::pods::{Action, CoreConfig, Input, OpKind, OpOutcome, PodKey, PodState, Rejection, pod_key};
 use super::provider::{Provider, ProviderError, ProviderPodStatus};
 use super::status::{WriteOutcome, build_pod_status, publish_status, superseded};
+use crate::backoff::Exponential;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -39,12 +39,21 @@ struct Written(std::sync::Mutex<std::collections::HashMap<PodKey, (String, Provi
 
 impl Written {
     fn unchanged(&self, key: &str, uid: &str, pod: &Pod, status: &ProviderPodStatus) -> bool {
-        let last = self.0.lock().expect("written statuses").get(key).filter(|(u, _)| u == uid).map(|(_, s)| s.clone());
+        let last = self
+            .0
+            .lock()
+            .expect("written statuses")
+            .get(key)
+            .filter(|(u, _)| u == uid)
+            .map(|(_, s)| s.clone());
         super::status::matches(pod.status.as_ref(), status) && last.is_none_or(|l| l == *status)
     }
 
     fn record(&self, key: &str, uid: &str, status: &ProviderPodStatus) {
-        self.0.lock().expect("written statuses").insert(key.to_string(), (uid.to_string(), status.clone()));
+        self.0
+            .lock()
+            .expect("written statuses")
+            .insert(key.to_string(), (uid.to_string(), status.clone()));
     }
 
     /// The pod object is gone: nothing to compare against any more.
@@ -74,14 +83,19 @@ fn map_provider(result: Result<(), ProviderError>) -> OpOutcome {
     match result {
         Ok(()) => OpOutcome::Done,
         Err(ProviderError::Rejected { reason, message }) => OpOutcome::Rejected { reason, message },
-        Err(e @ (ProviderError::Transient(_) | ProviderError::NotFound(_))) => OpOutcome::Failed { error: e.to_string() },
+        Err(e @ (ProviderError::Transient(_) | ProviderError::NotFound(_))) => {
+            OpOutcome::Failed { error: e.to_string() }
+        }
     }
 }
 
 impl<P: Provider> PodController<P> {
     /// Runs until `shutdown`: watch → core → actions.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut state = PodState::new(CoreConfig { retry_base: self.timings.retry_base, retry_max: self.timings.retry_max });
+        let mut state = PodState::new(CoreConfig {
+            retry_base: self.timings.retry_base,
+            retry_max: self.timings.retry_max,
+        });
         let workers = Arc::new(Semaphore::new(self.timings.workers.max(1)));
         let written = Arc::new(Written::default());
         let pump = self.spawn_watch_pump(shutdown.clone());
@@ -137,7 +151,12 @@ impl<P: Provider> PodController<P> {
 
     fn execute(&self, action: Action, workers: &Arc<Semaphore>, written: &Arc<Written>, shutdown: &CancellationToken) {
         match action {
-            Action::Record { pod, warning, reason, note } => self.events.record(&pod, warning, &reason, "Sync", note),
+            Action::Record {
+                pod,
+                warning,
+                reason,
+                note,
+            } => self.events.record(&pod, warning, &reason, "Sync", note),
             Action::RetryAfter { key, uid, delay } => {
                 let tx = self.tx.clone();
                 let shutdown = shutdown.clone();
@@ -148,25 +167,48 @@ impl<P: Provider> PodController<P> {
                     }
                 });
             }
-            Action::Run { op, pod, fingerprint, rejection } => {
+            Action::Run {
+                op,
+                pod,
+                fingerprint,
+                rejection,
+            } => {
                 let tx = self.tx.clone();
                 let workers = workers.clone();
                 let provider = self.provider.clone();
                 let client = self.client.clone();
                 let written = written.clone();
                 tokio::spawn(async move {
-                    let Ok(_permit) = workers.acquire_owned().await else { return };
+                    let Ok(_permit) = workers.acquire_owned().await else {
+                        return;
+                    };
                     let key = pod_key(&pod);
                     let uid = pod.uid().unwrap_or_default();
                     let span = tracing::info_span!("pod_op", pod = %key, %uid, op = ?op);
-                    let outcome = tracing::Instrument::instrument(run_op(op, &pod, rejection, provider.as_ref(), client, &written), span).await;
+                    let outcome = tracing::Instrument::instrument(
+                        run_op(op, &pod, rejection, provider.as_ref(), client, &written),
+                        span,
+                    )
+                    .await;
                     match &outcome {
                         OpOutcome::Done => tracing::debug!(pod = %key, %uid, ?op, "pod operation done"),
-                        OpOutcome::Superseded => tracing::info!(pod = %key, %uid, ?op, "pod incarnation superseded on the apiserver; write dropped"),
-                        OpOutcome::Rejected { reason, message } => tracing::warn!(pod = %key, %uid, ?op, %reason, %message, "provider rejected the pod"),
-                        OpOutcome::Failed { error } => tracing::warn!(pod = %key, %uid, ?op, %error, "pod operation failed; will retry"),
+                        OpOutcome::Superseded => {
+                            tracing::info!(pod = %key, %uid, ?op, "pod incarnation superseded on the apiserver; write dropped")
+                        }
+                        OpOutcome::Rejected { reason, message } => {
+                            tracing::warn!(pod = %key, %uid, ?op, %reason, %message, "provider rejected the pod")
+                        }
+                        OpOutcome::Failed { error } => {
+                            tracing::warn!(pod = %key, %uid, ?op, %error, "pod operation failed; will retry")
+                        }
                     }
-                    let _ = tx.send(Input::Finished { key, uid, op, fingerprint, outcome });
+                    let _ = tx.send(Input::Finished {
+                        key,
+                        uid,
+                        op,
+                        fingerprint,
+                        outcome,
+                    });
                 });
             }
         }
@@ -183,11 +225,20 @@ async fn publish(pods: &Api<Pod>, pod: &Pod, status: &ProviderPodStatus) -> Resu
     match publish_status(pods, pod, &built).await {
         Ok(WriteOutcome::Applied(_)) => Ok(()),
         Ok(WriteOutcome::Superseded { .. }) => Err(OpOutcome::Superseded),
-        Err(e) => Err(OpOutcome::Failed { error: format!("patching pod status: {e}") }),
+        Err(e) => Err(OpOutcome::Failed {
+            error: format!("patching pod status: {e}"),
+        }),
     }
 }
 
-async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>, provider: &P, client: Client, written: &Written) -> OpOutcome {
+async fn run_op<P: Provider>(
+    op: OpKind,
+    pod: &Pod,
+    rejection: Option<Rejection>,
+    provider: &P,
+    client: Client,
+    written: &Written,
+) -> OpOutcome {
     let (key, uid) = (pod_key(pod), pod.uid().unwrap_or_default());
     let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
     let rejected = |r: &Rejection| ProviderPodStatus::failed(&r.reason, &r.message);
@@ -200,7 +251,11 @@ async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>
         },
         OpKind::PublishStatus => {
             let status = match (provider.pod_status(pod).await, &rejection) {
-                (Err(e), _) => return OpOutcome::Failed { error: format!("reading the provider's pod status: {e}") },
+                (Err(e), _) => {
+                    return OpOutcome::Failed {
+                        error: format!("reading the provider's pod status: {e}"),
+                    };
+                }
                 (Ok(_), Some(r)) => rejected(r),
                 (Ok(Some(s)), None) => s,
                 (Ok(None), None) => return OpOutcome::Done,
@@ -228,7 +283,10 @@ async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>
             }
             let params = DeleteParams {
                 grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+                preconditions: Some(Preconditions {
+                    uid: pod.uid(),
+                    resource_version: None,
+                }),
                 ..Default::default()
             };
             match pods.delete(&pod.name_any(), &params).await {
@@ -237,7 +295,9 @@ async fn run_op<P: Provider>(op: OpKind, pod: &Pod, rejection: Option<Rejection>
                     OpOutcome::Done
                 }
                 Err(e) if superseded(&e).is_some() => OpOutcome::Superseded,
-                Err(e) => OpOutcome::Failed { error: format!("deleting the pod object: {e}") },
+                Err(e) => OpOutcome::Failed {
+                    error: format!("deleting the pod object: {e}"),
+                },
             }
         }
     }

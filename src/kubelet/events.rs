@@ -17,7 +17,15 @@ pub struct EventSink {
 
 impl EventSink {
     pub fn new(client: Client, node_name: &str) -> Self {
-        Self { recorder: Recorder::new(client, Reporter { controller: COMPONENT.into(), instance: Some(node_name.into()) }) }
+        Self {
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: COMPONENT.into(),
+                    instance: Some(node_name.into()),
+                },
+            ),
+        }
     }
 
     /// Publishes in the background.

@@ -1,8 +1,8 @@
 //! The node heartbeat Lease (`coordination.k8s.io/v1`, namespace `kube-node-lease`), renewed
 //! every `Timings::lease_renew` with `Timings::lease_duration` — virtual-kubelet's lease controller.
 
-use crate::backoff;
 use super::config::Timings;
+use crate::backoff;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -18,7 +18,11 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 pub fn desired_lease(base: Option<Lease>, node: &Node, duration: Duration, now: Timestamp) -> Lease {
     let name = node.name_any();
     let mut lease = base.unwrap_or_else(|| Lease {
-        metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(LEASE_NAMESPACE.into()), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(LEASE_NAMESPACE.into()),
+            ..Default::default()
+        },
         spec: None,
     });
     if let Some(uid) = node.uid() {
@@ -46,7 +50,14 @@ pub async fn renew_once(leases: &Api<Lease>, node: &Node, duration: Duration) ->
     loop {
         attempt += 1;
         let result = match leases.get_opt(&name).await? {
-            None => leases.create(&PostParams::default(), &desired_lease(None, node, duration, Timestamp::now())).await,
+            None => {
+                leases
+                    .create(
+                        &PostParams::default(),
+                        &desired_lease(None, node, duration, Timestamp::now()),
+                    )
+                    .await
+            }
             Some(current) => {
                 let desired = desired_lease(Some(current), node, duration, Timestamp::now());
                 leases.replace(&name, &PostParams::default(), &desired).await
@@ -76,7 +87,8 @@ pub async fn run(client: Client, node: Node, timings: Timings, shutdown: Cancell
             }
             Err(error) => {
                 failures += 1;
-                let delay = backoff::delay(failures, Duration::from_millis(100), Duration::from_secs(7)).min(timings.lease_renew);
+                let delay = backoff::delay(failures, Duration::from_millis(100), Duration::from_secs(7))
+                    .min(timings.lease_renew);
                 tracing::warn!(node = %node.name_any(), %error, attempt = failures, retry_in = ?delay, "renewing the node lease failed");
                 delay
             }

@@ -30,8 +30,8 @@ pub use provider::{AgentState, PodPhase, Provider, ProviderError, ProviderPodSta
 
 use controller::PodController;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
 use kube::Client;
+use kube::api::{Api, ListParams};
 use registration::NodeIdentity;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -41,7 +41,9 @@ use tokio_util::sync::CancellationToken;
 /// Why the virtual node stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
-    #[error("startup: listing the pods bound to node {node}: {source}; check the apiserver connection and RBAC (pods list)")]
+    #[error(
+        "startup: listing the pods bound to node {node}: {source}; check the apiserver connection and RBAC (pods list)"
+    )]
     ListPods { node: String, source: kube::Error },
     #[error("startup reconcile failed, the node {node} is not registered: {source}")]
     StartupReconcile { node: String, source: ProviderError },
@@ -65,7 +67,16 @@ impl<P: Provider> VirtualNode<P> {
     /// A node with already measured host resources and IP (tests inject both).
     pub fn new(client: Client, config: KubeletConfig, host: HostResources, node_ip: IpAddr, provider: Arc<P>) -> Self {
         let (tx, rx, notifier) = controller::channel();
-        Self { client, config, node_ip, host, provider, tx, rx, notifier }
+        Self {
+            client,
+            config,
+            node_ip,
+            host,
+            provider,
+            tx,
+            rx,
+            notifier,
+        }
     }
 
     /// Measures the host (`/proc/meminfo`, `statvfs(COCOON_ROOT_DIR)`) and resolves the node IP
@@ -86,7 +97,12 @@ impl<P: Provider> VirtualNode<P> {
 
     /// The Node resources this node will publish.
     pub fn resources(&self) -> node::NodeResources {
-        node::node_resources(&self.host, &self.config.overrides, self.config.max_pods, self.config.reserve_percent)
+        node::node_resources(
+            &self.host,
+            &self.config.overrides,
+            self.config.max_pods,
+            self.config.reserve_percent,
+        )
     }
 
     /// Startup reconcile, node registration, then lease, status refresh and the pod controller
@@ -100,23 +116,41 @@ impl<P: Provider> VirtualNode<P> {
         let listed = pods
             .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
             .await
-            .map_err(|source| KubeletError::ListPods { node: node_name.clone(), source })?;
+            .map_err(|source| KubeletError::ListPods {
+                node: node_name.clone(),
+                source,
+            })?;
         tracing::info!(node = %node_name, pods = listed.items.len(), "startup reconcile");
         self.provider
             .reconcile(&listed.items)
             .await
-            .map_err(|source| KubeletError::StartupReconcile { node: node_name.clone(), source })?;
+            .map_err(|source| KubeletError::StartupReconcile {
+                node: node_name.clone(),
+                source,
+            })?;
 
         // 2. Register the node.
-        let identity = NodeIdentity { config: self.config.clone(), node_ip: self.node_ip, resources: self.resources() };
+        let identity = NodeIdentity {
+            config: self.config.clone(),
+            node_ip: self.node_ip,
+            resources: self.resources(),
+        };
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let Some(node) = registration::register_with_retry(&nodes, &identity, timings.retry_base, timings.retry_max, &shutdown).await else {
+        let Some(node) =
+            registration::register_with_retry(&nodes, &identity, timings.retry_base, timings.retry_max, &shutdown)
+                .await
+        else {
             return Ok(());
         };
 
         // 3. Heartbeats and the pod controller.
         let lease = tokio::spawn(lease::run(self.client.clone(), node, timings.clone(), shutdown.clone()));
-        let status = tokio::spawn(registration::run_status_loop(nodes, identity, timings.node_status, shutdown.clone()));
+        let status = tokio::spawn(registration::run_status_loop(
+            nodes,
+            identity,
+            timings.node_status,
+            shutdown.clone(),
+        ));
         let controller = PodController {
             client: self.client.clone(),
             provider: self.provider.clone(),

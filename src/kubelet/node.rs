@@ -29,26 +29,42 @@ pub struct NodeResources {
 /// Capacity = measured (or overridden) host resources; allocatable = floor(v·(100−pct)/100) for
 /// everything but pods (storage from the *available* bytes, or the override). CPU keeps milli
 /// precision (4 cores at 20 % ⇒ `3200m`).
-pub fn node_resources(host: &HostResources, overrides: &ResourceOverrides, max_pods: u32, reserve_percent: u8) -> NodeResources {
+pub fn node_resources(
+    host: &HostResources,
+    overrides: &ResourceOverrides,
+    max_pods: u32,
+    reserve_percent: u8,
+) -> NodeResources {
     let cpu = overrides.cpu.unwrap_or(Quantity::from_units(host.cpus));
     let memory = overrides.memory.unwrap_or(Quantity::from_units(host.memory_bytes));
-    let storage_total = overrides.storage.unwrap_or(Quantity::from_units(host.storage_total_bytes));
-    let storage_base = overrides.storage.unwrap_or(Quantity::from_units(host.storage_available_bytes));
+    let storage_total = overrides
+        .storage
+        .unwrap_or(Quantity::from_units(host.storage_total_bytes));
+    let storage_base = overrides
+        .storage
+        .unwrap_or(Quantity::from_units(host.storage_available_bytes));
     let mut capacity = BTreeMap::new();
     let mut allocatable = BTreeMap::new();
     let q = |s: String| K8sQuantity(s);
     capacity.insert("cpu".into(), q(cpu.to_cpu_string()));
     allocatable.insert("cpu".into(), q(cpu.minus_percent(reserve_percent).to_cpu_string()));
     capacity.insert("memory".into(), q(memory.to_units_string()));
-    allocatable.insert("memory".into(), q(memory.minus_percent(reserve_percent).to_units_string()));
+    allocatable.insert(
+        "memory".into(),
+        q(memory.minus_percent(reserve_percent).to_units_string()),
+    );
     capacity.insert("ephemeral-storage".into(), q(storage_total.to_units_string()));
-    allocatable.insert("ephemeral-storage".into(), q(storage_base.minus_percent(reserve_percent).to_units_string()));
+    allocatable.insert(
+        "ephemeral-storage".into(),
+        q(storage_base.minus_percent(reserve_percent).to_units_string()),
+    );
     capacity.insert("pods".into(), q(max_pods.to_string()));
     allocatable.insert("pods".into(), q(max_pods.to_string()));
     let page_size = host.hugepages.map_or(2 << 20, |h| h.page_size_bytes);
-    let hugepages = overrides
-        .hugepages
-        .or_else(|| host.hugepages.map(|h| Quantity::from_units(h.page_size_bytes * h.total_pages)));
+    let hugepages = overrides.hugepages.or_else(|| {
+        host.hugepages
+            .map(|h| Quantity::from_units(h.page_size_bytes * h.total_pages))
+    });
     if let Some(hp) = hugepages.filter(|hp| hp.millis() > 0) {
         let key = format!("hugepages-{}", binary_size_suffix(page_size));
         capacity.insert(key.clone(), q(hp.to_units_string()));
@@ -74,7 +90,12 @@ pub fn node_labels(cfg: &KubeletConfig) -> BTreeMap<String, String> {
 
 /// The virtual-kubelet taint.
 pub fn provider_taint() -> Taint {
-    Taint { key: TAINT_KEY.into(), value: Some(TAINT_VALUE.into()), effect: TAINT_EFFECT.into(), time_added: None }
+    Taint {
+        key: TAINT_KEY.into(),
+        value: Some(TAINT_VALUE.into()),
+        effect: TAINT_EFFECT.into(),
+        time_added: None,
+    }
 }
 
 fn k8s_arch() -> &'static str {
@@ -101,10 +122,34 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str, now: &Time)
 pub fn node_conditions(now: &Time, previous: Option<&[NodeCondition]>) -> Vec<NodeCondition> {
     let mut conditions = vec![
         condition("Ready", "True", "KubeletReady", "vk-cocoon is ready", now),
-        condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure", now),
-        condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available", now),
-        condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available", now),
-        condition("NetworkUnavailable", "False", "RouteCreated", "NodeController create implicit route", now),
+        condition(
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+            now,
+        ),
+        condition(
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+            now,
+        ),
+        condition(
+            "PIDPressure",
+            "False",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+            now,
+        ),
+        condition(
+            "NetworkUnavailable",
+            "False",
+            "RouteCreated",
+            "NodeController create implicit route",
+            now,
+        ),
     ];
     if let Some(prev) = previous {
         for c in &mut conditions {
@@ -119,16 +164,32 @@ pub fn node_conditions(now: &Time, previous: Option<&[NodeCondition]>) -> Vec<No
 }
 
 /// The node status vk-cocoon publishes.
-pub fn node_status(cfg: &KubeletConfig, node_ip: IpAddr, resources: &NodeResources, now: &Time, previous: Option<&NodeStatus>) -> NodeStatus {
+pub fn node_status(
+    cfg: &KubeletConfig,
+    node_ip: IpAddr,
+    resources: &NodeResources,
+    now: &Time,
+    previous: Option<&NodeStatus>,
+) -> NodeStatus {
     NodeStatus {
         capacity: Some(resources.capacity.clone()),
         allocatable: Some(resources.allocatable.clone()),
         conditions: Some(node_conditions(now, previous.and_then(|p| p.conditions.as_deref()))),
         addresses: Some(vec![
-            NodeAddress { type_: "InternalIP".into(), address: node_ip.to_string() },
-            NodeAddress { type_: "Hostname".into(), address: cfg.node_name.clone() },
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: node_ip.to_string(),
+            },
+            NodeAddress {
+                type_: "Hostname".into(),
+                address: cfg.node_name.clone(),
+            },
         ]),
-        daemon_endpoints: Some(NodeDaemonEndpoints { kubelet_endpoint: Some(DaemonEndpoint { port: cfg.kubelet_port as i32 }) }),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: cfg.kubelet_port as i32,
+            }),
+        }),
         node_info: Some(NodeSystemInfo {
             kubelet_version: cfg.kubelet_version.clone(),
             operating_system: "linux".into(),
@@ -143,8 +204,16 @@ pub fn node_status(cfg: &KubeletConfig, node_ip: IpAddr, resources: &NodeResourc
 /// A fresh Node object for `create`.
 pub fn build_node(cfg: &KubeletConfig, node_ip: IpAddr, resources: &NodeResources, now: &Time) -> Node {
     Node {
-        metadata: ObjectMeta { name: Some(cfg.node_name.clone()), labels: Some(node_labels(cfg)), ..Default::default() },
-        spec: Some(NodeSpec { taints: Some(vec![provider_taint()]), provider_id: cfg.provider_id.clone(), ..Default::default() }),
+        metadata: ObjectMeta {
+            name: Some(cfg.node_name.clone()),
+            labels: Some(node_labels(cfg)),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![provider_taint()]),
+            provider_id: cfg.provider_id.clone(),
+            ..Default::default()
+        }),
         status: Some(node_status(cfg, node_ip, resources, now, None)),
     }
 }
@@ -208,7 +277,10 @@ mod tests {
         assert_eq!(get(&r.allocatable, "memory"), ((16u64 << 30) * 80 / 100).to_string());
         assert_eq!(get(&r.capacity, "ephemeral-storage"), (1000u64 << 30).to_string());
         // allocatable storage comes from the available bytes
-        assert_eq!(get(&r.allocatable, "ephemeral-storage"), ((500u64 << 30) * 80 / 100).to_string());
+        assert_eq!(
+            get(&r.allocatable, "ephemeral-storage"),
+            ((500u64 << 30) * 80 / 100).to_string()
+        );
         assert_eq!(get(&r.capacity, "pods"), "256");
         assert_eq!(get(&r.allocatable, "pods"), "256");
         assert!(!r.capacity.keys().any(|k| k.starts_with("hugepages-")));
@@ -235,7 +307,10 @@ mod tests {
     #[test]
     fn measured_hugepages_follow_the_page_size() {
         let mut h = host();
-        h.hugepages = Some(HugePages { page_size_bytes: 1 << 30, total_pages: 4 });
+        h.hugepages = Some(HugePages {
+            page_size_bytes: 1 << 30,
+            total_pages: 4,
+        });
         let r = node_resources(&h, &ResourceOverrides::default(), 256, 25);
         assert_eq!(get(&r.capacity, "hugepages-1Gi"), (4u64 << 30).to_string());
         assert_eq!(get(&r.allocatable, "hugepages-1Gi"), (3u64 << 30).to_string());
@@ -243,9 +318,19 @@ mod tests {
 
     #[test]
     fn node_object_has_labels_taint_endpoints() {
-        let c = cfg(&[("VK_NODE_NAME", "vk-1"), ("VK_SNAPSHOT_CPU_CLASS", "icx"), ("VK_PROVIDER_ID", "cocoon://vk-1"), ("VK_KUBELET_PORT", "10255")]);
+        let c = cfg(&[
+            ("VK_NODE_NAME", "vk-1"),
+            ("VK_SNAPSHOT_CPU_CLASS", "icx"),
+            ("VK_PROVIDER_ID", "cocoon://vk-1"),
+            ("VK_KUBELET_PORT", "10255"),
+        ]);
         let now = Time(Timestamp::UNIX_EPOCH);
-        let n = build_node(&c, "10.0.0.9".parse().unwrap(), &node_resources(&host(), &c.overrides, 256, 20), &now);
+        let n = build_node(
+            &c,
+            "10.0.0.9".parse().unwrap(),
+            &node_resources(&host(), &c.overrides, 256, 20),
+            &now,
+        );
         let labels = n.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_POOL], "default");
         assert_eq!(labels[LABEL_SNAPSHOT_CPU_CLASS], "icx");
@@ -254,13 +339,25 @@ mod tests {
         assert_eq!(spec.taints.as_ref().unwrap(), &vec![provider_taint()]);
         assert_eq!(spec.provider_id.as_deref(), Some("cocoon://vk-1"));
         let st = n.status.as_ref().unwrap();
-        assert_eq!(st.daemon_endpoints.as_ref().unwrap().kubelet_endpoint.as_ref().unwrap().port, 10255);
+        assert_eq!(
+            st.daemon_endpoints
+                .as_ref()
+                .unwrap()
+                .kubelet_endpoint
+                .as_ref()
+                .unwrap()
+                .port,
+            10255
+        );
         let addrs = st.addresses.as_ref().unwrap();
         assert!(addrs.iter().any(|a| a.type_ == "InternalIP" && a.address == "10.0.0.9"));
         assert!(addrs.iter().any(|a| a.type_ == "Hostname" && a.address == "vk-1"));
         let conds = st.conditions.as_ref().unwrap();
         let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("KubeletReady")));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("True", Some("KubeletReady"))
+        );
         assert_eq!(conds.len(), 5);
         assert!(st.node_info.as_ref().unwrap().kubelet_version.starts_with('v'));
     }
@@ -275,13 +372,20 @@ mod tests {
             (LABEL_SNAPSHOT_CPU_CLASS.to_string(), "stale".to_string()),
         ]));
         existing.spec = Some(NodeSpec {
-            taints: Some(vec![Taint { key: "x".into(), effect: "NoExecute".into(), ..Default::default() }]),
+            taints: Some(vec![Taint {
+                key: "x".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]),
             ..Default::default()
         });
         let merged = merge_into_existing(&existing, &c).expect("changes");
         let labels = merged.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["other"], "keep");
-        assert!(!labels.contains_key(LABEL_SNAPSHOT_CPU_CLASS), "unset class removes the label");
+        assert!(
+            !labels.contains_key(LABEL_SNAPSHOT_CPU_CLASS),
+            "unset class removes the label"
+        );
         assert_eq!(labels[LABEL_POOL], "default");
         let taints = merged.spec.as_ref().unwrap().taints.as_ref().unwrap();
         assert_eq!(taints.len(), 2);
@@ -289,7 +393,11 @@ mod tests {
         assert_eq!(merge_into_existing(&merged, &c), None);
         // An existing taint with our key (any value/effect) is left alone.
         let mut custom = merged.clone();
-        custom.spec.as_mut().unwrap().taints = Some(vec![Taint { key: TAINT_KEY.into(), effect: "NoExecute".into(), ..Default::default() }]);
+        custom.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: TAINT_KEY.into(),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        }]);
         assert_eq!(merge_into_existing(&custom, &c), None);
     }
 
@@ -299,6 +407,10 @@ mod tests {
         let t1 = Time(Timestamp::from_second(60).unwrap());
         let first = node_conditions(&t0, None);
         let second = node_conditions(&t1, Some(&first));
-        assert!(second.iter().all(|c| c.last_transition_time == Some(t0.clone()) && c.last_heartbeat_time == Some(t1.clone())));
+        assert!(
+            second
+                .iter()
+                .all(|c| c.last_transition_time == Some(t0.clone()) && c.last_heartbeat_time == Some(t1.clone()))
+        );
     }
 }

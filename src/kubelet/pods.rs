@@ -46,9 +46,14 @@ pub enum OpKind {
 pub enum OpOutcome {
     Done,
     /// The provider refused for good (never retried).
-    Rejected { reason: String, message: String },
+    Rejected {
+        reason: String,
+        message: String,
+    },
     /// May work later: retried with backoff.
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
     /// The apiserver says this incarnation is gone (404/409/422 on a uid-conditioned write).
     Superseded,
 }
@@ -67,7 +72,13 @@ pub enum Input {
     /// A pod object was deleted from the apiserver.
     Deleted(Arc<Pod>),
     /// An operation handed out by an [`Action::Run`] finished.
-    Finished { key: PodKey, uid: String, op: OpKind, fingerprint: u64, outcome: OpOutcome },
+    Finished {
+        key: PodKey,
+        uid: String,
+        op: OpKind,
+        fingerprint: u64,
+        outcome: OpOutcome,
+    },
     /// A retry delay handed out by [`Action::RetryAfter`] elapsed.
     RetryDue { key: PodKey, uid: String },
     /// The provider has a new status for the pod.
@@ -85,11 +96,21 @@ pub struct Rejection {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Run `op` for this pod snapshot; report back with [`Input::Finished`] carrying `fingerprint`.
-    Run { op: OpKind, pod: Arc<Pod>, fingerprint: u64, rejection: Option<Rejection> },
+    Run {
+        op: OpKind,
+        pod: Arc<Pod>,
+        fingerprint: u64,
+        rejection: Option<Rejection>,
+    },
     /// Feed [`Input::RetryDue`] after `delay`.
     RetryAfter { key: PodKey, uid: String, delay: Duration },
     /// Emit a Kubernetes Event on the pod.
-    Record { pod: Arc<Pod>, warning: bool, reason: String, note: String },
+    Record {
+        pod: Arc<Pod>,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
 }
 
 /// What the provider has been told about a pod's spec/labels/annotations.
@@ -102,7 +123,10 @@ pub fn fingerprint(pod: &Pod) -> u64 {
 }
 
 fn is_terminal(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -187,7 +211,11 @@ pub struct PodState {
 
 impl PodState {
     pub fn new(config: CoreConfig) -> Self {
-        Self { config, entries: BTreeMap::new(), relist_seen: None }
+        Self {
+            config,
+            entries: BTreeMap::new(),
+            relist_seen: None,
+        }
     }
 
     /// Keys currently tracked (for inspection and tests).
@@ -233,13 +261,23 @@ impl PodState {
                         e.pod = pod;
                         e.deleting = true;
                         e.object_gone = true;
-                    } else if e.next.as_ref().is_some_and(|n| n.uid().as_deref() == Some(uid.as_str())) {
+                    } else if e
+                        .next
+                        .as_ref()
+                        .is_some_and(|n| n.uid().as_deref() == Some(uid.as_str()))
+                    {
                         e.next = None;
                     }
                 }
                 self.drive(&key, &mut actions);
             }
-            Input::Finished { key, uid, op, fingerprint, outcome } => {
+            Input::Finished {
+                key,
+                uid,
+                op,
+                fingerprint,
+                outcome,
+            } => {
                 self.finished(&key, &uid, op, fingerprint, outcome, &mut actions);
                 self.drive(&key, &mut actions);
             }
@@ -324,7 +362,12 @@ impl PodState {
                 if op == OpKind::Update {
                     e.applied = Some(fp);
                 }
-                actions.push(Action::Record { pod: e.pod.clone(), warning: true, reason: reason.clone(), note: message.clone() });
+                actions.push(Action::Record {
+                    pod: e.pod.clone(),
+                    warning: true,
+                    reason: reason.clone(),
+                    note: message.clone(),
+                });
                 e.rejected = Some(Rejection { reason, message });
                 e.status_dirty = true;
             }
@@ -356,7 +399,11 @@ impl PodState {
                 note: format!("{error} (attempt {}, retrying in {delay:?})", e.failures),
             });
         }
-        actions.push(Action::RetryAfter { key: key.to_string(), uid: e.uid.clone(), delay });
+        actions.push(Action::RetryAfter {
+            key: key.to_string(),
+            uid: e.uid.clone(),
+            delay,
+        });
     }
 
     fn drive(&mut self, key: &str, actions: &mut Vec<Action>) {
@@ -365,7 +412,12 @@ impl PodState {
             match e.next_op() {
                 Ok(Some(op)) => {
                     e.in_flight = Some(op);
-                    actions.push(Action::Run { op, pod: e.pod.clone(), fingerprint: fingerprint(&e.pod), rejection: e.rejected.clone() });
+                    actions.push(Action::Run {
+                        op,
+                        pod: e.pod.clone(),
+                        fingerprint: fingerprint(&e.pod),
+                        rejection: e.rejected.clone(),
+                    });
                     return;
                 }
                 Ok(None) => return,
@@ -406,12 +458,18 @@ mod tests {
 
     fn annotated(p: &Arc<Pod>, k: &str) -> Arc<Pod> {
         let mut p = (**p).clone();
-        p.metadata.annotations.get_or_insert_with(Default::default).insert(k.into(), "true".into());
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(k.into(), "true".into());
         Arc::new(p)
     }
 
     fn state() -> PodState {
-        PodState::new(CoreConfig { retry_base: Duration::from_millis(100), retry_max: Duration::from_secs(10) })
+        PodState::new(CoreConfig {
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(10),
+        })
     }
 
     fn runs(actions: &[Action]) -> Vec<(OpKind, String)> {
@@ -425,17 +483,29 @@ mod tests {
     }
 
     fn finish(s: &mut PodState, p: &Arc<Pod>, op: OpKind, outcome: OpOutcome) -> Vec<Action> {
-        s.on_event(Input::Finished { key: pod_key(p), uid: p.uid().unwrap(), op, fingerprint: fingerprint(p), outcome })
+        s.on_event(Input::Finished {
+            key: pod_key(p),
+            uid: p.uid().unwrap(),
+            op,
+            fingerprint: fingerprint(p),
+            outcome,
+        })
     }
 
     #[test]
     fn create_once_then_publish_status() {
         let mut s = state();
         let p = pod("a", "u1");
-        assert_eq!(runs(&s.on_event(Input::Applied(p.clone()))), vec![(OpKind::Create, "u1".into())]);
+        assert_eq!(
+            runs(&s.on_event(Input::Applied(p.clone()))),
+            vec![(OpKind::Create, "u1".into())]
+        );
         // Repeats while in flight are coalesced.
         assert!(s.on_event(Input::Applied(p.clone())).is_empty());
-        assert_eq!(runs(&finish(&mut s, &p, OpKind::Create, OpOutcome::Done)), vec![(OpKind::PublishStatus, "u1".into())]);
+        assert_eq!(
+            runs(&finish(&mut s, &p, OpKind::Create, OpOutcome::Done)),
+            vec![(OpKind::PublishStatus, "u1".into())]
+        );
         assert!(runs(&finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done)).is_empty());
         // A relist bringing the same pod does not create it again.
         s.on_event(Input::InitStarted);
@@ -481,7 +551,10 @@ mod tests {
         s.on_event(Input::Applied(p.clone()));
         finish(&mut s, &p, OpKind::Create, OpOutcome::Done);
         finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done);
-        assert_eq!(runs(&s.on_event(Input::Deleted(p.clone()))), vec![(OpKind::Delete, "u1".into())]);
+        assert_eq!(
+            runs(&s.on_event(Input::Deleted(p.clone()))),
+            vec![(OpKind::Delete, "u1".into())]
+        );
         assert!(runs(&finish(&mut s, &p, OpKind::Delete, OpOutcome::Done)).is_empty());
         assert!(s.tracked().is_empty());
     }
@@ -491,7 +564,10 @@ mod tests {
         let mut s = state();
         let p = deleting(&pod("a", "u1"));
         s.on_event(Input::InitStarted);
-        assert_eq!(runs(&s.on_event(Input::InitApplied(p.clone()))), vec![(OpKind::Delete, "u1".into())]);
+        assert_eq!(
+            runs(&s.on_event(Input::InitApplied(p.clone()))),
+            vec![(OpKind::Delete, "u1".into())]
+        );
     }
 
     #[test]
@@ -513,9 +589,15 @@ mod tests {
         finish(&mut s, &old, OpKind::Create, OpOutcome::Done);
         finish(&mut s, &old, OpKind::PublishStatus, OpOutcome::Done);
         let new = pod("a", "u2");
-        assert_eq!(runs(&s.on_event(Input::Applied(new.clone()))), vec![(OpKind::Delete, "u1".into())]);
+        assert_eq!(
+            runs(&s.on_event(Input::Applied(new.clone()))),
+            vec![(OpKind::Delete, "u1".into())]
+        );
         // The old object is gone already: no finalize; the new one is created next.
-        assert_eq!(runs(&finish(&mut s, &old, OpKind::Delete, OpOutcome::Done)), vec![(OpKind::Create, "u2".into())]);
+        assert_eq!(
+            runs(&finish(&mut s, &old, OpKind::Delete, OpOutcome::Done)),
+            vec![(OpKind::Create, "u2".into())]
+        );
     }
 
     #[test]
@@ -523,13 +605,47 @@ mod tests {
         let mut s = state();
         let p = pod("a", "u1");
         s.on_event(Input::Applied(p.clone()));
-        let acts = finish(&mut s, &p, OpKind::Create, OpOutcome::Failed { error: "runtime down".into() });
-        assert!(acts.contains(&Action::RetryAfter { key: "ns/a".into(), uid: "u1".into(), delay: Duration::from_millis(100) }));
-        assert!(acts.iter().any(|a| matches!(a, Action::Record { reason, .. } if reason == "ProviderCreateFailed")));
-        assert!(s.on_event(Input::Applied(p.clone())).is_empty(), "no run before the retry is due");
-        assert_eq!(runs(&s.on_event(Input::RetryDue { key: "ns/a".into(), uid: "u1".into() })), vec![(OpKind::Create, "u1".into())]);
-        let acts = finish(&mut s, &p, OpKind::Create, OpOutcome::Failed { error: "still down".into() });
-        assert!(acts.contains(&Action::RetryAfter { key: "ns/a".into(), uid: "u1".into(), delay: Duration::from_millis(200) }));
+        let acts = finish(
+            &mut s,
+            &p,
+            OpKind::Create,
+            OpOutcome::Failed {
+                error: "runtime down".into(),
+            },
+        );
+        assert!(acts.contains(&Action::RetryAfter {
+            key: "ns/a".into(),
+            uid: "u1".into(),
+            delay: Duration::from_millis(100)
+        }));
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Record { reason, .. } if reason == "ProviderCreateFailed"))
+        );
+        assert!(
+            s.on_event(Input::Applied(p.clone())).is_empty(),
+            "no run before the retry is due"
+        );
+        assert_eq!(
+            runs(&s.on_event(Input::RetryDue {
+                key: "ns/a".into(),
+                uid: "u1".into()
+            })),
+            vec![(OpKind::Create, "u1".into())]
+        );
+        let acts = finish(
+            &mut s,
+            &p,
+            OpKind::Create,
+            OpOutcome::Failed {
+                error: "still down".into(),
+            },
+        );
+        assert!(acts.contains(&Action::RetryAfter {
+            key: "ns/a".into(),
+            uid: "u1".into(),
+            delay: Duration::from_millis(200)
+        }));
     }
 
     #[test]
@@ -537,16 +653,37 @@ mod tests {
         let mut s = state();
         let p = pod("a", "u1");
         s.on_event(Input::Applied(p.clone()));
-        let acts = finish(&mut s, &p, OpKind::Create, OpOutcome::Rejected { reason: "SnapshotCPUClassMismatch".into(), message: "m".into() });
+        let acts = finish(
+            &mut s,
+            &p,
+            OpKind::Create,
+            OpOutcome::Rejected {
+                reason: "SnapshotCPUClassMismatch".into(),
+                message: "m".into(),
+            },
+        );
         let rejection = acts.iter().find_map(|a| match a {
-            Action::Run { op: OpKind::PublishStatus, rejection, .. } => rejection.clone(),
+            Action::Run {
+                op: OpKind::PublishStatus,
+                rejection,
+                ..
+            } => rejection.clone(),
             _ => None,
         });
-        assert_eq!(rejection.map(|r| r.reason), Some("SnapshotCPUClassMismatch".to_string()));
+        assert_eq!(
+            rejection.map(|r| r.reason),
+            Some("SnapshotCPUClassMismatch".to_string())
+        );
         finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done);
-        assert!(s.on_event(Input::Applied(annotated(&p, "x"))).is_empty(), "a rejected pod is not retried");
+        assert!(
+            s.on_event(Input::Applied(annotated(&p, "x"))).is_empty(),
+            "a rejected pod is not retried"
+        );
         // Deleting it still goes through the provider's delete.
-        assert_eq!(runs(&s.on_event(Input::Applied(deleting(&p)))), vec![(OpKind::Delete, "u1".into())]);
+        assert_eq!(
+            runs(&s.on_event(Input::Applied(deleting(&p)))),
+            vec![(OpKind::Delete, "u1".into())]
+        );
     }
 
     #[test]
@@ -566,8 +703,16 @@ mod tests {
         s.on_event(Input::Applied(p.clone()));
         finish(&mut s, &p, OpKind::Create, OpOutcome::Done);
         finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done);
-        assert_eq!(runs(&s.on_event(Input::Notify { key: "ns/a".into() })), vec![(OpKind::PublishStatus, "u1".into())]);
-        assert!(s.on_event(Input::Notify { key: "ns/unknown".into() }).is_empty());
+        assert_eq!(
+            runs(&s.on_event(Input::Notify { key: "ns/a".into() })),
+            vec![(OpKind::PublishStatus, "u1".into())]
+        );
+        assert!(
+            s.on_event(Input::Notify {
+                key: "ns/unknown".into()
+            })
+            .is_empty()
+        );
     }
 
     #[test]
@@ -584,7 +729,10 @@ mod tests {
     fn terminal_pods_are_not_created() {
         let mut s = state();
         let mut p = (*pod("a", "u1")).clone();
-        p.status = Some(k8s_openapi::api::core::v1::PodStatus { phase: Some("Succeeded".into()), ..Default::default() });
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
         assert!(s.on_event(Input::Applied(Arc::new(p))).is_empty());
     }
 }

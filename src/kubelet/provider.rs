@@ -54,9 +54,18 @@ impl PodPhase {
 /// State of the single container status `agent` that stands for the VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentState {
-    Waiting { reason: String, message: Option<String> },
-    Running { started_at: Option<Time> },
-    Terminated { exit_code: i32, reason: String, message: Option<String> },
+    Waiting {
+        reason: String,
+        message: Option<String>,
+    },
+    Running {
+        started_at: Option<Time>,
+    },
+    Terminated {
+        exit_code: i32,
+        reason: String,
+        message: Option<String>,
+    },
 }
 
 /// What the provider reports for one pod.
@@ -89,7 +98,10 @@ impl ProviderPodStatus {
             ready_message: message.clone(),
             start_time: None,
             container_id: None,
-            agent: AgentState::Waiting { reason: reason.into(), message },
+            agent: AgentState::Waiting {
+                reason: reason.into(),
+                message,
+            },
         }
     }
 
@@ -104,7 +116,11 @@ impl ProviderPodStatus {
             ready_message: Some(message.into()),
             start_time: None,
             container_id: None,
-            agent: AgentState::Terminated { exit_code: 1, reason: reason.into(), message: Some(message.into()) },
+            agent: AgentState::Terminated {
+                exit_code: 1,
+                reason: reason.into(),
+                message: Some(message.into()),
+            },
         }
     }
 
@@ -119,7 +135,11 @@ impl ProviderPodStatus {
             ready_message: Some("pod deleted".into()),
             start_time: None,
             container_id: None,
-            agent: AgentState::Terminated { exit_code: 0, reason: "Completed".into(), message: None },
+            agent: AgentState::Terminated {
+                exit_code: 0,
+                reason: "Completed".into(),
+                message: None,
+            },
         }
     }
 }

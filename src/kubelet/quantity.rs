@@ -20,7 +20,9 @@ pub struct QuantityError {
 impl Quantity {
     /// From a whole number of units (bytes, cores, pods).
     pub const fn from_units(units: u64) -> Self {
-        Self { millis: units as u128 * 1000 }
+        Self {
+            millis: units as u128 * 1000,
+        }
     }
 
     /// From milli-units (millicores).
@@ -41,12 +43,17 @@ impl Quantity {
     /// `floor(self · (100 − percent) / 100)` at milli precision.
     pub fn minus_percent(self, percent: u8) -> Self {
         let keep = 100u128.saturating_sub(percent as u128);
-        Self { millis: self.millis * keep / 100 }
+        Self {
+            millis: self.millis * keep / 100,
+        }
     }
 
     /// Parses a Kubernetes quantity. Fractions below a milli-unit round up, as the apiserver does.
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
-        let err = |why| QuantityError { input: input.to_string(), why };
+        let err = |why| QuantityError {
+            input: input.to_string(),
+            why,
+        };
         use vk_policy_support::quantity::{QuantityError as Why, parse_scaled};
         let millis = parse_scaled(input.trim(), 1000).map_err(|why| {
             err(match why {
@@ -63,7 +70,11 @@ impl Quantity {
 
     /// Canonical rendering for CPU: whole cores when exact, else millicores (`3`, `3200m`).
     pub fn to_cpu_string(self) -> String {
-        if self.millis.is_multiple_of(1000) { (self.millis / 1000).to_string() } else { format!("{}m", self.millis) }
+        if self.millis.is_multiple_of(1000) {
+            (self.millis / 1000).to_string()
+        } else {
+            format!("{}m", self.millis)
+        }
     }
 
     /// Canonical rendering for countable/byte resources: the whole number, rounded down.

@@ -1,9 +1,9 @@
 //! Node registration and status refresh (I/O): create the Node or merge our fields into the
 //! existing one, then patch its status; refresh the status (heartbeat) periodically.
 
-use crate::backoff;
 use super::config::KubeletConfig;
 use super::node::{NodeResources, build_node, merge_into_existing, node_status};
+use crate::backoff;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -43,15 +43,27 @@ async fn ensure_object(nodes: &Api<Node>, id: &NodeIdentity) -> Result<Node, kub
             },
         }
     }
-    Err(kube::Error::Service(format!("node {name}: gave up after 5 write conflicts; another writer keeps changing it").into()))
+    Err(kube::Error::Service(
+        format!("node {name}: gave up after 5 write conflicts; another writer keeps changing it").into(),
+    ))
 }
 
 /// Patches the node's status subresource (capacity, allocatable, conditions, addresses,
 /// daemonEndpoints, nodeInfo) — a JSON merge patch, so our lists replace the stored ones.
 pub async fn patch_status(nodes: &Api<Node>, id: &NodeIdentity, previous: Option<&Node>) -> Result<Node, kube::Error> {
-    let status = node_status(&id.config, id.node_ip, &id.resources, &Time(Timestamp::now()), previous.and_then(|n| n.status.as_ref()));
+    let status = node_status(
+        &id.config,
+        id.node_ip,
+        &id.resources,
+        &Time(Timestamp::now()),
+        previous.and_then(|n| n.status.as_ref()),
+    );
     nodes
-        .patch_status(&id.config.node_name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .patch_status(
+            &id.config.node_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
         .await
 }
 
@@ -62,7 +74,13 @@ pub async fn register(nodes: &Api<Node>, id: &NodeIdentity) -> Result<Node, kube
 }
 
 /// Registers, retrying with backoff until it succeeds or `shutdown` fires (then `None`).
-pub async fn register_with_retry(nodes: &Api<Node>, id: &NodeIdentity, base: Duration, max: Duration, shutdown: &CancellationToken) -> Option<Node> {
+pub async fn register_with_retry(
+    nodes: &Api<Node>,
+    id: &NodeIdentity,
+    base: Duration,
+    max: Duration,
+    shutdown: &CancellationToken,
+) -> Option<Node> {
     let mut failures = 0;
     loop {
         match register(nodes, id).await {
@@ -93,7 +111,9 @@ pub async fn run_status_loop(nodes: Api<Node>, id: NodeIdentity, interval: Durat
         }
         match register(&nodes, &id).await {
             Ok(_) => tracing::debug!(node = %id.config.node_name, "node status refreshed"),
-            Err(error) => tracing::warn!(node = %id.config.node_name, %error, "refreshing the node status failed; retrying next interval"),
+            Err(error) => {
+                tracing::warn!(node = %id.config.node_name, %error, "refreshing the node status failed; retrying next interval")
+            }
         }
     }
 }

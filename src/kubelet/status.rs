@@ -4,12 +4,12 @@
 
 use super::provider::{AgentState, ProviderPodStatus};
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod, PodCondition,
-    PodStatus,
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod,
+    PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -45,14 +45,23 @@ pub fn build_pod_status(pod: &Pod, s: &ProviderPodStatus, now: &Time) -> PodStat
         .unwrap_or_default();
     let state = match &s.agent {
         AgentState::Waiting { reason, message } => ContainerState {
-            waiting: Some(ContainerStateWaiting { reason: Some(reason.clone()), message: message.clone() }),
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.clone()),
+                message: message.clone(),
+            }),
             ..Default::default()
         },
         AgentState::Running { started_at } => ContainerState {
-            running: Some(ContainerStateRunning { started_at: started_at.clone().or_else(|| s.start_time.clone()) }),
+            running: Some(ContainerStateRunning {
+                started_at: started_at.clone().or_else(|| s.start_time.clone()),
+            }),
             ..Default::default()
         },
-        AgentState::Terminated { exit_code, reason, message } => ContainerState {
+        AgentState::Terminated {
+            exit_code,
+            reason,
+            message,
+        } => ContainerState {
             terminated: Some(ContainerStateTerminated {
                 exit_code: *exit_code,
                 reason: Some(reason.clone()),
@@ -65,13 +74,20 @@ pub fn build_pod_status(pod: &Pod, s: &ProviderPodStatus, now: &Time) -> PodStat
         },
     };
     let running = matches!(s.agent, AgentState::Running { .. });
-    let start_time = s.start_time.clone().or_else(|| previous.and_then(|p| p.start_time.clone())).or_else(|| Some(now.clone()));
+    let start_time = s
+        .start_time
+        .clone()
+        .or_else(|| previous.and_then(|p| p.start_time.clone()))
+        .or_else(|| Some(now.clone()));
     PodStatus {
         phase: Some(s.phase.as_str().into()),
         reason: s.reason.clone(),
         message: s.message.clone(),
         pod_ip: s.pod_ip.clone(),
-        pod_ips: s.pod_ip.as_ref().map(|ip| vec![k8s_openapi::api::core::v1::PodIP { ip: ip.clone() }]),
+        pod_ips: s
+            .pod_ip
+            .as_ref()
+            .map(|ip| vec![k8s_openapi::api::core::v1::PodIP { ip: ip.clone() }]),
         host_ip: previous.and_then(|p| p.host_ip.clone()),
         start_time,
         conditions: Some(vec![
@@ -101,15 +117,23 @@ pub fn build_pod_status(pod: &Pod, s: &ProviderPodStatus, now: &Time) -> PodStat
 pub fn matches(current: Option<&PodStatus>, s: &ProviderPodStatus) -> bool {
     let Some(cur) = current else { return false };
     let condition = |t: &str| cur.conditions.as_ref().and_then(|cs| cs.iter().find(|c| c.type_ == t));
-    let ready_ok = condition("Ready").is_some_and(|c| c.status == if s.ready { "True" } else { "False" } && c.message == s.ready_message);
+    let ready_ok = condition("Ready")
+        .is_some_and(|c| c.status == if s.ready { "True" } else { "False" } && c.message == s.ready_message);
     let initialized_ok = condition("Initialized").is_some_and(|c| c.status == "True");
-    let agent = cur.container_statuses.as_ref().and_then(|cs| cs.iter().find(|c| c.name == AGENT_CONTAINER));
+    let agent = cur
+        .container_statuses
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.name == AGENT_CONTAINER));
     let agent_ok = agent.is_some_and(|a| {
         let state = a.state.as_ref();
         let kind_ok = match &s.agent {
             AgentState::Running { .. } => state.is_some_and(|st| st.running.is_some()),
-            AgentState::Waiting { reason, .. } => state.and_then(|st| st.waiting.as_ref()).is_some_and(|w| w.reason.as_deref() == Some(reason)),
-            AgentState::Terminated { reason, .. } => state.and_then(|st| st.terminated.as_ref()).is_some_and(|t| t.reason.as_deref() == Some(reason)),
+            AgentState::Waiting { reason, .. } => state
+                .and_then(|st| st.waiting.as_ref())
+                .is_some_and(|w| w.reason.as_deref() == Some(reason)),
+            AgentState::Terminated { reason, .. } => state
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.reason.as_deref() == Some(reason)),
         };
         a.ready == s.ready && kind_ok && a.container_id == s.container_id
     });
@@ -152,7 +176,14 @@ fn outcome(result: Result<Pod, kube::Error>) -> Result<WriteOutcome, kube::Error
 
 fn uid_of(pod: &Pod) -> Result<String, kube::Error> {
     pod.uid().ok_or_else(|| {
-        kube::Error::Service(format!("pod {}/{} has no metadata.uid; cannot write it conditionally", pod.namespace().unwrap_or_default(), pod.name_any()).into())
+        kube::Error::Service(
+            format!(
+                "pod {}/{} has no metadata.uid; cannot write it conditionally",
+                pod.namespace().unwrap_or_default(),
+                pod.name_any()
+            )
+            .into(),
+        )
     })
 }
 
@@ -164,16 +195,30 @@ pub fn status_patch(uid: &str, status: &PodStatus) -> Value {
 /// Patches the pod's status subresource for exactly this incarnation (`pod.metadata.uid`).
 pub async fn publish_status(pods: &Api<Pod>, pod: &Pod, status: &PodStatus) -> Result<WriteOutcome, kube::Error> {
     let uid = uid_of(pod)?;
-    outcome(pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(status_patch(&uid, status))).await)
+    outcome(
+        pods.patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(status_patch(&uid, status)),
+        )
+        .await,
+    )
 }
 
 /// Sets (`Some`) or removes (`None`) annotations on exactly this incarnation of the pod
 /// (strategic-merge patch with `metadata.uid`).
-pub async fn patch_annotations(pods: &Api<Pod>, pod: &Pod, changes: &BTreeMap<String, Option<String>>) -> Result<WriteOutcome, kube::Error> {
+pub async fn patch_annotations(
+    pods: &Api<Pod>,
+    pod: &Pod,
+    changes: &BTreeMap<String, Option<String>>,
+) -> Result<WriteOutcome, kube::Error> {
     let uid = uid_of(pod)?;
     let annotations: serde_json::Map<String, Value> = changes.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
-    outcome(pods.patch(&pod.name_any(), &PatchParams::default(), &Patch::Strategic(patch)).await)
+    outcome(
+        pods.patch(&pod.name_any(), &PatchParams::default(), &Patch::Strategic(patch))
+            .await,
+    )
 }
 
 #[cfg(test)]
@@ -187,7 +232,14 @@ mod tests {
         let mut p = Pod::default();
         p.metadata.name = Some("p".into());
         p.metadata.uid = Some("u1".into());
-        p.spec = Some(PodSpec { containers: vec![Container { name: "agent".into(), image: Some("img:1".into()), ..Default::default() }], ..Default::default() });
+        p.spec = Some(PodSpec {
+            containers: vec![Container {
+                name: "agent".into(),
+                image: Some("img:1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
         p
     }
 
@@ -213,7 +265,10 @@ mod tests {
         assert_eq!(st.pod_ip.as_deref(), Some("10.0.0.7"));
         let conds = st.conditions.as_ref().unwrap();
         let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
-        assert_eq!((ready.status.as_str(), ready.message.as_deref()), ("True", Some("ping ok")));
+        assert_eq!(
+            (ready.status.as_str(), ready.message.as_deref()),
+            ("True", Some("ping ok"))
+        );
         assert_eq!(conds.iter().find(|c| c.type_ == "Initialized").unwrap().status, "True");
         let cs = st.container_statuses.as_ref().unwrap();
         assert_eq!(cs.len(), 1);
@@ -231,7 +286,15 @@ mod tests {
         let mut p = pod();
         p.status = Some(build_pod_status(&p, &running(false), &t0));
         let same = build_pod_status(&p, &running(false), &t1);
-        let ready = |s: &PodStatus| s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Ready").unwrap().clone();
+        let ready = |s: &PodStatus| {
+            s.conditions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .unwrap()
+                .clone()
+        };
         assert_eq!(ready(&same).last_transition_time, Some(t0.clone()));
         let flipped = build_pod_status(&p, &running(true), &t1);
         assert_eq!(ready(&flipped).last_transition_time, Some(t1));
@@ -241,11 +304,23 @@ mod tests {
     #[test]
     fn failed_and_deleted_statuses() {
         let now = Time(Timestamp::from_second(1).unwrap());
-        let st = build_pod_status(&pod(), &ProviderPodStatus::failed("SnapshotCPUClassMismatch", "class icx != spr"), &now);
+        let st = build_pod_status(
+            &pod(),
+            &ProviderPodStatus::failed("SnapshotCPUClassMismatch", "class icx != spr"),
+            &now,
+        );
         assert_eq!(st.phase.as_deref(), Some("Failed"));
         assert_eq!(st.reason.as_deref(), Some("SnapshotCPUClassMismatch"));
-        let term = st.container_statuses.unwrap()[0].state.clone().unwrap().terminated.unwrap();
-        assert_eq!((term.exit_code, term.reason.as_deref()), (1, Some("SnapshotCPUClassMismatch")));
+        let term = st.container_statuses.unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .unwrap();
+        assert_eq!(
+            (term.exit_code, term.reason.as_deref()),
+            (1, Some("SnapshotCPUClassMismatch"))
+        );
         let st = build_pod_status(&pod(), &ProviderPodStatus::deleted(), &now);
         assert_eq!(st.phase.as_deref(), Some("Succeeded"));
     }
@@ -256,7 +331,10 @@ mod tests {
         let mut p = pod();
         assert!(!matches(None, &running(true)));
         p.status = Some(build_pod_status(&p, &running(false), &now));
-        assert!(matches(p.status.as_ref(), &running(false)), "publishing it again would only echo");
+        assert!(
+            matches(p.status.as_ref(), &running(false)),
+            "publishing it again would only echo"
+        );
         assert!(!matches(p.status.as_ref(), &running(true)), "a Ready flip is a change");
         let mut moved = running(false);
         moved.pod_ip = Some("10.0.0.8".into());
@@ -264,7 +342,10 @@ mod tests {
         let mut msg = running(false);
         msg.ready_message = Some("tcp probe 22: refused".into());
         assert!(!matches(p.status.as_ref(), &msg), "a new probe message is a change");
-        assert!(!matches(p.status.as_ref(), &ProviderPodStatus::failed("VMGone", "vm no longer exists")));
+        assert!(!matches(
+            p.status.as_ref(),
+            &ProviderPodStatus::failed("VMGone", "vm no longer exists")
+        ));
     }
 
     #[test]

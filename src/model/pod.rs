@@ -39,7 +39,11 @@ impl PodFacts {
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
-            node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default(),
+            node_selector: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_selector.clone())
+                .unwrap_or_default(),
             owner_references: meta
                 .owner_references
                 .iter()
@@ -67,7 +71,8 @@ pub type Resources = (BTreeMap<String, String>, BTreeMap<String, String>);
 pub fn first_container_resources(pod: &Pod) -> Option<Resources> {
     let container = pod.spec.as_ref()?.containers.first()?;
     let quantities = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-        m.map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect()).unwrap_or_default()
+        m.map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+            .unwrap_or_default()
     };
     let resources = container.resources.as_ref();
     Some((

@@ -80,7 +80,13 @@ mod tests {
 
     #[test]
     fn booleans_are_true_only_for_the_exact_string() {
-        for (value, want) in [("true", true), ("True", false), ("1", false), (" true", false), ("", false)] {
+        for (value, want) in [
+            ("true", true),
+            ("True", false),
+            ("1", false),
+            (" true", false),
+            ("", false),
+        ] {
             let spec = VmSpec::decode(&annotations(&[(key::MANAGED, value)]));
             assert_eq!(spec.managed, want, "{value:?}");
         }
@@ -88,8 +94,15 @@ mod tests {
 
     #[test]
     fn strings_are_taken_raw() {
-        let spec = VmSpec::decode(&annotations(&[(key::VM_NAME, " vm "), (key::MODE, "RUN"), (key::CLONE_FROM_DIR, "  ")]));
-        assert_eq!((spec.vm_name.as_str(), spec.mode.as_str(), spec.clone_from_dir.as_str()), (" vm ", "RUN", "  "));
+        let spec = VmSpec::decode(&annotations(&[
+            (key::VM_NAME, " vm "),
+            (key::MODE, "RUN"),
+            (key::CLONE_FROM_DIR, "  "),
+        ]));
+        assert_eq!(
+            (spec.vm_name.as_str(), spec.mode.as_str(), spec.clone_from_dir.as_str()),
+            (" vm ", "RUN", "  ")
+        );
     }
 
     #[test]

@@ -41,9 +41,9 @@ pub mod guest_fixup {
     });
 }
 
+pub use admission::exports::cocoonstack::vk_policy::cpu_class_admission as wit_admission;
+pub use bring_up::exports::cocoonstack::vk_policy::bring_up as wit_bring_up;
+pub use guest_fixup::exports::cocoonstack::vk_policy::guest_fixup as wit_guest_fixup;
 pub use snapshot::cocoonstack::vk_policy::types;
 pub use snapshot::exports::cocoonstack::vk_policy::snapshot_before_destroy as wit_snapshot;
-pub use bring_up::exports::cocoonstack::vk_policy::bring_up as wit_bring_up;
-pub use admission::exports::cocoonstack::vk_policy::cpu_class_admission as wit_admission;
 pub use translation::exports::cocoonstack::vk_policy::resource_translation as wit_translation;
-pub use guest_fixup::exports::cocoonstack::vk_policy::guest_fixup as wit_guest_fixup;

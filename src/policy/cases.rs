@@ -80,19 +80,31 @@ impl CaseTable {
             return Some(dir.join(component));
         }
         let name = table_path.file_name()?.to_str()?;
-        let stem = name.strip_suffix(".cases.yaml").or_else(|| name.strip_suffix(".cases.yml"))?;
+        let stem = name
+            .strip_suffix(".cases.yaml")
+            .or_else(|| name.strip_suffix(".cases.yml"))?;
         let beside = dir.join(format!("{stem}.wasm"));
         beside.exists().then_some(beside)
     }
 
     /// Runs every case against `policy` (which must serve the table's slot).
     pub fn run(&self, engine: &PolicyEngine, policy: &LoadedPolicy) -> Vec<CaseResult> {
-        self.cases.iter().map(|case| self.run_case(engine, policy, case)).collect()
+        self.cases
+            .iter()
+            .map(|case| self.run_case(engine, policy, case))
+            .collect()
     }
 
     fn run_case(&self, engine: &PolicyEngine, policy: &LoadedPolicy, case: &Case) -> CaseResult {
-        let fail = |failure: String, decision: Value| CaseResult { name: case.name.clone(), failure: Some(failure), decision };
-        let input = DecisionInput { pod: merged(&self.defaults.pod, &case.pod), host: merged(&self.defaults.host, &case.host) };
+        let fail = |failure: String, decision: Value| CaseResult {
+            name: case.name.clone(),
+            failure: Some(failure),
+            decision,
+        };
+        let input = DecisionInput {
+            pod: merged(&self.defaults.pod, &case.pod),
+            host: merged(&self.defaults.host, &case.host),
+        };
         let facts = match facts_for(self.slot, &input) {
             Ok(facts) => facts,
             Err(error) => return fail(format!("bad input: {error}"), Value::Null),
@@ -107,10 +119,18 @@ impl CaseTable {
             return fail(difference, decision);
         }
         let message = decision.get("message").and_then(Value::as_str).unwrap_or("");
-        if let Some(missing) = case.message_contains.iter().find(|needle| !message.contains(needle.as_str())) {
+        if let Some(missing) = case
+            .message_contains
+            .iter()
+            .find(|needle| !message.contains(needle.as_str()))
+        {
             return fail(format!("message {message:?} does not contain {missing:?}"), decision);
         }
-        CaseResult { name: case.name.clone(), failure: None, decision }
+        CaseResult {
+            name: case.name.clone(),
+            failure: None,
+            decision,
+        }
     }
 }
 
@@ -127,14 +147,23 @@ fn merged(base: &Value, overlay: &Value) -> Value {
 pub fn subset_difference(expected: &Value, actual: &Value, path: &str) -> Option<String> {
     match (expected, actual) {
         (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, want_value)| {
-            let here = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+            let here = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
             match have.get(key) {
                 Some(have_value) => subset_difference(want_value, have_value, &here),
-                None => Some(format!("{here}: expected {want_value}, but the decision has no such field")),
+                None => Some(format!(
+                    "{here}: expected {want_value}, but the decision has no such field"
+                )),
             }
         }),
         _ if expected == actual => None,
-        _ => Some(format!("{}: expected {expected}, got {actual}", if path.is_empty() { "decision" } else { path })),
+        _ => Some(format!(
+            "{}: expected {expected}, got {actual}",
+            if path.is_empty() { "decision" } else { path }
+        )),
     }
 }
 
@@ -146,19 +175,29 @@ mod tests {
     #[test]
     fn subset_matching_names_the_first_difference() {
         let actual = json!({"outcome": "proceed", "plan": {"kind": "clone", "tag": "v1"}, "reason": "clone"});
-        assert_eq!(subset_difference(&json!({"plan": {"kind": "clone"}}), &actual, ""), None);
+        assert_eq!(
+            subset_difference(&json!({"plan": {"kind": "clone"}}), &actual, ""),
+            None
+        );
         assert_eq!(
             subset_difference(&json!({"plan": {"tag": "v2"}}), &actual, ""),
             Some("plan.tag: expected \"v2\", got \"v1\"".into())
         );
-        assert!(subset_difference(&json!({"verdict": "admit"}), &actual, "").unwrap().contains("no such field"));
+        assert!(
+            subset_difference(&json!({"verdict": "admit"}), &actual, "")
+                .unwrap()
+                .contains("no such field")
+        );
     }
 
     #[test]
     fn case_overrides_merge_over_defaults() {
         let base = json!({"metadata": {"name": "p", "annotations": {"a": "1", "b": "2"}}});
         let overlay = json!({"metadata": {"annotations": {"b": null, "c": "3"}}});
-        assert_eq!(merged(&base, &overlay), json!({"metadata": {"name": "p", "annotations": {"a": "1", "c": "3"}}}));
+        assert_eq!(
+            merged(&base, &overlay),
+            json!({"metadata": {"name": "p", "annotations": {"a": "1", "c": "3"}}})
+        );
     }
 
     #[test]

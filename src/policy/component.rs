@@ -53,14 +53,18 @@ pub(crate) fn load(
     origin: &Origin,
     bytes: &[u8],
 ) -> Result<(SlotPre, String), LoadError> {
-    let corrupt = |detail: String| LoadError::Corrupt { origin: origin.to_string(), detail };
+    let corrupt = |detail: String| LoadError::Corrupt {
+        origin: origin.to_string(),
+        detail,
+    };
     match (bytes.get(..4), bytes.get(4..8)) {
         (Some(magic), _) if magic != WASM_MAGIC => {
             return Err(corrupt("it does not start with the WebAssembly magic bytes".into()));
         }
         (Some(_), Some(layer)) if layer != COMPONENT_LAYER => {
             return Err(corrupt(
-                "it is a core WebAssembly module, not a component; build it for wasm32-wasip2 (or componentize it)".into(),
+                "it is a core WebAssembly module, not a component; build it for wasm32-wasip2 (or componentize it)"
+                    .into(),
             ));
         }
         (None, _) | (_, None) => return Err(corrupt(format!("it is only {} bytes long", bytes.len()))),
@@ -81,7 +85,12 @@ pub(crate) fn load(
     Ok((pre, digest))
 }
 
-fn compile(engine: &PolicyEngine, cache: Option<&CompileCache>, digest: &str, bytes: &[u8]) -> wasmtime::Result<Component> {
+fn compile(
+    engine: &PolicyEngine,
+    cache: Option<&CompileCache>,
+    digest: &str,
+    bytes: &[u8],
+) -> wasmtime::Result<Component> {
     let wasmtime = engine.wasmtime();
     let Some(cache) = cache else {
         return Component::new(wasmtime, bytes);
@@ -114,7 +123,10 @@ fn check_imports(engine: &PolicyEngine, component: &Component, origin: &Origin) 
     if forbidden.is_empty() {
         Ok(())
     } else {
-        Err(LoadError::ForbiddenImports { origin: origin.to_string(), imports: forbidden })
+        Err(LoadError::ForbiddenImports {
+            origin: origin.to_string(),
+            imports: forbidden,
+        })
     }
 }
 
@@ -127,9 +139,9 @@ fn types_import() -> String {
 /// An instance that exports nothing but (non-resource) types.
 fn is_types_only(engine: &PolicyEngine, item: &ComponentItem) -> bool {
     match item {
-        ComponentItem::ComponentInstance(instance) => {
-            instance.exports(engine.wasmtime()).all(|(_, export)| matches!(export.ty, ComponentItem::Type(_)))
-        }
+        ComponentItem::ComponentInstance(instance) => instance
+            .exports(engine.wasmtime())
+            .all(|(_, export)| matches!(export.ty, ComponentItem::Type(_))),
         _ => false,
     }
 }
@@ -137,11 +149,20 @@ fn is_types_only(engine: &PolicyEngine, item: &ComponentItem) -> bool {
 fn check_export(engine: &PolicyEngine, component: &Component, slot: Slot, origin: &Origin) -> Result<(), LoadError> {
     let ty = component.component_type();
     let expected = slot.export_name();
-    let found: Vec<String> = ty.exports(engine.wasmtime()).map(|(name, _)| name.to_string()).collect();
+    let found: Vec<String> = ty
+        .exports(engine.wasmtime())
+        .map(|(name, _)| name.to_string())
+        .collect();
     if found.iter().any(|name| *name == expected) {
         Ok(())
     } else {
-        Err(LoadError::WrongWorld { origin: origin.to_string(), slot, expected, world: slot.world(), found })
+        Err(LoadError::WrongWorld {
+            origin: origin.to_string(),
+            slot,
+            expected,
+            world: slot.world(),
+            found,
+        })
     }
 }
 
@@ -157,9 +178,7 @@ fn pre_resolve(engine: &PolicyEngine, component: &Component, slot: Slot) -> wasm
         }
         Slot::BringUp => SlotPre::BringUp(bring_up::BringUpPolicyPre::new(pre)?),
         Slot::CpuClassAdmission => SlotPre::CpuClassAdmission(admission::CpuClassAdmissionPolicyPre::new(pre)?),
-        Slot::ResourceTranslation => {
-            SlotPre::ResourceTranslation(translation::ResourceTranslationPolicyPre::new(pre)?)
-        }
+        Slot::ResourceTranslation => SlotPre::ResourceTranslation(translation::ResourceTranslationPolicyPre::new(pre)?),
         Slot::GuestFixup => SlotPre::GuestFixup(guest_fixup::GuestFixupPolicyPre::new(pre)?),
     })
 }

@@ -44,7 +44,11 @@ fn default_cache_dir() -> Option<PathBuf> {
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        PolicyConfig { slots: BTreeMap::new(), limits: SandboxLimits::default(), cache_dir: default_cache_dir() }
+        PolicyConfig {
+            slots: BTreeMap::new(),
+            limits: SandboxLimits::default(),
+            cache_dir: default_cache_dir(),
+        }
     }
 }
 
@@ -81,14 +85,22 @@ impl PolicyConfig {
         for slot in Slot::ALL {
             let variable = slot.env_var();
             if let Some(path) = env(&variable).filter(|v| !v.is_empty()) {
-                config.slots.insert(slot, SlotConfig { path: PathBuf::from(path), cases: None });
+                config.slots.insert(
+                    slot,
+                    SlotConfig {
+                        path: PathBuf::from(path),
+                        cases: None,
+                    },
+                );
             }
         }
         if let Some(dir) = env("VK_POLICY_CACHE_DIR") {
             config.cache_dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
         }
         let number = |variable: &str, min: u64, max: u64| -> Result<Option<u64>, ConfigError> {
-            let Some(text) = env(variable).filter(|v| !v.is_empty()) else { return Ok(None) };
+            let Some(text) = env(variable).filter(|v| !v.is_empty()) else {
+                return Ok(None);
+            };
             match text.trim().parse::<u64>() {
                 Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
                 _ => Err(ConfigError {
@@ -110,7 +122,10 @@ impl PolicyConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let problem = |problem: String| ConfigError { variable: "VK_POLICY_CONFIG".into(), problem };
+        let problem = |problem: String| ConfigError {
+            variable: "VK_POLICY_CONFIG".into(),
+            problem,
+        };
         let text = fs::read_to_string(path).map_err(|e| problem(format!("cannot read {}: {e}", path.display())))?;
         let mut config: PolicyConfig =
             serde_yaml_ng::from_str(&text).map_err(|e| problem(format!("{} is malformed: {e}", path.display())))?;
@@ -158,7 +173,10 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(config.slots[&Slot::BringUp].path, dir.path().join("bring-up.wasm"));
-        assert_eq!(config.slots[&Slot::CpuClassAdmission].path, PathBuf::from("/etc/admit.wasm"));
+        assert_eq!(
+            config.slots[&Slot::CpuClassAdmission].path,
+            PathBuf::from("/etc/admit.wasm")
+        );
         assert_eq!(config.slots[&Slot::GuestFixup].path, PathBuf::from("/etc/fixup.wasm"));
         assert_eq!(config.limits.timeout, Duration::from_millis(20));
         assert_eq!(config.limits.memory_bytes, 8 << 20);

@@ -53,13 +53,44 @@ pub enum BringUpOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", rename_all_fields = "kebab-case")]
 pub enum Plan {
-    AdoptExisting { vm_name: String },
-    AdoptUnmanaged { vm_id: String, ip: String, vnc_port: u32 },
-    RestoreFromHibernate { options: CloneOptions, derived: bool, fresh_nic: bool },
-    CloneFromDir { options: CloneOptions, dir: String },
-    Fork { options: CloneOptions, source_vm: String, fork_snapshot: String },
-    Clone { options: CloneOptions, local_snapshot: String, repository: String, tag: String, expected_backend: String },
-    Run { vm_name: String, image: String, force_pull: bool, network: String, backend: String, windows: bool, no_direct_io: bool },
+    AdoptExisting {
+        vm_name: String,
+    },
+    AdoptUnmanaged {
+        vm_id: String,
+        ip: String,
+        vnc_port: u32,
+    },
+    RestoreFromHibernate {
+        options: CloneOptions,
+        derived: bool,
+        fresh_nic: bool,
+    },
+    CloneFromDir {
+        options: CloneOptions,
+        dir: String,
+    },
+    Fork {
+        options: CloneOptions,
+        source_vm: String,
+        fork_snapshot: String,
+    },
+    Clone {
+        options: CloneOptions,
+        local_snapshot: String,
+        repository: String,
+        tag: String,
+        expected_backend: String,
+    },
+    Run {
+        vm_name: String,
+        image: String,
+        force_pull: bool,
+        network: String,
+        backend: String,
+        windows: bool,
+        no_direct_io: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -87,7 +118,10 @@ pub enum Verdict {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum TranslationOutcome {
-    Translated { cpu: CpuPolicy, guest: Option<GuestResources> },
+    Translated {
+        cpu: CpuPolicy,
+        guest: Option<GuestResources>,
+    },
     Refuse,
 }
 
@@ -114,7 +148,9 @@ pub struct GuestResources {
 pub enum FixupOutcome {
     /// Nothing to run in the guest.
     None,
-    Run { fixup: GuestFixup },
+    Run {
+        fixup: GuestFixup,
+    },
     /// Run nothing and fail the pod's lifecycle.
     Refuse,
 }
@@ -188,21 +224,30 @@ impl SlotDecision {
                 message,
                 fail_safe,
             }),
-            SlotFacts::BringUp(_) => {
-                SlotDecision::BringUp(Decision { outcome: BringUpOutcome::Refuse, reason, message, fail_safe })
-            }
-            SlotFacts::CpuClassAdmission(_) => {
-                SlotDecision::CpuClassAdmission(Decision { outcome: Verdict::Reject, reason, message, fail_safe })
-            }
+            SlotFacts::BringUp(_) => SlotDecision::BringUp(Decision {
+                outcome: BringUpOutcome::Refuse,
+                reason,
+                message,
+                fail_safe,
+            }),
+            SlotFacts::CpuClassAdmission(_) => SlotDecision::CpuClassAdmission(Decision {
+                outcome: Verdict::Reject,
+                reason,
+                message,
+                fail_safe,
+            }),
             SlotFacts::ResourceTranslation(_) => SlotDecision::ResourceTranslation(Decision {
                 outcome: TranslationOutcome::Refuse,
                 reason,
                 message,
                 fail_safe,
             }),
-            SlotFacts::GuestFixup(_) => {
-                SlotDecision::GuestFixup(Decision { outcome: FixupOutcome::Refuse, reason, message, fail_safe })
-            }
+            SlotFacts::GuestFixup(_) => SlotDecision::GuestFixup(Decision {
+                outcome: FixupOutcome::Refuse,
+                reason,
+                message,
+                fail_safe,
+            }),
         }
     }
 }
@@ -222,7 +267,9 @@ const MAX_HINT_BYTES: usize = 64 << 10;
 fn is_token(text: &str, extra: &[u8]) -> bool {
     !text.is_empty()
         && text.len() <= MAX_REASON_LEN
-        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || extra.contains(&b))
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || extra.contains(&b))
 }
 
 /// A fixup the host can exec and label: the argv becomes `cocoon vm exec` arguments (a NUL
@@ -245,7 +292,10 @@ fn validate_fixup(fixup: &GuestFixup) -> Result<(), String> {
         return Err(format!("fixup argv is {argv_bytes} bytes, more than {MAX_ARGV_BYTES}"));
     }
     if fixup.hint.len() > MAX_HINT_BYTES {
-        return Err(format!("fixup hint is {} bytes, more than {MAX_HINT_BYTES}", fixup.hint.len()));
+        return Err(format!(
+            "fixup hint is {} bytes, more than {MAX_HINT_BYTES}",
+            fixup.hint.len()
+        ));
     }
     Ok(())
 }
@@ -256,7 +306,9 @@ impl SlotDecision {
     pub fn validate(&self) -> Result<(), String> {
         let reason = self.reason();
         if !is_token(reason, b"") {
-            return Err(format!("reason {reason:?} is not a lower-kebab-case token of at most {MAX_REASON_LEN} bytes"));
+            return Err(format!(
+                "reason {reason:?} is not a lower-kebab-case token of at most {MAX_REASON_LEN} bytes"
+            ));
         }
         let message = match self {
             SlotDecision::SnapshotBeforeDestroy(d) => &d.message,
@@ -266,17 +318,27 @@ impl SlotDecision {
             SlotDecision::GuestFixup(d) => &d.message,
         };
         if message.len() > MAX_MESSAGE_LEN {
-            return Err(format!("message is {} bytes, more than {MAX_MESSAGE_LEN}", message.len()));
+            return Err(format!(
+                "message is {} bytes, more than {MAX_MESSAGE_LEN}",
+                message.len()
+            ));
         }
         match self {
-            SlotDecision::SnapshotBeforeDestroy(Decision { outcome: SnapshotOutcome::Snapshot { target }, .. })
-                if target.repository.is_empty() || target.tag.is_empty() =>
-            {
+            SlotDecision::SnapshotBeforeDestroy(Decision {
+                outcome: SnapshotOutcome::Snapshot { target },
+                ..
+            }) if target.repository.is_empty() || target.tag.is_empty() => {
                 Err("a snapshot decision needs a repository and a tag".into())
             }
-            SlotDecision::ResourceTranslation(Decision { outcome: TranslationOutcome::Translated { cpu, .. }, .. }) => {
+            SlotDecision::ResourceTranslation(Decision {
+                outcome: TranslationOutcome::Translated { cpu, .. },
+                ..
+            }) => {
                 if !(1..=10_000).contains(&cpu.cpu_weight) {
-                    return Err(format!("cpu-weight {} is outside cgroup v2's 1..=10000", cpu.cpu_weight));
+                    return Err(format!(
+                        "cpu-weight {} is outside cgroup v2's 1..=10000",
+                        cpu.cpu_weight
+                    ));
                 }
                 match (cpu.cpu_quota_us, cpu.cpu_period_us) {
                     (None, None) => Ok(()),
@@ -286,7 +348,10 @@ impl SlotDecision {
                     )),
                 }
             }
-            SlotDecision::GuestFixup(Decision { outcome: FixupOutcome::Run { fixup }, .. }) => validate_fixup(fixup),
+            SlotDecision::GuestFixup(Decision {
+                outcome: FixupOutcome::Run { fixup },
+                ..
+            }) => validate_fixup(fixup),
             _ => Ok(()),
         }
     }
@@ -295,14 +360,23 @@ impl SlotDecision {
 // ---- conversion from the WIT records -------------------------------------------------------
 
 fn decided<T>(outcome: T, reason: String, message: String) -> Decision<T> {
-    Decision { outcome, reason, message, fail_safe: None }
+    Decision {
+        outcome,
+        reason,
+        message,
+        fail_safe: None,
+    }
 }
 
 impl From<wit_snapshot::Decision> for SlotDecision {
     fn from(d: wit_snapshot::Decision) -> Self {
         let outcome = match d.outcome {
             wit_snapshot::Outcome::Snapshot(t) => SnapshotOutcome::Snapshot {
-                target: SnapshotTarget { repository: t.repository, tag: t.tag, base_image: t.base_image },
+                target: SnapshotTarget {
+                    repository: t.repository,
+                    tag: t.tag,
+                    base_image: t.base_image,
+                },
             },
             wit_snapshot::Outcome::Skip => SnapshotOutcome::Skip,
         };
@@ -329,13 +403,20 @@ impl From<wit_bring_up::Decision> for SlotDecision {
             wit_bring_up::Outcome::Proceed(plan) => BringUpOutcome::Proceed {
                 plan: match plan {
                     W::AdoptExisting(vm_name) => Plan::AdoptExisting { vm_name },
-                    W::AdoptUnmanaged(a) => Plan::AdoptUnmanaged { vm_id: a.vm_id, ip: a.ip, vnc_port: a.vnc_port },
+                    W::AdoptUnmanaged(a) => Plan::AdoptUnmanaged {
+                        vm_id: a.vm_id,
+                        ip: a.ip,
+                        vnc_port: a.vnc_port,
+                    },
                     W::RestoreFromHibernate(r) => Plan::RestoreFromHibernate {
                         options: clone_options(r.options),
                         derived: r.derived,
                         fresh_nic: r.fresh_nic,
                     },
-                    W::CloneFromDir(c) => Plan::CloneFromDir { options: clone_options(c.options), dir: c.dir },
+                    W::CloneFromDir(c) => Plan::CloneFromDir {
+                        options: clone_options(c.options),
+                        dir: c.dir,
+                    },
                     W::Fork(f) => Plan::Fork {
                         options: clone_options(f.options),
                         source_vm: f.source_vm,
@@ -399,9 +480,13 @@ impl From<wit_guest_fixup::Decision> for SlotDecision {
     fn from(d: wit_guest_fixup::Decision) -> Self {
         let outcome = match d.outcome {
             wit_guest_fixup::Outcome::None => FixupOutcome::None,
-            wit_guest_fixup::Outcome::Run(f) => {
-                FixupOutcome::Run { fixup: GuestFixup { kind: f.kind, argv: f.argv, hint: f.hint } }
-            }
+            wit_guest_fixup::Outcome::Run(f) => FixupOutcome::Run {
+                fixup: GuestFixup {
+                    kind: f.kind,
+                    argv: f.argv,
+                    hint: f.hint,
+                },
+            },
             wit_guest_fixup::Outcome::Refuse => FixupOutcome::Refuse,
         };
         SlotDecision::GuestFixup(decided(outcome, d.reason, d.message))
@@ -428,13 +513,18 @@ mod tests {
     }
 
     fn run(kind: &str, argv: &[&str], hint: &str) -> SlotDecision {
-        let fixup = GuestFixup { kind: kind.into(), argv: argv.iter().map(|a| a.to_string()).collect(), hint: hint.into() };
+        let fixup = GuestFixup {
+            kind: kind.into(),
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            hint: hint.into(),
+        };
         SlotDecision::GuestFixup(decided(FixupOutcome::Run { fixup }, "linux-static".into(), "m".into()))
     }
 
     #[test]
     fn a_failed_guest_fixup_policy_runs_nothing_and_says_why() {
-        let SlotDecision::GuestFixup(d) = SlotDecision::fail_safe(&fixup_facts(), "policy guest-fixup trapped: unreachable")
+        let SlotDecision::GuestFixup(d) =
+            SlotDecision::fail_safe(&fixup_facts(), "policy guest-fixup trapped: unreachable")
         else {
             panic!("the fail-safe answers for its own slot")
         };

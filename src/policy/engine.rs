@@ -111,7 +111,11 @@ impl PolicyEngine {
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         start_epoch_ticker(&engine);
-        Ok(PolicyEngine { engine, limits, permits: Arc::new(Permits::new(n)) })
+        Ok(PolicyEngine {
+            engine,
+            limits,
+            permits: Arc::new(Permits::new(n)),
+        })
     }
 
     pub fn wasmtime(&self) -> &Engine {
@@ -166,7 +170,10 @@ struct Permits {
 
 impl Permits {
     fn new(n: u32) -> Self {
-        Permits { free: Mutex::new(n), returned: Condvar::new() }
+        Permits {
+            free: Mutex::new(n),
+            returned: Condvar::new(),
+        }
     }
 
     fn acquire(&self) -> Permit<'_> {
@@ -197,9 +204,15 @@ mod tests {
 
     #[test]
     fn deadlines_round_up_to_whole_ticks() {
-        let limits = SandboxLimits { timeout: Duration::from_micros(2500), ..SandboxLimits::default() };
+        let limits = SandboxLimits {
+            timeout: Duration::from_micros(2500),
+            ..SandboxLimits::default()
+        };
         assert_eq!(limits.deadline_ticks(), 4);
-        let limits = SandboxLimits { timeout: Duration::from_millis(100), ..SandboxLimits::default() };
+        let limits = SandboxLimits {
+            timeout: Duration::from_millis(100),
+            ..SandboxLimits::default()
+        };
         assert_eq!(limits.deadline_ticks(), 101);
     }
 

@@ -22,13 +22,30 @@ pub enum LoadError {
     #[error(
         "{origin} does not implement slot {slot}: it must export {expected} (world {world} of wit/vk-policy.wit), but exports {found:?}"
     )]
-    WrongWorld { origin: String, slot: Slot, expected: String, world: String, found: Vec<String> },
+    WrongWorld {
+        origin: String,
+        slot: Slot,
+        expected: String,
+        world: String,
+        found: Vec<String>,
+    },
 
     #[error("{origin} exports {expected} with the wrong types for slot {slot}: {detail}")]
-    ExportMismatch { origin: String, slot: Slot, expected: String, detail: String },
+    ExportMismatch {
+        origin: String,
+        slot: Slot,
+        expected: String,
+        detail: String,
+    },
 
     #[error("{origin} failed its test table {table}: {failed} of {total} cases failed (first: {first})")]
-    CasesFailed { origin: String, table: PathBuf, failed: usize, total: usize, first: String },
+    CasesFailed {
+        origin: String,
+        table: PathBuf,
+        failed: usize,
+        total: usize,
+        first: String,
+    },
 
     #[error("{origin}: {detail}")]
     Table { origin: String, detail: String },

@@ -21,7 +21,12 @@ pub struct SnapshotFacts {
 
 /// What the host found about a hibernated guest under the pod's VM name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", rename_all_fields = "kebab-case", deny_unknown_fields)]
+#[serde(
+    tag = "kind",
+    rename_all = "kebab-case",
+    rename_all_fields = "kebab-case",
+    deny_unknown_fields
+)]
 pub enum HibernateEvidence {
     NotChecked,
     None,
@@ -30,7 +35,9 @@ pub enum HibernateEvidence {
         #[serde(default)]
         recorded_image: String,
     },
-    Unavailable { error: String },
+    Unavailable {
+        error: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +82,11 @@ impl PreassignedRuntime {
     pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Self {
         use crate::model::annotations as key;
         let get = |k: &str| annotations.get(k).cloned().unwrap_or_default();
-        PreassignedRuntime { vm_id: get(key::VM_ID), ip: get(key::IP), vnc_port: get(key::VNC_PORT) }
+        PreassignedRuntime {
+            vm_id: get(key::VM_ID),
+            ip: get(key::IP),
+            vnc_port: get(key::VNC_PORT),
+        }
     }
 }
 
@@ -201,7 +212,12 @@ impl SlotFacts {
 // ---- conversion into the WIT records -------------------------------------------------------
 
 fn pairs(map: &BTreeMap<String, String>) -> Vec<wit::KeyValue> {
-    map.iter().map(|(key, value)| wit::KeyValue { key: key.clone(), value: value.clone() }).collect()
+    map.iter()
+        .map(|(key, value)| wit::KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+        })
+        .collect()
 }
 
 pub(crate) fn wit_pod(pod: &PodFacts) -> wit::PodFacts {

@@ -8,8 +8,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::facts::{
-    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts, GuestNic,
-    HibernateEvidence, LocalSnapshot, PreassignedRuntime, SlotFacts, SnapshotFacts, TranslationFacts,
+    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts,
+    GuestNic, HibernateEvidence, LocalSnapshot, PreassignedRuntime, SlotFacts, SnapshotFacts, TranslationFacts,
 };
 use super::slot::Slot;
 use crate::model::{PodFacts, VmSpec, first_container_resources};
@@ -115,7 +115,11 @@ fn clone_origin() -> BootOrigin {
 }
 
 fn parse<T: DeserializeOwned>(what: &str, value: &Value) -> Result<T, String> {
-    let value = if value.is_null() { Value::Object(Default::default()) } else { value.clone() };
+    let value = if value.is_null() {
+        Value::Object(Default::default())
+    } else {
+        value.clone()
+    };
     serde_json::from_value(value).map_err(|e| format!("{what}: {e}"))
 }
 
@@ -170,7 +174,9 @@ pub fn facts_for(slot: Slot, input: &DecisionInput) -> Result<SlotFacts, String>
         }
         Slot::GuestFixup => {
             let h: GuestFixupHost = parse(&what, host)?;
-            let vm_id = h.vm_id.unwrap_or_else(|| PreassignedRuntime::from_annotations(&pod_facts.annotations).vm_id);
+            let vm_id = h
+                .vm_id
+                .unwrap_or_else(|| PreassignedRuntime::from_annotations(&pod_facts.annotations).vm_id);
             let hypervisor = h.hypervisor.unwrap_or_else(|| match spec.backend.as_str() {
                 "" => "cloud-hypervisor".into(),
                 backend => backend.into(),
@@ -219,7 +225,9 @@ host: {path: run}
             ),
         )
         .unwrap();
-        let SlotFacts::ResourceTranslation(f) = facts else { panic!() };
+        let SlotFacts::ResourceTranslation(f) = facts else {
+            panic!()
+        };
         assert_eq!(f.spec.vm_name, "vm1");
         assert_eq!(f.spec.storage, "10Gi");
         assert_eq!(f.path, BootPath::Run);
@@ -251,18 +259,42 @@ host:
         let SlotFacts::GuestFixup(f) = facts else { panic!() };
         assert_eq!((f.vm_id.as_str(), f.hypervisor.as_str()), ("id-7", "firecracker"));
         assert_eq!(f.origin, BootOrigin::CloneFromDir);
-        assert_eq!(f.nics[0], GuestNic { mac: "02:fc:00:00:00:01".into(), ip: "10.0.0.2".into(), gateway: "10.0.0.1".into(), prefix: 24 });
-        assert_eq!(f.nics[1], GuestNic { mac: "02:fc:00:00:00:02".into(), ..GuestNic::default() }, "a NIC without ip is DHCP");
+        assert_eq!(
+            f.nics[0],
+            GuestNic {
+                mac: "02:fc:00:00:00:01".into(),
+                ip: "10.0.0.2".into(),
+                gateway: "10.0.0.1".into(),
+                prefix: 24
+            }
+        );
+        assert_eq!(
+            f.nics[1],
+            GuestNic {
+                mac: "02:fc:00:00:00:02".into(),
+                ..GuestNic::default()
+            },
+            "a NIC without ip is DHCP"
+        );
         assert_eq!((f.source_image.as_str(), f.cloudimg_overlay), ("", false));
 
-        let SlotFacts::GuestFixup(f) = facts_for(Slot::GuestFixup, &input("host: {vm-id: given}")).unwrap() else { panic!() };
-        assert_eq!((f.vm_id.as_str(), f.hypervisor.as_str(), f.origin), ("given", "cloud-hypervisor", BootOrigin::Clone));
+        let SlotFacts::GuestFixup(f) = facts_for(Slot::GuestFixup, &input("host: {vm-id: given}")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (f.vm_id.as_str(), f.hypervisor.as_str(), f.origin),
+            ("given", "cloud-hypervisor", BootOrigin::Clone)
+        );
         assert!(f.nics.is_empty());
     }
 
     #[test]
     fn a_misspelt_nic_field_is_rejected_by_name() {
-        let err = facts_for(Slot::GuestFixup, &input("host: {nics: [{mac: 'aa:bb', adress: 10.0.0.2}]}")).unwrap_err();
+        let err = facts_for(
+            Slot::GuestFixup,
+            &input("host: {nics: [{mac: 'aa:bb', adress: 10.0.0.2}]}"),
+        )
+        .unwrap_err();
         assert!(err.contains("adress"), "{err}");
     }
 
@@ -276,7 +308,10 @@ host:
         let SlotFacts::BringUp(f) = facts else { panic!() };
         assert_eq!(
             f.evidence,
-            HibernateEvidence::Found { source: super::super::facts::EvidenceSource::Registry, recorded_image: "a:b".into() }
+            HibernateEvidence::Found {
+                source: super::super::facts::EvidenceSource::Registry,
+                recorded_image: "a:b".into()
+            }
         );
     }
 }

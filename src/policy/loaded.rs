@@ -32,7 +32,12 @@ impl LoadedPolicy {
         bytes: &[u8],
     ) -> Result<Self, LoadError> {
         let (pre, digest) = component::load(engine, cache, slot, &origin, bytes)?;
-        Ok(LoadedPolicy { slot, origin, digest, pre })
+        Ok(LoadedPolicy {
+            slot,
+            origin,
+            digest,
+            pre,
+        })
     }
 
     /// The embedded default policy of `slot`.
@@ -56,7 +61,12 @@ impl LoadedPolicy {
     /// Runs one decision in a fresh instance. Errors are typed; the caller picks the fail-safe.
     pub fn decide(&self, engine: &PolicyEngine, facts: &SlotFacts) -> Result<SlotDecision, DecisionError> {
         let slot = self.slot;
-        assert_eq!(facts.slot(), slot, "facts for slot {} handed to the {slot} policy", facts.slot());
+        assert_eq!(
+            facts.slot(),
+            slot,
+            "facts for slot {} handed to the {slot} policy",
+            facts.slot()
+        );
         let limits = engine.limits();
         let _permit = engine.acquire();
         let mut store = new_store(engine);
@@ -65,7 +75,10 @@ impl LoadedPolicy {
         let answer = match (&self.pre, facts) {
             (SlotPre::SnapshotBeforeDestroy(pre), SlotFacts::SnapshotBeforeDestroy(f)) => pre
                 .instantiate(&mut store)
-                .and_then(|p| p.cocoonstack_vk_policy_snapshot_before_destroy().call_decide(&mut store, &f.to_wit()))
+                .and_then(|p| {
+                    p.cocoonstack_vk_policy_snapshot_before_destroy()
+                        .call_decide(&mut store, &f.to_wit())
+                })
                 .map(SlotDecision::from),
             (SlotPre::BringUp(pre), SlotFacts::BringUp(f)) => pre
                 .instantiate(&mut store)
@@ -73,21 +86,32 @@ impl LoadedPolicy {
                 .map(SlotDecision::from),
             (SlotPre::CpuClassAdmission(pre), SlotFacts::CpuClassAdmission(f)) => pre
                 .instantiate(&mut store)
-                .and_then(|p| p.cocoonstack_vk_policy_cpu_class_admission().call_decide(&mut store, &f.to_wit()))
+                .and_then(|p| {
+                    p.cocoonstack_vk_policy_cpu_class_admission()
+                        .call_decide(&mut store, &f.to_wit())
+                })
                 .map(SlotDecision::from),
             (SlotPre::ResourceTranslation(pre), SlotFacts::ResourceTranslation(f)) => pre
                 .instantiate(&mut store)
-                .and_then(|p| p.cocoonstack_vk_policy_resource_translation().call_decide(&mut store, &f.to_wit()))
+                .and_then(|p| {
+                    p.cocoonstack_vk_policy_resource_translation()
+                        .call_decide(&mut store, &f.to_wit())
+                })
                 .map(SlotDecision::from),
             (SlotPre::GuestFixup(pre), SlotFacts::GuestFixup(f)) => pre
                 .instantiate(&mut store)
-                .and_then(|p| p.cocoonstack_vk_policy_guest_fixup().call_decide(&mut store, &f.to_wit()))
+                .and_then(|p| {
+                    p.cocoonstack_vk_policy_guest_fixup()
+                        .call_decide(&mut store, &f.to_wit())
+                })
                 .map(SlotDecision::from),
             _ => unreachable!("a SlotPre always matches its slot's facts (checked above)"),
         };
         let decision = answer.map_err(|error| classify(slot, &store, &limits, error))?;
         tracing::trace!(%slot, elapsed_us = started.elapsed().as_micros() as u64, "policy decided");
-        decision.validate().map_err(|detail| DecisionError::InvalidDecision { slot, detail })?;
+        decision
+            .validate()
+            .map_err(|detail| DecisionError::InvalidDecision { slot, detail })?;
         Ok(decision)
     }
 }
@@ -95,11 +119,23 @@ impl LoadedPolicy {
 /// Maps a wasmtime error to what happened, from the typed trap and the store's accounting.
 fn classify(slot: Slot, store: &Store<Sandbox>, limits: &SandboxLimits, error: wasmtime::Error) -> DecisionError {
     if store.data().memory_exhausted {
-        return DecisionError::OutOfMemory { slot, limit_bytes: limits.memory_bytes };
+        return DecisionError::OutOfMemory {
+            slot,
+            limit_bytes: limits.memory_bytes,
+        };
     }
     match error.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::Interrupt) => DecisionError::Timeout { slot, limit: limits.timeout },
-        Some(trap) => DecisionError::Trap { slot, trap: trap.to_string() },
-        None => DecisionError::Instantiate { slot, detail: format!("{error:#}") },
+        Some(wasmtime::Trap::Interrupt) => DecisionError::Timeout {
+            slot,
+            limit: limits.timeout,
+        },
+        Some(trap) => DecisionError::Trap {
+            slot,
+            trap: trap.to_string(),
+        },
+        None => DecisionError::Instantiate {
+            slot,
+            detail: format!("{error:#}"),
+        },
     }
 }

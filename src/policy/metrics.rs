@@ -22,26 +22,41 @@ impl PolicyMetrics {
         let opts = |name: &str, help: &str| Opts::new(name, help).namespace("cocoon").subsystem("vk");
         let metrics = PolicyMetrics {
             decisions: IntCounterVec::new(
-                opts("policy_decisions_total", "Policy decisions by slot and reason (fail-safe decisions have reason policy-failed)"),
+                opts(
+                    "policy_decisions_total",
+                    "Policy decisions by slot and reason (fail-safe decisions have reason policy-failed)",
+                ),
                 &["slot", "reason"],
             )?,
             failures: IntCounterVec::new(
-                opts("policy_failures_total", "Policy decisions that failed (timeout, out_of_memory, trap, invalid_decision, instantiate)"),
+                opts(
+                    "policy_failures_total",
+                    "Policy decisions that failed (timeout, out_of_memory, trap, invalid_decision, instantiate)",
+                ),
                 &["slot", "error"],
             )?,
             latency: HistogramVec::new(
-                HistogramOpts::new("policy_decision_seconds", "Wall time of one policy decision, instantiation included")
-                    .namespace("cocoon")
-                    .subsystem("vk")
-                    .buckets(vec![10e-6, 20e-6, 50e-6, 100e-6, 250e-6, 1e-3, 5e-3, 25e-3, 100e-3]),
+                HistogramOpts::new(
+                    "policy_decision_seconds",
+                    "Wall time of one policy decision, instantiation included",
+                )
+                .namespace("cocoon")
+                .subsystem("vk")
+                .buckets(vec![10e-6, 20e-6, 50e-6, 100e-6, 250e-6, 1e-3, 5e-3, 25e-3, 100e-3]),
                 &["slot"],
             )?,
             reloads: IntCounterVec::new(
-                opts("policy_reloads_total", "Policy file reloads by slot and result (ok, or why the new version was refused)"),
+                opts(
+                    "policy_reloads_total",
+                    "Policy file reloads by slot and result (ok, or why the new version was refused)",
+                ),
                 &["slot", "result"],
             )?,
             active: IntGaugeVec::new(
-                opts("policy_active_info", "1 for the component digest currently serving each slot"),
+                opts(
+                    "policy_active_info",
+                    "1 for the component digest currently serving each slot",
+                ),
                 &["slot", "digest"],
             )?,
         };
@@ -67,7 +82,9 @@ impl PolicyMetrics {
     }
 
     pub(crate) fn observe_latency(&self, slot: Slot, elapsed: Duration) {
-        self.latency.with_label_values(&[slot.name()]).observe(elapsed.as_secs_f64());
+        self.latency
+            .with_label_values(&[slot.name()])
+            .observe(elapsed.as_secs_f64());
     }
 
     pub(crate) fn count_reload(&self, slot: Slot, result: &str) {

@@ -29,7 +29,10 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 
 /// Reads, validates and tests the component at `config.path` for `slot`.
 pub fn load_checked(policies: &Policies, slot: Slot, config: &SlotConfig) -> Result<LoadedPolicy, LoadError> {
-    let bytes = fs::read(&config.path).map_err(|source| LoadError::Read { path: config.path.clone(), source })?;
+    let bytes = fs::read(&config.path).map_err(|source| LoadError::Read {
+        path: config.path.clone(),
+        source,
+    })?;
     let origin = Origin::File(config.path.clone());
     let policy = LoadedPolicy::load(policies.engine(), policies.cache(), slot, origin.clone(), &bytes)?;
     if let Some(table_path) = config.cases_path() {
@@ -39,11 +42,19 @@ pub fn load_checked(policies: &Policies, slot: Slot, config: &SlotConfig) -> Res
 }
 
 fn run_guard_table(policies: &Policies, policy: &LoadedPolicy, origin: &Origin, path: &Path) -> Result<(), LoadError> {
-    let table = CaseTable::load(path).map_err(|detail| LoadError::Table { origin: origin.to_string(), detail })?;
+    let table = CaseTable::load(path).map_err(|detail| LoadError::Table {
+        origin: origin.to_string(),
+        detail,
+    })?;
     if table.slot != policy.slot() {
         return Err(LoadError::Table {
             origin: origin.to_string(),
-            detail: format!("case table {} is for slot {}, not {}", path.display(), table.slot, policy.slot()),
+            detail: format!(
+                "case table {} is for slot {}, not {}",
+                path.display(),
+                table.slot,
+                policy.slot()
+            ),
         });
     }
     let results = table.run(policies.engine(), policy);
@@ -85,7 +96,9 @@ impl PolicyReloader {
     /// Re-reads `slot`'s file; installs it if it changed and passes every check. Returns
     /// whether a new version was installed.
     pub fn reload(&self, slot: Slot) -> Result<bool, LoadError> {
-        let Some(config) = self.slots.get(&slot) else { return Ok(false) };
+        let Some(config) = self.slots.get(&slot) else {
+            return Ok(false);
+        };
         let metrics = self.policies.metrics();
         let current = self.policies.current(slot);
         match fs::read(&config.path) {
@@ -121,7 +134,12 @@ impl PolicyReloader {
         let mut dirs: Vec<PathBuf> = self
             .slots
             .values()
-            .map(|c| c.path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
+            .map(|c| {
+                c.path
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| PathBuf::from("."))
+            })
             .collect();
         dirs.sort();
         dirs.dedup();
@@ -145,7 +163,9 @@ impl PolicyReloader {
             }
             for (slot, config) in &self.slots {
                 let touched = changed.iter().any(|p| {
-                    p == &config.path || config.cases_path().is_some_and(|c| p == &c) || p.file_name() == config.path.file_name()
+                    p == &config.path
+                        || config.cases_path().is_some_and(|c| p == &c)
+                        || p.file_name() == config.path.file_name()
                 });
                 if touched {
                     // Errors are logged and counted inside `reload`.

@@ -17,7 +17,10 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new(memory_limit: usize) -> Self {
-        Sandbox { memory_limit, memory_exhausted: false }
+        Sandbox {
+            memory_limit,
+            memory_exhausted: false,
+        }
     }
 }
 

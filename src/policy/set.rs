@@ -9,7 +9,9 @@ use arc_swap::ArcSwap;
 use tracing::{info, warn};
 
 use super::cache::CompileCache;
-use super::decision::{BringUpOutcome, Decision, FixupOutcome, SlotDecision, SnapshotOutcome, TranslationOutcome, Verdict};
+use super::decision::{
+    BringUpOutcome, Decision, FixupOutcome, SlotDecision, SnapshotOutcome, TranslationOutcome, Verdict,
+};
 use super::engine::PolicyEngine;
 use super::error::{DecisionError, LoadError};
 use super::facts::{AdmissionFacts, BringUpFacts, GuestFixupFacts, SlotFacts, SnapshotFacts, TranslationFacts};
@@ -26,18 +28,36 @@ pub struct Policies {
 }
 
 fn index(slot: Slot) -> usize {
-    Slot::ALL.iter().position(|s| *s == slot).expect("every slot is in Slot::ALL")
+    Slot::ALL
+        .iter()
+        .position(|s| *s == slot)
+        .expect("every slot is in Slot::ALL")
 }
 
 impl Policies {
     /// Every slot on its built-in default.
-    pub fn with_defaults(engine: PolicyEngine, cache: Option<CompileCache>, metrics: PolicyMetrics) -> Result<Self, LoadError> {
+    pub fn with_defaults(
+        engine: PolicyEngine,
+        cache: Option<CompileCache>,
+        metrics: PolicyMetrics,
+    ) -> Result<Self, LoadError> {
         let load = |slot| LoadedPolicy::builtin(&engine, cache.as_ref(), slot).map(ArcSwap::from_pointee);
-        let slots = [load(Slot::ALL[0])?, load(Slot::ALL[1])?, load(Slot::ALL[2])?, load(Slot::ALL[3])?, load(Slot::ALL[4])?];
+        let slots = [
+            load(Slot::ALL[0])?,
+            load(Slot::ALL[1])?,
+            load(Slot::ALL[2])?,
+            load(Slot::ALL[3])?,
+            load(Slot::ALL[4])?,
+        ];
         for slot in Slot::ALL {
             metrics.set_active(slot, slots[index(slot)].load().digest());
         }
-        Ok(Policies { engine, cache, slots, metrics })
+        Ok(Policies {
+            engine,
+            cache,
+            slots,
+            metrics,
+        })
     }
 
     pub fn engine(&self) -> &PolicyEngine {

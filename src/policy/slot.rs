@@ -20,8 +20,13 @@ pub enum Slot {
 }
 
 impl Slot {
-    pub const ALL: [Slot; 5] =
-        [Slot::SnapshotBeforeDestroy, Slot::BringUp, Slot::CpuClassAdmission, Slot::ResourceTranslation, Slot::GuestFixup];
+    pub const ALL: [Slot; 5] = [
+        Slot::SnapshotBeforeDestroy,
+        Slot::BringUp,
+        Slot::CpuClassAdmission,
+        Slot::ResourceTranslation,
+        Slot::GuestFixup,
+    ];
 
     /// The slot's name, which is also its WIT interface name.
     pub fn name(self) -> &'static str {
@@ -48,11 +53,15 @@ impl Slot {
     /// What the host does when this slot's policy fails (trap, timeout, memory, bad answer).
     pub fn fail_safe_rule(self) -> &'static str {
         match self {
-            Slot::SnapshotBeforeDestroy => "preserve state: snapshot and push before destroying, or keep the VM and retry the delete",
+            Slot::SnapshotBeforeDestroy => {
+                "preserve state: snapshot and push before destroying, or keep the VM and retry the delete"
+            }
             Slot::BringUp => "refuse the bring-up: no VM boots",
             Slot::CpuClassAdmission => "reject the pod (at startup: the node does not register)",
             Slot::ResourceTranslation => "refuse the bring-up rather than boot with guessed limits",
-            Slot::GuestFixup => "run nothing in the guest, mark the lifecycle failed and never publish Ready (the pod stays Running / Not Ready)",
+            Slot::GuestFixup => {
+                "run nothing in the guest, mark the lifecycle failed and never publish Ready (the pod stays Running / Not Ready)"
+            }
         }
     }
 
@@ -108,7 +117,10 @@ mod tests {
     fn export_names_and_env_vars() {
         assert_eq!(Slot::BringUp.export_name(), "cocoonstack:vk-policy/bring-up@0.1.0");
         assert_eq!(Slot::CpuClassAdmission.env_var(), "VK_POLICY_CPU_CLASS_ADMISSION");
-        assert_eq!(Slot::GuestFixup.export_name(), "cocoonstack:vk-policy/guest-fixup@0.1.0");
+        assert_eq!(
+            Slot::GuestFixup.export_name(),
+            "cocoonstack:vk-policy/guest-fixup@0.1.0"
+        );
         assert_eq!(Slot::GuestFixup.world(), "guest-fixup-policy");
         assert_eq!(Slot::GuestFixup.env_var(), "VK_POLICY_GUEST_FIXUP");
     }

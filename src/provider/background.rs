@@ -49,7 +49,9 @@ impl CocoonProvider {
     /// One pass of the status reconciler over every tracked pod with a VM.
     pub(super) async fn reconcile_statuses(&self) {
         let keys = self.state.tracked_keys();
-        stream::iter(keys).for_each_concurrent(FAN_OUT, |key| async move { self.reconcile_status(&key).await }).await;
+        stream::iter(keys)
+            .for_each_concurrent(FAN_OUT, |key| async move { self.reconcile_status(&key).await })
+            .await;
     }
 
     async fn reconcile_status(&self, key: &str) {
@@ -75,7 +77,13 @@ impl CocoonProvider {
     /// The IP annotation follows the VM's resolved IP (cocoon-net may rebind a MAC).
     pub(super) async fn reconcile_endpoint(&self, pod: &k8s_openapi::api::core::v1::Pod, key: &str, vm: &VmRecord) {
         let ip = self.resolve_ip(vm);
-        let annotated = pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::model::annotations::IP)).map(String::as_str).unwrap_or("");
+        let annotated = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::model::annotations::IP))
+            .map(String::as_str)
+            .unwrap_or("");
         if !ip.is_empty() && ip != annotated && super::plan::is_managed_pod(pod) {
             tracing::info!(pod = %key, vm = %vm.id, from = annotated, to = %ip, "vm ip changed; updating the ip annotation");
             self.write_runtime(pod, key, "", &ip).await;
@@ -84,7 +92,9 @@ impl CocoonProvider {
 
     /// A probe agent saw readiness flip: repair the endpoint annotation and republish the status.
     pub(super) async fn on_probe_flip(&self, key: &str, uid: &str) {
-        let Some(tracked) = self.state.tracked_as(key, uid) else { return };
+        let Some(tracked) = self.state.tracked_as(key, uid) else {
+            return;
+        };
         if let Some(vm) = &tracked.vm {
             self.reconcile_endpoint(&tracked.pod, key, vm).await;
         }
@@ -93,7 +103,9 @@ impl CocoonProvider {
 
     /// Starts the probe agent of the tracked incarnation (first probe before returning).
     pub(super) async fn start_probe(&self, key: &str, uid: &str) {
-        let Some(tracked) = self.state.tracked_as(key, uid) else { return };
+        let Some(tracked) = self.state.tracked_as(key, uid) else {
+            return;
+        };
         if tracked.pod.metadata.deletion_timestamp.is_some() {
             return;
         }
@@ -103,7 +115,14 @@ impl CocoonProvider {
             let p = me.upgrade()?;
             let t = p.state.tracked_as(&k, &u)?;
             let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
-            let port = t.pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::model::annotations::PROBE_PORT)).cloned().unwrap_or_default();
+            let port = t
+                .pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::model::annotations::PROBE_PORT))
+                .cloned()
+                .unwrap_or_default();
             Some(super::probe::target(t.vm.is_some(), &ip, &port))
         });
         let me = self.me.clone();

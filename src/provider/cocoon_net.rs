@@ -33,7 +33,8 @@ struct Lease {
 
 /// Parses the lease file: a JSON array (or `null`); rows with an unparseable expiry are skipped.
 pub fn parse_leases(text: &str) -> Result<Vec<(String, String, SystemTime)>, String> {
-    let rows: Option<Vec<Row>> = serde_json::from_str(text).map_err(|e| format!("lease file is not a JSON array of leases: {e}"))?;
+    let rows: Option<Vec<Row>> =
+        serde_json::from_str(text).map_err(|e| format!("lease file is not a JSON array of leases: {e}"))?;
     Ok(rows
         .unwrap_or_default()
         .into_iter()
@@ -53,11 +54,15 @@ pub struct LeaseFile {
 
 impl LeaseFile {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), cache: Mutex::new(None) }
+        Self {
+            path: path.into(),
+            cache: Mutex::new(None),
+        }
     }
 
     fn leases(&self) -> Result<Vec<Lease>, LeaseError> {
-        let meta = std::fs::metadata(&self.path).map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
+        let meta = std::fs::metadata(&self.path)
+            .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
         let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let mut cache = self.cache.lock().expect("lease cache lock");
         if let Some((m, s, leases)) = cache.as_ref()
@@ -66,7 +71,8 @@ impl LeaseFile {
         {
             return Ok(leases.clone());
         }
-        let text = std::fs::read_to_string(&self.path).map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
         let leases: Vec<Lease> = parse_leases(&text)
             .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?
             .into_iter()
@@ -92,7 +98,11 @@ impl LeaseSource for LeaseFile {
 /// Normalises a MAC to lower-case colon form; `None` when it is not six hex octets.
 pub fn normalize_mac(mac: &str) -> Option<String> {
     let parts: Vec<&str> = mac.trim().split([':', '-']).collect();
-    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit())) {
+    if parts.len() != 6
+        || parts
+            .iter()
+            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
         return None;
     }
     Some(parts.join(":").to_ascii_lowercase())
@@ -106,15 +116,23 @@ pub struct ControlSocket {
 
 impl ControlSocket {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), timeout: Duration::from_secs(5) }
+        Self {
+            path: path.into(),
+            timeout: Duration::from_secs(5),
+        }
     }
 
     async fn delete_once(&self, mac: &str) -> Result<u16, String> {
         let mut stream = tokio::net::UnixStream::connect(&self.path)
             .await
             .map_err(|e| format!("connect {}: {e} (is cocoon-net ≥ v0.2.2 running?)", self.path.display()))?;
-        let request = format!("DELETE /v1/leases/{mac} HTTP/1.1\r\nHost: cocoon-net\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.map_err(|e| format!("write: {e}"))?;
+        let request = format!(
+            "DELETE /v1/leases/{mac} HTTP/1.1\r\nHost: cocoon-net\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
         let mut response = Vec::new();
         let mut buf = [0u8; 1024];
         loop {
@@ -131,7 +149,12 @@ impl ControlSocket {
         head.split_whitespace()
             .nth(1)
             .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| format!("malformed response from cocoon-net: {:?}", head.lines().next().unwrap_or("")))
+            .ok_or_else(|| {
+                format!(
+                    "malformed response from cocoon-net: {:?}",
+                    head.lines().next().unwrap_or("")
+                )
+            })
     }
 }
 
@@ -174,11 +197,18 @@ mod tests {
         assert_eq!(leases.lookup("02:8a:04:5e:11:7c"), Err(LeaseError::NoLease));
         assert_eq!(leases.lookup("02:00:00:00:00:01"), Err(LeaseError::NoLease));
         // Rewritten: the change is seen.
-        std::fs::write(&path, r#"[{"mac":"02:8a:04:5e:11:7c","ip":"172.22.0.99","expiry":"2999-01-01T00:00:00Z"}]"#).unwrap();
+        std::fs::write(
+            &path,
+            r#"[{"mac":"02:8a:04:5e:11:7c","ip":"172.22.0.99","expiry":"2999-01-01T00:00:00Z"}]"#,
+        )
+        .unwrap();
         assert_eq!(leases.lookup("02:8a:04:5e:11:7c").unwrap(), "172.22.0.99");
         std::fs::write(&path, "null").unwrap();
         assert_eq!(leases.lookup("02:8a:04:5e:11:7c"), Err(LeaseError::NoLease));
-        assert!(matches!(LeaseFile::new(dir.path().join("missing")).lookup("x"), Err(LeaseError::Unreadable(_))));
+        assert!(matches!(
+            LeaseFile::new(dir.path().join("missing")).lookup("x"),
+            Err(LeaseError::Unreadable(_))
+        ));
     }
 
     #[test]
@@ -204,7 +234,9 @@ mod tests {
                     }
                 }
                 seen.push(first);
-                w.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes()).await.unwrap();
+                w.write_all(format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
             }
             seen
         })
@@ -216,13 +248,25 @@ mod tests {
         let path = dir.path().join("control.sock");
         let server = serve(path.clone(), vec![500, 204]).await;
         ControlSocket::new(&path).release("AA-BB-CC-DD-EE-FF").await.unwrap();
-        assert_eq!(server.await.unwrap(), vec!["DELETE /v1/leases/aa:bb:cc:dd:ee:ff HTTP/1.1"; 2]);
+        assert_eq!(
+            server.await.unwrap(),
+            vec!["DELETE /v1/leases/aa:bb:cc:dd:ee:ff HTTP/1.1"; 2]
+        );
 
         let path2 = dir.path().join("control2.sock");
         let server = serve(path2.clone(), vec![400]).await;
-        let err = ControlSocket::new(&path2).release("aa:bb:cc:dd:ee:ff").await.unwrap_err();
+        let err = ControlSocket::new(&path2)
+            .release("aa:bb:cc:dd:ee:ff")
+            .await
+            .unwrap_err();
         assert!(err.contains("HTTP 400"), "{err}");
         server.await.unwrap();
-        assert!(ControlSocket::new(&path2).release("nonsense").await.unwrap_err().contains("invalid MAC"));
+        assert!(
+            ControlSocket::new(&path2)
+                .release("nonsense")
+                .await
+                .unwrap_err()
+                .contains("invalid MAC")
+        );
     }
 }

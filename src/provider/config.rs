@@ -23,16 +23,26 @@ pub struct ProviderConfig {
 
 impl ProviderConfig {
     pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let restore_mode = env("VK_RESTORE_MODE").map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty()).unwrap_or_else(|| "mmap".into());
+        let restore_mode = env("VK_RESTORE_MODE")
+            .map(|v| v.trim().to_ascii_lowercase())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "mmap".into());
         if crate::runtime::RestoreMode::parse(&restore_mode).is_none() {
-            return Err(format!("VK_RESTORE_MODE={restore_mode:?} is not one of copy, ondemand, mmap"));
+            return Err(format!(
+                "VK_RESTORE_MODE={restore_mode:?} is not one of copy, ondemand, mmap"
+            ));
         }
         Ok(Self {
-            node_name: env("VK_NODE_NAME").filter(|v| !v.is_empty()).unwrap_or_else(|| crate::kubelet::config::DEFAULT_NODE_NAME.into()),
+            node_name: env("VK_NODE_NAME")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| crate::kubelet::config::DEFAULT_NODE_NAME.into()),
             node_class: env("VK_SNAPSHOT_CPU_CLASS").unwrap_or_default(),
             restore_mode,
             orphan_policy: OrphanPolicy::parse(env("VK_ORPHAN_POLICY").as_deref())?,
-            root_dir: env("COCOON_ROOT_DIR").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/cocoon")),
+            root_dir: env("COCOON_ROOT_DIR")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/cocoon")),
             timings: Timings::default(),
         })
     }
@@ -145,13 +155,39 @@ mod tests {
     #[test]
     fn configuration_defaults_and_startup_errors() {
         let c = cfg(&[]).unwrap();
-        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy), ("cocoon-pool", "mmap", OrphanPolicy::Destroy));
+        assert_eq!(
+            (c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy),
+            ("cocoon-pool", "mmap", OrphanPolicy::Destroy)
+        );
         assert_eq!(c.root_dir, PathBuf::from("/var/lib/cocoon"));
         assert_eq!(c.timings.fixup_budget, Duration::from_secs(180));
-        let c = cfg(&[("VK_NODE_NAME", "n1"), ("VK_RESTORE_MODE", " OnDemand "), ("VK_ORPHAN_POLICY", "keep"), ("VK_SNAPSHOT_CPU_CLASS", "icx"), ("COCOON_ROOT_DIR", "/srv/cocoon")]).unwrap();
-        assert_eq!((c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy, c.node_class.as_str()), ("n1", "ondemand", OrphanPolicy::Keep, "icx"));
+        let c = cfg(&[
+            ("VK_NODE_NAME", "n1"),
+            ("VK_RESTORE_MODE", " OnDemand "),
+            ("VK_ORPHAN_POLICY", "keep"),
+            ("VK_SNAPSHOT_CPU_CLASS", "icx"),
+            ("COCOON_ROOT_DIR", "/srv/cocoon"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                c.node_name.as_str(),
+                c.restore_mode.as_str(),
+                c.orphan_policy,
+                c.node_class.as_str()
+            ),
+            ("n1", "ondemand", OrphanPolicy::Keep, "icx")
+        );
         assert_eq!(c.root_dir, PathBuf::from("/srv/cocoon"));
-        assert!(cfg(&[("VK_ORPHAN_POLICY", "nuke")]).unwrap_err().contains("VK_ORPHAN_POLICY"));
-        assert!(cfg(&[("VK_RESTORE_MODE", "lazy")]).unwrap_err().contains("VK_RESTORE_MODE"));
+        assert!(
+            cfg(&[("VK_ORPHAN_POLICY", "nuke")])
+                .unwrap_err()
+                .contains("VK_ORPHAN_POLICY")
+        );
+        assert!(
+            cfg(&[("VK_RESTORE_MODE", "lazy")])
+                .unwrap_err()
+                .contains("VK_RESTORE_MODE")
+        );
     }
 }

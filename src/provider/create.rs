@@ -9,19 +9,22 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::ensure::{ensure_base_image, ensure_fork_snapshot, ensure_run_image, ensure_snapshot};
 use super::failure::Failure;
-use super::metrics::ProviderMetrics;
 use super::guest::Finish;
 use super::lifecycle::LifecycleState;
+use super::metrics::ProviderMetrics;
 use super::plan;
 use super::reconcile::OwedOp;
 use super::wake::restore;
-use super::CocoonProvider;
 use crate::kubelet::ProviderError;
-use crate::model::{first_container_resources, PodFacts, VmSpec};
+use crate::model::{PodFacts, VmSpec, first_container_resources};
 use crate::policy::decision::{BringUpOutcome, CloneOptions, GuestResources, Plan, TranslationOutcome};
-use crate::policy::facts::{AdmissionContext, BootOrigin, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, PreassignedRuntime, TranslationFacts};
+use crate::policy::facts::{
+    AdmissionContext, BootOrigin, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, PreassignedRuntime,
+    TranslationFacts,
+};
 use crate::runtime::{CloneSource, RunSpec, VmRecord, VmState};
 
 /// The pod a bring-up is for.
@@ -43,7 +46,12 @@ struct BroughtUp {
 
 /// A fresh clone: the guest-fixup policy decides what runs in it.
 fn fresh(vm: VmRecord, origin: BootOrigin, source_image: String) -> BroughtUp {
-    BroughtUp { vm, restoring: false, adopted: false, finish: Finish::Fixup { origin, source_image } }
+    BroughtUp {
+        vm,
+        restoring: false,
+        adopted: false,
+        finish: Finish::Fixup { origin, source_image },
+    }
 }
 
 pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
@@ -60,7 +68,10 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
             p.state.track(&key, pod, "");
             p.fail_op(pod, &key, "MissingVMName", "create", &message).await;
             p.state.untrack(&key, &uid);
-            return Err(ProviderError::Rejected { reason: "MissingVMName".into(), message });
+            return Err(ProviderError::Rejected {
+                reason: "MissingVMName".into(),
+                message,
+            });
         }
     };
 
@@ -68,12 +79,15 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     if let Err((reason, message)) = p.admission(&facts, AdmissionContext::Create).await? {
         p.metrics.lifecycle("create", "failed", "snapshot_cpu_class_mismatch");
         p.state.track(&key, pod, &spec.vm_name);
-        p.fail_op(pod, &key, "SnapshotCPUClassMismatch", "create", &message).await;
+        p.fail_op(pod, &key, "SnapshotCPUClassMismatch", "create", &message)
+            .await;
         p.state.untrack(&key, &uid);
         return Err(super::admission_error(&reason, message));
     }
     if p.state.resume_claimed(&key) {
-        return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));
+        return Err(ProviderError::Transient(format!(
+            "resumed operation still in flight for {key}"
+        )));
     }
 
     // A pod the startup reconcile already tracks with its VM: finish what it is owed.
@@ -89,7 +103,13 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
 
     if spec.managed && spec.os.trim().eq_ignore_ascii_case("macos") {
-        let f = Failure::permanent("MacOSUnsupported", format!("vm {}: os=macos guests need the cocoon-macos path, which this build does not include", spec.vm_name));
+        let f = Failure::permanent(
+            "MacOSUnsupported",
+            format!(
+                "vm {}: os=macos guests need the cocoon-macos path, which this build does not include",
+                spec.vm_name
+            ),
+        );
         return fail_create(p, &key, pod, false, f).await;
     }
 
@@ -100,9 +120,16 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         Err((restoring, f)) => return fail_create(p, &key, pod, restoring, f).await,
     };
     let spec = &ctx.spec;
-    let mode = if up.restoring || !spec.mode.eq_ignore_ascii_case("run") { "clone" } else { "run" };
+    let mode = if up.restoring || !spec.mode.eq_ignore_ascii_case("run") {
+        "clone"
+    } else {
+        "run"
+    };
     if !up.adopted {
-        p.metrics.vm_boot_duration.with_label_values(&[mode, &spec.backend]).observe(started.elapsed().as_secs_f64());
+        p.metrics
+            .vm_boot_duration
+            .with_label_values(&[mode, &spec.backend])
+            .observe(started.elapsed().as_secs_f64());
     }
 
     // 5.–6. IP and runtime annotations, before any guest work.
@@ -118,11 +145,18 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, "vm up");
     // 7. The probe, then Ready now or after the guest work.
     p.finish_boot(pod, &key, &vm, up.finish, up.restoring).await;
-    p.metrics.lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
+    p.metrics
+        .lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
     Ok(())
 }
 
-async fn fail_create(p: &CocoonProvider, key: &str, pod: &Pod, restoring: bool, f: Failure) -> Result<(), ProviderError> {
+async fn fail_create(
+    p: &CocoonProvider,
+    key: &str,
+    pod: &Pod,
+    restoring: bool,
+    f: Failure,
+) -> Result<(), ProviderError> {
     p.metrics.wake_ended(restoring, false);
     p.fail_op(pod, key, f.reason, "create", &f.message).await;
     p.state.untrack(key, &super::state::uid_of(pod));
@@ -132,14 +166,24 @@ async fn fail_create(p: &CocoonProvider, key: &str, pod: &Pod, restoring: bool, 
 
 /// CreatePod of a pod the startup reconcile adopted: hibernate it if that is asked, leave guest
 /// work that is already running alone, else finish the boot the way the restart owes it.
-async fn adopt_tracked(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec, vm: VmRecord) -> Result<(), ProviderError> {
+async fn adopt_tracked(
+    p: &CocoonProvider,
+    pod: &Pod,
+    key: &str,
+    spec: &VmSpec,
+    vm: VmRecord,
+) -> Result<(), ProviderError> {
     p.state.refresh(key, pod);
     if spec.managed && plan::hibernate_requested(pod) {
         p.hibernate_or_owe(pod, key).await;
     } else if p.state.guest_work_running(key) {
         p.notify(key);
     } else {
-        let finish = if spec.managed { adopted_finish(p, pod, spec).await } else { Finish::ReadyNow };
+        let finish = if spec.managed {
+            adopted_finish(p, pod, spec).await
+        } else {
+            Finish::ReadyNow
+        };
         p.finish_boot(pod, key, &vm, finish, false).await;
     }
     p.metrics.lifecycle("create", "ok", "adopted");
@@ -165,7 +209,10 @@ async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish 
 async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec) -> Result<(), ProviderError> {
     let uid = super::state::uid_of(pod);
     let vm = spec.vm_name.as_str();
-    if p.state.intent(key).is_some_and(|i| i.uid == uid && i.state == LifecycleState::Hibernated) {
+    if p.state
+        .intent(key)
+        .is_some_and(|i| i.uid == uid && i.state == LifecycleState::Hibernated)
+    {
         p.state.mark_hibernated(key, &uid);
         p.notify(key);
         return Ok(());
@@ -178,14 +225,18 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
             Ok(())
         }
         HibernateEvidence::Unavailable { error } => {
-            let f = Failure::transient("HibernateEvidenceUnavailable", format!("hibernate evidence for {vm}: {error}; retrying"));
+            let f = Failure::transient(
+                "HibernateEvidenceUnavailable",
+                format!("hibernate evidence for {vm}: {error}; retrying"),
+            );
             fail_create(p, key, pod, false, f).await
         }
         HibernateEvidence::None | HibernateEvidence::NotChecked => {
             let message = format!(
                 "vm {vm}: hibernate requested but no VM runs here and no hibernate snapshot exists, so there is nothing to resume; clear vm.cocoonstack.io/hibernate to boot it"
             );
-            p.fail_op(pod, key, "HibernateSnapshotMissing", "create", &message).await;
+            p.fail_op(pod, key, "HibernateSnapshotMissing", "create", &message)
+                .await;
             p.notify(key);
             Ok(())
         }
@@ -204,7 +255,15 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
         None if spec.managed => match p.ports.runtime.inspect(vm_name).await {
             Ok(vm) => Some(vm),
             Err(e) if e.is_not_found() => None,
-            Err(e) => return Err((false, Failure::transient("VMInspectFailed", format!("checking whether vm {vm_name} already exists: {e}")))),
+            Err(e) => {
+                return Err((
+                    false,
+                    Failure::transient(
+                        "VMInspectFailed",
+                        format!("checking whether vm {vm_name} already exists: {e}"),
+                    ),
+                ));
+            }
         },
         None => None,
     };
@@ -220,15 +279,21 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
     } else {
         hibernate_evidence(p, vm_name).await
     };
-    let local_snapshots = if spec.managed && existing.is_none() && !spec.image.is_empty() && !spec.mode.eq_ignore_ascii_case("run") {
-        let (repo, tag) = plan::parse_ref(&spec.image);
-        match p.ports.runtime.snapshot_inspect(&plan::local_snapshot_name(repo, tag)).await {
-            Ok(s) => vec![plan::local_snapshot_fact(&s)],
-            Err(_) => Vec::new(),
-        }
-    } else {
-        Vec::new()
-    };
+    let local_snapshots =
+        if spec.managed && existing.is_none() && !spec.image.is_empty() && !spec.mode.eq_ignore_ascii_case("run") {
+            let (repo, tag) = plan::parse_ref(&spec.image);
+            match p
+                .ports
+                .runtime
+                .snapshot_inspect(&plan::local_snapshot_name(repo, tag))
+                .await
+            {
+                Ok(s) => vec![plan::local_snapshot_fact(&s)],
+                Err(_) => Vec::new(),
+            }
+        } else {
+            Vec::new()
+        };
     let facts = BringUpFacts {
         pod: ctx.facts.clone(),
         spec: spec.clone(),
@@ -239,7 +304,10 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
         node_restore_mode: p.cfg.restore_mode.clone(),
         preassigned: PreassignedRuntime::from_annotations(&ctx.facts.annotations),
     };
-    let decision = p.decide(move |pol| pol.bring_up(facts)).await.map_err(|e| (false, Failure::transient("PolicyUnavailable", e.to_string())))?;
+    let decision = p
+        .decide(move |pol| pol.bring_up(facts))
+        .await
+        .map_err(|e| (false, Failure::transient("PolicyUnavailable", e.to_string())))?;
     if let Some(verdict) = plan::evidence_verdict(&decision.reason) {
         p.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
     }
@@ -247,7 +315,11 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
     let plan = match decision.outcome {
         BringUpOutcome::Refuse => {
             let reason = plan::refusal_event_reason(&decision.reason);
-            let f = Failure { reason, message: decision.message, transient: plan::refusal_is_transient(&decision.reason) };
+            let f = Failure {
+                reason,
+                message: decision.message,
+                transient: plan::refusal_is_transient(&decision.reason),
+            };
             return Err((false, f));
         }
         BringUpOutcome::Proceed { plan } => plan,
@@ -255,14 +327,34 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
 
     match plan {
         Plan::AdoptExisting { .. } => {
-            let vm = existing.ok_or_else(|| (false, Failure::transient("CreateBringUpFailed", format!("bring-up policy adopts vm {vm_name} but none exists here"))))?;
+            let vm = existing.ok_or_else(|| {
+                (
+                    false,
+                    Failure::transient(
+                        "CreateBringUpFailed",
+                        format!("bring-up policy adopts vm {vm_name} but none exists here"),
+                    ),
+                )
+            })?;
             let finish = adopted_finish(p, ctx.pod, spec).await;
-            Ok(BroughtUp { vm, restoring: false, adopted: true, finish })
+            Ok(BroughtUp {
+                vm,
+                restoring: false,
+                adopted: true,
+                finish,
+            })
         }
-        Plan::AdoptUnmanaged { vm_id, ip, .. } => {
-            Ok(BroughtUp { vm: synthesized(vm_name, &vm_id, &ip), restoring: false, adopted: true, finish: Finish::ReadyNow })
-        }
-        Plan::RestoreFromHibernate { options, derived, fresh_nic } => {
+        Plan::AdoptUnmanaged { vm_id, ip, .. } => Ok(BroughtUp {
+            vm: synthesized(vm_name, &vm_id, &ip),
+            restoring: false,
+            adopted: true,
+            finish: Finish::ReadyNow,
+        }),
+        Plan::RestoreFromHibernate {
+            options,
+            derived,
+            fresh_nic,
+        } => {
             if derived {
                 p.ports.events.record(
                     ctx.pod,
@@ -273,31 +365,76 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
             }
             let (vm, label) = restore(p, ctx, &options, fresh_nic).await.map_err(|f| (true, f))?;
             tracing::info!(pod = %ctx.facts.key(), vm = %vm_name, source = %label, "restored from hibernate");
-            Ok(BroughtUp { vm, restoring: true, adopted: false, finish: super::wake::restore_finish(spec) })
+            Ok(BroughtUp {
+                vm,
+                restoring: true,
+                adopted: false,
+                finish: super::wake::restore_finish(spec),
+            })
         }
         Plan::CloneFromDir { options, dir } => {
             drop_own_fork(p, &options).await;
             let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
-            let result = p.ports.runtime.clone_vm(&plan::clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu, None)).await;
+            let result = p
+                .ports
+                .runtime
+                .clone_vm(&plan::clone_spec(
+                    &options,
+                    CloneSource::Dir(dir.clone()),
+                    true,
+                    cpu,
+                    None,
+                ))
+                .await;
             ProviderMetrics::count(&p.metrics.clone_from_dir, result.is_ok());
-            let vm = result.map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}"))))?;
+            let vm = result.map_err(|e| {
+                (
+                    false,
+                    Failure::transient("CloneFailed", format!("clone vm {vm_name} --from-dir {dir}: {e}")),
+                )
+            })?;
             Ok(fresh(vm, BootOrigin::CloneFromDir, String::new()))
         }
-        Plan::Fork { options, source_vm, fork_snapshot } => {
+        Plan::Fork {
+            options,
+            source_vm,
+            fork_snapshot,
+        } => {
             drop_own_fork(p, &options).await;
-            ensure_fork_snapshot(p, &source_vm, &fork_snapshot).await.map_err(|f| (false, f))?;
+            ensure_fork_snapshot(p, &source_vm, &fork_snapshot)
+                .await
+                .map_err(|f| (false, f))?;
             let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
             let vm = p
                 .ports
                 .runtime
-                .clone_vm(&plan::clone_spec(&options, CloneSource::Snapshot(fork_snapshot.clone()), false, cpu, None))
+                .clone_vm(&plan::clone_spec(
+                    &options,
+                    CloneSource::Snapshot(fork_snapshot.clone()),
+                    false,
+                    cpu,
+                    None,
+                ))
                 .await
-                .map_err(|e| (false, Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}"))))?;
+                .map_err(|e| {
+                    (
+                        false,
+                        Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}")),
+                    )
+                })?;
             Ok(fresh(vm, BootOrigin::Fork, String::new()))
         }
-        Plan::Clone { options, local_snapshot, repository, tag, expected_backend } => {
+        Plan::Clone {
+            options,
+            local_snapshot,
+            repository,
+            tag,
+            expected_backend,
+        } => {
             drop_own_fork(p, &options).await;
-            let snapshot = ensure_snapshot(p, &local_snapshot, &repository, &tag).await.map_err(|f| (false, f))?;
+            let snapshot = ensure_snapshot(p, &local_snapshot, &repository, &tag)
+                .await
+                .map_err(|f| (false, f))?;
             plan::assert_backend(&local_snapshot, &snapshot.hypervisor, &expected_backend)
                 .map_err(|m| (false, Failure::permanent("SnapshotBackendMismatch", m)))?;
             ensure_base_image(p, &snapshot).await.map_err(|f| (false, f))?;
@@ -306,16 +443,42 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
             let vm = p
                 .ports
                 .runtime
-                .clone_vm(&plan::clone_spec(&options, CloneSource::Snapshot(local_snapshot.clone()), pull, cpu, None))
+                .clone_vm(&plan::clone_spec(
+                    &options,
+                    CloneSource::Snapshot(local_snapshot.clone()),
+                    pull,
+                    cpu,
+                    None,
+                ))
                 .await
-                .map_err(|e| (false, Failure::transient("CloneFailed", format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"))))?;
+                .map_err(|e| {
+                    (
+                        false,
+                        Failure::transient(
+                            "CloneFailed",
+                            format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"),
+                        ),
+                    )
+                })?;
             Ok(fresh(vm, BootOrigin::Clone, snapshot.image.clone()))
         }
-        Plan::Run { vm_name: name, image, force_pull, network, backend, windows, no_direct_io } => {
+        Plan::Run {
+            vm_name: name,
+            image,
+            force_pull,
+            network,
+            backend,
+            windows,
+            no_direct_io,
+        } => {
             drop_fork_of(p, &name).await;
             let local_image = ensure_run_image(p, &image, force_pull).await.map_err(|f| (false, f))?;
             let (cpu, guest) = translate(p, ctx, BootPath::Run).await.map_err(|f| (false, f))?;
-            let guest = guest.unwrap_or(GuestResources { vcpus: None, memory_bytes: None, storage_bytes: None });
+            let guest = guest.unwrap_or(GuestResources {
+                vcpus: None,
+                memory_bytes: None,
+                storage_bytes: None,
+            });
             let run = RunSpec {
                 name: Some(name.clone()),
                 cpu: guest.vcpus,
@@ -329,8 +492,18 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
                 no_direct_io,
                 image: local_image,
             };
-            let vm = p.ports.runtime.run(&run).await.map_err(|e| (false, Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}"))))?;
-            Ok(BroughtUp { vm, restoring: false, adopted: false, finish: Finish::ReadyNow })
+            let vm = p.ports.runtime.run(&run).await.map_err(|e| {
+                (
+                    false,
+                    Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}")),
+                )
+            })?;
+            Ok(BroughtUp {
+                vm,
+                restoring: false,
+                adopted: false,
+                finish: Finish::ReadyNow,
+            })
         }
     }
 }
@@ -345,26 +518,56 @@ async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecor
         Ok(O::Collected | O::NotFound) => Ok(None),
         Ok(O::NotCreating) => match p.ports.runtime.inspect(&vm.id).await {
             Ok(current) if current.state == VmState::Running => Ok(Some(current)),
-            Ok(current) if matches!(current.state, VmState::Creating | VmState::Created) => {
-                Err(Failure::transient("VMStillCreating", format!("vm {} ({}) is still being created; retrying", current.name(), current.id)))
-            }
+            Ok(current) if matches!(current.state, VmState::Creating | VmState::Created) => Err(Failure::transient(
+                "VMStillCreating",
+                format!(
+                    "vm {} ({}) is still being created; retrying",
+                    current.name(),
+                    current.id
+                ),
+            )),
             Ok(current) => {
-                p.ports.runtime.remove(&current.id).await.map_err(|e| Failure::transient("StaleCreateFailed", format!("remove the dead record {} of an interrupted create: {e}", current.id)))?;
+                p.ports.runtime.remove(&current.id).await.map_err(|e| {
+                    Failure::transient(
+                        "StaleCreateFailed",
+                        format!("remove the dead record {} of an interrupted create: {e}", current.id),
+                    )
+                })?;
                 Ok(None)
             }
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(Failure::transient("StaleCreateFailed", format!("inspect interrupted create {}: {e}", vm.id))),
+            Err(e) => Err(Failure::transient(
+                "StaleCreateFailed",
+                format!("inspect interrupted create {}: {e}", vm.id),
+            )),
         },
-        Ok(other) => Err(Failure::transient("VMStillCreating", format!("vm {} ({}) is still being created ({other:?}); retrying", vm.name(), vm.id))),
-        Err(e) => Err(Failure::transient("StaleCreateFailed", format!("reconcile-stale-create {}: {e}", vm.id))),
+        Ok(other) => Err(Failure::transient(
+            "VMStillCreating",
+            format!(
+                "vm {} ({}) is still being created ({other:?}); retrying",
+                vm.name(),
+                vm.id
+            ),
+        )),
+        Err(e) => Err(Failure::transient(
+            "StaleCreateFailed",
+            format!("reconcile-stale-create {}: {e}", vm.id),
+        )),
     }
 }
 
 fn synthesized(name: &str, id: &str, ip: &str) -> VmRecord {
-    let mut vm = VmRecord { id: id.into(), state: VmState::Running, ..Default::default() };
+    let mut vm = VmRecord {
+        id: id.into(),
+        state: VmState::Running,
+        ..Default::default()
+    };
     vm.config.name = name.into();
     vm.network_configs = vec![crate::runtime::parse::Nic {
-        network: Some(crate::runtime::parse::NicNetwork { ip: ip.into(), ..Default::default() }),
+        network: Some(crate::runtime::parse::NicNetwork {
+            ip: ip.into(),
+            ..Default::default()
+        }),
         ..Default::default()
     }];
     vm
@@ -375,26 +578,40 @@ pub(super) async fn hibernate_evidence(p: &CocoonProvider, vm: &str) -> Hibernat
     match &p.ports.registry {
         Some(registry) => {
             let lookup = registry.manifest(vm, plan::HIBERNATE_SNAPSHOT_TAG).await;
-            plan::registry_evidence(lookup.as_ref().map(|m| m.as_ref().map(|a| &a.annotations)).map_err(|e| e.to_string()))
+            plan::registry_evidence(
+                lookup
+                    .as_ref()
+                    .map(|m| m.as_ref().map(|a| &a.annotations))
+                    .map_err(|e| e.to_string()),
+            )
         }
         None => plan::local_evidence(&p.ports.runtime.snapshot_inspect(vm).await),
     }
 }
 
 /// The translation policy: cgroup flags (every path) and guest resources (run path).
-pub(super) async fn translate(p: &CocoonProvider, ctx: &Ctx<'_>, path: BootPath) -> Result<(crate::runtime::CpuPolicy, Option<GuestResources>), Failure> {
+pub(super) async fn translate(
+    p: &CocoonProvider,
+    ctx: &Ctx<'_>,
+    path: BootPath,
+) -> Result<(crate::runtime::CpuPolicy, Option<GuestResources>), Failure> {
     let facts = TranslationFacts {
         pod: ctx.facts.clone(),
         spec: ctx.spec.clone(),
         path,
         resources: first_container_resources(ctx.pod).map(|(requests, limits)| ContainerResources { requests, limits }),
     };
-    let d = p.decide(move |pol| pol.resource_translation(facts)).await.map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+    let d = p
+        .decide(move |pol| pol.resource_translation(facts))
+        .await
+        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
     match d.outcome {
         TranslationOutcome::Translated { cpu, guest } => Ok((plan::cpu_policy(&cpu), guest)),
-        TranslationOutcome::Refuse => {
-            Err(Failure { reason: "ResourceTranslationRefused", message: d.message, transient: d.reason == crate::policy::decision::POLICY_FAILED })
-        }
+        TranslationOutcome::Refuse => Err(Failure {
+            reason: "ResourceTranslationRefused",
+            message: d.message,
+            transient: d.reason == crate::policy::decision::POLICY_FAILED,
+        }),
     }
 }
 
@@ -411,4 +628,3 @@ pub(super) async fn drop_fork_of(p: &CocoonProvider, vm: &str) {
         tracing::warn!(snapshot = %name, %error, "could not drop the stale fork snapshot");
     }
 }
-

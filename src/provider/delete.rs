@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::plan;
 use super::CocoonProvider;
+use super::plan;
 use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, VmSpec};
 use crate::policy::decision::SnapshotOutcome;
@@ -20,10 +20,14 @@ pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     let facts = PodFacts::from_pod(pod);
     let key = facts.key();
     if p.state.resume_claimed(&key) {
-        return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));
+        return Err(ProviderError::Transient(format!(
+            "resumed operation still in flight for {key}"
+        )));
     }
     if !p.state.begin_delete(&key) {
-        return Err(ProviderError::Transient(format!("delete operation still in flight for pod {key}")));
+        return Err(ProviderError::Transient(format!(
+            "delete operation still in flight for pod {key}"
+        )));
     }
     // A retried hibernate or wake of the same pod runs under this lock too: never both at once.
     let lock = p.state.op_lock(&key);
@@ -54,15 +58,21 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
         p.notify(key);
         return Ok(());
     }
-    let keep = facts.annotations.get(KEEP_SNAPSHOT_ON_DELETE).is_some_and(|v| v == "true");
-    let vm = tracked.and_then(|t| t.vm).or_else(|| (!vm_name.is_empty()).then(|| p.state.vm_by_name(&vm_name)).flatten());
+    let keep = facts
+        .annotations
+        .get(KEEP_SNAPSHOT_ON_DELETE)
+        .is_some_and(|v| v == "true");
+    let vm = tracked
+        .and_then(|t| t.vm)
+        .or_else(|| (!vm_name.is_empty()).then(|| p.state.vm_by_name(&vm_name)).flatten());
 
     let Some(vm) = vm else {
         if !keep && !vm_name.is_empty() {
             drop_snapshots(p, &vm_name).await;
         }
         p.state.forget(key, &uid, &vm_name);
-        p.metrics.lifecycle("delete", "skipped", if keep { "seat_release" } else { "no_vm" });
+        p.metrics
+            .lifecycle("delete", "skipped", if keep { "seat_release" } else { "no_vm" });
         p.notify(key);
         return Ok(());
     };
@@ -71,9 +81,22 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
     let running = match p.ports.runtime.inspect(&vm.id).await {
         Ok(current) => current.state == VmState::Running,
         Err(e) if e.is_not_found() => false,
-        Err(e) => return Err(kept(p, pod, key, &vm.id, format!("inspect vm {} before delete: {e}", vm.id))),
+        Err(e) => {
+            return Err(kept(
+                p,
+                pod,
+                key,
+                &vm.id,
+                format!("inspect vm {} before delete: {e}", vm.id),
+            ));
+        }
     };
-    let sfacts = SnapshotFacts { pod: facts.clone(), spec: spec.clone(), pusher_configured: p.ports.registry.is_some(), vm_running: running };
+    let sfacts = SnapshotFacts {
+        pod: facts.clone(),
+        spec: spec.clone(),
+        pusher_configured: p.ports.registry.is_some(),
+        vm_running: running,
+    };
     let decision = p.decide(move |pol| pol.snapshot_before_destroy(sfacts)).await?;
     tracing::info!(pod = %key, vm = %vm.id, reason = %decision.reason, fail_safe = ?decision.fail_safe, "snapshot-before-destroy decision");
     if let SnapshotOutcome::Snapshot { target } = decision.outcome {
@@ -83,17 +106,53 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
                 pod,
                 key,
                 &vm.id,
-                format!("the snapshot-before-destroy policy asks for {}:{} but no registry is configured: {}", target.repository, target.tag, decision.message),
+                format!(
+                    "the snapshot-before-destroy policy asks for {}:{} but no registry is configured: {}",
+                    target.repository, target.tag, decision.message
+                ),
             ));
         };
         if !running {
-            return Err(kept(p, pod, key, &vm.id, format!("the snapshot-before-destroy policy asks for a snapshot of vm {} but it is not running", vm.id)));
+            return Err(kept(
+                p,
+                pod,
+                key,
+                &vm.id,
+                format!(
+                    "the snapshot-before-destroy policy asks for a snapshot of vm {} but it is not running",
+                    vm.id
+                ),
+            ));
         }
         if let Err(e) = p.save_snapshot(&vm_name, &vm.id).await {
-            return Err(kept(p, pod, key, &vm.id, format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id)));
+            return Err(kept(
+                p,
+                pod,
+                key,
+                &vm.id,
+                format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id),
+            ));
         }
-        if let Err(e) = p.push_snapshot(registry.as_ref(), &vm_name, &target.repository, &target.tag, &target.base_image).await {
-            return Err(kept(p, pod, key, &vm.id, format!("push snapshot {vm_name} to {}:{} before delete: {e}", target.repository, target.tag)));
+        if let Err(e) = p
+            .push_snapshot(
+                registry.as_ref(),
+                &vm_name,
+                &target.repository,
+                &target.tag,
+                &target.base_image,
+            )
+            .await
+        {
+            return Err(kept(
+                p,
+                pod,
+                key,
+                &vm.id,
+                format!(
+                    "push snapshot {vm_name} to {}:{} before delete: {e}",
+                    target.repository, target.tag
+                ),
+            ));
         }
     }
 
@@ -116,7 +175,15 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
 fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
     tracing::warn!(pod = %key, vm = %vm_id, %message, "delete kept the vm");
     p.metrics.lifecycle("delete", "failed", "");
-    p.ports.events.record(pod, true, "DeleteKeptVM", super::lifecycle::truncate(&format!("delete: {message}; the VM is kept and the delete retries"), super::lifecycle::MAX_EVENT_NOTE));
+    p.ports.events.record(
+        pod,
+        true,
+        "DeleteKeptVM",
+        super::lifecycle::truncate(
+            &format!("delete: {message}; the VM is kept and the delete retries"),
+            super::lifecycle::MAX_EVENT_NOTE,
+        ),
+    );
     ProviderError::Transient(format!("{message}; vm {vm_id} kept"))
 }
 
@@ -124,7 +191,12 @@ fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) 
 async fn drop_snapshots(p: &CocoonProvider, vm_name: &str) {
     let fork = plan::fork_snapshot_name(vm_name);
     let rm = |name: String| async move {
-        match tokio::time::timeout(Duration::from_secs(10), p.ports.runtime.snapshot_remove_if_exists(&name)).await {
+        match tokio::time::timeout(
+            Duration::from_secs(10),
+            p.ports.runtime.snapshot_remove_if_exists(&name),
+        )
+        .await
+        {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(snapshot = %name, %error, "snapshot cleanup failed"),
             Err(_) => tracing::warn!(snapshot = %name, "snapshot cleanup timed out"),

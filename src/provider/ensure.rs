@@ -3,10 +3,10 @@
 //! snapshot's base image, and a run image (a cloud image is imported, a snapshot artifact is
 //! refused, anything else is `cocoon image pull`). Concurrent callers share one piece of work.
 
+use super::CocoonProvider;
 use super::failure::Failure;
 use super::plan::{self, ArtifactKind, BaseImage};
 use super::ports::CloudImageResult;
-use super::CocoonProvider;
 use crate::runtime::SnapshotRecord;
 
 /// One fork snapshot per source lineage, shared by concurrent forks.
@@ -16,39 +16,73 @@ pub(super) async fn ensure_fork_snapshot(p: &CocoonProvider, source: &str, fork:
     match p.ports.runtime.snapshot_inspect(fork).await {
         Ok(_) => return Ok(()),
         Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(Failure::transient("ForkSnapshotFailed", format!("inspect fork snapshot {fork}: {e}"))),
+        Err(e) => {
+            return Err(Failure::transient(
+                "ForkSnapshotFailed",
+                format!("inspect fork snapshot {fork}: {e}"),
+            ));
+        }
     }
     let source_vm = match p.state.vm_by_name(source) {
         Some(vm) => vm,
         None => p.ports.runtime.inspect(source).await.map_err(|e| {
             if e.is_not_found() {
-                Failure::transient("ForkSourceMissing", format!("fork source vm {source} does not exist on this node: {e}"))
+                Failure::transient(
+                    "ForkSourceMissing",
+                    format!("fork source vm {source} does not exist on this node: {e}"),
+                )
             } else {
                 Failure::transient("ForkSnapshotFailed", format!("inspect fork source vm {source}: {e}"))
             }
         })?,
     };
-    p.save_snapshot(fork, &source_vm.id).await.map_err(|e| Failure::transient("ForkSnapshotFailed", format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id)))
+    p.save_snapshot(fork, &source_vm.id).await.map_err(|e| {
+        Failure::transient(
+            "ForkSnapshotFailed",
+            format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id),
+        )
+    })
 }
 
 /// The clone source snapshot: local, else pulled from the registry (one pull per name).
-pub(super) async fn ensure_snapshot(p: &CocoonProvider, local: &str, repo: &str, tag: &str) -> Result<SnapshotRecord, Failure> {
+pub(super) async fn ensure_snapshot(
+    p: &CocoonProvider,
+    local: &str,
+    repo: &str,
+    tag: &str,
+) -> Result<SnapshotRecord, Failure> {
     let lock = p.state.key_lock(&format!("snapshot:{local}"));
     let _guard = lock.lock().await;
     match p.ports.runtime.snapshot_inspect(local).await {
         Ok(s) => return Ok(s),
         Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(Failure::transient("SnapshotInspectFailed", format!("inspect snapshot {local}: {e}"))),
+        Err(e) => {
+            return Err(Failure::transient(
+                "SnapshotInspectFailed",
+                format!("inspect snapshot {local}: {e}"),
+            ));
+        }
     }
     let Some(registry) = &p.ports.registry else {
-        return Err(Failure::transient("SnapshotUnavailable", format!("snapshot {local} is not on this node and no registry is configured (set OCI_REGISTRY)")));
+        return Err(Failure::transient(
+            "SnapshotUnavailable",
+            format!("snapshot {local} is not on this node and no registry is configured (set OCI_REGISTRY)"),
+        ));
     };
-    p.pull_snapshot(registry.as_ref(), repo, tag, local).await.map_err(|e| Failure::transient("SnapshotPullFailed", format!("pull snapshot {repo}:{tag} into {local}: {e}")))?;
-    p.ports
-        .runtime
-        .snapshot_inspect(local)
+    p.pull_snapshot(registry.as_ref(), repo, tag, local)
         .await
-        .map_err(|e| Failure::transient("SnapshotInspectFailed", format!("inspect snapshot {local} after the pull: {e}")))
+        .map_err(|e| {
+            Failure::transient(
+                "SnapshotPullFailed",
+                format!("pull snapshot {repo}:{tag} into {local}: {e}"),
+            )
+        })?;
+    p.ports.runtime.snapshot_inspect(local).await.map_err(|e| {
+        Failure::transient(
+            "SnapshotInspectFailed",
+            format!("inspect snapshot {local} after the pull: {e}"),
+        )
+    })
 }
 
 /// The snapshot's base image, so `vm clone --pull` finds the exact version.
@@ -68,7 +102,9 @@ pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force:
     if reference.is_empty() {
         return Ok(String::new());
     }
-    let lock = p.state.key_lock(&format!("image:{}{reference}", if force { "force " } else { "" }));
+    let lock = p
+        .state
+        .key_lock(&format!("image:{}{reference}", if force { "force " } else { "" }));
     let _guard = lock.lock().await;
     let pull = || async {
         p.ports
@@ -78,17 +114,26 @@ pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force:
             .map(|()| reference.to_string())
             .map_err(|e| Failure::transient("ImagePullFailed", format!("pull image {reference}: {e}")))
     };
-    let Some(registry) = p.ports.registry.as_ref().filter(|_| !plan::is_http(reference)) else { return pull().await };
+    let Some(registry) = p.ports.registry.as_ref().filter(|_| !plan::is_http(reference)) else {
+        return pull().await;
+    };
     let (repo, tag) = plan::parse_ref(reference);
     match registry.manifest(repo, tag).await {
         Ok(Some(artifact)) => match plan::artifact_kind(&artifact.artifact_type) {
-            ArtifactKind::Snapshot => {
-                Err(Failure::permanent("SnapshotAsImage", format!("image {reference} is a snapshot artifact; use mode=clone instead of mode=run")))
-            }
-            ArtifactKind::CloudImage => match registry.ensure_cloud_image(p.ports.runtime.as_ref(), reference, force).await {
+            ArtifactKind::Snapshot => Err(Failure::permanent(
+                "SnapshotAsImage",
+                format!("image {reference} is a snapshot artifact; use mode=clone instead of mode=run"),
+            )),
+            ArtifactKind::CloudImage => match registry
+                .ensure_cloud_image(p.ports.runtime.as_ref(), reference, force)
+                .await
+            {
                 Ok(CloudImageResult::Imported(name)) => Ok(name),
                 Ok(CloudImageResult::NotACloudImage) => pull().await,
-                Err(e) => Err(Failure::transient("CloudImageImportFailed", format!("import cloud image {reference}: {e}"))),
+                Err(e) => Err(Failure::transient(
+                    "CloudImageImportFailed",
+                    format!("import cloud image {reference}: {e}"),
+                )),
             },
             ArtifactKind::Other => pull().await,
         },

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use super::CocoonProvider;
 use super::gone::Eviction;
 use super::ports::PatchOutcome;
-use super::CocoonProvider;
 use crate::kubelet::ProviderPodStatus;
 
 /// Delete attempts before the eviction is handed to the background.
@@ -16,7 +16,9 @@ impl CocoonProvider {
     /// Evicts incarnation `uid` of pod `key`. Returns whether the apiserver took the delete; when
     /// it did not, the state is kept and the eviction retries in the background.
     pub(super) async fn evict(&self, key: &str, uid: &str, why: Eviction) -> bool {
-        let Some(tracked) = self.state.tracked_as(key, uid) else { return false };
+        let Some(tracked) = self.state.tracked_as(key, uid) else {
+            return false;
+        };
         tracing::warn!(pod = %key, reason = why.reason, message = %why.message, "evicting the pod");
         // The VM is gone (or was just removed): the delete this eviction triggers must not act
         // on it again, whichever of the two runs first.
@@ -43,10 +45,16 @@ impl CocoonProvider {
     }
 
     fn evicted(&self, pod: &k8s_openapi::api::core::v1::Pod, key: &str, uid: &str, why: Eviction) {
-        self.ports.events.record(pod, true, why.reason, super::lifecycle::truncate(&format!("evicted: {}", why.message), super::lifecycle::MAX_EVENT_NOTE));
+        self.ports.events.record(
+            pod,
+            true,
+            why.reason,
+            super::lifecycle::truncate(&format!("evicted: {}", why.message), super::lifecycle::MAX_EVENT_NOTE),
+        );
         self.probes.forget(key, Some(uid));
         self.state.stop_guest_work(key);
-        self.state.evicted(key, uid, ProviderPodStatus::failed(why.reason, &why.message));
+        self.state
+            .evicted(key, uid, ProviderPodStatus::failed(why.reason, &why.message));
         self.notify(key);
     }
 
@@ -63,7 +71,9 @@ impl CocoonProvider {
                     _ = p.closing.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
                 }
-                let Some(tracked) = p.state.tracked_as(&key, &uid) else { return };
+                let Some(tracked) = p.state.tracked_as(&key, &uid) else {
+                    return;
+                };
                 match p.ports.patcher.delete_pod(&tracked.pod).await {
                     Ok(_) => {
                         p.evicted(&tracked.pod, &key, &uid, why);

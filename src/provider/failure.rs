@@ -12,17 +12,28 @@ pub(super) struct Failure {
 
 impl Failure {
     pub fn transient(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into(), transient: true }
+        Self {
+            reason,
+            message: message.into(),
+            transient: true,
+        }
     }
     pub fn permanent(reason: &'static str, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into(), transient: false }
+        Self {
+            reason,
+            message: message.into(),
+            transient: false,
+        }
     }
 
     pub fn to_provider_error(&self) -> ProviderError {
         if self.transient {
             ProviderError::Transient(format!("{}: {}", self.reason, self.message))
         } else {
-            ProviderError::Rejected { reason: self.reason.into(), message: self.message.clone() }
+            ProviderError::Rejected {
+                reason: self.reason.into(),
+                message: self.message.clone(),
+            }
         }
     }
 }

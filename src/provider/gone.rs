@@ -34,16 +34,28 @@ pub struct Eviction {
 
 impl Eviction {
     pub fn vm_gone() -> Self {
-        Self { reason: "VMGone", message: "vm no longer exists".into() }
+        Self {
+            reason: "VMGone",
+            message: "vm no longer exists".into(),
+        }
     }
     pub fn restart_cooldown() -> Self {
-        Self { reason: "RestartCooldown", message: "restart cooldown not elapsed".into() }
+        Self {
+            reason: "RestartCooldown",
+            message: "restart cooldown not elapsed".into(),
+        }
     }
     pub fn inspect_timeout() -> Self {
-        Self { reason: "VMInspectTimeout", message: "vm inspect did not resolve within budget".into() }
+        Self {
+            reason: "VMInspectTimeout",
+            message: "vm inspect did not resolve within budget".into(),
+        }
     }
     pub fn restart_failed(error: &str) -> Self {
-        Self { reason: "RestartFailed", message: error.to_string() }
+        Self {
+            reason: "RestartFailed",
+            message: error.to_string(),
+        }
     }
 }
 
@@ -106,7 +118,14 @@ mod tests {
     use crate::runtime::VmRecord;
 
     fn event(kind: EventKind, id: &str, state: VmState) -> VmEvent {
-        VmEvent { kind, vm: VmRecord { id: id.into(), state, ..Default::default() } }
+        VmEvent {
+            kind,
+            vm: VmRecord {
+                id: id.into(),
+                state,
+                ..Default::default()
+            },
+        }
     }
 
     #[test]
@@ -116,20 +135,48 @@ mod tests {
         assert!(is_candidate(&event(EventKind::Modified, "a", VmState::StoppedStale)));
         assert!(!is_candidate(&event(EventKind::Modified, "a", VmState::Running)));
         assert!(!is_candidate(&event(EventKind::Added, "a", VmState::Stopped)));
-        assert!(!is_candidate(&event(EventKind::Deleted, "", VmState::Running)), "no id and no name");
+        assert!(
+            !is_candidate(&event(EventKind::Deleted, "", VmState::Running)),
+            "no id and no name"
+        );
     }
 
     #[test]
     fn the_inspect_table() {
         let now = Instant::now();
         let cooldown = Duration::from_secs(30);
-        assert_eq!(after_inspect(&Inspected::NotFound, None, now, cooldown), Action::Evict(Eviction::vm_gone()));
-        assert_eq!(after_inspect(&Inspected::Inconclusive("db locked".into()), None, now, cooldown), Action::Recheck);
-        assert_eq!(after_inspect(&Inspected::State(VmState::Running), None, now, cooldown), Action::Ignore);
-        assert_eq!(after_inspect(&Inspected::State(VmState::Stopped), None, now, cooldown), Action::Restart);
-        assert_eq!(after_inspect(&Inspected::State(VmState::Error), Some(now - Duration::from_secs(40)), now, cooldown), Action::Restart);
         assert_eq!(
-            after_inspect(&Inspected::State(VmState::StoppedStale), Some(now - Duration::from_secs(5)), now, cooldown),
+            after_inspect(&Inspected::NotFound, None, now, cooldown),
+            Action::Evict(Eviction::vm_gone())
+        );
+        assert_eq!(
+            after_inspect(&Inspected::Inconclusive("db locked".into()), None, now, cooldown),
+            Action::Recheck
+        );
+        assert_eq!(
+            after_inspect(&Inspected::State(VmState::Running), None, now, cooldown),
+            Action::Ignore
+        );
+        assert_eq!(
+            after_inspect(&Inspected::State(VmState::Stopped), None, now, cooldown),
+            Action::Restart
+        );
+        assert_eq!(
+            after_inspect(
+                &Inspected::State(VmState::Error),
+                Some(now - Duration::from_secs(40)),
+                now,
+                cooldown
+            ),
+            Action::Restart
+        );
+        assert_eq!(
+            after_inspect(
+                &Inspected::State(VmState::StoppedStale),
+                Some(now - Duration::from_secs(5)),
+                now,
+                cooldown
+            ),
             Action::RemoveThenEvict(Eviction::restart_cooldown())
         );
     }
@@ -139,9 +186,21 @@ mod tests {
         let budget = Duration::from_secs(1800);
         let e = Inspected::Inconclusive("x".into());
         assert_eq!(recheck_step(&e, Duration::from_secs(10), budget), Recheck::Continue);
-        assert_eq!(recheck_step(&e, budget, budget), Recheck::RemoveThenEvict(Eviction::inspect_timeout()));
-        assert_eq!(recheck_step(&Inspected::NotFound, Duration::ZERO, budget), Recheck::Evict(Eviction::vm_gone()));
-        assert_eq!(recheck_step(&Inspected::State(VmState::Running), Duration::ZERO, budget), Recheck::Stop);
-        assert_eq!(recheck_step(&Inspected::State(VmState::Stopped), Duration::ZERO, budget), Recheck::Replay);
+        assert_eq!(
+            recheck_step(&e, budget, budget),
+            Recheck::RemoveThenEvict(Eviction::inspect_timeout())
+        );
+        assert_eq!(
+            recheck_step(&Inspected::NotFound, Duration::ZERO, budget),
+            Recheck::Evict(Eviction::vm_gone())
+        );
+        assert_eq!(
+            recheck_step(&Inspected::State(VmState::Running), Duration::ZERO, budget),
+            Recheck::Stop
+        );
+        assert_eq!(
+            recheck_step(&Inspected::State(VmState::Stopped), Duration::ZERO, budget),
+            Recheck::Replay
+        );
     }
 }

@@ -10,9 +10,9 @@ use std::time::Instant;
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::lifecycle::{self, LifecycleState};
 use super::metrics::ProviderMetrics;
-use super::CocoonProvider;
 use crate::model::annotations as key;
 use crate::model::{PodFacts, VmSpec};
 use crate::policy::decision::{FixupOutcome, GuestFixup};
@@ -34,7 +34,10 @@ impl Finish {
     /// The fixup of a VM whose boot is being finished after the fact (a restart, an adoption):
     /// the clone source's image is no longer known, the guest-fixup policy reads the overlay.
     pub(super) fn resumed_fixup() -> Self {
-        Finish::Fixup { origin: BootOrigin::Clone, source_image: String::new() }
+        Finish::Fixup {
+            origin: BootOrigin::Clone,
+            source_image: String::new(),
+        }
     }
 }
 
@@ -88,8 +91,18 @@ impl CocoonProvider {
     fn fixup_facts(&self, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> GuestFixupFacts {
         let facts = PodFacts::from_pod(pod);
         let spec = VmSpec::decode(&facts.annotations);
-        let backend_dir = if vm.hypervisor == "firecracker" { "firecracker" } else { "cloudhypervisor" };
-        let overlay = self.cfg.root_dir.join("run").join(backend_dir).join(&vm.id).join("overlay.qcow2");
+        let backend_dir = if vm.hypervisor == "firecracker" {
+            "firecracker"
+        } else {
+            "cloudhypervisor"
+        };
+        let overlay = self
+            .cfg
+            .root_dir
+            .join("run")
+            .join(backend_dir)
+            .join(&vm.id)
+            .join("overlay.qcow2");
         GuestFixupFacts {
             pod: facts,
             spec,
@@ -112,13 +125,22 @@ impl CocoonProvider {
     }
 
     /// Asks the guest-fixup policy and runs its answer.
-    async fn fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, origin: BootOrigin, source_image: &str, wake: bool) -> Fixed {
+    async fn fixup(
+        &self,
+        pod: &Pod,
+        pkey: &str,
+        vm: &VmRecord,
+        origin: BootOrigin,
+        source_image: &str,
+        wake: bool,
+    ) -> Fixed {
         let op = if wake { "wake" } else { "create" };
         let facts = self.fixup_facts(pod, vm, origin, source_image);
         let decision = match self.decide(move |p| p.guest_fixup(facts)).await {
             Ok(d) => d,
             Err(e) => {
-                self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string()).await;
+                self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string())
+                    .await;
                 return Fixed::Failed;
             }
         };
@@ -128,7 +150,11 @@ impl CocoonProvider {
             FixupOutcome::Refuse => {
                 self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
                 self.metrics.wake_ended(wake, false);
-                let reason = if decision.reason == crate::policy::decision::POLICY_FAILED { "PostClonePolicyFailed" } else { "PostCloneRefused" };
+                let reason = if decision.reason == crate::policy::decision::POLICY_FAILED {
+                    "PostClonePolicyFailed"
+                } else {
+                    "PostCloneRefused"
+                };
                 self.fail_op(pod, pkey, reason, op, &decision.message).await;
                 Fixed::Failed
             }
@@ -140,7 +166,10 @@ impl CocoonProvider {
     async fn run_fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, fixup: &GuestFixup, op: &str, wake: bool) -> Fixed {
         let t = &self.cfg.timings;
         self.set_post_clone_state(pod, pkey, STATE_RUNNING).await;
-        let spec = ExecSpec { argv: fixup.argv.clone(), ..Default::default() };
+        let spec = ExecSpec {
+            argv: fixup.argv.clone(),
+            ..Default::default()
+        };
         let started = Instant::now();
         let mut errors: Vec<String> = Vec::new();
         let mut attempt = 0u32;
@@ -149,7 +178,11 @@ impl CocoonProvider {
             let left = t.fixup_budget.saturating_sub(started.elapsed());
             let result = match tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &spec, None)).await {
                 Ok(Ok(out)) if out.code == 0 => Ok(()),
-                Ok(Ok(out)) => Err(format!("exit {}: {}", out.code, String::from_utf8_lossy(&out.stderr).trim())),
+                Ok(Ok(out)) => Err(format!(
+                    "exit {}: {}",
+                    out.code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("vm exec did not finish within the {:?} budget", t.fixup_budget)),
             };
@@ -160,7 +193,12 @@ impl CocoonProvider {
                 }
                 Err(error) => {
                     tracing::warn!(pod = %pkey, vm = %vm.id, attempt, %error, "guest fixup attempt failed");
-                    self.ports.events.record(pod, true, "PostCloneExecAttemptFailed", lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE));
+                    self.ports.events.record(
+                        pod,
+                        true,
+                        "PostCloneExecAttemptFailed",
+                        lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE),
+                    );
                     errors.push(format!("attempt {attempt}: {error}"));
                     if started.elapsed() + t.fixup_interval >= t.fixup_budget {
                         return self.fixup_exhausted(pod, pkey, fixup, op, wake, attempt, &errors).await;
@@ -169,26 +207,52 @@ impl CocoonProvider {
                 }
             }
         }
-        self.metrics.postclone_retry_attempts.with_label_values(&["ok"]).observe(f64::from(attempt));
+        self.metrics
+            .postclone_retry_attempts
+            .with_label_values(&["ok"])
+            .observe(f64::from(attempt));
         self.set_post_clone_state(pod, pkey, STATE_DONE).await;
-        let failed = self.state.intent(pkey).is_some_and(|i| i.state == LifecycleState::Failed);
+        let failed = self
+            .state
+            .intent(pkey)
+            .is_some_and(|i| i.state == LifecycleState::Failed);
         if !failed {
-            self.ports.events.record(pod, false, "PostCloneSucceeded", format!("kind={} attempts={attempt}", fixup.kind));
+            self.ports.events.record(
+                pod,
+                false,
+                "PostCloneSucceeded",
+                format!("kind={} attempts={attempt}", fixup.kind),
+            );
         }
         Fixed::Proceed
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn fixup_exhausted(&self, pod: &Pod, pkey: &str, fixup: &GuestFixup, op: &str, wake: bool, attempts: u32, errors: &[String]) -> Fixed {
+    async fn fixup_exhausted(
+        &self,
+        pod: &Pod,
+        pkey: &str,
+        fixup: &GuestFixup,
+        op: &str,
+        wake: bool,
+        attempts: u32,
+        errors: &[String],
+    ) -> Fixed {
         self.metrics.postclone.with_label_values(&[&fixup.kind, "failed"]).inc();
-        self.metrics.postclone_retry_attempts.with_label_values(&["failed"]).observe(f64::from(attempts));
+        self.metrics
+            .postclone_retry_attempts
+            .with_label_values(&["failed"])
+            .observe(f64::from(attempts));
         self.metrics.wake_ended(wake, false);
         self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
         let joined = errors.join("; ");
         let hint = base64::engine::general_purpose::STANDARD.encode(fixup.hint.as_bytes());
         let changes = BTreeMap::from([
             (key::POST_CLONE_HINT.to_string(), Some(hint)),
-            (key::POST_CLONE_ERRORS.to_string(), Some(lifecycle::truncate(&joined, lifecycle::MAX_MESSAGE))),
+            (
+                key::POST_CLONE_ERRORS.to_string(),
+                Some(lifecycle::truncate(&joined, lifecycle::MAX_MESSAGE)),
+            ),
         ]);
         self.write_annotations(pod, pkey, &changes).await;
         let message = format!(
@@ -205,11 +269,21 @@ impl CocoonProvider {
     /// Persists the fixup progress; `failed` is final.
     async fn set_post_clone_state(&self, pod: &Pod, pkey: &str, value: &str) {
         let uid = super::state::uid_of(pod);
-        let current = self.state.tracked_as(pkey, &uid).and_then(|t| t.pod.metadata.annotations.and_then(|a| a.get(key::POST_CLONE_STATE).cloned()));
+        let current = self.state.tracked_as(pkey, &uid).and_then(|t| {
+            t.pod
+                .metadata
+                .annotations
+                .and_then(|a| a.get(key::POST_CLONE_STATE).cloned())
+        });
         if current.as_deref() == Some(STATE_FAILED) || current.as_deref() == Some(value) {
             return;
         }
-        self.write_annotations(pod, pkey, &BTreeMap::from([(key::POST_CLONE_STATE.to_string(), Some(value.to_string()))])).await;
+        self.write_annotations(
+            pod,
+            pkey,
+            &BTreeMap::from([(key::POST_CLONE_STATE.to_string(), Some(value.to_string()))]),
+        )
+        .await;
     }
 
     /// `markReadyAfterIP`: wait for the guest's lease (one `ipconfig /renew` nudge for a Windows
@@ -221,7 +295,12 @@ impl CocoonProvider {
         let started = Instant::now();
         let mut nudged = false;
         let ip = loop {
-            let Some(current) = self.state.tracked_as(pkey, &uid).and_then(|t| t.vm).filter(|v| v.id == vm.id) else {
+            let Some(current) = self
+                .state
+                .tracked_as(pkey, &uid)
+                .and_then(|t| t.vm)
+                .filter(|v| v.id == vm.id)
+            else {
                 tracing::info!(pod = %pkey, vm = %vm.id, "lease wait abandoned: the pod's vm changed");
                 return;
             };
@@ -253,19 +332,27 @@ impl CocoonProvider {
                 }
             }
             None => {
-                let Some(tracked) = self.state.tracked_as(pkey, &uid) else { return };
+                let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
+                    return;
+                };
                 if tracked.vm.as_ref().is_none_or(|v| v.id != vm.id) || super::plan::hibernate_requested(&tracked.pod) {
                     return;
                 }
                 let what = if wake { "wake" } else { "clone" };
-                let message = format!("{what} {}: dhcp lease not observed within {:?}", tracked.vm_name, t.ip_wait);
+                let message = format!(
+                    "{what} {}: dhcp lease not observed within {:?}",
+                    tracked.vm_name, t.ip_wait
+                );
                 self.metrics.wake_ip_wait.with_label_values(&["timeout"]).inc();
                 self.metrics.wake_ended(wake, false);
-                let reason = if wake { "WakeIPWaitTimeout" } else { "PostCloneIPWaitTimeout" };
+                let reason = if wake {
+                    "WakeIPWaitTimeout"
+                } else {
+                    "PostCloneIPWaitTimeout"
+                };
                 self.fail_op(&tracked.pod, pkey, reason, what, &message).await;
                 self.notify(pkey);
             }
         }
     }
 }
-

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::create::hibernate_evidence;
 use super::lifecycle::LifecycleState;
 use super::plan::{self, ipconfig};
-use super::CocoonProvider;
 use crate::model::VmSpec;
 use crate::policy::facts::HibernateEvidence;
 use crate::runtime::VmRecord;
@@ -24,7 +24,9 @@ impl CocoonProvider {
     /// lifecycle `failed`; the caller owes a retry).
     pub(super) async fn hibernate(&self, pod: &Pod, pkey: &str) -> bool {
         let uid = super::state::uid_of(pod);
-        let Some(tracked) = self.state.tracked_as(pkey, &uid) else { return true };
+        let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
+            return true;
+        };
         let spec = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
         if !spec.managed {
             return true;
@@ -48,13 +50,25 @@ impl CocoonProvider {
                 }
                 Ok(_) => {
                     if let Err(e) = self.ports.runtime.start(&vm.id).await {
-                        self.fail_op(pod, pkey, "ResumeStartFailed", OP, &format!("start stopped vm {} to save it: {e}", vm.id)).await;
+                        self.fail_op(
+                            pod,
+                            pkey,
+                            "ResumeStartFailed",
+                            OP,
+                            &format!("start stopped vm {} to save it: {e}", vm.id),
+                        )
+                        .await;
                         return false;
                     }
                 }
                 Err(error) => {
-                    let message = format!("vm {} is {} and its hibernate snapshot cannot be checked: {error}; retrying", vm.id, current.state.as_str());
-                    self.fail_op(pod, pkey, "HibernateEvidenceUnavailable", OP, &message).await;
+                    let message = format!(
+                        "vm {} is {} and its hibernate snapshot cannot be checked: {error}; retrying",
+                        vm.id,
+                        current.state.as_str()
+                    );
+                    self.fail_op(pod, pkey, "HibernateEvidenceUnavailable", OP, &message)
+                        .await;
                     return false;
                 }
             },
@@ -70,16 +84,38 @@ impl CocoonProvider {
         self.metrics.hibernate_step("snapshot", saved.is_ok());
         if let Err(e) = saved {
             self.rollback_nic(pod, pkey, &vm, drop_nic).await;
-            self.fail_op(pod, pkey, "HibernateSnapshotFailed", OP, &format!("snapshot save {name} of vm {}: {e}; the VM keeps running", vm.id)).await;
+            self.fail_op(
+                pod,
+                pkey,
+                "HibernateSnapshotFailed",
+                OP,
+                &format!("snapshot save {name} of vm {}: {e}; the VM keeps running", vm.id),
+            )
+            .await;
             return false;
         }
 
         if let Some(registry) = &self.ports.registry {
-            let pushed = self.push_snapshot(registry.as_ref(), &name, &name, plan::HIBERNATE_SNAPSHOT_TAG, &spec.image).await;
+            let pushed = self
+                .push_snapshot(
+                    registry.as_ref(),
+                    &name,
+                    &name,
+                    plan::HIBERNATE_SNAPSHOT_TAG,
+                    &spec.image,
+                )
+                .await;
             self.metrics.hibernate_step("push", pushed.is_ok());
             if let Err(e) = pushed {
                 self.rollback_nic(pod, pkey, &vm, drop_nic).await;
-                self.fail_op(pod, pkey, "HibernatePushFailed", OP, &format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running")).await;
+                self.fail_op(
+                    pod,
+                    pkey,
+                    "HibernatePushFailed",
+                    OP,
+                    &format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running"),
+                )
+                .await;
                 return false;
             }
         }
@@ -91,7 +127,11 @@ impl CocoonProvider {
     /// else the local snapshot's. `None` when there is none.
     async fn saved_snapshot_id(&self, name: &str) -> Result<Option<String>, String> {
         match &self.ports.registry {
-            Some(registry) => registry.snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG).await.map(|m| m.map(|m| m.snapshot_id)).map_err(|e| e.to_string()),
+            Some(registry) => registry
+                .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
+                .await
+                .map(|m| m.map(|m| m.snapshot_id))
+                .map_err(|e| e.to_string()),
             None => match self.ports.runtime.snapshot_inspect(name).await {
                 Ok(s) => Ok(Some(s.id)),
                 Err(e) if e.is_not_found() => Ok(None),
@@ -107,11 +147,15 @@ impl CocoonProvider {
         let cleared = self.clear_runtime(pod, pkey).await;
         if let Err(e) = self.ports.runtime.remove(&vm.id).await {
             match self.ports.runtime.inspect(&vm.id).await {
-                Err(gone) if gone.is_vm_not_found() => tracing::info!(pod = %pkey, vm = %vm.id, error = %e, "vm rm failed but the vm is gone: hibernated"),
+                Err(gone) if gone.is_vm_not_found() => {
+                    tracing::info!(pod = %pkey, vm = %vm.id, error = %e, "vm rm failed but the vm is gone: hibernated")
+                }
                 still => {
                     self.metrics.hibernate_step("remove", false);
                     let running = still.as_ref().is_ok_and(|v| v.state.is_running());
-                    return self.compensate_remove(pod, pkey, vm, drop_nic, &e.to_string(), running).await;
+                    return self
+                        .compensate_remove(pod, pkey, vm, drop_nic, &e.to_string(), running)
+                        .await;
                 }
             }
         }
@@ -130,7 +174,11 @@ impl CocoonProvider {
         self.state.detach_vm(pkey, uid, true);
         self.probes.forget(pkey, Some(uid));
         self.set_lifecycle(pod, pkey, LifecycleState::Hibernated, "").await;
-        let how = if self.ports.registry.is_some() { "snapshot pushed to registry" } else { "snapshot saved locally (no registry pusher configured)" };
+        let how = if self.ports.registry.is_some() {
+            "snapshot pushed to registry"
+        } else {
+            "snapshot saved locally (no registry pusher configured)"
+        };
         self.ports.events.record(pod, false, "Hibernated", how.into());
         tracing::info!(pod = %pkey, how, "hibernated");
         self.notify(pkey);
@@ -146,12 +194,26 @@ impl CocoonProvider {
                 true
             }
             HibernateEvidence::Unavailable { error } => {
-                self.fail_op(pod, pkey, "HibernateEvidenceUnavailable", OP, &format!("vm {vm} is gone and its hibernate snapshot cannot be checked: {error}; retrying")).await;
+                self.fail_op(
+                    pod,
+                    pkey,
+                    "HibernateEvidenceUnavailable",
+                    OP,
+                    &format!("vm {vm} is gone and its hibernate snapshot cannot be checked: {error}; retrying"),
+                )
+                .await;
                 false
             }
             HibernateEvidence::None | HibernateEvidence::NotChecked => {
                 self.state.detach_vm(pkey, &uid, false);
-                self.fail_op(pod, pkey, "HibernateVMVanished", OP, &format!("vm {vm} disappeared before its state was saved; no hibernate snapshot exists")).await;
+                self.fail_op(
+                    pod,
+                    pkey,
+                    "HibernateVMVanished",
+                    OP,
+                    &format!("vm {vm} disappeared before its state was saved; no hibernate snapshot exists"),
+                )
+                .await;
                 true
             }
         }
@@ -160,7 +222,15 @@ impl CocoonProvider {
     /// `vm rm` failed after the push. A VM that still runs holds the state: withdraw the tag
     /// (so no wake restores a stale copy) and republish its runtime. A VM that is stopped or
     /// cannot be inspected may have lost it: keep the tag (it may be the only copy).
-    async fn compensate_remove(&self, pod: &Pod, pkey: &str, vm: &VmRecord, drop_nic: bool, error: &str, still_running: bool) -> bool {
+    async fn compensate_remove(
+        &self,
+        pod: &Pod,
+        pkey: &str,
+        vm: &VmRecord,
+        drop_nic: bool,
+        error: &str,
+        still_running: bool,
+    ) -> bool {
         let name = self.state.tracked(pkey).map(|t| t.vm_name).unwrap_or_default();
         let kept = if still_running {
             if let Some(registry) = &self.ports.registry
@@ -175,14 +245,26 @@ impl CocoonProvider {
         self.rollback_nic(pod, pkey, vm, drop_nic).await;
         let ip = self.resolve_ip(vm);
         self.write_runtime(pod, pkey, &vm.id, &ip).await;
-        self.fail_op(pod, pkey, "HibernateRemoveFailed", OP, &format!("remove vm {} after saving it: {error}; {kept}", vm.id)).await;
+        self.fail_op(
+            pod,
+            pkey,
+            "HibernateRemoveFailed",
+            OP,
+            &format!("remove vm {} after saving it: {error}; {kept}", vm.id),
+        )
+        .await;
         false
     }
 
     /// CH + Windows: release the guest's DHCP lease, then hot-remove its NIC.
     async fn drop_nic(&self, pod: &Pod, pkey: &str, vm: &VmRecord) -> bool {
-        let released = tokio::time::timeout(Duration::from_secs(20), self.ports.runtime.exec_capture(&vm.id, &ipconfig("/release"), None)).await;
-        self.metrics.hibernate_step("dhcp_release", matches!(released, Ok(Ok(ref out)) if out.code == 0));
+        let released = tokio::time::timeout(
+            Duration::from_secs(20),
+            self.ports.runtime.exec_capture(&vm.id, &ipconfig("/release"), None),
+        )
+        .await;
+        self.metrics
+            .hibernate_step("dhcp_release", matches!(released, Ok(Ok(ref out)) if out.code == 0));
         match self.ports.runtime.net_resize(&vm.id, 0).await {
             Ok(()) => {
                 self.metrics.hibernate_step("netresize", true);
@@ -191,7 +273,14 @@ impl CocoonProvider {
             Err(e) => {
                 self.metrics.hibernate_step("netresize", false);
                 self.renew_detached(vm);
-                self.fail_op(pod, pkey, "HibernateNetResizeFailed", OP, &format!("drop the NIC of vm {}: {e}; the VM keeps running", vm.id)).await;
+                self.fail_op(
+                    pod,
+                    pkey,
+                    "HibernateNetResizeFailed",
+                    OP,
+                    &format!("drop the NIC of vm {}: {e}; the VM keeps running", vm.id),
+                )
+                .await;
                 false
             }
         }
@@ -221,7 +310,9 @@ impl CocoonProvider {
                 let ip = self.resolve_ip(&current);
                 self.write_runtime(pod, pkey, &current.id, &ip).await;
             }
-            other => tracing::warn!(pod = %pkey, vm = %vm.id, outcome = ?other.map(|r| r.map(|r| r.map(|_| ()))), "giving the NIC back failed"),
+            other => {
+                tracing::warn!(pod = %pkey, vm = %vm.id, outcome = ?other.map(|r| r.map(|r| r.map(|_| ()))), "giving the NIC back failed")
+            }
         }
     }
 
@@ -229,7 +320,12 @@ impl CocoonProvider {
     fn renew_detached(&self, vm: &VmRecord) {
         let (runtime, id) = (self.ports.runtime.clone(), vm.id.clone());
         tokio::spawn(async move {
-            if let Err(error) = tokio::time::timeout(Duration::from_secs(30), runtime.exec_capture(&id, &ipconfig("/renew"), None)).await {
+            if let Err(error) = tokio::time::timeout(
+                Duration::from_secs(30),
+                runtime.exec_capture(&id, &ipconfig("/renew"), None),
+            )
+            .await
+            {
                 tracing::warn!(vm = %id, %error, "ipconfig /renew after a failed NIC drop timed out");
             }
         });

@@ -62,7 +62,10 @@ impl Intent {
         BTreeMap::from([
             (STATE.to_string(), Some(self.state.as_str().to_string())),
             (OBSERVED_GENERATION.to_string(), Some(self.generation.to_string())),
-            (MESSAGE.to_string(), (!self.message.is_empty()).then(|| self.message.clone())),
+            (
+                MESSAGE.to_string(),
+                (!self.message.is_empty()).then(|| self.message.clone()),
+            ),
         ])
     }
 
@@ -72,7 +75,10 @@ impl Intent {
         Some(Intent {
             uid: uid.into(),
             state,
-            generation: annotations.get(OBSERVED_GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0),
+            generation: annotations
+                .get(OBSERVED_GENERATION)
+                .and_then(|g| g.parse().ok())
+                .unwrap_or(0),
             message: annotations.get(MESSAGE).cloned().unwrap_or_default(),
         })
     }
@@ -93,7 +99,10 @@ pub enum Dropped {
 
 /// The pod's `generation` annotation (0 when absent or malformed).
 pub fn pod_generation(annotations: &BTreeMap<String, String>) -> i64 {
-    annotations.get(GENERATION).and_then(|g| g.trim().parse().ok()).unwrap_or(0)
+    annotations
+        .get(GENERATION)
+        .and_then(|g| g.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Whether `new` replaces `current` (§3.8 `applyLifecycle`). `tracked_uid` is the incarnation
@@ -104,13 +113,18 @@ pub fn admit(current: Option<&Intent>, tracked_uid: Option<&str>, new: &Intent) 
         None if current.is_some_and(|c| c.uid != new.uid) => return Err(Dropped::Untracked),
         _ => {}
     }
-    let Some(current) = current.filter(|c| c.uid == new.uid) else { return Ok(()) };
+    let Some(current) = current.filter(|c| c.uid == new.uid) else {
+        return Ok(());
+    };
     if new.generation < current.generation {
         return Err(Dropped::StaleGeneration);
     }
     if current.state == LifecycleState::Failed
         && current.generation == new.generation
-        && !matches!(new.state, LifecycleState::Failed | LifecycleState::Creating | LifecycleState::Hibernating)
+        && !matches!(
+            new.state,
+            LifecycleState::Failed | LifecycleState::Creating | LifecycleState::Hibernating
+        )
     {
         return Err(Dropped::StickyFailed);
     }
@@ -134,7 +148,12 @@ mod tests {
     use super::*;
 
     fn intent(uid: &str, state: LifecycleState, generation: i64) -> Intent {
-        Intent { uid: uid.into(), state, generation, message: String::new() }
+        Intent {
+            uid: uid.into(),
+            state,
+            generation,
+            message: String::new(),
+        }
     }
 
     #[test]
@@ -147,39 +166,74 @@ mod tests {
     #[test]
     fn an_untracked_writer_cannot_replace_another_incarnations_intent() {
         let cur = intent("u1", LifecycleState::Ready, 1);
-        assert_eq!(admit(Some(&cur), None, &intent("u2", LifecycleState::Failed, 1)), Err(Dropped::Untracked));
-        assert_eq!(admit(Some(&cur), None, &intent("u1", LifecycleState::Failed, 1)), Ok(()));
+        assert_eq!(
+            admit(Some(&cur), None, &intent("u2", LifecycleState::Failed, 1)),
+            Err(Dropped::Untracked)
+        );
+        assert_eq!(
+            admit(Some(&cur), None, &intent("u1", LifecycleState::Failed, 1)),
+            Ok(())
+        );
     }
 
     #[test]
     fn a_lower_generation_is_stale() {
         let cur = intent("u1", LifecycleState::Creating, 3);
-        assert_eq!(admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 2)), Err(Dropped::StaleGeneration));
-        assert_eq!(admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 3)), Ok(()));
+        assert_eq!(
+            admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 2)),
+            Err(Dropped::StaleGeneration)
+        );
+        assert_eq!(
+            admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 3)),
+            Ok(())
+        );
     }
 
     #[test]
     fn failed_is_sticky_at_the_same_generation() {
         let cur = intent("u1", LifecycleState::Failed, 2);
-        assert_eq!(admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 2)), Err(Dropped::StickyFailed));
-        assert_eq!(admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Hibernated, 2)), Err(Dropped::StickyFailed));
-        for ok in [LifecycleState::Failed, LifecycleState::Creating, LifecycleState::Hibernating] {
+        assert_eq!(
+            admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 2)),
+            Err(Dropped::StickyFailed)
+        );
+        assert_eq!(
+            admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Hibernated, 2)),
+            Err(Dropped::StickyFailed)
+        );
+        for ok in [
+            LifecycleState::Failed,
+            LifecycleState::Creating,
+            LifecycleState::Hibernating,
+        ] {
             assert_eq!(admit(Some(&cur), Some("u1"), &intent("u1", ok, 2)), Ok(()));
         }
         // A newer generation lifts it.
-        assert_eq!(admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 3)), Ok(()));
+        assert_eq!(
+            admit(Some(&cur), Some("u1"), &intent("u1", LifecycleState::Ready, 3)),
+            Ok(())
+        );
     }
 
     #[test]
     fn annotations_round_trip_and_an_empty_message_deletes_its_key() {
-        let i = Intent { uid: "u".into(), state: LifecycleState::Failed, generation: 4, message: "boom".into() };
+        let i = Intent {
+            uid: "u".into(),
+            state: LifecycleState::Failed,
+            generation: 4,
+            message: "boom".into(),
+        };
         let a = i.annotations();
         assert_eq!(a[STATE].as_deref(), Some("failed"));
         assert_eq!(a[OBSERVED_GENERATION].as_deref(), Some("4"));
         assert_eq!(a[MESSAGE].as_deref(), Some("boom"));
         let flat: BTreeMap<String, String> = a.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
         assert_eq!(Intent::from_annotations("u", &flat), Some(i));
-        let ready = Intent { uid: "u".into(), state: LifecycleState::Ready, generation: 0, message: String::new() };
+        let ready = Intent {
+            uid: "u".into(),
+            state: LifecycleState::Ready,
+            generation: 0,
+            message: String::new(),
+        };
         assert_eq!(ready.annotations()[MESSAGE], None);
     }
 
@@ -187,7 +241,10 @@ mod tests {
     fn generation_and_truncation() {
         let a = BTreeMap::from([(GENERATION.to_string(), "7".to_string())]);
         assert_eq!(pod_generation(&a), 7);
-        assert_eq!(pod_generation(&BTreeMap::from([(GENERATION.to_string(), "x".to_string())])), 0);
+        assert_eq!(
+            pod_generation(&BTreeMap::from([(GENERATION.to_string(), "x".to_string())])),
+            0
+        );
         assert_eq!(truncate("héllo", 2), "h");
         assert_eq!(truncate("abc", 10), "abc");
     }

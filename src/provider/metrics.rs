@@ -1,7 +1,9 @@
 //! The provider's Prometheus metrics (behaviour spec §8.1, namespace `cocoon`, subsystem `vk`)
 //! and the `/metrics` endpoint.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 
 #[derive(Clone)]
 pub struct ProviderMetrics {
@@ -38,45 +40,105 @@ fn opts(name: &str, help: &str) -> Opts {
 }
 
 fn hopts(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
-    HistogramOpts::new(name, help).namespace("cocoon").subsystem("vk").buckets(buckets.to_vec())
+    HistogramOpts::new(name, help)
+        .namespace("cocoon")
+        .subsystem("vk")
+        .buckets(buckets.to_vec())
 }
 
 impl ProviderMetrics {
     fn build() -> prometheus::Result<Self> {
         let result = |n: &str, h: &str| IntCounterVec::new(opts(n, h), &["result"]);
         Ok(Self {
-            pod_lifecycle: IntCounterVec::new(opts("pod_lifecycle_total", "Pod operations by op, result and reason."), &["op", "result", "reason"])?,
+            pod_lifecycle: IntCounterVec::new(
+                opts("pod_lifecycle_total", "Pod operations by op, result and reason."),
+                &["op", "result", "reason"],
+            )?,
             snapshot_pull: result("snapshot_pull_total", "Snapshot pulls from the registry.")?,
             snapshot_save: result("snapshot_save_total", "Local snapshot saves.")?,
             snapshot_push: result("snapshot_push_total", "Snapshot pushes to the registry.")?,
-            snapshot_verify: result("snapshot_verify_total", "Verifications of a local wake snapshot against :hibernate.")?,
+            snapshot_verify: result(
+                "snapshot_verify_total",
+                "Verifications of a local wake snapshot against :hibernate.",
+            )?,
             clone_from_dir: result("clone_from_dir_total", "Clones from an exported snapshot directory.")?,
             vm_table_size: IntGauge::with_opts(opts("vm_table_size", "Tracked VM rows."))?,
-            orphan_vm: IntCounter::with_opts(opts("orphan_vm_total", "VMs without a pod found at startup (alert policy)."))?,
-            reconcile_adopt_by_name: IntCounter::with_opts(opts("reconcile_adopt_by_name_total", "Pods adopted by VM name at startup."))?,
-            stale_create_reconcile: IntCounterVec::new(opts("stale_create_reconcile_total", "Stale creates reconciled at startup."), &["outcome"])?,
+            orphan_vm: IntCounter::with_opts(opts(
+                "orphan_vm_total",
+                "VMs without a pod found at startup (alert policy).",
+            ))?,
+            reconcile_adopt_by_name: IntCounter::with_opts(opts(
+                "reconcile_adopt_by_name_total",
+                "Pods adopted by VM name at startup.",
+            ))?,
+            stale_create_reconcile: IntCounterVec::new(
+                opts("stale_create_reconcile_total", "Stale creates reconciled at startup."),
+                &["outcome"],
+            )?,
             startup_resume: IntCounterVec::new(opts("startup_resume_total", "Work resumed after a restart."), &["op"])?,
-            hibernate_evidence: IntCounterVec::new(opts("hibernate_evidence_total", "Hibernate evidence verdicts in CreatePod."), &["verdict"])?,
+            hibernate_evidence: IntCounterVec::new(
+                opts("hibernate_evidence_total", "Hibernate evidence verdicts in CreatePod."),
+                &["verdict"],
+            )?,
             wake: result("wake_total", "Restores from hibernate.")?,
             lease_release: result("lease_release_total", "cocoon-net lease releases.")?,
             vm_boot_duration: HistogramVec::new(
-                hopts("vm_boot_duration_seconds", "VM bring-up time.", &[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
+                hopts(
+                    "vm_boot_duration_seconds",
+                    "VM bring-up time.",
+                    &[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+                ),
                 &["mode", "backend"],
             )?,
-            snapshot_save_duration: Histogram::with_opts(hopts("snapshot_save_duration_seconds", "Snapshot save time.", &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0]))?,
-            snapshot_push_duration: Histogram::with_opts(hopts("snapshot_push_duration_seconds", "Snapshot push time.", &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]))?,
-            snapshot_pull_duration: Histogram::with_opts(hopts("snapshot_pull_duration_seconds", "Snapshot pull time.", &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]))?,
-            probe_duration: Histogram::with_opts(hopts("probe_duration_seconds", "Readiness probe time.", &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]))?,
-            hibernate: IntCounterVec::new(opts("hibernate_total", "Hibernate steps by phase and result."), &["phase", "result"])?,
+            snapshot_save_duration: Histogram::with_opts(hopts(
+                "snapshot_save_duration_seconds",
+                "Snapshot save time.",
+                &[1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0],
+            ))?,
+            snapshot_push_duration: Histogram::with_opts(hopts(
+                "snapshot_push_duration_seconds",
+                "Snapshot push time.",
+                &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+            ))?,
+            snapshot_pull_duration: Histogram::with_opts(hopts(
+                "snapshot_pull_duration_seconds",
+                "Snapshot pull time.",
+                &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0],
+            ))?,
+            probe_duration: Histogram::with_opts(hopts(
+                "probe_duration_seconds",
+                "Readiness probe time.",
+                &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0],
+            ))?,
+            hibernate: IntCounterVec::new(
+                opts("hibernate_total", "Hibernate steps by phase and result."),
+                &["phase", "result"],
+            )?,
             wake_ip_wait: result("wake_ip_wait_total", "Waits for a fresh DHCP lease before Ready.")?,
-            wake_renew_nudge: result("wake_renew_nudge_total", "ipconfig /renew nudges of Windows guests without a lease.")?,
-            postclone: IntCounterVec::new(opts("postclone_total", "Guest fixups after a clone, fork or wake."), &["kind", "result"])?,
+            wake_renew_nudge: result(
+                "wake_renew_nudge_total",
+                "ipconfig /renew nudges of Windows guests without a lease.",
+            )?,
+            postclone: IntCounterVec::new(
+                opts("postclone_total", "Guest fixups after a clone, fork or wake."),
+                &["kind", "result"],
+            )?,
             postclone_retry_attempts: HistogramVec::new(
-                hopts("postclone_retry_attempts", "vm exec attempts a guest fixup took.", &[1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0]),
+                hopts(
+                    "postclone_retry_attempts",
+                    "vm exec attempts a guest fixup took.",
+                    &[1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0],
+                ),
                 &["result"],
             )?,
-            vm_inspect_transient_fail: IntCounter::with_opts(opts("vm_inspect_transient_fail_total", "Inconclusive inspects after a VM event."))?,
-            pod_evict_failure: IntCounter::with_opts(opts("pod_evict_failure_total", "Evictions the apiserver did not accept."))?,
+            vm_inspect_transient_fail: IntCounter::with_opts(opts(
+                "vm_inspect_transient_fail_total",
+                "Inconclusive inspects after a VM event.",
+            ))?,
+            pod_evict_failure: IntCounter::with_opts(opts(
+                "pod_evict_failure_total",
+                "Evictions the apiserver did not accept.",
+            ))?,
         })
     }
 
@@ -126,7 +188,9 @@ impl ProviderMetrics {
 
     /// `hibernate_total{phase,result}`.
     pub fn hibernate_step(&self, phase: &str, ok: bool) {
-        self.hibernate.with_label_values(&[phase, if ok { "ok" } else { "failed" }]).inc();
+        self.hibernate
+            .with_label_values(&[phase, if ok { "ok" } else { "failed" }])
+            .inc();
     }
 
     /// `wake_total{result}` for a boot that was a wake (`wake`); nothing for any other boot.
@@ -152,21 +216,37 @@ pub fn render(registry: &Registry) -> String {
 /// `VK_METRICS_ADDR` (`:9091` = all interfaces, port 9091).
 pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
     let v = value.trim();
-    let full = if v.starts_with(':') { format!("0.0.0.0{v}") } else { v.to_string() };
-    full.parse().map_err(|e| format!("VK_METRICS_ADDR={value:?} is not host:port or :port ({e})"))
+    let full = if v.starts_with(':') {
+        format!("0.0.0.0{v}")
+    } else {
+        v.to_string()
+    };
+    full.parse()
+        .map_err(|e| format!("VK_METRICS_ADDR={value:?} is not host:port or :port ({e})"))
 }
 
 /// Serves `GET /metrics` until `shutdown`.
-pub async fn serve(listener: tokio::net::TcpListener, registry: Registry, shutdown: tokio_util::sync::CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    registry: Registry,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
     use axum::routing::get;
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
             let registry = registry.clone();
-            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&registry)) }
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    render(&registry),
+                )
+            }
         }),
     );
-    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }
 
 #[cfg(test)]
@@ -178,10 +258,20 @@ mod tests {
         let registry = Registry::new();
         let m = ProviderMetrics::register(&registry).unwrap();
         m.lifecycle("create", "skipped", "missing_vmname");
-        m.vm_boot_duration.with_label_values(&["clone", "cloud-hypervisor"]).observe(1.5);
+        m.vm_boot_duration
+            .with_label_values(&["clone", "cloud-hypervisor"])
+            .observe(1.5);
         let text = render(&registry);
-        assert!(text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="missing_vmname",result="skipped"} 1"#), "{text}");
-        assert!(text.contains(r#"cocoon_vk_vm_boot_duration_seconds_bucket{backend="cloud-hypervisor",mode="clone",le="2"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="missing_vmname",result="skipped"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"cocoon_vk_vm_boot_duration_seconds_bucket{backend="cloud-hypervisor",mode="clone",le="2"} 1"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]

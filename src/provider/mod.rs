@@ -36,9 +36,9 @@ pub mod reconcile;
 mod registry_adapter;
 mod resume;
 pub mod retry;
+mod startup;
 pub mod state;
 pub mod status;
-mod startup;
 mod transfer;
 mod update;
 mod wake;
@@ -109,7 +109,9 @@ impl CocoonProvider {
 
     /// The provider as an `Arc`, for work that outlives the current call.
     fn arc(&self) -> Arc<Self> {
-        self.me.upgrade().expect("the provider lives in an Arc while its methods run")
+        self.me
+            .upgrade()
+            .expect("the provider lives in an Arc while its methods run")
     }
 
     /// Starts `cocoon vm list` now, so the startup reconcile's VM list runs in parallel with the
@@ -140,14 +142,19 @@ impl CocoonProvider {
     }
 
     fn notify(&self, key: &str) {
-        self.metrics.vm_table_size.set(i64::try_from(self.state.vm_count()).unwrap_or(i64::MAX));
+        self.metrics
+            .vm_table_size
+            .set(i64::try_from(self.state.vm_count()).unwrap_or(i64::MAX));
         if let Some(n) = self.notifier.get() {
             n.notify(key);
         }
     }
 
     /// Runs a synchronous policy decision off the async workers.
-    async fn decide<T: Send + 'static>(&self, f: impl FnOnce(&Policies) -> T + Send + 'static) -> Result<T, ProviderError> {
+    async fn decide<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Policies) -> T + Send + 'static,
+    ) -> Result<T, ProviderError> {
         let policies = self.policies.clone();
         tokio::task::spawn_blocking(move || f(&policies))
             .await
@@ -160,7 +167,9 @@ impl CocoonProvider {
         if let Some(ip) = vm.primary_ip() {
             return ip.to_string();
         }
-        let Some(mac) = vm.primary_mac() else { return String::new() };
+        let Some(mac) = vm.primary_mac() else {
+            return String::new();
+        };
         match self.ports.leases.lookup(mac) {
             Ok(ip) => ip,
             Err(LeaseError::NoLease) => String::new(),
@@ -245,7 +254,10 @@ fn admission_error(reason: &str, message: String) -> ProviderError {
     if reason == crate::policy::decision::POLICY_FAILED {
         ProviderError::Transient(message)
     } else {
-        ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message }
+        ProviderError::Rejected {
+            reason: "SnapshotCPUClassMismatch".into(),
+            message,
+        }
     }
 }
 

@@ -20,7 +20,10 @@ pub struct RegistryFailure {
 
 impl RegistryFailure {
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self { message: message.into(), unavailable: true }
+        Self {
+            message: message.into(),
+            unavailable: true,
+        }
     }
 }
 
@@ -57,10 +60,28 @@ pub trait SnapshotRegistry: Send + Sync {
     /// The config of a snapshot artifact; `Ok(None)` when the tag is absent.
     async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure>;
     /// Streams `cocoon snapshot export <local>` into `repo:tag`, recording `base_image`.
-    async fn push_snapshot(&self, runtime: &dyn CocoonRuntime, local: &str, repo: &str, tag: &str, base_image: &str) -> Result<(), RegistryFailure>;
+    async fn push_snapshot(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        local: &str,
+        repo: &str,
+        tag: &str,
+        base_image: &str,
+    ) -> Result<(), RegistryFailure>;
     /// Imports `repo:tag` into the local store as `local`.
-    async fn pull_snapshot(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local: &str) -> Result<(), RegistryFailure>;
-    async fn ensure_cloud_image(&self, runtime: &dyn CocoonRuntime, reference: &str, force: bool) -> Result<CloudImageResult, RegistryFailure>;
+    async fn pull_snapshot(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        repo: &str,
+        tag: &str,
+        local: &str,
+    ) -> Result<(), RegistryFailure>;
+    async fn ensure_cloud_image(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        reference: &str,
+        force: bool,
+    ) -> Result<CloudImageResult, RegistryFailure>;
     /// Deletes the tag `repo:tag` (an absent tag counts as deleted).
     async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure>;
 }
@@ -97,7 +118,11 @@ pub enum PatchOutcome {
 #[async_trait]
 pub trait PodPatcher: Send + Sync {
     /// Sets (`Some`) or removes (`None`) annotations.
-    async fn patch_annotations(&self, pod: &Pod, changes: &BTreeMap<String, Option<String>>) -> Result<PatchOutcome, String>;
+    async fn patch_annotations(
+        &self,
+        pod: &Pod,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<PatchOutcome, String>;
     /// Publishes the pod status (used to land the status before `lifecycle-state=ready`).
     async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, String>;
     /// Deletes the pod (graceful, uid precondition): an eviction. NotFound is `Superseded`.
@@ -135,21 +160,30 @@ impl KubePodPatcher {
     }
 
     fn api(&self, pod: &Pod) -> kube::Api<Pod> {
-        kube::Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or("default"))
+        kube::Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        )
     }
 }
 
 fn outcome(r: Result<crate::kubelet::status::WriteOutcome, kube::Error>) -> Result<PatchOutcome, String> {
     match r {
         Ok(crate::kubelet::status::WriteOutcome::Applied(_)) => Ok(PatchOutcome::Applied),
-        Ok(crate::kubelet::status::WriteOutcome::Superseded { code, message }) => Ok(PatchOutcome::Superseded(format!("{code}: {message}"))),
+        Ok(crate::kubelet::status::WriteOutcome::Superseded { code, message }) => {
+            Ok(PatchOutcome::Superseded(format!("{code}: {message}")))
+        }
         Err(e) => Err(e.to_string()),
     }
 }
 
 #[async_trait]
 impl PodPatcher for KubePodPatcher {
-    async fn patch_annotations(&self, pod: &Pod, changes: &BTreeMap<String, Option<String>>) -> Result<PatchOutcome, String> {
+    async fn patch_annotations(
+        &self,
+        pod: &Pod,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<PatchOutcome, String> {
         outcome(crate::kubelet::status::patch_annotations(&self.api(pod), pod, changes).await)
     }
 
@@ -161,10 +195,17 @@ impl PodPatcher for KubePodPatcher {
 
     async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, String> {
         let params = kube::api::DeleteParams {
-            preconditions: Some(kube::api::Preconditions { uid: pod.metadata.uid.clone(), resource_version: None }),
+            preconditions: Some(kube::api::Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
             ..Default::default()
         };
-        match self.api(pod).delete(pod.metadata.name.as_deref().unwrap_or_default(), &params).await {
+        match self
+            .api(pod)
+            .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+            .await
+        {
             Ok(_) => Ok(PatchOutcome::Applied),
             Err(e) => match crate::kubelet::status::superseded(&e) {
                 Some((code, message)) => Ok(PatchOutcome::Superseded(format!("{code}: {message}"))),
@@ -174,7 +215,11 @@ impl PodPatcher for KubePodPatcher {
     }
 
     async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, String> {
-        match self.api(pod).get_opt(pod.metadata.name.as_deref().unwrap_or_default()).await {
+        match self
+            .api(pod)
+            .get_opt(pod.metadata.name.as_deref().unwrap_or_default())
+            .await
+        {
             Ok(Some(current)) if current.metadata.uid == pod.metadata.uid => Ok(Some(current)),
             Ok(_) => Ok(None),
             Err(e) => Err(e.to_string()),

@@ -26,7 +26,11 @@ pub struct ProbeResult {
 
 impl ProbeResult {
     fn not_started() -> Self {
-        Self { ready: false, message: "not probed yet".into(), last_seen: None }
+        Self {
+            ready: false,
+            message: "not probed yet".into(),
+            last_seen: None,
+        }
     }
 }
 
@@ -41,7 +45,12 @@ pub struct Schedule {
 
 impl Schedule {
     pub fn new(timings: ProbeTimings) -> Self {
-        Self { timings, ready: false, failures: 0, interval: timings.initial }
+        Self {
+            timings,
+            ready: false,
+            failures: 0,
+            interval: timings.initial,
+        }
     }
 
     pub fn ready(&self) -> bool {
@@ -97,12 +106,16 @@ pub fn target(has_vm: bool, ip: &str, probe_port: &str) -> Target {
     if !port.is_empty() {
         return match port.parse::<u16>() {
             Ok(p) if p > 0 => Target::Tcp(SocketAddr::new(addr, p)),
-            _ => Target::Unready(format!("vm.cocoonstack.io/probe-port {probe_port:?} is not a port number (1-65535)")),
+            _ => Target::Unready(format!(
+                "vm.cocoonstack.io/probe-port {probe_port:?} is not a port number (1-65535)"
+            )),
         };
     }
     match addr {
         IpAddr::V4(v4) => Target::Icmp(v4),
-        IpAddr::V6(_) => Target::Unready(format!("vm ip {ip} is IPv6: set vm.cocoonstack.io/probe-port for a TCP probe")),
+        IpAddr::V6(_) => Target::Unready(format!(
+            "vm ip {ip} is IPv6: set vm.cocoonstack.io/probe-port for a TCP probe"
+        )),
     }
 }
 
@@ -138,7 +151,9 @@ pub struct NetProber {
 
 impl Default for NetProber {
     fn default() -> Self {
-        Self { icmp: tokio::sync::OnceCell::new() }
+        Self {
+            icmp: tokio::sync::OnceCell::new(),
+        }
     }
 }
 
@@ -172,11 +187,17 @@ impl Prober for NetProber {
     }
 
     async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String> {
-        let Some(client) = self.icmp_client().await else { return Ok(()) };
+        let Some(client) = self.icmp_client().await else {
+            return Ok(());
+        };
         let ident = surge_ping::PingIdentifier((std::process::id() & 0xffff) as u16);
         let mut pinger = client.pinger(IpAddr::V4(ip), ident).await;
         pinger.timeout(timeout);
-        pinger.ping(surge_ping::PingSequence(1), PING_PAYLOAD).await.map(|_| ()).map_err(|e| e.to_string())
+        pinger
+            .ping(surge_ping::PingSequence(1), PING_PAYLOAD)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -201,14 +222,28 @@ pub struct Probes {
 
 impl Probes {
     pub fn new(prober: Arc<dyn Prober>, timings: ProbeTimings, duration: prometheus::Histogram) -> Self {
-        Self { prober, timings, duration, agents: Mutex::new(HashMap::new()) }
+        Self {
+            prober,
+            timings,
+            duration,
+            agents: Mutex::new(HashMap::new()),
+        }
     }
 
-    async fn once(prober: &dyn Prober, target: &Target, timings: &ProbeTimings, duration: &prometheus::Histogram) -> ProbeResult {
+    async fn once(
+        prober: &dyn Prober,
+        target: &Target,
+        timings: &ProbeTimings,
+        duration: &prometheus::Histogram,
+    ) -> ProbeResult {
         let started = Instant::now();
         let (ready, message) = probe(prober, target, timings.timeout).await;
         duration.observe(started.elapsed().as_secs_f64());
-        ProbeResult { ready, message, last_seen: Some(Instant::now()) }
+        ProbeResult {
+            ready,
+            message,
+            last_seen: Some(Instant::now()),
+        }
     }
 
     /// Starts (or replaces) the agent of pod `key`, incarnation `uid`. The first probe runs
@@ -216,7 +251,14 @@ impl Probes {
     pub async fn start(&self, key: &str, uid: &str, target: TargetFn, on_flip: FlipFn) {
         let result = Arc::new(Mutex::new(ProbeResult::not_started()));
         let stop = CancellationToken::new();
-        if let Some(old) = self.agents.lock().expect("probe agents").insert(key.into(), Agent { uid: uid.into(), result: result.clone(), stop: stop.clone() }) {
+        if let Some(old) = self.agents.lock().expect("probe agents").insert(
+            key.into(),
+            Agent {
+                uid: uid.into(),
+                result: result.clone(),
+                stop: stop.clone(),
+            },
+        ) {
             old.stop.cancel();
         }
         let mut schedule = Schedule::new(self.timings);
@@ -226,7 +268,12 @@ impl Probes {
         tracing::debug!(pod = %key, ready = first.ready, message = %first.message, "first probe");
         *result.lock().expect("probe result") = first;
 
-        let (prober, timings, duration, key) = (self.prober.clone(), self.timings, self.duration.clone(), key.to_string());
+        let (prober, timings, duration, key) = (
+            self.prober.clone(),
+            self.timings,
+            self.duration.clone(),
+            key.to_string(),
+        );
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -255,7 +302,10 @@ impl Probes {
     /// The agent's latest result for incarnation `uid` (`None` without an agent).
     pub fn result(&self, key: &str, uid: &str) -> Option<ProbeResult> {
         let agents = self.agents.lock().expect("probe agents");
-        agents.get(key).filter(|a| a.uid == uid).map(|a| a.result.lock().expect("probe result").clone())
+        agents
+            .get(key)
+            .filter(|a| a.uid == uid)
+            .map(|a| a.result.lock().expect("probe result").clone())
     }
 
     /// Stops the agent of pod `key` (any incarnation when `uid` is `None`).
@@ -305,11 +355,23 @@ mod tests {
         s.observe(false);
         assert_eq!(s.observe(true), (true, Duration::from_secs(5)), "first success flips");
         assert_eq!(s.observe(true), (false, Duration::from_secs(5)));
-        assert_eq!(s.observe(false), (false, Duration::from_secs(5)), "one failure keeps ready");
-        assert_eq!(s.observe(true), (false, Duration::from_secs(5)), "a success resets the count");
+        assert_eq!(
+            s.observe(false),
+            (false, Duration::from_secs(5)),
+            "one failure keeps ready"
+        );
+        assert_eq!(
+            s.observe(true),
+            (false, Duration::from_secs(5)),
+            "a success resets the count"
+        );
         assert_eq!(s.observe(false), (false, Duration::from_secs(5)));
         assert_eq!(s.observe(false), (false, Duration::from_secs(5)));
-        assert_eq!(s.observe(false), (true, Duration::from_millis(100)), "third failure in a row flips");
+        assert_eq!(
+            s.observe(false),
+            (true, Duration::from_millis(100)),
+            "third failure in a row flips"
+        );
         assert!(!s.ready());
         assert_eq!(s.observe(false), (false, Duration::from_millis(100)));
     }
@@ -318,7 +380,10 @@ mod tests {
     fn targets() {
         assert_eq!(target(false, "10.0.0.1", ""), Target::Unready("vm gone".into()));
         assert_eq!(target(true, "", "22"), Target::Unready("waiting for dhcp lease".into()));
-        assert_eq!(target(true, "10.0.0.1", "22"), Target::Tcp("10.0.0.1:22".parse().unwrap()));
+        assert_eq!(
+            target(true, "10.0.0.1", "22"),
+            Target::Tcp("10.0.0.1:22".parse().unwrap())
+        );
         assert_eq!(target(true, "10.0.0.1", ""), Target::Icmp("10.0.0.1".parse().unwrap()));
         assert!(matches!(target(true, "10.0.0.1", "ssh"), Target::Unready(m) if m.contains("not a port number")));
         assert!(matches!(target(true, "10.0.0.1", "0"), Target::Unready(_)));
@@ -334,7 +399,11 @@ mod tests {
     impl Prober for Flaky {
         async fn tcp(&self, _: SocketAddr, _: Duration) -> Result<(), String> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.up.load(Ordering::SeqCst) { Ok(()) } else { Err("connection refused".into()) }
+            if self.up.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("connection refused".into())
+            }
         }
         async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
             Ok(())
@@ -342,35 +411,74 @@ mod tests {
     }
 
     fn fast() -> ProbeTimings {
-        ProbeTimings { initial: Duration::from_millis(5), max_unready: Duration::from_millis(10), ready: Duration::from_millis(10), timeout: Duration::from_secs(1), failures_to_unready: 3 }
+        ProbeTimings {
+            initial: Duration::from_millis(5),
+            max_unready: Duration::from_millis(10),
+            ready: Duration::from_millis(10),
+            timeout: Duration::from_secs(1),
+            failures_to_unready: 3,
+        }
     }
 
     #[tokio::test]
     async fn the_first_probe_runs_before_start_returns_and_flips_call_back() {
-        let prober = Arc::new(Flaky { up: AtomicBool::new(false), calls: AtomicUsize::new(0) });
-        let probes = Probes::new(prober.clone(), fast(), prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap());
+        let prober = Arc::new(Flaky {
+            up: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        });
+        let probes = Probes::new(
+            prober.clone(),
+            fast(),
+            prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap(),
+        );
         let flips = Arc::new(Mutex::new(Vec::new()));
         let f = flips.clone();
         let target: TargetFn = Arc::new(|| Some(Target::Tcp("127.0.0.1:1".parse().unwrap())));
-        probes.start("ns/p", "u1", target, Arc::new(move |ready| f.lock().unwrap().push(ready))).await;
+        probes
+            .start(
+                "ns/p",
+                "u1",
+                target,
+                Arc::new(move |ready| f.lock().unwrap().push(ready)),
+            )
+            .await;
         assert_eq!(prober.calls.load(Ordering::SeqCst), 1, "the first probe is synchronous");
         let r = probes.result("ns/p", "u1").unwrap();
-        assert!(!r.ready && r.message.contains("tcp probe 1: connection refused"), "{r:?}");
+        assert!(
+            !r.ready && r.message.contains("tcp probe 1: connection refused"),
+            "{r:?}"
+        );
         assert!(probes.result("ns/p", "other-uid").is_none());
 
         prober.up.store(true, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(5), async { while flips.lock().unwrap().is_empty() { tokio::time::sleep(Duration::from_millis(5)).await } }).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while flips.lock().unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+        })
+        .await
+        .unwrap();
         assert_eq!(flips.lock().unwrap().as_slice(), &[true]);
         assert_eq!(probes.result("ns/p", "u1").unwrap().message, "tcp ok");
 
         prober.up.store(false, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(5), async { while flips.lock().unwrap().len() < 2 { tokio::time::sleep(Duration::from_millis(5)).await } }).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while flips.lock().unwrap().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+        })
+        .await
+        .unwrap();
         assert_eq!(flips.lock().unwrap().as_slice(), &[true, false]);
 
         probes.forget("ns/p", Some("u1"));
         let calls = prober.calls.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(60)).await;
-        assert_eq!(prober.calls.load(Ordering::SeqCst), calls, "a forgotten agent stops probing");
+        assert_eq!(
+            prober.calls.load(Ordering::SeqCst),
+            calls,
+            "a forgotten agent stops probing"
+        );
         assert!(probes.result("ns/p", "u1").is_none());
     }
 }

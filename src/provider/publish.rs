@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::lifecycle::{self, Intent, LifecycleState};
 use super::ports::PatchOutcome;
-use super::CocoonProvider;
 use crate::model::annotations as key;
 
 const ATTEMPTS: usize = 3;
@@ -18,7 +18,12 @@ impl CocoonProvider {
     pub(super) async fn set_lifecycle(&self, pod: &Pod, pkey: &str, state: LifecycleState, message: &str) -> bool {
         let uid = super::state::uid_of(pod);
         let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
-        let intent = Intent { uid, state, generation, message: lifecycle::truncate(message, lifecycle::MAX_MESSAGE) };
+        let intent = Intent {
+            uid,
+            state,
+            generation,
+            message: lifecycle::truncate(message, lifecycle::MAX_MESSAGE),
+        };
         match self.state.stage_intent(pkey, intent, Some(pod)) {
             Ok(intent) => {
                 self.flush(pod, pkey, &intent).await;
@@ -65,7 +70,12 @@ impl CocoonProvider {
     pub(super) async fn fail_op(&self, pod: &Pod, pkey: &str, reason: &str, op: &str, message: &str) {
         tracing::warn!(pod = %pkey, %reason, %op, %message, "operation failed");
         self.metrics.lifecycle(op, "failed", "");
-        self.ports.events.record(pod, true, reason, lifecycle::truncate(&format!("{op}: {message}"), lifecycle::MAX_EVENT_NOTE));
+        self.ports.events.record(
+            pod,
+            true,
+            reason,
+            lifecycle::truncate(&format!("{op}: {message}"), lifecycle::MAX_EVENT_NOTE),
+        );
         self.set_lifecycle(pod, pkey, LifecycleState::Failed, message).await;
     }
 
@@ -73,7 +83,12 @@ impl CocoonProvider {
     pub(super) async fn publish_ready(&self, pod: &Pod, pkey: &str) {
         let uid = super::state::uid_of(pod);
         let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
-        let intent = Intent { uid, state: LifecycleState::Ready, generation, message: String::new() };
+        let intent = Intent {
+            uid,
+            state: LifecycleState::Ready,
+            generation,
+            message: String::new(),
+        };
         let Ok(intent) = self.state.stage_intent(pkey, intent, Some(pod)) else {
             self.notify(pkey);
             return;
@@ -87,7 +102,9 @@ impl CocoonProvider {
     /// Publish Ready only if the boot it finishes is still current: the incarnation is tracked
     /// with VM `vm_id` and no hibernate was requested since. Returns whether it was published.
     pub(super) async fn publish_ready_guarded(&self, key: &str, uid: &str, vm_id: &str) -> bool {
-        let Some(t) = self.state.tracked_as(key, uid) else { return false };
+        let Some(t) = self.state.tracked_as(key, uid) else {
+            return false;
+        };
         if t.vm.as_ref().is_none_or(|v| v.id != vm_id) || super::plan::hibernate_requested(&t.pod) {
             return false;
         }
@@ -98,7 +115,9 @@ impl CocoonProvider {
     /// Patches the pod status from the provider's view, Ready from the probe alone
     /// (3 attempts); false when it did not land.
     async fn land_status(&self, pod: &Pod, pkey: &str) -> bool {
-        let Some(status) = self.status_of(pkey, true) else { return false };
+        let Some(status) = self.status_of(pkey, true) else {
+            return false;
+        };
         for attempt in 1..=ATTEMPTS {
             match self.ports.patcher.patch_status(pod, &status).await {
                 Ok(PatchOutcome::Applied) => return true,
@@ -116,7 +135,12 @@ impl CocoonProvider {
 
     /// Sets or removes annotations on the pod (3 attempts, uid precondition) and on the tracked
     /// copy. Returns whether they landed; a failure is logged (the next pass or restart repairs it).
-    pub(super) async fn write_annotations(&self, pod: &Pod, pkey: &str, changes: &BTreeMap<String, Option<String>>) -> bool {
+    pub(super) async fn write_annotations(
+        &self,
+        pod: &Pod,
+        pkey: &str,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> bool {
         if changes.is_empty() {
             return true;
         }
@@ -153,7 +177,11 @@ impl CocoonProvider {
 
     /// Clears `id`, `ip` and `post-clone-state` (the VM is going or gone); returns whether it landed.
     pub(super) async fn clear_runtime(&self, pod: &Pod, pkey: &str) -> bool {
-        let changes = BTreeMap::from([(key::VM_ID.to_string(), None), (key::IP.to_string(), None), (key::POST_CLONE_STATE.to_string(), None)]);
+        let changes = BTreeMap::from([
+            (key::VM_ID.to_string(), None),
+            (key::IP.to_string(), None),
+            (key::POST_CLONE_STATE.to_string(), None),
+        ]);
         self.write_annotations(pod, pkey, &changes).await
     }
 
@@ -161,7 +189,9 @@ impl CocoonProvider {
     pub(super) async fn reflush(&self) {
         for (pkey, intent, stored) in self.state.unflushed() {
             let tracked = self.state.tracked(&pkey).filter(|t| t.uid == intent.uid).map(|t| t.pod);
-            let Some(pod) = tracked.clone().or(stored) else { continue };
+            let Some(pod) = tracked.clone().or(stored) else {
+                continue;
+            };
             if intent.state == LifecycleState::Ready && (tracked.is_none() || !self.land_status(&pod, &pkey).await) {
                 continue;
             }

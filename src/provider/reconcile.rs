@@ -94,7 +94,11 @@ pub enum PodMatch {
 /// Matches every pod to the listed VMs; returns the per-pod outcome and the VMs nobody claimed.
 pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)>, Vec<VmRecord>) {
     let by_id: HashMap<&str, &VmRecord> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
-    let by_name: HashMap<&str, &VmRecord> = vms.iter().filter(|v| !v.name().is_empty()).map(|v| (v.name(), v)).collect();
+    let by_name: HashMap<&str, &VmRecord> = vms
+        .iter()
+        .filter(|v| !v.name().is_empty())
+        .map(|v| (v.name(), v))
+        .collect();
     let mut claimed: HashSet<String> = HashSet::new();
     let mut out = Vec::new();
     for pod in pods {
@@ -118,7 +122,11 @@ pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)
     }
     // A pod without an id whose VM was not listed under its name may still be being created;
     // its name also protects a same-named VM.
-    let names: HashSet<&str> = pods.iter().map(|p| p.vm_name.as_str()).filter(|n| !n.is_empty()).collect();
+    let names: HashSet<&str> = pods
+        .iter()
+        .map(|p| p.vm_name.as_str())
+        .filter(|n| !n.is_empty())
+        .collect();
     let orphans = vms
         .iter()
         .filter(|v| !claimed.contains(&v.id) && !names.contains(v.name()))
@@ -188,7 +196,11 @@ pub fn owed_op(f: OwedFacts<'_>) -> OwedOp {
     if f.deleting {
         return OwedOp::None;
     }
-    let lifecycle = f.annotations.get(super::lifecycle::STATE).map(String::as_str).unwrap_or("");
+    let lifecycle = f
+        .annotations
+        .get(super::lifecycle::STATE)
+        .map(String::as_str)
+        .unwrap_or("");
     if f.annotations.get(HIBERNATE).is_some_and(|v| v == "true") {
         return match (f.has_vm, lifecycle) {
             (true, _) => OwedOp::Hibernate,
@@ -199,7 +211,11 @@ pub fn owed_op(f: OwedFacts<'_>) -> OwedOp {
     if !f.has_vm || !matches!(lifecycle, "" | "creating") {
         return OwedOp::None;
     }
-    match f.annotations.get(crate::model::annotations::POST_CLONE_STATE).map(String::as_str) {
+    match f
+        .annotations
+        .get(crate::model::annotations::POST_CLONE_STATE)
+        .map(String::as_str)
+    {
         Some("failed") => OwedOp::None,
         Some("running") => OwedOp::PostClone,
         Some("done") => OwedOp::ReadyWait,
@@ -215,11 +231,25 @@ mod tests {
     use crate::runtime::parse::VmConfig;
 
     fn vm(id: &str, name: &str) -> VmRecord {
-        VmRecord { id: id.into(), state: VmState::Running, config: VmConfig { name: name.into(), ..Default::default() }, ..Default::default() }
+        VmRecord {
+            id: id.into(),
+            state: VmState::Running,
+            config: VmConfig {
+                name: name.into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
     }
 
     fn pod(key: &str, vm_name: &str, vm_id: &str, hibernate: bool) -> PodView {
-        PodView { key: key.into(), vm_name: vm_name.into(), vm_id: vm_id.into(), hibernate, managed: true }
+        PodView {
+            key: key.into(),
+            vm_name: vm_name.into(),
+            vm_id: vm_id.into(),
+            hibernate,
+            managed: true,
+        }
     }
 
     #[test]
@@ -247,7 +277,12 @@ mod tests {
 
     #[test]
     fn pods_match_by_id_then_by_name_and_the_rest_are_orphans() {
-        let vms = vec![vm("id-a", "vm-a"), vm("id-b", "vm-b"), vm("id-x", "vm-x"), vm("id-h", "vm-h")];
+        let vms = vec![
+            vm("id-a", "vm-a"),
+            vm("id-b", "vm-b"),
+            vm("id-x", "vm-x"),
+            vm("id-h", "vm-h"),
+        ];
         let pods = vec![
             pod("ns/a", "vm-a", "id-a", false),
             pod("ns/b", "vm-b", "", false),
@@ -271,25 +306,103 @@ mod tests {
     fn owed_work() {
         use crate::model::annotations::POST_CLONE_STATE;
         use crate::provider::lifecycle::STATE;
-        let a = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
-        let owed = |deleting: bool, has_vm: bool, annotations: &BTreeMap<String, String>, drop_nic: bool, cloned: bool| {
-            owed_op(OwedFacts { deleting, has_vm, annotations, drop_nic, cloned })
+        let a = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
         };
+        let owed =
+            |deleting: bool, has_vm: bool, annotations: &BTreeMap<String, String>, drop_nic: bool, cloned: bool| {
+                owed_op(OwedFacts {
+                    deleting,
+                    has_vm,
+                    annotations,
+                    drop_nic,
+                    cloned,
+                })
+            };
         // Deleting or VM-less pods owe nothing (a hibernate in its last step excepted).
         assert_eq!(owed(true, true, &a(&[]), false, true), OwedOp::None);
         assert_eq!(owed(false, false, &a(&[]), false, true), OwedOp::None);
-        assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "ready")]), false, true), OwedOp::Hibernate);
-        assert_eq!(owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::Hibernate, "an interrupted hibernate is resumed");
-        assert_eq!(owed(false, false, &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]), false, true), OwedOp::FinishHibernate);
-        assert_eq!(owed(false, false, &a(&[(HIBERNATE, "true"), (STATE, "hibernated")]), false, true), OwedOp::None);
+        assert_eq!(
+            owed(false, true, &a(&[(HIBERNATE, "true"), (STATE, "ready")]), false, true),
+            OwedOp::Hibernate
+        );
+        assert_eq!(
+            owed(
+                false,
+                true,
+                &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]),
+                false,
+                true
+            ),
+            OwedOp::Hibernate,
+            "an interrupted hibernate is resumed"
+        );
+        assert_eq!(
+            owed(
+                false,
+                false,
+                &a(&[(HIBERNATE, "true"), (STATE, "hibernating")]),
+                false,
+                true
+            ),
+            OwedOp::FinishHibernate
+        );
+        assert_eq!(
+            owed(
+                false,
+                false,
+                &a(&[(HIBERNATE, "true"), (STATE, "hibernated")]),
+                false,
+                true
+            ),
+            OwedOp::None
+        );
         // Only a create that had not finished is resumed.
         assert_eq!(owed(false, true, &a(&[(STATE, "ready")]), false, true), OwedOp::None);
         assert_eq!(owed(false, true, &a(&[(STATE, "failed")]), false, true), OwedOp::None);
-        assert_eq!(owed(false, true, &a(&[(STATE, "creating"), (POST_CLONE_STATE, "failed")]), false, true), OwedOp::None, "a failed fixup stays parked");
-        assert_eq!(owed(false, true, &a(&[(STATE, "creating"), (POST_CLONE_STATE, "running")]), false, true), OwedOp::PostClone);
-        assert_eq!(owed(false, true, &a(&[(STATE, "creating"), (POST_CLONE_STATE, "done")]), false, true), OwedOp::ReadyWait);
-        assert_eq!(owed(false, true, &a(&[(STATE, "creating")]), true, true), OwedOp::ClassifyDropNic);
+        assert_eq!(
+            owed(
+                false,
+                true,
+                &a(&[(STATE, "creating"), (POST_CLONE_STATE, "failed")]),
+                false,
+                true
+            ),
+            OwedOp::None,
+            "a failed fixup stays parked"
+        );
+        assert_eq!(
+            owed(
+                false,
+                true,
+                &a(&[(STATE, "creating"), (POST_CLONE_STATE, "running")]),
+                false,
+                true
+            ),
+            OwedOp::PostClone
+        );
+        assert_eq!(
+            owed(
+                false,
+                true,
+                &a(&[(STATE, "creating"), (POST_CLONE_STATE, "done")]),
+                false,
+                true
+            ),
+            OwedOp::ReadyWait
+        );
+        assert_eq!(
+            owed(false, true, &a(&[(STATE, "creating")]), true, true),
+            OwedOp::ClassifyDropNic
+        );
         assert_eq!(owed(false, true, &a(&[]), false, true), OwedOp::PostClone);
-        assert_eq!(owed(false, true, &a(&[(STATE, "creating")]), false, false), OwedOp::ReadyWait, "a run-mode VM needs no fixup");
+        assert_eq!(
+            owed(false, true, &a(&[(STATE, "creating")]), false, false),
+            OwedOp::ReadyWait,
+            "a run-mode VM needs no fixup"
+        );
     }
 }

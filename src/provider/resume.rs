@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::create::hibernate_evidence;
 use super::guest::Finish;
-use super::reconcile::{owed_for, OwedOp};
-use super::CocoonProvider;
+use super::reconcile::{OwedOp, owed_for};
 use crate::model::VmSpec;
 use crate::policy::facts::HibernateEvidence;
 
@@ -19,7 +19,9 @@ impl CocoonProvider {
     /// Dispatches what the restart owes `pod` (already tracked by the reconcile).
     pub(super) async fn dispatch_owed(&self, pod: &Pod, key: &str) {
         let uid = super::state::uid_of(pod);
-        let Some(tracked) = self.state.tracked_as(key, &uid) else { return };
+        let Some(tracked) = self.state.tracked_as(key, &uid) else {
+            return;
+        };
         let spec = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
         if !spec.managed {
             return;
@@ -29,7 +31,9 @@ impl CocoonProvider {
             return;
         }
         self.metrics.startup_resume.with_label_values(&[op.label()]).inc();
-        self.ports.events.record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
+        self.ports
+            .events
+            .record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
         tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
         match (op, tracked.vm) {
             (OwedOp::PostClone, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
@@ -55,7 +59,11 @@ impl CocoonProvider {
 
     /// Retries `step` with the recheck backoff (1 s doubling to 30 s) within the classify
     /// budget; `None` when the budget ran out.
-    async fn with_evidence_retries<T>(&self, vm: &str, mut step: impl FnMut(HibernateEvidence) -> Option<T>) -> Option<T> {
+    async fn with_evidence_retries<T>(
+        &self,
+        vm: &str,
+        mut step: impl FnMut(HibernateEvidence) -> Option<T>,
+    ) -> Option<T> {
         let t = &self.cfg.timings;
         let started = Instant::now();
         let mut delay = t.recheck_initial;
@@ -88,14 +96,23 @@ impl CocoonProvider {
         if settled.is_some() {
             self.settle_vanished(pod, key, vm).await;
         } else {
-            self.fail_op(pod, key, "ResumeHibernateFailed", "reconcile", &format!("the hibernate snapshot of vm {vm} could not be checked within the budget")).await;
+            self.fail_op(
+                pod,
+                key,
+                "ResumeHibernateFailed",
+                "reconcile",
+                &format!("the hibernate snapshot of vm {vm} could not be checked within the budget"),
+            )
+            .await;
         }
     }
 
     /// A CH Windows clone without a fixup marker: restored (its snapshot exists) or fresh?
     async fn classify_drop_nic(&self, pod: &Pod, key: &str, spec: &VmSpec) {
         let uid = super::state::uid_of(pod);
-        let Some(vm) = self.state.tracked_as(key, &uid).and_then(|t| t.vm) else { return };
+        let Some(vm) = self.state.tracked_as(key, &uid).and_then(|t| t.vm) else {
+            return;
+        };
         let restored = self
             .with_evidence_retries(&spec.vm_name, |e| match e {
                 HibernateEvidence::Found { .. } => Some(true),
@@ -107,8 +124,12 @@ impl CocoonProvider {
             Some(true) => self.finish_boot(pod, key, &vm, Finish::LeaseWait, false).await,
             Some(false) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
             None => {
-                let message = format!("could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable", spec.vm_name);
-                self.fail_op(pod, key, "ResumeClassifyFailed", "reconcile", &message).await;
+                let message = format!(
+                    "could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable",
+                    spec.vm_name
+                );
+                self.fail_op(pod, key, "ResumeClassifyFailed", "reconcile", &message)
+                    .await;
             }
         }
     }

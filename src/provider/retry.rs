@@ -27,6 +27,10 @@ mod tests {
             previous = Some(d);
         }
         assert_eq!(seen, vec![15, 30, 60, 120, 240, 300, 300, 300]);
-        assert_eq!(next_delay(Some(Duration::from_secs(1)), min, max), min, "never below the minimum");
+        assert_eq!(
+            next_delay(Some(Duration::from_secs(1)), min, max),
+            min,
+            "never below the minimum"
+        );
     }
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::lifecycle::Intent;
 use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
-use super::CocoonProvider;
 use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, VmSpec};
 use crate::policy::facts::AdmissionContext;
@@ -23,10 +23,16 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
     // 1. The VMs (prefetched while the virtual node listed the pods). Failing is fatal.
     let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
     let listed = match prefetched {
-        Some(task) => task.await.map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}")))?,
+        Some(task) => task
+            .await
+            .map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}")))?,
         None => p.ports.runtime.list().await,
     };
-    let vms = listed.map_err(|e| ProviderError::Transient(format!("startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state")))?;
+    let vms = listed.map_err(|e| {
+        ProviderError::Transient(format!(
+            "startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state"
+        ))
+    })?;
 
     // 2. CPU class over every non-terminal pod.
     for pod in pods {
@@ -43,7 +49,8 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
     }
 
     // 3. Stale creates.
-    let (creating, mut settled): (Vec<VmRecord>, Vec<VmRecord>) = vms.into_iter().partition(|v| v.state == VmState::Creating);
+    let (creating, mut settled): (Vec<VmRecord>, Vec<VmRecord>) =
+        vms.into_iter().partition(|v| v.state == VmState::Creating);
     let outcomes: Vec<(VmRecord, StaleResult)> = stream::iter(creating)
         .map(|vm| async move {
             let r = stale_create(p, &vm).await;
@@ -69,7 +76,11 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
             let spec = VmSpec::decode(&facts.annotations);
             PodView {
                 key: facts.key(),
-                vm_id: facts.annotations.get(crate::model::annotations::VM_ID).cloned().unwrap_or_default(),
+                vm_id: facts
+                    .annotations
+                    .get(crate::model::annotations::VM_ID)
+                    .cloned()
+                    .unwrap_or_default(),
                 hibernate: facts.annotations.get(reconcile::HIBERNATE).is_some_and(|v| v == "true"),
                 vm_name: spec.vm_name,
                 managed: spec.managed,
@@ -82,7 +93,9 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
     for ((pkey, m), (pod, view)) in matches.into_iter().zip(pods.iter().zip(views.iter())) {
         let uid = super::state::uid_of(pod);
         let seed = |p: &CocoonProvider| {
-            if let Some(intent) = Intent::from_annotations(&uid, pod.metadata.annotations.as_ref().unwrap_or(&Default::default())) {
+            if let Some(intent) =
+                Intent::from_annotations(&uid, pod.metadata.annotations.as_ref().unwrap_or(&Default::default()))
+            {
                 p.state.seed_intent(&pkey, intent);
             }
         };
@@ -128,7 +141,10 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
 
     // 5. VMs no pod claimed: the orphan policy. A VM named after a pod is indexed for adoption.
     let pod_names: HashSet<&str> = views.iter().map(|v| v.vm_name.as_str()).collect();
-    for vm in settled.iter().filter(|v| !claimed.contains(&v.id) && pod_names.contains(v.name())) {
+    for vm in settled
+        .iter()
+        .filter(|v| !claimed.contains(&v.id) && pod_names.contains(v.name()))
+    {
         p.state.index_vm(vm.name(), vm.clone());
     }
     for vm in orphans {
@@ -144,7 +160,12 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         .collect();
     let me = p.arc();
     tokio::spawn(async move {
-        stream::iter(probed).for_each_concurrent(FAN_OUT, |(k, uid)| { let me = me.clone(); async move { me.start_probe(&k, &uid).await } }).await;
+        stream::iter(probed)
+            .for_each_concurrent(FAN_OUT, |(k, uid)| {
+                let me = me.clone();
+                async move { me.start_probe(&k, &uid).await }
+            })
+            .await;
     });
     for (pod, pkey) in owed {
         p.dispatch_owed(&pod, &pkey).await;
@@ -162,7 +183,12 @@ enum StaleResult {
 }
 
 async fn stale_create(p: &CocoonProvider, vm: &VmRecord) -> StaleResult {
-    let outcome = p.ports.runtime.reconcile_stale_create(&vm.id).await.map_err(|e| e.to_string());
+    let outcome = p
+        .ports
+        .runtime
+        .reconcile_stale_create(&vm.id)
+        .await
+        .map_err(|e| e.to_string());
     let label = match &outcome {
         Ok(o) => stale_label(o),
         Err(_) => "error",
@@ -217,7 +243,9 @@ fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(30));
             match runtime.reconcile_stale_create(&vm.id).await {
-                Ok(crate::runtime::StaleCreateOutcome::Collected | crate::runtime::StaleCreateOutcome::NotFound) => return,
+                Ok(crate::runtime::StaleCreateOutcome::Collected | crate::runtime::StaleCreateOutcome::NotFound) => {
+                    return;
+                }
                 _ => {}
             }
             match inspect_step(runtime.as_ref(), &vm.id).await {
@@ -227,7 +255,8 @@ fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
                 }
                 StaleResult::Drop => return,
                 StaleResult::Orphan(current) => {
-                    if policy == OrphanPolicy::Destroy && runtime.remove(&current.id).await.is_ok()
+                    if policy == OrphanPolicy::Destroy
+                        && runtime.remove(&current.id).await.is_ok()
                         && let Some(r) = &releaser
                     {
                         for mac in super::plan::dhcp_macs(&current) {

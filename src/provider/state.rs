@@ -106,7 +106,16 @@ impl State {
         if s.terminal.get(key).is_some_and(|(u, _, _)| *u != uid) {
             s.terminal.remove(key);
         }
-        s.pods.insert(key.into(), Tracked { pod: pod.clone(), uid, vm_name: vm_name.into(), vm, hibernated });
+        s.pods.insert(
+            key.into(),
+            Tracked {
+                pod: pod.clone(),
+                uid,
+                vm_name: vm_name.into(),
+                vm,
+                hibernated,
+            },
+        );
     }
 
     /// Refreshes the tracked copy of the same incarnation (annotations such as the keep flag).
@@ -120,10 +129,16 @@ impl State {
     /// Attaches `vm` to the tracked incarnation `uid` and indexes it by name.
     pub fn set_vm(&self, key: &str, uid: &str, vm: VmRecord) -> bool {
         let mut s = self.lock();
-        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid) else { return false };
+        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid) else {
+            return false;
+        };
         t.vm = Some(vm.clone());
         t.hibernated = false;
-        let name = if vm.name().is_empty() { t.vm_name.clone() } else { vm.name().to_string() };
+        let name = if vm.name().is_empty() {
+            t.vm_name.clone()
+        } else {
+            vm.name().to_string()
+        };
         s.vms_by_name.insert(name, vm);
         true
     }
@@ -154,7 +169,13 @@ impl State {
     /// (a refresh after a restart in place, or a NIC change); false when the VM changed.
     pub fn refresh_vm(&self, key: &str, uid: &str, vm: VmRecord) -> bool {
         let mut s = self.lock();
-        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid && t.vm.as_ref().is_some_and(|v| v.id == vm.id)) else { return false };
+        let Some(t) = s
+            .pods
+            .get_mut(key)
+            .filter(|t| t.uid == uid && t.vm.as_ref().is_some_and(|v| v.id == vm.id))
+        else {
+            return false;
+        };
         t.vm = Some(vm.clone());
         let name = t.vm_name.clone();
         s.vms_by_name.insert(name, vm);
@@ -165,7 +186,9 @@ impl State {
     /// hibernated when its guest state was saved.
     pub fn detach_vm(&self, key: &str, uid: &str, hibernated: bool) {
         let mut s = self.lock();
-        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid) else { return };
+        let Some(t) = s.pods.get_mut(key).filter(|t| t.uid == uid) else {
+            return;
+        };
         t.vm = None;
         t.hibernated = hibernated;
         let name = t.vm_name.clone();
@@ -184,7 +207,9 @@ impl State {
     pub fn pod_of_vm(&self, vm_id: &str, vm_name: &str) -> Option<(String, Tracked)> {
         let s = self.lock();
         let found = if !vm_id.is_empty() {
-            s.pods.iter().find(|(_, t)| t.vm.as_ref().is_some_and(|v| v.id == vm_id))
+            s.pods
+                .iter()
+                .find(|(_, t)| t.vm.as_ref().is_some_and(|v| v.id == vm_id))
         } else if !vm_name.is_empty() {
             s.pods.iter().find(|(_, t)| t.vm.is_some() && t.vm_name == vm_name)
         } else {
@@ -251,19 +276,27 @@ impl State {
             s.vms_by_name.remove(&name);
         }
         let now = Instant::now();
-        s.terminal.retain(|_, (_, _, at)| now.saturating_duration_since(*at) < TERMINAL_TTL);
+        s.terminal
+            .retain(|_, (_, _, at)| now.saturating_duration_since(*at) < TERMINAL_TTL);
         s.terminal.insert(key.into(), (uid.into(), status, now));
     }
 
     pub fn terminal_status(&self, key: &str, uid: &str) -> Option<ProviderPodStatus> {
-        self.lock().terminal.get(key).filter(|(u, _, _)| u == uid).map(|(_, st, _)| st.clone())
+        self.lock()
+            .terminal
+            .get(key)
+            .filter(|(u, _, _)| u == uid)
+            .map(|(_, st, _)| st.clone())
     }
 
     /// Registers the guest work of incarnation `uid`, stopping any earlier work of the pod.
     pub fn begin_guest_work(&self, key: &str, uid: &str) -> GuestWork {
         let mut s = self.lock();
         s.next_token += 1;
-        let work = GuestWork { id: s.next_token, stop: CancellationToken::new() };
+        let work = GuestWork {
+            id: s.next_token,
+            stop: CancellationToken::new(),
+        };
         if let Some(old) = s.guest_work.insert(key.into(), (uid.into(), work.clone())) {
             old.1.stop.cancel();
         }
@@ -302,7 +335,9 @@ impl State {
 
     /// Drops restart records older than `age` (after a clean end of the event stream).
     pub fn gc_restarts(&self, now: Instant, age: Duration) {
-        self.lock().last_restart.retain(|_, at| now.saturating_duration_since(*at) < age);
+        self.lock()
+            .last_restart
+            .retain(|_, at| now.saturating_duration_since(*at) < age);
     }
 
     /// Starts a deferred recheck of VM `vm_id`; false when one is already running.
@@ -333,14 +368,23 @@ impl State {
         let delay = super::retry::next_delay(previous, min, max);
         s.next_token += 1;
         let token = s.next_token;
-        s.retries.insert(key.into(), OwedRetry { uid: uid.into(), delay, token });
+        s.retries.insert(
+            key.into(),
+            OwedRetry {
+                uid: uid.into(),
+                delay,
+                token,
+            },
+        );
         (delay, token)
     }
 
     /// Whether the retry scheduled with `token` is still the one owed to the tracked incarnation.
     pub fn retry_due(&self, key: &str, token: u64) -> bool {
         let s = self.lock();
-        s.retries.get(key).is_some_and(|r| r.token == token && s.pods.get(key).is_some_and(|t| t.uid == r.uid))
+        s.retries
+            .get(key)
+            .is_some_and(|r| r.token == token && s.pods.get(key).is_some_and(|t| t.uid == r.uid))
     }
 
     pub fn owed_retry(&self, key: &str) -> Option<OwedRetry> {
@@ -391,13 +435,27 @@ impl State {
                 };
             }
         }
-        s.intents.insert(key.into(), StoredIntent { intent: intent.clone(), flushed: false, pod: pod.cloned() });
+        s.intents.insert(
+            key.into(),
+            StoredIntent {
+                intent: intent.clone(),
+                flushed: false,
+                pod: pod.cloned(),
+            },
+        );
         Ok(intent)
     }
 
     /// Seeds an intent read from the pod at startup (already on the apiserver).
     pub fn seed_intent(&self, key: &str, intent: Intent) {
-        self.lock().intents.insert(key.into(), StoredIntent { intent, flushed: true, pod: None });
+        self.lock().intents.insert(
+            key.into(),
+            StoredIntent {
+                intent,
+                flushed: true,
+                pod: None,
+            },
+        );
     }
 
     pub fn intent(&self, key: &str) -> Option<Intent> {
@@ -424,7 +482,12 @@ impl State {
 
     /// Intents not yet on the apiserver (re-flushed by the lifecycle reconciler).
     pub fn unflushed(&self) -> Vec<(String, Intent, Option<Pod>)> {
-        self.lock().intents.iter().filter(|(_, i)| !i.flushed).map(|(k, i)| (k.clone(), i.intent.clone(), i.pod.clone())).collect()
+        self.lock()
+            .intents
+            .iter()
+            .filter(|(_, i)| !i.flushed)
+            .map(|(k, i)| (k.clone(), i.intent.clone(), i.pod.clone()))
+            .collect()
     }
 
     /// The delete fence: false when a delete of `key` is already running.
@@ -445,7 +508,12 @@ impl State {
     /// An async lock per work key: concurrent callers serialise on it and the later ones find
     /// the work done.
     pub fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks.lock().expect("key locks").entry(key.into()).or_default().clone()
+        self.locks
+            .lock()
+            .expect("key locks")
+            .entry(key.into())
+            .or_default()
+            .clone()
     }
 }
 
@@ -461,18 +529,32 @@ mod tests {
     }
 
     fn intent(uid: &str, state: LifecycleState) -> Intent {
-        Intent { uid: uid.into(), state, generation: 0, message: String::new() }
+        Intent {
+            uid: uid.into(),
+            state,
+            generation: 0,
+            message: String::new(),
+        }
     }
 
     #[test]
     fn a_stale_incarnation_cannot_write_after_a_new_one_claims_the_key() {
         let s = State::default();
         s.track("ns/p", &pod("u1"), "vm");
-        s.stage_intent("ns/p", intent("u1", LifecycleState::Creating), None).unwrap();
+        s.stage_intent("ns/p", intent("u1", LifecycleState::Creating), None)
+            .unwrap();
         s.track("ns/p", &pod("u2"), "vm");
-        assert_eq!(s.intent("ns/p"), None, "the old incarnation's intent is dropped on claim");
-        assert_eq!(s.stage_intent("ns/p", intent("u1", LifecycleState::Failed), None), Err(Dropped::OtherIncarnation));
-        s.stage_intent("ns/p", intent("u2", LifecycleState::Ready), None).unwrap();
+        assert_eq!(
+            s.intent("ns/p"),
+            None,
+            "the old incarnation's intent is dropped on claim"
+        );
+        assert_eq!(
+            s.stage_intent("ns/p", intent("u1", LifecycleState::Failed), None),
+            Err(Dropped::OtherIncarnation)
+        );
+        s.stage_intent("ns/p", intent("u2", LifecycleState::Ready), None)
+            .unwrap();
         let t = s.tracked("ns/p").unwrap();
         assert_eq!(t.pod.metadata.annotations.unwrap()[lifecycle::STATE], "ready");
     }
@@ -481,10 +563,25 @@ mod tests {
     fn vms_index_by_name_and_forget_clears_everything_of_that_incarnation() {
         let s = State::default();
         s.track("ns/p", &pod("u1"), "vm");
-        assert!(!s.set_vm("ns/p", "u0", VmRecord { id: "x".into(), ..Default::default() }));
-        assert!(s.set_vm("ns/p", "u1", VmRecord { id: "id1".into(), ..Default::default() }));
+        assert!(!s.set_vm(
+            "ns/p",
+            "u0",
+            VmRecord {
+                id: "x".into(),
+                ..Default::default()
+            }
+        ));
+        assert!(s.set_vm(
+            "ns/p",
+            "u1",
+            VmRecord {
+                id: "id1".into(),
+                ..Default::default()
+            }
+        ));
         assert_eq!(s.vm_by_name("vm").unwrap().id, "id1");
-        s.stage_intent("ns/p", intent("u1", LifecycleState::Ready), None).unwrap();
+        s.stage_intent("ns/p", intent("u1", LifecycleState::Ready), None)
+            .unwrap();
         s.forget("ns/p", "u1", "vm");
         assert!(s.tracked("ns/p").is_none() && s.vm_by_name("vm").is_none() && s.intent("ns/p").is_none());
     }
@@ -500,10 +597,16 @@ mod tests {
         assert!(!s.retry_due("ns/p", t1), "a later schedule supersedes the earlier one");
         assert!(s.retry_due("ns/p", t2));
         s.track("ns/p", &pod("u2"), "vm");
-        assert!(!s.retry_due("ns/p", t2), "owed only while the same incarnation is tracked");
+        assert!(
+            !s.retry_due("ns/p", t2),
+            "owed only while the same incarnation is tracked"
+        );
         let (_, t3) = s.owe_retry("ns/p", "u2", min, max);
         s.forget("ns/p", "u2", "vm");
-        assert!(!s.retry_due("ns/p", t3) && s.owed_retry("ns/p").is_none(), "forgetting the pod drops its retry");
+        assert!(
+            !s.retry_due("ns/p", t3) && s.owed_retry("ns/p").is_none(),
+            "forgetting the pod drops its retry"
+        );
     }
 
     #[test]

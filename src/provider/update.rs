@@ -6,9 +6,9 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::lifecycle;
 use super::plan;
-use super::CocoonProvider;
 use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, VmSpec};
 use crate::policy::facts::AdmissionContext;
@@ -50,11 +50,15 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     let uid = facts.uid.clone();
     if let Err((reason, message)) = p.admission(&facts, AdmissionContext::Update).await? {
         p.metrics.lifecycle("update", "failed", "snapshot_cpu_class_mismatch");
-        p.ports.events.record(pod, true, "SnapshotCPUClassMismatch", format!("update: {message}"));
+        p.ports
+            .events
+            .record(pod, true, "SnapshotCPUClassMismatch", format!("update: {message}"));
         return Err(super::admission_error(&reason, message));
     }
     if p.state.resume_claimed(&key) {
-        return Err(ProviderError::Transient(format!("resumed operation still in flight for {key}")));
+        return Err(ProviderError::Transient(format!(
+            "resumed operation still in flight for {key}"
+        )));
     }
     let Some(tracked) = p.state.tracked_as(&key, &uid) else {
         p.metrics.lifecycle("update", "skipped", "noop");
@@ -67,7 +71,12 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(());
     }
-    let step = transition(plan::hibernate_requested(&tracked.pod), plan::hibernate_requested(pod), tracked.vm.is_some(), tracked.hibernated);
+    let step = transition(
+        plan::hibernate_requested(&tracked.pod),
+        plan::hibernate_requested(pod),
+        tracked.vm.is_some(),
+        tracked.hibernated,
+    );
     if step == Transition::BringUp {
         return super::create::create(p, pod).await;
     }
@@ -96,7 +105,11 @@ async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transiti
 async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) {
     let uid = super::state::uid_of(pod);
     let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
-    if let Some(intent) = p.state.intent(key).filter(|i| i.uid == uid && i.generation < generation) {
+    if let Some(intent) = p
+        .state
+        .intent(key)
+        .filter(|i| i.uid == uid && i.generation < generation)
+    {
         p.set_lifecycle(pod, key, intent.state, &intent.message).await;
     }
 }
@@ -142,8 +155,14 @@ impl CocoonProvider {
                 p.owe_retry(&key, &uid);
                 return;
             };
-            let Some(tracked) = p.state.tracked_as(&key, &uid) else { return };
-            let step = owed_step(plan::hibernate_requested(&tracked.pod), tracked.vm.is_some(), tracked.hibernated);
+            let Some(tracked) = p.state.tracked_as(&key, &uid) else {
+                return;
+            };
+            let step = owed_step(
+                plan::hibernate_requested(&tracked.pod),
+                tracked.vm.is_some(),
+                tracked.hibernated,
+            );
             if !matches!(step, Transition::Hibernate | Transition::Wake) {
                 p.state.settle_retry(&key, &uid);
                 return;
@@ -163,11 +182,31 @@ mod tests {
     fn the_update_decision_table() {
         assert_eq!(transition(false, true, true, false), Transition::Hibernate);
         assert_eq!(transition(true, false, false, true), Transition::Wake);
-        assert_eq!(transition(true, false, false, false), Transition::BringUp, "asked to stay hibernated with nothing saved, then released");
-        assert_eq!(transition(false, false, true, false), Transition::Noop, "an ordinary update of a running pod");
-        assert_eq!(transition(true, true, false, true), Transition::Noop, "already hibernated");
-        assert_eq!(transition(true, true, true, false), Transition::Noop, "our own write echoing back: the owed retry acts, not the echo");
-        assert_eq!(transition(false, true, false, true), Transition::Noop, "asked to hibernate a pod that has no VM: nothing to save");
+        assert_eq!(
+            transition(true, false, false, false),
+            Transition::BringUp,
+            "asked to stay hibernated with nothing saved, then released"
+        );
+        assert_eq!(
+            transition(false, false, true, false),
+            Transition::Noop,
+            "an ordinary update of a running pod"
+        );
+        assert_eq!(
+            transition(true, true, false, true),
+            Transition::Noop,
+            "already hibernated"
+        );
+        assert_eq!(
+            transition(true, true, true, false),
+            Transition::Noop,
+            "our own write echoing back: the owed retry acts, not the echo"
+        );
+        assert_eq!(
+            transition(false, true, false, true),
+            Transition::Noop,
+            "asked to hibernate a pod that has no VM: nothing to save"
+        );
     }
 
     #[test]

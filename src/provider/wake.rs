@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::CocoonProvider;
 use super::create::{Ctx, hibernate_evidence, translate};
 use super::ensure::ensure_base_image;
 use super::failure::Failure;
 use super::guest::Finish;
 use super::lifecycle::LifecycleState;
 use super::plan;
-use super::CocoonProvider;
 use crate::model::{PodFacts, VmSpec};
 use crate::policy::decision::{BringUpOutcome, CloneOptions, Plan};
 use crate::policy::facts::{BootOrigin, BootPath, BringUpFacts, PreassignedRuntime};
@@ -36,63 +36,114 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
     let mut tag_absent = false;
     match p.ports.runtime.snapshot_inspect(vm).await {
         Ok(local) => match &p.ports.registry {
-            None => return Ok(WakeSource { snapshot: vm.to_string(), record: local, import: false, label: format!("local snapshot {vm} (no registry configured)") }),
+            None => {
+                return Ok(WakeSource {
+                    snapshot: vm.to_string(),
+                    record: local,
+                    import: false,
+                    label: format!("local snapshot {vm} (no registry configured)"),
+                });
+            }
             Some(registry) => match registry.snapshot_meta(vm, plan::HIBERNATE_SNAPSHOT_TAG).await {
                 Ok(Some(meta)) if meta.snapshot_id == local.id => {
                     p.metrics.snapshot_verify.with_label_values(&["ok"]).inc();
-                    return Ok(WakeSource { snapshot: vm.to_string(), record: local, import: false, label: format!("local snapshot {vm}, verified against {vm}:hibernate") });
+                    return Ok(WakeSource {
+                        snapshot: vm.to_string(),
+                        record: local,
+                        import: false,
+                        label: format!("local snapshot {vm}, verified against {vm}:hibernate"),
+                    });
                 }
                 Ok(found) => {
                     p.metrics.snapshot_verify.with_label_values(&["stale"]).inc();
                     tag_absent = found.is_none();
-                    tracing::info!(vm, tag_absent, "local snapshot is stale against {vm}:hibernate; discarding it");
+                    tracing::info!(
+                        vm,
+                        tag_absent,
+                        "local snapshot is stale against {vm}:hibernate; discarding it"
+                    );
                     let _ = p.ports.runtime.snapshot_remove_if_exists(vm).await;
-                    let _ = p.ports.runtime.snapshot_remove_if_exists(&plan::fork_snapshot_name(vm)).await;
+                    let _ = p
+                        .ports
+                        .runtime
+                        .snapshot_remove_if_exists(&plan::fork_snapshot_name(vm))
+                        .await;
                 }
                 Err(e) => {
                     p.metrics.snapshot_verify.with_label_values(&["error"]).inc();
                     return Err(Failure::transient(
                         "WakeVerifyFailed",
-                        format!("verify local snapshot {vm} against {vm}:hibernate: {e} (an unverified copy is never restored; the wake retries)"),
+                        format!(
+                            "verify local snapshot {vm} against {vm}:hibernate: {e} (an unverified copy is never restored; the wake retries)"
+                        ),
                     ));
                 }
             },
         },
         Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(Failure::transient("WakeSourceFailed", format!("inspect local snapshot {vm}: {e}"))),
+        Err(e) => {
+            return Err(Failure::transient(
+                "WakeSourceFailed",
+                format!("inspect local snapshot {vm}: {e}"),
+            ));
+        }
     }
     let Some(registry) = &p.ports.registry else {
-        return Err(Failure::transient("WakeSourceMissing", format!("wake {vm}: no local snapshot and no registry configured")));
+        return Err(Failure::transient(
+            "WakeSourceMissing",
+            format!("wake {vm}: no local snapshot and no registry configured"),
+        ));
     };
     if tag_absent {
-        return Err(Failure::transient("WakeSourceMissing", format!("wake {vm}: the {vm}:hibernate tag is gone, so there is no guest state to restore")));
+        return Err(Failure::transient(
+            "WakeSourceMissing",
+            format!("wake {vm}: the {vm}:hibernate tag is gone, so there is no guest state to restore"),
+        ));
     }
     let import = plan::hibernate_import_name(vm);
-    p.pull_snapshot(registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import).await.map_err(|e| Failure::transient("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}")))?;
+    p.pull_snapshot(registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import)
+        .await
+        .map_err(|e| Failure::transient("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}")))?;
     let record = p
         .ports
         .runtime
         .snapshot_inspect(&import)
         .await
         .map_err(|e| Failure::transient("WakePullFailed", format!("inspect pulled snapshot {import}: {e}")))?;
-    Ok(WakeSource { snapshot: import, record, import: true, label: format!("registry {vm}:hibernate") })
+    Ok(WakeSource {
+        snapshot: import,
+        record,
+        import: true,
+        label: format!("registry {vm}:hibernate"),
+    })
 }
 
 /// Restores the pod's guest: resolves the source, ensures its base image, clones it with the
 /// plan's options, the translation policy's cgroup flags and (CH Windows) a fresh NIC.
-pub(super) async fn restore(p: &CocoonProvider, ctx: &Ctx<'_>, options: &CloneOptions, fresh_nic: bool) -> Result<(VmRecord, String), Failure> {
+pub(super) async fn restore(
+    p: &CocoonProvider,
+    ctx: &Ctx<'_>,
+    options: &CloneOptions,
+    fresh_nic: bool,
+) -> Result<(VmRecord, String), Failure> {
     let vm = ctx.spec.vm_name.as_str();
     let source = wake_source(p, vm).await?;
     ensure_base_image(p, &source.record).await?;
     let cpu = translate(p, ctx, BootPath::Clone).await?.0;
     let nics = fresh_nic.then_some(1);
-    let spec = plan::clone_spec(options, CloneSource::Snapshot(source.snapshot.clone()), !source.record.image.is_empty(), cpu, nics);
-    let result = p
-        .ports
-        .runtime
-        .clone_vm(&spec)
-        .await
-        .map_err(|e| Failure::transient("WakeCloneFailed", format!("restore vm {vm} from hibernate snapshot {}: {e}", source.snapshot)));
+    let spec = plan::clone_spec(
+        options,
+        CloneSource::Snapshot(source.snapshot.clone()),
+        !source.record.image.is_empty(),
+        cpu,
+        nics,
+    );
+    let result = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
+        Failure::transient(
+            "WakeCloneFailed",
+            format!("restore vm {vm} from hibernate snapshot {}: {e}", source.snapshot),
+        )
+    });
     if source.import && result.is_ok() {
         let (runtime, name) = (p.ports.runtime.clone(), source.snapshot.clone());
         tokio::spawn(async move {
@@ -106,7 +157,14 @@ pub(super) async fn restore(p: &CocoonProvider, ctx: &Ctx<'_>, options: &CloneOp
 
 /// How a restored guest finishes its boot (a CH Windows guest only waits for its new NIC's lease).
 pub(super) fn restore_finish(spec: &VmSpec) -> Finish {
-    if plan::drop_nic(spec) { Finish::LeaseWait } else { Finish::Fixup { origin: BootOrigin::Wake, source_image: String::new() } }
+    if plan::drop_nic(spec) {
+        Finish::LeaseWait
+    } else {
+        Finish::Fixup {
+            origin: BootOrigin::Wake,
+            source_image: String::new(),
+        }
+    }
 }
 
 impl CocoonProvider {
@@ -138,34 +196,53 @@ impl CocoonProvider {
         };
         let decision = match self.decide(move |p| p.bring_up(bring_up)).await {
             Ok(d) => d,
-            Err(e) => return self.wake_failed(pod, pkey, Failure::transient("PolicyUnavailable", e.to_string())).await,
+            Err(e) => {
+                return self
+                    .wake_failed(pod, pkey, Failure::transient("PolicyUnavailable", e.to_string()))
+                    .await;
+            }
         };
         if let Some(verdict) = plan::evidence_verdict(&decision.reason) {
             self.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
         }
         tracing::info!(pod = %pkey, reason = %decision.reason, message = %decision.message, "wake decision");
         let (options, fresh_nic) = match decision.outcome {
-            BringUpOutcome::Proceed { plan: Plan::RestoreFromHibernate { options, fresh_nic, .. } } => (options, fresh_nic),
+            BringUpOutcome::Proceed {
+                plan: Plan::RestoreFromHibernate { options, fresh_nic, .. },
+            } => (options, fresh_nic),
             BringUpOutcome::Proceed { plan } => {
                 let message = format!(
                     "the bring-up policy answered {plan:?} for waking vm {}; only a restore from its hibernate snapshot can wake a hibernated guest",
                     spec.vm_name
                 );
-                return self.wake_failed(pod, pkey, Failure::transient("WakeRefused", message)).await;
+                return self
+                    .wake_failed(pod, pkey, Failure::transient("WakeRefused", message))
+                    .await;
             }
             BringUpOutcome::Refuse => {
-                let f = Failure { reason: plan::refusal_event_reason(&decision.reason), message: decision.message, transient: true };
+                let f = Failure {
+                    reason: plan::refusal_event_reason(&decision.reason),
+                    message: decision.message,
+                    transient: true,
+                };
                 return self.wake_failed(pod, pkey, f).await;
             }
         };
 
-        let ctx = Ctx { pod, facts, spec: spec.clone() };
+        let ctx = Ctx {
+            pod,
+            facts,
+            spec: spec.clone(),
+        };
         let started = Instant::now();
         let (vm, label) = match restore(self, &ctx, &options, fresh_nic).await {
             Ok(v) => v,
             Err(f) => return self.wake_failed(pod, pkey, f).await,
         };
-        self.metrics.vm_boot_duration.with_label_values(&["clone", &spec.backend]).observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .vm_boot_duration
+            .with_label_values(&["clone", &spec.backend])
+            .observe(started.elapsed().as_secs_f64());
         let uid = super::state::uid_of(pod);
         if !self.state.set_vm(pkey, &uid, vm.clone()) {
             tracing::info!(pod = %pkey, "wake finished for a superseded incarnation");
@@ -174,7 +251,9 @@ impl CocoonProvider {
         let ip = self.resolve_ip(&vm);
         self.write_runtime(pod, pkey, &vm.id, &ip).await;
         tracing::info!(pod = %pkey, vm = %spec.vm_name, id = %vm.id, %ip, source = %label, "guest woken");
-        self.ports.events.record(pod, false, "Woken", format!("cloned from {label}"));
+        self.ports
+            .events
+            .record(pod, false, "Woken", format!("cloned from {label}"));
         self.finish_boot(pod, pkey, &vm, restore_finish(&spec), true).await;
         true
     }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::gone::{self, Action, Eviction, Inspected, Recheck};
 use super::CocoonProvider;
+use super::gone::{self, Action, Eviction, Inspected, Recheck};
 use crate::runtime::{VmRecord, WatchItem};
 
 /// Runs until `stop`: every candidate event is handled in its own task.
@@ -32,7 +32,11 @@ pub(super) async fn run(p: Arc<CocoonProvider>, stop: CancellationToken) {
                 tokio::spawn(async move { p.handle_vm_gone(event.vm).await });
             }
             Some(WatchItem::Event(_)) => {}
-            Some(WatchItem::Disconnected { clean, reason, retry_in }) => {
+            Some(WatchItem::Disconnected {
+                clean,
+                reason,
+                retry_in,
+            }) => {
                 if clean {
                     let keep = p.cfg.timings.restart_cooldown.max(Duration::from_secs(60));
                     p.state.gc_restarts(Instant::now(), keep);
@@ -55,7 +59,9 @@ impl CocoonProvider {
     /// `handleVMGone`: the VM of an event is deleted or not running (by the event's word).
     /// One event per VM is handled at a time; repeats while it runs are dropped.
     pub(super) async fn handle_vm_gone(&self, event_vm: VmRecord) {
-        let Some((key, tracked)) = self.state.pod_of_vm(&event_vm.id, event_vm.name()) else { return };
+        let Some((key, tracked)) = self.state.pod_of_vm(&event_vm.id, event_vm.name()) else {
+            return;
+        };
         let Some(vm) = tracked.vm.clone() else { return };
         if !self.state.begin_vm_event(&vm.id) {
             return;
@@ -76,7 +82,12 @@ impl CocoonProvider {
             inspected = self.inspect_state(&vm.id).await;
         }
         let now = Instant::now();
-        let action = gone::after_inspect(&inspected, self.state.last_restart(&vm.id), now, self.cfg.timings.restart_cooldown);
+        let action = gone::after_inspect(
+            &inspected,
+            self.state.last_restart(&vm.id),
+            now,
+            self.cfg.timings.restart_cooldown,
+        );
         tracing::info!(pod = %key, vm = %vm.id, ?inspected, ?action, "vm event");
         match action {
             Action::Ignore => {}
@@ -96,14 +107,25 @@ impl CocoonProvider {
                 match self.ports.runtime.start(&vm.id).await {
                     Err(e) => {
                         tracing::warn!(pod = %key, vm = %vm.id, error = %e, "restarting the stopped vm failed");
-                        self.remove_then_evict(key, &tracked.uid, vm, Eviction::restart_failed(&format!("vm start {}: {e}", vm.id))).await;
+                        self.remove_then_evict(
+                            key,
+                            &tracked.uid,
+                            vm,
+                            Eviction::restart_failed(&format!("vm start {}: {e}", vm.id)),
+                        )
+                        .await;
                     }
                     Ok(()) => {
                         tracing::info!(pod = %key, vm = %vm.id, "stopped vm restarted in place");
                         if let Ok(current) = self.ports.runtime.inspect(&vm.id).await {
                             self.state.refresh_vm(key, &tracked.uid, current);
                         }
-                        self.ports.events.record(&tracked.pod, true, "VMRestarted", format!("vm {} stopped and was started again in place", vm.id));
+                        self.ports.events.record(
+                            &tracked.pod,
+                            true,
+                            "VMRestarted",
+                            format!("vm {} stopped and was started again in place", vm.id),
+                        );
                         self.notify(key);
                     }
                 }
@@ -154,7 +176,10 @@ impl CocoonProvider {
                 _ = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(t.recheck_max);
-            let still_ours = self.state.tracked_as(key, uid).is_some_and(|tr| tr.vm.is_some_and(|v| v.id == vm.id));
+            let still_ours = self
+                .state
+                .tracked_as(key, uid)
+                .is_some_and(|tr| tr.vm.is_some_and(|v| v.id == vm.id));
             if !still_ours {
                 return false;
             }

@@ -54,12 +54,16 @@ pub struct Registry {
     /// At most `max_heavy_pulls` pulls of v2 / index artifacts at once.
     pub(crate) heavy_pulls: Arc<Semaphore>,
     /// Pulls in flight, by key: followers wait for the leader's outcome.
-    pub(crate) flights: Mutex<HashMap<String, tokio::sync::watch::Receiver<Option<Result<super::PullReport, RegistryError>>>>>,
+    pub(crate) flights:
+        Mutex<HashMap<String, tokio::sync::watch::Receiver<Option<Result<super::PullReport, RegistryError>>>>>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("cfg", &self.cfg).field("node_name", &self.node_name).finish_non_exhaustive()
+        f.debug_struct("Registry")
+            .field("cfg", &self.cfg)
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -67,7 +71,11 @@ impl Registry {
     /// Builds the client; credentials come from the docker config (`DOCKER_CONFIG` or `~/.docker/config.json`,
     /// credential helpers included), else anonymous. Bearer-token challenges are answered by oci-client.
     pub fn new(cfg: RegistryConfig, node_name: String) -> Result<Registry, RegistryError> {
-        let protocol = if cfg.plain_http { ClientProtocol::HttpsExcept(vec![cfg.host.clone()]) } else { ClientProtocol::Https };
+        let protocol = if cfg.plain_http {
+            ClientProtocol::HttpsExcept(vec![cfg.host.clone()])
+        } else {
+            ClientProtocol::Https
+        };
         let client = Client::new(ClientConfig {
             protocol,
             connect_timeout: Some(Duration::from_secs(10)),
@@ -104,18 +112,40 @@ impl Registry {
     /// The reference of `repo` at `tag_or_digest` (a `:` marks a digest).
     pub(crate) fn reference(&self, repo: &str, tag_or_digest: &str) -> Reference {
         if tag_or_digest.contains(':') {
-            Reference::with_digest(self.cfg.host.clone(), self.cfg.repository(repo), tag_or_digest.to_string())
+            Reference::with_digest(
+                self.cfg.host.clone(),
+                self.cfg.repository(repo),
+                tag_or_digest.to_string(),
+            )
         } else {
-            Reference::with_tag(self.cfg.host.clone(), self.cfg.repository(repo), tag_or_digest.to_string())
+            Reference::with_tag(
+                self.cfg.host.clone(),
+                self.cfg.repository(repo),
+                tag_or_digest.to_string(),
+            )
         }
     }
 
     pub(crate) fn unavailable(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
-        RegistryError::Unavailable { op: op.to_string(), artifact: artifact.to_string(), registry: self.cfg.host.clone(), detail: e.to_string() }
+        RegistryError::Unavailable {
+            op: op.to_string(),
+            artifact: artifact.to_string(),
+            registry: self.cfg.host.clone(),
+            detail: e.to_string(),
+        }
     }
 
-    pub(crate) async fn authenticate(&self, r: &Reference, op: RegistryOperation, artifact: &str) -> Result<(), RegistryError> {
-        self.client.auth(r, &self.auth, op).await.map(|_| ()).map_err(|e| self.unavailable("authenticating for", artifact, e))
+    pub(crate) async fn authenticate(
+        &self,
+        r: &Reference,
+        op: RegistryOperation,
+        artifact: &str,
+    ) -> Result<(), RegistryError> {
+        self.client
+            .auth(r, &self.auth, op)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.unavailable("authenticating for", artifact, e))
     }
 
     /// Reads the manifest of `repo:tag`. A 404 is `Absent`; anything else that is not a manifest is an error.
@@ -135,7 +165,11 @@ impl Registry {
     pub(crate) async fn fetch_manifest(&self, repo: &str, reference: &str) -> Result<Option<Fetched>, RegistryError> {
         let artifact = format!("{repo}:{reference}");
         let r = self.reference(repo, reference);
-        let (raw, digest) = match self.client.pull_manifest_raw(&r, &self.auth, media::MANIFEST_ACCEPT).await {
+        let (raw, digest) = match self
+            .client
+            .pull_manifest_raw(&r, &self.auth, media::MANIFEST_ACCEPT)
+            .await
+        {
             Ok(x) => x,
             Err(e) if is_not_found(&e) => {
                 tracing::debug!(%artifact, "manifest absent");
@@ -145,16 +179,30 @@ impl Registry {
         };
         let computed = manifest::sha256_digest(&raw);
         if reference.contains(':') && computed != reference {
-            return Err(RegistryError::Corrupt { artifact, digest: reference.to_string(), what: "manifest".into(), detail: format!("its bytes hash to {computed}") });
+            return Err(RegistryError::Corrupt {
+                artifact,
+                digest: reference.to_string(),
+                what: "manifest".into(),
+                detail: format!("its bytes hash to {computed}"),
+            });
         }
-        let m = RawManifest::parse(&raw).map_err(|detail| RegistryError::InvalidArtifact { artifact: artifact.clone(), detail })?;
+        let m = RawManifest::parse(&raw).map_err(|detail| RegistryError::InvalidArtifact {
+            artifact: artifact.clone(),
+            detail,
+        })?;
         let digest = if digest.is_empty() { computed } else { digest };
-        Ok(Some(Fetched { raw, digest, manifest: m }))
+        Ok(Some(Fetched {
+            raw,
+            digest,
+            manifest: m,
+        }))
     }
 
     /// Resolves an index to its `linux/amd64` child; a manifest is returned as is. `None`: tag absent.
     pub(crate) async fn fetch_resolved(&self, repo: &str, tag: &str) -> Result<Option<(Fetched, bool)>, RegistryError> {
-        let Some(top) = self.fetch_manifest(repo, tag).await? else { return Ok(None) };
+        let Some(top) = self.fetch_manifest(repo, tag).await? else {
+            return Ok(None);
+        };
         if !top.manifest.is_index() {
             return Ok(Some((top, false)));
         }
@@ -165,34 +213,74 @@ impl Registry {
         let digest = child.digest.clone();
         tracing::debug!(repo, tag, child = %digest, "resolved image index");
         match self.fetch_manifest(repo, &digest).await? {
-            Some(c) if c.manifest.is_index() => Err(RegistryError::InvalidArtifact { artifact: format!("{repo}:{tag}"), detail: "nested image indexes are not supported".into() }),
+            Some(c) if c.manifest.is_index() => Err(RegistryError::InvalidArtifact {
+                artifact: format!("{repo}:{tag}"),
+                detail: "nested image indexes are not supported".into(),
+            }),
             Some(c) => Ok(Some((c, true))),
-            None => Err(RegistryError::NotFound { artifact: format!("{repo}@{digest}"), registry: self.cfg.host.clone(), detail: format!(" (child of the index {repo}:{tag})") }),
+            None => Err(RegistryError::NotFound {
+                artifact: format!("{repo}@{digest}"),
+                registry: self.cfg.host.clone(),
+                detail: format!(" (child of the index {repo}:{tag})"),
+            }),
         }
     }
 
     /// The config blob of the snapshot at `repo:tag` (`None` = tag absent).
     pub async fn snapshot_config(&self, repo: &str, tag: &str) -> Result<Option<SnapshotConfig>, RegistryError> {
-        let Some((f, _)) = self.fetch_resolved(repo, tag).await? else { return Ok(None) };
+        let Some((f, _)) = self.fetch_resolved(repo, tag).await? else {
+            return Ok(None);
+        };
         Ok(Some(self.fetch_snapshot_config(repo, tag, &f.manifest).await?))
     }
 
-    pub(crate) async fn fetch_snapshot_config(&self, repo: &str, tag: &str, m: &RawManifest) -> Result<SnapshotConfig, RegistryError> {
+    pub(crate) async fn fetch_snapshot_config(
+        &self,
+        repo: &str,
+        tag: &str,
+        m: &RawManifest,
+    ) -> Result<SnapshotConfig, RegistryError> {
         let artifact = format!("{repo}:{tag}");
         let kind = m.kind();
         if !kind.is_snapshot() {
-            return Err(RegistryError::WrongKind { artifact, kind: kind.name().into(), expected: "snapshot".into() });
+            return Err(RegistryError::WrongKind {
+                artifact,
+                kind: kind.name().into(),
+                expected: "snapshot".into(),
+            });
         }
-        let desc = m.config.as_ref().ok_or_else(|| RegistryError::InvalidArtifact { artifact: artifact.clone(), detail: "the manifest has no config".into() })?;
+        let desc = m.config.as_ref().ok_or_else(|| RegistryError::InvalidArtifact {
+            artifact: artifact.clone(),
+            detail: "the manifest has no config".into(),
+        })?;
         if desc.size < 0 || desc.size as u64 > manifest::MAX_CONFIG_BYTES {
-            return Err(RegistryError::InvalidArtifact { artifact, detail: format!("the config blob is {} bytes (at most {} are read)", desc.size, manifest::MAX_CONFIG_BYTES) });
+            return Err(RegistryError::InvalidArtifact {
+                artifact,
+                detail: format!(
+                    "the config blob is {} bytes (at most {} are read)",
+                    desc.size,
+                    manifest::MAX_CONFIG_BYTES
+                ),
+            });
         }
-        let bytes = self.fetch_small_blob(repo, tag, &desc.digest, desc.size as u64, "config").await?;
-        serde_json::from_slice(&bytes).map_err(|e| RegistryError::InvalidArtifact { artifact, detail: format!("the config blob is not a snapshot config: {e}") })
+        let bytes = self
+            .fetch_small_blob(repo, tag, &desc.digest, desc.size as u64, "config")
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|e| RegistryError::InvalidArtifact {
+            artifact,
+            detail: format!("the config blob is not a snapshot config: {e}"),
+        })
     }
 
     /// Reads a whole (small) blob, verifying size and digest.
-    pub(crate) async fn fetch_small_blob(&self, repo: &str, tag: &str, digest: &str, size: u64, what: &str) -> Result<Vec<u8>, RegistryError> {
+    pub(crate) async fn fetch_small_blob(
+        &self,
+        repo: &str,
+        tag: &str,
+        digest: &str,
+        size: u64,
+        what: &str,
+    ) -> Result<Vec<u8>, RegistryError> {
         let mut out = Vec::with_capacity(size as usize);
         let mut s = std::pin::pin!(self.blob_stream(repo, tag, digest, size, what).await?);
         while let Some(chunk) = s.next().await {
@@ -215,14 +303,25 @@ impl Registry {
         let expected_hex = digest
             .strip_prefix("sha256:")
             .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| RegistryError::InvalidArtifact { artifact: artifact.clone(), detail: format!("{what}: unsupported digest {digest:?} (only sha256 is read)") })?
+            .ok_or_else(|| RegistryError::InvalidArtifact {
+                artifact: artifact.clone(),
+                detail: format!("{what}: unsupported digest {digest:?} (only sha256 is read)"),
+            })?
             .to_ascii_lowercase();
         let r = self.reference(repo, tag);
-        let desc = OciDescriptor { digest: digest.to_string(), size: size as i64, ..Default::default() };
+        let desc = OciDescriptor {
+            digest: digest.to_string(),
+            size: size as i64,
+            ..Default::default()
+        };
         let sized = match self.client.pull_blob_stream(&r, &desc).await {
             Ok(s) => s,
             Err(e) if is_not_found(&e) => {
-                return Err(RegistryError::NotFound { artifact, registry: self.cfg.host.clone(), detail: format!(": blob {digest} ({what}) is missing") });
+                return Err(RegistryError::NotFound {
+                    artifact,
+                    registry: self.cfg.host.clone(),
+                    detail: format!(": blob {digest} ({what}) is missing"),
+                });
             }
             Err(e) => return Err(self.unavailable(&format!("downloading blob {digest} ({what}) of"), &artifact, e)),
         };
@@ -277,7 +376,9 @@ impl Registry {
                 tracing::info!(%artifact, "manifest already absent");
                 return Ok(());
             }
-            DeleteOutcome::Refused(why) => tracing::debug!(%artifact, %why, "delete by tag refused; deleting by digest"),
+            DeleteOutcome::Refused(why) => {
+                tracing::debug!(%artifact, %why, "delete by tag refused; deleting by digest")
+            }
         }
         let digest = match self.client.fetch_manifest_digest(&r, &self.auth).await {
             Ok(d) => d,
@@ -294,30 +395,53 @@ impl Registry {
                 op: "deleting".into(),
                 artifact,
                 registry: self.cfg.host.clone(),
-                detail: format!("{why} (by digest {digest}); enable deletes on the registry (storage.delete.enabled: true / REGISTRY_STORAGE_DELETE_ENABLED=true)"),
+                detail: format!(
+                    "{why} (by digest {digest}); enable deletes on the registry (storage.delete.enabled: true / REGISTRY_STORAGE_DELETE_ENABLED=true)"
+                ),
             }),
         }
     }
 
     async fn delete_ref(&self, repo: &str, reference: &str, artifact: &str) -> Result<DeleteOutcome, RegistryError> {
-        let url = format!("{}/v2/{}/manifests/{}", self.cfg.base_url(), self.cfg.repository(repo), reference);
+        let url = format!(
+            "{}/v2/{}/manifests/{}",
+            self.cfg.base_url(),
+            self.cfg.repository(repo),
+            reference
+        );
         let mut req = self.http.delete(&url);
         match &self.auth {
             RegistryAuth::Basic(u, p) => req = req.basic_auth(u, Some(p)),
             RegistryAuth::Bearer(t) => req = req.bearer_auth(t),
             RegistryAuth::Anonymous => {}
         }
-        let resp = req.send().await.map_err(|e| self.unavailable("deleting", artifact, e))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| self.unavailable("deleting", artifact, e))?;
         let status = resp.status();
         let body = resp.text().await.unwrap_or_default();
         Ok(match status.as_u16() {
             200..=299 => DeleteOutcome::Deleted,
             404 => DeleteOutcome::Absent,
             401 | 403 => {
-                return Err(self.unavailable("deleting", artifact, format!("DELETE {url} answered {status} (credentials lack delete rights): {}", body.trim())));
+                return Err(self.unavailable(
+                    "deleting",
+                    artifact,
+                    format!(
+                        "DELETE {url} answered {status} (credentials lack delete rights): {}",
+                        body.trim()
+                    ),
+                ));
             }
             400..=499 => DeleteOutcome::Refused(format!("DELETE {url} answered {status}: {}", body.trim())),
-            _ => return Err(self.unavailable("deleting", artifact, format!("DELETE {url} answered {status}: {}", body.trim()))),
+            _ => {
+                return Err(self.unavailable(
+                    "deleting",
+                    artifact,
+                    format!("DELETE {url} answered {status}: {}", body.trim()),
+                ));
+            }
         })
     }
 }
@@ -336,7 +460,13 @@ pub(crate) fn is_not_found(e: &OciDistributionError) -> bool {
         OciDistributionError::RegistryError { envelope, .. } => {
             !envelope.errors.is_empty()
                 && envelope.errors.iter().all(|x| {
-                    matches!(x.code, OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown | OciErrorCode::BlobUnknown | OciErrorCode::NotFound)
+                    matches!(
+                        x.code,
+                        OciErrorCode::ManifestUnknown
+                            | OciErrorCode::NameUnknown
+                            | OciErrorCode::BlobUnknown
+                            | OciErrorCode::NotFound
+                    )
                 })
         }
         OciDistributionError::RequestError(r) => r.status().map(|s| s.as_u16()) == Some(404),
@@ -373,7 +503,9 @@ mod tests {
     use super::*;
 
     fn from_config(json: &str, host: &str) -> RegistryAuth {
-        auth_from(host, |key| docker_credential::get_credential_from_reader(json.as_bytes(), key).ok())
+        auth_from(host, |key| {
+            docker_credential::get_credential_from_reader(json.as_bytes(), key).ok()
+        })
     }
 
     #[test]
@@ -390,7 +522,13 @@ mod tests {
     fn not_found_answers_are_recognised() {
         use oci_client::errors::{OciEnvelope, OciError};
         let env = |code| OciDistributionError::RegistryError {
-            envelope: OciEnvelope { errors: vec![OciError { code, message: String::new(), detail: serde_json::Value::Null }] },
+            envelope: OciEnvelope {
+                errors: vec![OciError {
+                    code,
+                    message: String::new(),
+                    detail: serde_json::Value::Null,
+                }],
+            },
             url: String::new(),
         };
         assert!(is_not_found(&env(OciErrorCode::ManifestUnknown)));
@@ -398,8 +536,18 @@ mod tests {
         assert!(is_not_found(&env(OciErrorCode::BlobUnknown)));
         assert!(!is_not_found(&env(OciErrorCode::Denied)));
         assert!(!is_not_found(&env(OciErrorCode::Unauthorized)));
-        assert!(is_not_found(&OciDistributionError::ServerError { code: 404, url: String::new(), message: String::new() }));
-        assert!(!is_not_found(&OciDistributionError::ServerError { code: 503, url: String::new(), message: String::new() }));
-        assert!(!is_not_found(&OciDistributionError::UnauthorizedError { url: String::new() }));
+        assert!(is_not_found(&OciDistributionError::ServerError {
+            code: 404,
+            url: String::new(),
+            message: String::new()
+        }));
+        assert!(!is_not_found(&OciDistributionError::ServerError {
+            code: 503,
+            url: String::new(),
+            message: String::new()
+        }));
+        assert!(!is_not_found(&OciDistributionError::UnauthorizedError {
+            url: String::new()
+        }));
     }
 }

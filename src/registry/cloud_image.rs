@@ -23,7 +23,12 @@ pub enum CloudImage {
 impl Registry {
     /// Ensures the cloud image `reference` (`repo[:tag]`, registry-relative) is imported. Registry errors
     /// come back as errors (the behaviour spec's caller falls back to `cocoon image pull` on them).
-    pub async fn ensure_cloud_image(&self, runtime: &dyn CocoonRuntime, reference: &str, force: bool) -> Result<CloudImage, RegistryError> {
+    pub async fn ensure_cloud_image(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        reference: &str,
+        force: bool,
+    ) -> Result<CloudImage, RegistryError> {
         if reference.is_empty() {
             return Err(RegistryError::InvalidRequest("empty image reference".into()));
         }
@@ -48,20 +53,34 @@ impl Registry {
         }
         let mut disks = Vec::new();
         for l in &f.manifest.layers {
-            let title = l.annotations.get(media::ANN_TITLE).filter(|t| !t.is_empty()).ok_or_else(|| RegistryError::InvalidArtifact {
-                artifact: artifact.clone(),
-                detail: format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE),
-            })?;
+            let title = l
+                .annotations
+                .get(media::ANN_TITLE)
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| RegistryError::InvalidArtifact {
+                    artifact: artifact.clone(),
+                    detail: format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE),
+                })?;
             if !media::is_cloud_disk_layer(&l.media_type) {
-                return Err(RegistryError::UnsupportedMediaType { artifact: artifact.clone(), title: title.clone(), media_type: l.media_type.clone() });
+                return Err(RegistryError::UnsupportedMediaType {
+                    artifact: artifact.clone(),
+                    title: title.clone(),
+                    media_type: l.media_type.clone(),
+                });
             }
             if l.size < 0 {
-                return Err(RegistryError::InvalidArtifact { artifact: artifact.clone(), detail: format!("layer {title:?} has a negative size") });
+                return Err(RegistryError::InvalidArtifact {
+                    artifact: artifact.clone(),
+                    detail: format!("layer {title:?} has a negative size"),
+                });
             }
             disks.push((title.clone(), l.digest.clone(), l.size as u64));
         }
         if disks.is_empty() {
-            return Err(RegistryError::InvalidArtifact { artifact, detail: "the cloud image has no disk layers".into() });
+            return Err(RegistryError::InvalidArtifact {
+                artifact,
+                detail: "the cloud image has no disk layers".into(),
+            });
         }
         disks.sort_by(|a, b| a.0.cmp(&b.0));
         let total: u64 = disks.iter().map(|d| d.2).sum();
@@ -97,7 +116,11 @@ impl Registry {
                 Ok(CloudImage::Imported { local_name })
             }
             (Err(e), _) if !is_import_stopped(&e) => Err(e),
-            (_, Err(e)) => Err(RegistryError::runtime(&artifact, &format!("image import {local_name}"), &e)),
+            (_, Err(e)) => Err(RegistryError::runtime(
+                &artifact,
+                &format!("image import {local_name}"),
+                &e,
+            )),
             (Err(e), Ok(())) => Err(e),
         }
     }

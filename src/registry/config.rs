@@ -41,7 +41,10 @@ impl RegistryConfig {
         if v.is_empty() {
             return Ok(None);
         }
-        let invalid = |reason: &str| ConfigError::Invalid { value: value.to_string(), reason: reason.to_string() };
+        let invalid = |reason: &str| ConfigError::Invalid {
+            value: value.to_string(),
+            reason: reason.to_string(),
+        };
         let (scheme, rest) = if let Some(r) = v.strip_prefix("http://") {
             (Some(true), r)
         } else if let Some(r) = v.strip_prefix("https://") {
@@ -64,13 +67,20 @@ impl RegistryConfig {
         if hostport.is_empty() {
             return Err(invalid("the host is empty"));
         }
-        if hostport.chars().any(|c| c.is_whitespace() || c == '@' || c == '?' || c == '#') {
+        if hostport
+            .chars()
+            .any(|c| c.is_whitespace() || c == '@' || c == '?' || c == '#')
+        {
             return Err(invalid("the host contains characters that are not allowed"));
         }
         let host = host_of(hostport).ok_or_else(|| invalid("the port is not a number"))?;
-        if prefix.chars().any(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c)))
+        if prefix
+            .chars()
+            .any(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c)))
         {
-            return Err(invalid("the prefix must be a lower-case repository path (a-z 0-9 . _ - /)"));
+            return Err(invalid(
+                "the prefix must be a lower-case repository path (a-z 0-9 . _ - /)",
+            ));
         }
         Ok(Some(RegistryConfig {
             host: hostport.to_ascii_lowercase(),
@@ -83,7 +93,11 @@ impl RegistryConfig {
 
     /// The full repository path of `repo` (with the prefix).
     pub fn repository(&self, repo: &str) -> String {
-        if self.prefix.is_empty() { repo.to_string() } else { format!("{}/{}", self.prefix, repo) }
+        if self.prefix.is_empty() {
+            repo.to_string()
+        } else {
+            format!("{}/{}", self.prefix, repo)
+        }
     }
 
     /// Base URL (`http(s)://host[:port]`).
@@ -139,7 +153,10 @@ mod tests {
         assert_eq!(c.repository("vk-default-demo-0"), "cocoon/vk-default-demo-0");
         assert_eq!(c.base_url(), "http://localhost:5000");
         let c = RegistryConfig::parse("registry.example.com/a/b/").unwrap().unwrap();
-        assert_eq!((c.host.as_str(), c.prefix.as_str(), c.plain_http), ("registry.example.com", "a/b", false));
+        assert_eq!(
+            (c.host.as_str(), c.prefix.as_str(), c.plain_http),
+            ("registry.example.com", "a/b", false)
+        );
         assert_eq!(c.repository("x"), "a/b/x");
         let c = RegistryConfig::parse("ghcr.io").unwrap().unwrap();
         assert_eq!((c.prefix.as_str(), c.repository("x").as_str()), ("", "x"));
@@ -169,7 +186,10 @@ mod tests {
     fn invalid_values_say_why() {
         for v in ["localhost:abc", "ftp://x", "/prefix", "host/UPPER", "host//x", "a b"] {
             let e = RegistryConfig::parse(v).unwrap_err().to_string();
-            assert!(e.contains("OCI_REGISTRY") && e.contains("host[:port][/prefix]"), "{v}: {e}");
+            assert!(
+                e.contains("OCI_REGISTRY") && e.contains("host[:port][/prefix]"),
+                "{v}: {e}"
+            );
         }
     }
 }

@@ -14,32 +14,68 @@ pub enum ConfigError {
 pub enum RegistryError {
     /// The registry could not be reached or answered something other than a definite answer (5xx, timeout,
     /// connection reset, 401/403...). Retry later; nothing was decided.
-    #[error("registry unavailable while {op} {artifact}: {detail}; check that the registry at {registry} is up and reachable (and the credentials in the docker config), then retry")]
-    Unavailable { op: String, artifact: String, registry: String, detail: String },
+    #[error(
+        "registry unavailable while {op} {artifact}: {detail}; check that the registry at {registry} is up and reachable (and the credentials in the docker config), then retry"
+    )]
+    Unavailable {
+        op: String,
+        artifact: String,
+        registry: String,
+        detail: String,
+    },
     /// The tag (or a blob it names) does not exist.
     #[error("{artifact} not found in the registry {registry}{detail}; push it first or fix the reference")]
-    NotFound { artifact: String, registry: String, detail: String },
+    NotFound {
+        artifact: String,
+        registry: String,
+        detail: String,
+    },
     /// A blob's bytes do not match the digest or size of its descriptor.
-    #[error("{artifact}: blob {digest} ({what}) is corrupt: {detail}; the registry copy is damaged — re-push the snapshot")]
-    Corrupt { artifact: String, digest: String, what: String, detail: String },
+    #[error(
+        "{artifact}: blob {digest} ({what}) is corrupt: {detail}; the registry copy is damaged — re-push the snapshot"
+    )]
+    Corrupt {
+        artifact: String,
+        digest: String,
+        what: String,
+        detail: String,
+    },
     /// The manifest or config is malformed or uses something this daemon cannot read.
     #[error("{artifact}: invalid artifact: {detail}")]
     InvalidArtifact { artifact: String, detail: String },
     /// A layer media type outside the allowlist.
-    #[error("{artifact}: layer {title:?} has unsupported media type {media_type:?}; this daemon reads only cocoonstack snapshot layers (v1/v2) — re-push the snapshot with a supported cocoon version")]
-    UnsupportedMediaType { artifact: String, title: String, media_type: String },
+    #[error(
+        "{artifact}: layer {title:?} has unsupported media type {media_type:?}; this daemon reads only cocoonstack snapshot layers (v1/v2) — re-push the snapshot with a supported cocoon version"
+    )]
+    UnsupportedMediaType {
+        artifact: String,
+        title: String,
+        media_type: String,
+    },
     /// mode=run was given a snapshot artifact.
     #[error("image {artifact} is a snapshot artifact; use mode=clone instead of mode=run")]
     SnapshotArtifact { artifact: String },
     /// The artifact is not what the operation expects (e.g. pulling a cloud image as a snapshot).
     #[error("{artifact} is a {kind} artifact, not a {expected}; use the matching mode for this image")]
-    WrongKind { artifact: String, kind: String, expected: String },
+    WrongKind {
+        artifact: String,
+        kind: String,
+        expected: String,
+    },
     /// The cocoon CLI failed (export, import, inspect).
     #[error("{artifact}: cocoon {step} failed: {detail}")]
-    Runtime { artifact: String, step: String, detail: String },
+    Runtime {
+        artifact: String,
+        step: String,
+        detail: String,
+    },
     /// Reading the export stream / spooling to disk failed.
     #[error("{artifact}: {step} failed: {detail}")]
-    Io { artifact: String, step: String, detail: String },
+    Io {
+        artifact: String,
+        step: String,
+        detail: String,
+    },
     /// A bad argument (reference syntax etc.).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -52,6 +88,10 @@ impl RegistryError {
     }
 
     pub(crate) fn runtime(artifact: &str, step: &str, e: &RuntimeError) -> Self {
-        RegistryError::Runtime { artifact: artifact.to_string(), step: step.to_string(), detail: e.to_string() }
+        RegistryError::Runtime {
+            artifact: artifact.to_string(),
+            step: step.to_string(),
+            detail: e.to_string(),
+        }
     }
 }

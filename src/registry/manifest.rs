@@ -56,7 +56,11 @@ pub struct RawManifest {
 impl RawManifest {
     pub fn parse(bytes: &[u8]) -> Result<RawManifest, String> {
         if bytes.len() > MAX_MANIFEST_BYTES {
-            return Err(format!("manifest is {} bytes, more than the {} allowed", bytes.len(), MAX_MANIFEST_BYTES));
+            return Err(format!(
+                "manifest is {} bytes, more than the {} allowed",
+                bytes.len(),
+                MAX_MANIFEST_BYTES
+            ));
         }
         let m: RawManifest = serde_json::from_slice(bytes).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
         if m.schema_version != 2 {
@@ -66,15 +70,21 @@ impl RawManifest {
     }
 
     pub fn is_index(&self) -> bool {
-        matches!(self.media_type.as_deref(), Some(media::OCI_INDEX) | Some(media::DOCKER_MANIFEST_LIST))
-            || (self.config.is_none() && !self.manifests.is_empty())
+        matches!(
+            self.media_type.as_deref(),
+            Some(media::OCI_INDEX) | Some(media::DOCKER_MANIFEST_LIST)
+        ) || (self.config.is_none() && !self.manifests.is_empty())
     }
 
     pub fn kind(&self) -> ArtifactKind {
         if self.is_index() {
             return ArtifactKind::ImageIndex;
         }
-        media::classify(self.media_type.as_deref(), self.artifact_type.as_deref(), self.config.as_ref().map(|c| c.media_type.as_str()))
+        media::classify(
+            self.media_type.as_deref(),
+            self.artifact_type.as_deref(),
+            self.config.as_ref().map(|c| c.media_type.as_str()),
+        )
     }
 }
 
@@ -159,7 +169,10 @@ impl SnapshotConfig {
     /// Builds the config from the export's `snapshot.json` envelope (`{"version":1,"config":{snake_case}}`).
     pub fn from_envelope(envelope: &[u8], created_at: String) -> Result<SnapshotConfig, String> {
         let v: Value = serde_json::from_slice(envelope).map_err(|e| format!("snapshot.json is not valid JSON: {e}"))?;
-        let c = v.get("config").and_then(Value::as_object).ok_or("snapshot.json has no \"config\" object")?;
+        let c = v
+            .get("config")
+            .and_then(Value::as_object)
+            .ok_or("snapshot.json has no \"config\" object")?;
         let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         let i = |k: &str| c.get(k).and_then(Value::as_i64).unwrap_or_default();
         let u = |k: &str| c.get(k).and_then(Value::as_u64).unwrap_or_default();
@@ -170,7 +183,11 @@ impl SnapshotConfig {
             image: s("image"),
             image_digest: s("image_digest"),
             image_type: s("image_type"),
-            image_blob_ids: c.get("image_blob_ids").and_then(Value::as_object).map(|m| m.clone().into_iter().collect()).unwrap_or_default(),
+            image_blob_ids: c
+                .get("image_blob_ids")
+                .and_then(Value::as_object)
+                .map(|m| m.clone().into_iter().collect())
+                .unwrap_or_default(),
             hypervisor: s("hypervisor"),
             cpu: i("cpu"),
             memory: u("memory"),
@@ -191,7 +208,9 @@ impl SnapshotConfig {
             _ => {
                 let mut m = Map::new();
                 let mut put = |k: &str, v: Value| {
-                    let empty = matches!(&v, Value::String(s) if s.is_empty()) || v == Value::from(0) || v == Value::Bool(false);
+                    let empty = matches!(&v, Value::String(s) if s.is_empty())
+                        || v == Value::from(0)
+                        || v == Value::Bool(false);
                     if !empty {
                         m.insert(k.to_string(), v);
                     }
@@ -209,7 +228,10 @@ impl SnapshotConfig {
                 put("network", self.network.clone().into());
                 put("windows", self.windows.into());
                 if !self.image_blob_ids.is_empty() {
-                    m.insert("image_blob_ids".into(), Value::Object(self.image_blob_ids.clone().into_iter().collect()));
+                    m.insert(
+                        "image_blob_ids".into(),
+                        Value::Object(self.image_blob_ids.clone().into_iter().collect()),
+                    );
                 }
                 m
             }
@@ -252,22 +274,36 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
     let v2 = match m.kind() {
         ArtifactKind::SnapshotV1 => false,
         ArtifactKind::SnapshotV2 => true,
-        k => return Err(PlanError::Invalid(format!("the artifact is a {} artifact, not a snapshot", k.name()))),
+        k => {
+            return Err(PlanError::Invalid(format!(
+                "the artifact is a {} artifact, not a snapshot",
+                k.name()
+            )));
+        }
     };
     let mut order: Vec<String> = Vec::new();
     let mut by_title: BTreeMap<String, Vec<&Descriptor>> = BTreeMap::new();
     for l in &m.layers {
-        let title = l.annotations.get(media::ANN_TITLE).filter(|t| !t.is_empty()).ok_or_else(|| {
-            PlanError::Invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE))
-        })?;
+        let title = l
+            .annotations
+            .get(media::ANN_TITLE)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| PlanError::Invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE)))?;
         if title.contains('/') || title == "." || title == ".." || title == "snapshot.json" {
-            return Err(PlanError::Invalid(format!("layer title {title:?} is not a bare snapshot file name")));
+            return Err(PlanError::Invalid(format!(
+                "layer title {title:?} is not a bare snapshot file name"
+            )));
         }
-        let enc = media::snapshot_layer_encoding(&l.media_type)
-            .ok_or_else(|| PlanError::MediaType { title: title.clone(), media_type: l.media_type.clone() })?;
-        let chunked = l.annotations.contains_key(media::ANN_CHUNK_INDEX) || l.annotations.contains_key(media::ANN_CHUNK_COUNT);
+        let enc = media::snapshot_layer_encoding(&l.media_type).ok_or_else(|| PlanError::MediaType {
+            title: title.clone(),
+            media_type: l.media_type.clone(),
+        })?;
+        let chunked =
+            l.annotations.contains_key(media::ANN_CHUNK_INDEX) || l.annotations.contains_key(media::ANN_CHUNK_COUNT);
         if !v2 && (enc == LayerEncoding::Zstd || chunked) {
-            return Err(PlanError::Invalid(format!("layer {title:?} is zstd-compressed or chunked, which a v1 snapshot artifact may not be")));
+            return Err(PlanError::Invalid(format!(
+                "layer {title:?} is zstd-compressed or chunked, which a v1 snapshot artifact may not be"
+            )));
         }
         if l.size < 0 {
             return Err(PlanError::Invalid(format!("layer {title:?} has a negative size")));
@@ -282,11 +318,19 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
         let layers = &by_title[&title];
         let info = cfg.files.get(&title).cloned().unwrap_or_default();
         if !v2 && layers.len() > 1 {
-            return Err(PlanError::Invalid(format!("file {title:?} has {} layers in a v1 snapshot artifact", layers.len())));
+            return Err(PlanError::Invalid(format!(
+                "file {title:?} has {} layers in a v1 snapshot artifact",
+                layers.len()
+            )));
         }
         let parts: Vec<&Descriptor> = if info.chunks.is_empty() {
             let mut ls = layers.clone();
-            ls.sort_by_key(|l| l.annotations.get(media::ANN_CHUNK_INDEX).and_then(|i| i.parse::<u64>().ok()).unwrap_or(0));
+            ls.sort_by_key(|l| {
+                l.annotations
+                    .get(media::ANN_CHUNK_INDEX)
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .unwrap_or(0)
+            });
             ls
         } else {
             if info.chunks.len() != layers.len() {
@@ -300,7 +344,9 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
                 .iter()
                 .map(|d| {
                     layers.iter().copied().find(|l| &l.digest == d).ok_or_else(|| {
-                        PlanError::Invalid(format!("file {title:?}: chunk {d} of the config is not a layer of the manifest"))
+                        PlanError::Invalid(format!(
+                            "file {title:?}: chunk {d} of the config is not a layer of the manifest"
+                        ))
                     })
                 })
                 .collect::<Result<_, _>>()?
@@ -317,12 +363,16 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
         let size = match info.size {
             Some(s) => {
                 if !any_zstd && s != parts.iter().map(|p| p.size).sum::<u64>() {
-                    return Err(PlanError::Invalid(format!("file {title:?}: the config size {s} differs from the layers' sizes")));
+                    return Err(PlanError::Invalid(format!(
+                        "file {title:?}: the config size {s} differs from the layers' sizes"
+                    )));
                 }
                 s
             }
             None if any_zstd => {
-                return Err(PlanError::Invalid(format!("file {title:?} is compressed but the config carries no uncompressed size")));
+                return Err(PlanError::Invalid(format!(
+                    "file {title:?} is compressed but the config carries no uncompressed size"
+                )));
             }
             None => parts.iter().map(|p| p.size).sum(),
         };
@@ -356,7 +406,12 @@ pub struct PushedLayer {
 }
 
 /// The v1 snapshot manifest a push writes.
-pub fn snapshot_manifest_v1(config_digest: &str, config_size: u64, layers: &[PushedLayer], annotations: &BTreeMap<String, String>) -> Vec<u8> {
+pub fn snapshot_manifest_v1(
+    config_digest: &str,
+    config_size: u64,
+    layers: &[PushedLayer],
+    annotations: &BTreeMap<String, String>,
+) -> Vec<u8> {
     let layers: Vec<Value> = layers
         .iter()
         .map(|l| {
@@ -384,12 +439,18 @@ pub fn snapshot_manifest_v1(config_digest: &str, config_size: u64, layers: &[Pus
 pub fn amend_annotation(raw: &[u8], key: &str, value: &str) -> Result<(Vec<u8>, String), String> {
     let mut v: Value = serde_json::from_slice(raw).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
     let obj = v.as_object_mut().ok_or("manifest is not a JSON object")?;
-    let media_type = obj.get("mediaType").and_then(Value::as_str).unwrap_or(media::OCI_MANIFEST).to_string();
+    let media_type = obj
+        .get("mediaType")
+        .and_then(Value::as_str)
+        .unwrap_or(media::OCI_MANIFEST)
+        .to_string();
     let ann = obj.entry("annotations").or_insert_with(|| Value::Object(Map::new()));
     if !ann.is_object() {
         *ann = Value::Object(Map::new());
     }
-    ann.as_object_mut().expect("object").insert(key.to_string(), Value::String(value.to_string()));
+    ann.as_object_mut()
+        .expect("object")
+        .insert(key.to_string(), Value::String(value.to_string()));
     Ok((serde_json::to_vec(&v).map_err(|e| e.to_string())?, media_type))
 }
 
@@ -429,38 +490,91 @@ mod tests {
     fn v1_plan_keeps_layer_order_modes_and_sparse_records() {
         let m = manifest(
             media::SNAPSHOT_V1,
-            vec![layer("cow.raw", media::DISK_RAW, "sha256:a", 10, &[]), layer("cocoon.json", media::OCTET_STREAM, "sha256:b", 3, &[])],
+            vec![
+                layer("cow.raw", media::DISK_RAW, "sha256:a", 10, &[]),
+                layer("cocoon.json", media::OCTET_STREAM, "sha256:b", 3, &[]),
+            ],
         );
         let mut cfg = SnapshotConfig::default();
         cfg.files.insert(
             "cow.raw".into(),
-            FileInfo { mode: 0o600, sparse_map: Some("[{\"o\":0,\"l\":10}]".into()), sparse_size: Some(4096), ..Default::default() },
+            FileInfo {
+                mode: 0o600,
+                sparse_map: Some("[{\"o\":0,\"l\":10}]".into()),
+                sparse_size: Some(4096),
+                ..Default::default()
+            },
         );
         let p = snapshot_plan(&m, &cfg).unwrap();
         assert_eq!(p.len(), 2);
-        assert_eq!((p[0].title.as_str(), p[0].mode, p[0].size, p[0].sparse_size), ("cow.raw", 0o600, 10, Some(4096)));
+        assert_eq!(
+            (p[0].title.as_str(), p[0].mode, p[0].size, p[0].sparse_size),
+            ("cow.raw", 0o600, 10, Some(4096))
+        );
         assert_eq!(p[0].sparse_map.as_deref(), Some("[{\"o\":0,\"l\":10}]"));
         assert_eq!((p[1].title.as_str(), p[1].mode, p[1].size), ("cocoon.json", 0o640, 3));
     }
 
     #[test]
     fn v1_refuses_zstd_chunks_unknown_types_and_missing_titles() {
-        let m = manifest(media::SNAPSHOT_V1, vec![layer("mem", "application/octet-stream+zstd", "sha256:a", 1, &[])]);
-        assert!(matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("v1")));
-        let m = manifest(media::SNAPSHOT_V1, vec![layer("mem", media::OCTET_STREAM, "sha256:a", 1, &[(media::ANN_CHUNK_INDEX, "0")])]);
-        assert!(matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(_))));
-        let m = manifest(media::SNAPSHOT_V1, vec![layer("mem", "application/vnd.oci.image.layer.v1.tar", "sha256:a", 1, &[])]);
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("mem", "application/octet-stream+zstd", "sha256:a", 1, &[])],
+        );
+        assert!(
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("v1"))
+        );
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer(
+                "mem",
+                media::OCTET_STREAM,
+                "sha256:a",
+                1,
+                &[(media::ANN_CHUNK_INDEX, "0")],
+            )],
+        );
+        assert!(matches!(
+            snapshot_plan(&m, &SnapshotConfig::default()),
+            Err(PlanError::Invalid(_))
+        ));
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer(
+                "mem",
+                "application/vnd.oci.image.layer.v1.tar",
+                "sha256:a",
+                1,
+                &[],
+            )],
+        );
         assert_eq!(
             snapshot_plan(&m, &SnapshotConfig::default()),
-            Err(PlanError::MediaType { title: "mem".into(), media_type: "application/vnd.oci.image.layer.v1.tar".into() })
+            Err(PlanError::MediaType {
+                title: "mem".into(),
+                media_type: "application/vnd.oci.image.layer.v1.tar".into()
+            })
         );
-        let mut m = manifest(media::SNAPSHOT_V1, vec![layer("mem", media::OCTET_STREAM, "sha256:a", 1, &[])]);
+        let mut m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("mem", media::OCTET_STREAM, "sha256:a", 1, &[])],
+        );
         m.layers[0].annotations.clear();
-        assert!(matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("title")));
-        let m = manifest(media::SNAPSHOT_V1, vec![layer("../x", media::OCTET_STREAM, "sha256:a", 1, &[])]);
+        assert!(
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("title"))
+        );
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("../x", media::OCTET_STREAM, "sha256:a", 1, &[])],
+        );
         assert!(snapshot_plan(&m, &SnapshotConfig::default()).is_err());
-        let m = manifest(media::OS_IMAGE, vec![layer("disk", media::DISK_QCOW2, "sha256:a", 1, &[])]);
-        assert!(matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("cloud-image")));
+        let m = manifest(
+            media::OS_IMAGE,
+            vec![layer("disk", media::DISK_QCOW2, "sha256:a", 1, &[])],
+        );
+        assert!(
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("cloud-image"))
+        );
     }
 
     #[test]
@@ -468,15 +582,38 @@ mod tests {
         let m = manifest(
             media::SNAPSHOT_V2,
             vec![
-                layer("memory-ranges", "application/vnd.cocoonstack.vm.memory+zstd", "sha256:2", 5, &[(media::ANN_CHUNK_INDEX, "1")]),
-                layer("memory-ranges", "application/vnd.cocoonstack.vm.memory+zstd", "sha256:1", 6, &[(media::ANN_CHUNK_INDEX, "0")]),
+                layer(
+                    "memory-ranges",
+                    "application/vnd.cocoonstack.vm.memory+zstd",
+                    "sha256:2",
+                    5,
+                    &[(media::ANN_CHUNK_INDEX, "1")],
+                ),
+                layer(
+                    "memory-ranges",
+                    "application/vnd.cocoonstack.vm.memory+zstd",
+                    "sha256:1",
+                    6,
+                    &[(media::ANN_CHUNK_INDEX, "0")],
+                ),
                 layer("state.json", media::VM_STATE, "sha256:3", 7, &[]),
             ],
         );
         let mut cfg = SnapshotConfig::default();
-        cfg.files.insert("memory-ranges".into(), FileInfo { mode: 416, size: Some(100), chunks: vec!["sha256:1".into(), "sha256:2".into()], ..Default::default() });
+        cfg.files.insert(
+            "memory-ranges".into(),
+            FileInfo {
+                mode: 416,
+                size: Some(100),
+                chunks: vec!["sha256:1".into(), "sha256:2".into()],
+                ..Default::default()
+            },
+        );
         let p = snapshot_plan(&m, &cfg).unwrap();
-        assert_eq!(p[0].parts.iter().map(|x| x.digest.as_str()).collect::<Vec<_>>(), ["sha256:1", "sha256:2"]);
+        assert_eq!(
+            p[0].parts.iter().map(|x| x.digest.as_str()).collect::<Vec<_>>(),
+            ["sha256:1", "sha256:2"]
+        );
         assert_eq!((p[0].size, p[0].parts[0].encoding), (100, LayerEncoding::Zstd));
         assert_eq!(p[1].size, 7);
         // Without the uncompressed size a compressed file cannot be framed.
@@ -516,7 +653,16 @@ mod tests {
     fn config_from_envelope_and_back() {
         let env = br#"{"version":1,"config":{"id":"SNAP1","name":"vm-a","image":"img:1","image_digest":"sha256:i","hypervisor":"cloud-hypervisor","cpu":2,"memory":1024,"future_key":"kept"}}"#;
         let c = SnapshotConfig::from_envelope(env, "2026-01-01T00:00:00Z".into()).unwrap();
-        assert_eq!((c.snapshot_id.as_str(), c.image.as_str(), c.image_digest.as_str(), c.hypervisor.as_str(), c.cpu), ("SNAP1", "img:1", "sha256:i", "cloud-hypervisor", 2));
+        assert_eq!(
+            (
+                c.snapshot_id.as_str(),
+                c.image.as_str(),
+                c.image_digest.as_str(),
+                c.hypervisor.as_str(),
+                c.cpu
+            ),
+            ("SNAP1", "img:1", "sha256:i", "cloud-hypervisor", 2)
+        );
         let json = serde_json::to_value(&c).unwrap();
         assert_eq!(json["snapshotId"], "SNAP1");
         assert_eq!(json["imageDigest"], "sha256:i");
@@ -530,7 +676,14 @@ mod tests {
         let mut c2 = c.clone();
         c2.engine = None;
         let back: Value = serde_json::from_slice(&c2.envelope("l")).unwrap();
-        assert_eq!((back["config"]["id"].as_str(), back["config"]["memory"].as_u64(), back["config"].get("storage")), (Some("SNAP1"), Some(1024), None));
+        assert_eq!(
+            (
+                back["config"]["id"].as_str(),
+                back["config"]["memory"].as_u64(),
+                back["config"].get("storage")
+            ),
+            (Some("SNAP1"), Some(1024), None)
+        );
         assert!(SnapshotConfig::from_envelope(b"{}", String::new()).is_err());
     }
 
@@ -551,7 +704,16 @@ mod tests {
     fn v1_manifest_shape() {
         let mut ann = BTreeMap::new();
         ann.insert(media::ANN_CREATED.to_string(), "t".to_string());
-        let raw = snapshot_manifest_v1("sha256:c", 9, &[PushedLayer { title: "memory-ranges".into(), digest: "sha256:m".into(), size: 5 }], &ann);
+        let raw = snapshot_manifest_v1(
+            "sha256:c",
+            9,
+            &[PushedLayer {
+                title: "memory-ranges".into(),
+                digest: "sha256:m".into(),
+                size: 5,
+            }],
+            &ann,
+        );
         let m = RawManifest::parse(&raw).unwrap();
         assert_eq!(m.kind(), ArtifactKind::SnapshotV1);
         assert_eq!(m.layers[0].media_type, media::VM_MEMORY);

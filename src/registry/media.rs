@@ -59,7 +59,17 @@ pub fn snapshot_layer_encoding(media_type: &str) -> Option<LayerEncoding> {
         Some(b) => (b, LayerEncoding::Zstd),
         None => (media_type, LayerEncoding::Raw),
     };
-    [VM_CONFIG, VM_STATE, VM_MEMORY, VM_CIDATA, DISK_QCOW2, DISK_RAW, OCTET_STREAM].contains(&base).then_some(enc)
+    [
+        VM_CONFIG,
+        VM_STATE,
+        VM_MEMORY,
+        VM_CIDATA,
+        DISK_QCOW2,
+        DISK_RAW,
+        OCTET_STREAM,
+    ]
+    .contains(&base)
+    .then_some(enc)
 }
 
 /// Disk layer media types of a cloud image (B.4), including `.part` splits and the legacy windows names.
@@ -96,7 +106,11 @@ impl ArtifactKind {
 }
 
 /// Classifies by `artifactType` first, then config media type, then the top-level media type.
-pub fn classify(media_type: Option<&str>, artifact_type: Option<&str>, config_media_type: Option<&str>) -> ArtifactKind {
+pub fn classify(
+    media_type: Option<&str>,
+    artifact_type: Option<&str>,
+    config_media_type: Option<&str>,
+) -> ArtifactKind {
     match artifact_type {
         Some(SNAPSHOT_V1) => return ArtifactKind::SnapshotV1,
         Some(SNAPSHOT_V2) => return ArtifactKind::SnapshotV2,
@@ -118,7 +132,11 @@ pub fn classify(media_type: Option<&str>, artifact_type: Option<&str>, config_me
 /// (`repo:`) means `latest`, since a registry has no empty tag.
 pub fn parse_ref(reference: &str) -> (String, String) {
     let (repo, tag) = vk_policy_support::naming::parse_ref(reference);
-    let tag = if tag.is_empty() { vk_policy_support::naming::DEFAULT_SNAPSHOT_TAG } else { tag };
+    let tag = if tag.is_empty() {
+        vk_policy_support::naming::DEFAULT_SNAPSHOT_TAG
+    } else {
+        tag
+    };
     (repo.to_string(), tag.to_string())
 }
 
@@ -149,10 +167,22 @@ mod tests {
     #[test]
     fn allowlist() {
         assert_eq!(snapshot_layer_encoding(VM_MEMORY), Some(LayerEncoding::Raw));
-        assert_eq!(snapshot_layer_encoding("application/vnd.cocoonstack.vm.memory+zstd"), Some(LayerEncoding::Zstd));
-        assert_eq!(snapshot_layer_encoding("application/octet-stream+zstd"), Some(LayerEncoding::Zstd));
-        assert_eq!(snapshot_layer_encoding("application/vnd.oci.image.layer.v1.tar+gzip"), None);
-        assert_eq!(snapshot_layer_encoding("application/vnd.cocoonstack.vm.memory+gzip"), None);
+        assert_eq!(
+            snapshot_layer_encoding("application/vnd.cocoonstack.vm.memory+zstd"),
+            Some(LayerEncoding::Zstd)
+        );
+        assert_eq!(
+            snapshot_layer_encoding("application/octet-stream+zstd"),
+            Some(LayerEncoding::Zstd)
+        );
+        assert_eq!(
+            snapshot_layer_encoding("application/vnd.oci.image.layer.v1.tar+gzip"),
+            None
+        );
+        assert_eq!(
+            snapshot_layer_encoding("application/vnd.cocoonstack.vm.memory+gzip"),
+            None
+        );
         assert_eq!(snapshot_layer_encoding(""), None);
     }
 
@@ -168,22 +198,50 @@ mod tests {
         ] {
             assert!(is_cloud_disk_layer(t), "{t}");
         }
-        for t in ["application/vnd.cocoonstack.vm.memory", "application/octet-stream", "application/vnd.cocoonstack.disk.vhd"] {
+        for t in [
+            "application/vnd.cocoonstack.vm.memory",
+            "application/octet-stream",
+            "application/vnd.cocoonstack.disk.vhd",
+        ] {
             assert!(!is_cloud_disk_layer(t), "{t}");
         }
     }
 
     #[test]
     fn classification() {
-        assert_eq!(classify(Some(OCI_MANIFEST), Some(SNAPSHOT_V1), Some(SNAPSHOT_CONFIG)), ArtifactKind::SnapshotV1);
-        assert_eq!(classify(Some(OCI_MANIFEST), Some(SNAPSHOT_V2), Some(SNAPSHOT_CONFIG)), ArtifactKind::SnapshotV2);
-        assert_eq!(classify(Some(OCI_MANIFEST), Some(OS_IMAGE), Some(OCI_EMPTY)), ArtifactKind::CloudImage);
-        assert_eq!(classify(Some(OCI_MANIFEST), Some(WINDOWS_IMAGE), Some(OCI_EMPTY)), ArtifactKind::CloudImage);
-        assert_eq!(classify(Some(OCI_MANIFEST), None, Some(OCI_IMAGE_CONFIG)), ArtifactKind::ContainerImage);
-        assert_eq!(classify(Some(DOCKER_MANIFEST), None, Some(DOCKER_IMAGE_CONFIG)), ArtifactKind::ContainerImage);
+        assert_eq!(
+            classify(Some(OCI_MANIFEST), Some(SNAPSHOT_V1), Some(SNAPSHOT_CONFIG)),
+            ArtifactKind::SnapshotV1
+        );
+        assert_eq!(
+            classify(Some(OCI_MANIFEST), Some(SNAPSHOT_V2), Some(SNAPSHOT_CONFIG)),
+            ArtifactKind::SnapshotV2
+        );
+        assert_eq!(
+            classify(Some(OCI_MANIFEST), Some(OS_IMAGE), Some(OCI_EMPTY)),
+            ArtifactKind::CloudImage
+        );
+        assert_eq!(
+            classify(Some(OCI_MANIFEST), Some(WINDOWS_IMAGE), Some(OCI_EMPTY)),
+            ArtifactKind::CloudImage
+        );
+        assert_eq!(
+            classify(Some(OCI_MANIFEST), None, Some(OCI_IMAGE_CONFIG)),
+            ArtifactKind::ContainerImage
+        );
+        assert_eq!(
+            classify(Some(DOCKER_MANIFEST), None, Some(DOCKER_IMAGE_CONFIG)),
+            ArtifactKind::ContainerImage
+        );
         assert_eq!(classify(Some(OCI_INDEX), None, None), ArtifactKind::ImageIndex);
-        assert_eq!(classify(Some(DOCKER_MANIFEST_LIST), None, None), ArtifactKind::ImageIndex);
-        assert_eq!(classify(Some(OCI_MANIFEST), Some("application/x-other"), Some("application/x")), ArtifactKind::Unknown);
+        assert_eq!(
+            classify(Some(DOCKER_MANIFEST_LIST), None, None),
+            ArtifactKind::ImageIndex
+        );
+        assert_eq!(
+            classify(Some(OCI_MANIFEST), Some("application/x-other"), Some("application/x")),
+            ArtifactKind::Unknown
+        );
     }
 
     #[test]

@@ -59,7 +59,13 @@ impl Drop for FlightGuard<'_> {
 
 impl Registry {
     /// Pulls `repo:tag` into the local snapshot `local_name` (replacing one of that name).
-    pub async fn pull_snapshot(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local_name: &str) -> Result<PullReport, RegistryError> {
+    pub async fn pull_snapshot(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        repo: &str,
+        tag: &str,
+        local_name: &str,
+    ) -> Result<PullReport, RegistryError> {
         let key = format!("{repo}:{tag}=>{local_name}");
         loop {
             let role = {
@@ -75,7 +81,10 @@ impl Registry {
             };
             match role {
                 Role::Leader(tx) => {
-                    let _guard = FlightGuard { reg: self, key: key.clone() };
+                    let _guard = FlightGuard {
+                        reg: self,
+                        key: key.clone(),
+                    };
                     let r = self.pull_once(runtime, repo, tag, local_name).await;
                     let _ = tx.send(Some(r.clone()));
                     return r;
@@ -98,32 +107,56 @@ impl Registry {
         }
     }
 
-    async fn pull_once(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local_name: &str) -> Result<PullReport, RegistryError> {
+    async fn pull_once(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        repo: &str,
+        tag: &str,
+        local_name: &str,
+    ) -> Result<PullReport, RegistryError> {
         let artifact = format!("{repo}:{tag}");
         let started = Instant::now();
-        let (f, from_index) = self.fetch_resolved(repo, tag).await?.ok_or_else(|| RegistryError::NotFound {
-            artifact: artifact.clone(),
-            registry: self.cfg.host.clone(),
-            detail: String::new(),
-        })?;
+        let (f, from_index) = self
+            .fetch_resolved(repo, tag)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound {
+                artifact: artifact.clone(),
+                registry: self.cfg.host.clone(),
+                detail: String::new(),
+            })?;
         let heavy = from_index || f.manifest.kind() == ArtifactKind::SnapshotV2;
         let _permit = if heavy {
             tracing::debug!(%artifact, "waiting for a heavy-pull slot");
-            Some(self.heavy_pulls.clone().acquire_owned().await.expect("semaphore never closed"))
+            Some(
+                self.heavy_pulls
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("semaphore never closed"),
+            )
         } else {
             None
         };
         let cfg = self.fetch_snapshot_config(repo, tag, &f.manifest).await?;
         let plan = manifest::snapshot_plan(&f.manifest, &cfg).map_err(|e| match e {
-            PlanError::Invalid(detail) => RegistryError::InvalidArtifact { artifact: artifact.clone(), detail },
-            PlanError::MediaType { title, media_type } => RegistryError::UnsupportedMediaType { artifact: artifact.clone(), title, media_type },
+            PlanError::Invalid(detail) => RegistryError::InvalidArtifact {
+                artifact: artifact.clone(),
+                detail,
+            },
+            PlanError::MediaType { title, media_type } => RegistryError::UnsupportedMediaType {
+                artifact: artifact.clone(),
+                title,
+                media_type,
+            },
         })?;
         let total: u64 = plan.iter().map(|p| p.stored_bytes()).sum();
         tracing::info!(%artifact, local_name, digest = %f.digest, files = plan.len(), bytes = total, "pulling snapshot");
 
         let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(FEED_DEPTH);
         let producer = async {
-            let r = self.produce_import_tar(&tx, repo, tag, &cfg.envelope(local_name), &plan, started).await;
+            let r = self
+                .produce_import_tar(&tx, repo, tag, &cfg.envelope(local_name), &plan, started)
+                .await;
             if let Err(e) = &r {
                 // Make the import's input fail so cocoon discards what it read.
                 let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
@@ -158,7 +191,11 @@ impl Registry {
                 tracing::warn!(%artifact, local_name, error = %e, "snapshot pull failed");
                 Err(e)
             }
-            (_, Err(e)) => Err(RegistryError::runtime(&artifact, &format!("snapshot import --name {local_name}"), &e)),
+            (_, Err(e)) => Err(RegistryError::runtime(
+                &artifact,
+                &format!("snapshot import --name {local_name}"),
+                &e,
+            )),
             (Err(e), Ok(())) => Err(e),
         }
     }
@@ -174,9 +211,14 @@ impl Registry {
         started: Instant,
     ) -> Result<u64, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let io_err = |e: std::io::Error| RegistryError::Io { artifact: artifact.clone(), step: "building the import tar".into(), detail: e.to_string() };
+        let io_err = |e: std::io::Error| RegistryError::Io {
+            artifact: artifact.clone(),
+            step: "building the import tar".into(),
+            detail: e.to_string(),
+        };
         let mut sent = 0u64;
-        let mut head = tarfmt::entry_header("snapshot.json", 0o644, envelope.len() as u64, None, None).map_err(io_err)?;
+        let mut head =
+            tarfmt::entry_header("snapshot.json", 0o644, envelope.len() as u64, None, None).map_err(io_err)?;
         head.extend_from_slice(envelope);
         head.resize(head.len() + tarfmt::padding(envelope.len() as u64), 0);
         sent += send(tx, Bytes::from(head)).await?;
@@ -185,7 +227,9 @@ impl Registry {
             sent += send(tx, Bytes::from(tarfmt::plan_header(p).map_err(io_err)?)).await?;
             let mut written = 0u64;
             for part in &p.parts {
-                written += self.send_part(tx, repo, tag, &p.title, part, &mut last_log, started, &mut sent).await?;
+                written += self
+                    .send_part(tx, repo, tag, &p.title, part, &mut last_log, started, &mut sent)
+                    .await?;
             }
             if written != p.size {
                 return Err(RegistryError::Corrupt {
@@ -224,7 +268,14 @@ impl Registry {
             if last_log.elapsed() >= Duration::from_secs(5) {
                 *last_log = Instant::now();
                 let secs = started.elapsed().as_secs_f64();
-                tracing::info!(repo, tag, file = title, bytes = *sent, mib_per_s = (*sent as f64 / 1048576.0) / secs.max(1e-9), "pull progress");
+                tracing::info!(
+                    repo,
+                    tag,
+                    file = title,
+                    bytes = *sent,
+                    mib_per_s = (*sent as f64 / 1048576.0) / secs.max(1e-9),
+                    "pull progress"
+                );
             }
         };
         match part.encoding {
@@ -239,19 +290,22 @@ impl Registry {
                 }
             }
             LayerEncoding::Zstd => {
-                let reader = tokio_util::io::StreamReader::new(Box::pin(stream.map(|r| r.map_err(std::io::Error::other))));
+                let reader =
+                    tokio_util::io::StreamReader::new(Box::pin(stream.map(|r| r.map_err(std::io::Error::other))));
                 let mut dec = async_compression::tokio::bufread::ZstdDecoder::new(reader);
                 dec.multiple_members(true);
                 loop {
                     let mut buf = BytesMut::with_capacity(1 << 20);
-                    let k = dec.read_buf(&mut buf).await.map_err(|e| match e.get_ref().and_then(|i| i.downcast_ref::<RegistryError>()) {
-                        Some(inner) => inner.clone(),
-                        None => RegistryError::Corrupt {
-                            artifact: format!("{repo}:{tag}"),
-                            digest: part.digest.clone(),
-                            what: title.to_string(),
-                            detail: format!("zstd decoding failed: {e}"),
-                        },
+                    let k = dec.read_buf(&mut buf).await.map_err(|e| {
+                        match e.get_ref().and_then(|i| i.downcast_ref::<RegistryError>()) {
+                            Some(inner) => inner.clone(),
+                            None => RegistryError::Corrupt {
+                                artifact: format!("{repo}:{tag}"),
+                                digest: part.digest.clone(),
+                                what: title.to_string(),
+                                detail: format!("zstd decoding failed: {e}"),
+                            },
+                        }
                     })?;
                     if k == 0 {
                         break;
@@ -268,7 +322,11 @@ impl Registry {
 
 pub(crate) async fn send(tx: &Feed, b: Bytes) -> Result<u64, RegistryError> {
     let k = b.len() as u64;
-    tx.send(Ok(b)).await.map_err(|_| RegistryError::Io { artifact: String::new(), step: "feeding cocoon".into(), detail: IMPORT_STOPPED.into() })?;
+    tx.send(Ok(b)).await.map_err(|_| RegistryError::Io {
+        artifact: String::new(),
+        step: "feeding cocoon".into(),
+        detail: IMPORT_STOPPED.into(),
+    })?;
     Ok(k)
 }
 
@@ -276,7 +334,9 @@ pub(crate) fn is_import_stopped(e: &RegistryError) -> bool {
     matches!(e, RegistryError::Io { detail, .. } if detail == IMPORT_STOPPED)
 }
 
-pub(crate) fn receiver_stream(mut rx: mpsc::Receiver<std::io::Result<Bytes>>) -> impl Stream<Item = std::io::Result<Bytes>> + Send + Unpin {
+pub(crate) fn receiver_stream(
+    mut rx: mpsc::Receiver<std::io::Result<Bytes>>,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send + Unpin {
     Box::pin(async_stream::stream! {
         while let Some(item) = rx.recv().await {
             yield item;

@@ -38,7 +38,11 @@ const CHUNK: usize = 4 << 20;
 
 enum Spooled {
     Envelope(Vec<u8>),
-    File { meta: tarfmt::EntryMeta, file: tempfile::NamedTempFile, digest: String },
+    File {
+        meta: tarfmt::EntryMeta,
+        file: tempfile::NamedTempFile,
+        digest: String,
+    },
 }
 
 impl Registry {
@@ -57,7 +61,10 @@ impl Registry {
         self.authenticate(&r, RegistryOperation::Push, &artifact).await?;
         tracing::info!(%artifact, snapshot = local_snapshot, "pushing snapshot");
 
-        let export = runtime.snapshot_export(local_snapshot).await.map_err(|e| RegistryError::runtime(&artifact, &format!("snapshot export {local_snapshot}"), &e))?;
+        let export = runtime
+            .snapshot_export(local_snapshot)
+            .await
+            .map_err(|e| RegistryError::runtime(&artifact, &format!("snapshot export {local_snapshot}"), &e))?;
         let (tx, mut rx) = mpsc::channel::<Spooled>(1);
         let spool_dir = self.cfg.spool_dir.clone();
         let bridge = tokio_util::io::SyncIoBridge::new(export);
@@ -84,35 +91,71 @@ impl Registry {
                     }
                     files.insert(
                         meta.name.clone(),
-                        FileInfo { mode: meta.mode, sparse_map: meta.sparse_map.clone(), sparse_size: meta.sparse_size, size: None, chunks: vec![] },
+                        FileInfo {
+                            mode: meta.mode,
+                            sparse_map: meta.sparse_map.clone(),
+                            sparse_size: meta.sparse_size,
+                            size: None,
+                            chunks: vec![],
+                        },
                     );
-                    layers.push(PushedLayer { title: meta.name, digest, size: meta.size });
+                    layers.push(PushedLayer {
+                        title: meta.name,
+                        digest,
+                        size: meta.size,
+                    });
                     tracing::info!(%artifact, layers = layers.len(), bytes = total, elapsed_s = started.elapsed().as_secs_f64(), "push progress");
                 }
             }
         }
         drop(rx); // stops the reader (and so the export) if we broke out early
-        let read_result = reader.await.map_err(|e| RegistryError::Io { artifact: artifact.clone(), step: what.clone(), detail: format!("reader thread: {e}") })?;
+        let read_result = reader.await.map_err(|e| RegistryError::Io {
+            artifact: artifact.clone(),
+            step: what.clone(),
+            detail: format!("reader thread: {e}"),
+        })?;
         if let Some(e) = upload_error {
             return Err(e);
         }
-        read_result.map_err(|detail| RegistryError::Io { artifact: artifact.clone(), step: what.clone(), detail: format!("{detail}; nothing was tagged — retry the push") })?;
-        let envelope = envelope.ok_or_else(|| RegistryError::Io { artifact: artifact.clone(), step: what.clone(), detail: "the export has no snapshot.json".into() })?;
+        read_result.map_err(|detail| RegistryError::Io {
+            artifact: artifact.clone(),
+            step: what.clone(),
+            detail: format!("{detail}; nothing was tagged — retry the push"),
+        })?;
+        let envelope = envelope.ok_or_else(|| RegistryError::Io {
+            artifact: artifact.clone(),
+            step: what.clone(),
+            detail: "the export has no snapshot.json".into(),
+        })?;
 
         let created = chrono::Utc::now();
-        let mut cfg = SnapshotConfig::from_envelope(&envelope, created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .map_err(|detail| RegistryError::InvalidArtifact { artifact: artifact.clone(), detail })?;
+        let mut cfg =
+            SnapshotConfig::from_envelope(&envelope, created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .map_err(|detail| RegistryError::InvalidArtifact {
+                    artifact: artifact.clone(),
+                    detail,
+                })?;
         cfg.files = files;
         let cfg_bytes = serde_json::to_vec(&cfg).expect("config JSON");
         let cfg_digest = manifest::sha256_digest(&cfg_bytes);
-        let exists = self.client.blob_exists(&r, &cfg_digest).await.map_err(|e| self.unavailable("checking the config blob of", &artifact, e))?;
+        let exists = self
+            .client
+            .blob_exists(&r, &cfg_digest)
+            .await
+            .map_err(|e| self.unavailable("checking the config blob of", &artifact, e))?;
         if !exists {
-            self.client.push_blob(&r, cfg_bytes.clone(), &cfg_digest).await.map_err(|e| self.unavailable("uploading the config blob of", &artifact, e))?;
+            self.client
+                .push_blob(&r, cfg_bytes.clone(), &cfg_digest)
+                .await
+                .map_err(|e| self.unavailable("uploading the config blob of", &artifact, e))?;
         }
         total += cfg_bytes.len() as u64;
 
         let mut annotations = BTreeMap::new();
-        annotations.insert(media::ANN_CREATED.to_string(), created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        annotations.insert(
+            media::ANN_CREATED.to_string(),
+            created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        );
         if !base_image.is_empty() {
             annotations.insert(media::ANN_BASEIMAGE.to_string(), base_image.to_string());
         }
@@ -131,10 +174,20 @@ impl Registry {
                     manifest_digest = d;
                     manifest_bytes = n;
                 }
-                Err(e) => tracing::warn!(%artifact, error = %e, "could not record from-node on the manifest; peer restore will not be offered"),
+                Err(e) => {
+                    tracing::warn!(%artifact, error = %e, "could not record from-node on the manifest; peer restore will not be offered")
+                }
             }
         }
-        Ok(PushReport { repo: repo.into(), tag: tag.into(), manifest_digest, manifest_bytes, total_size: total, layer_count: layers.len(), uploaded_bytes: uploaded })
+        Ok(PushReport {
+            repo: repo.into(),
+            tag: tag.into(),
+            manifest_digest,
+            manifest_bytes,
+            total_size: total,
+            layer_count: layers.len(),
+            uploaded_bytes: uploaded,
+        })
     }
 
     /// HEAD, then upload the spooled file unless present. Returns the bytes sent.
@@ -147,11 +200,20 @@ impl Registry {
         digest: &str,
     ) -> Result<u64, RegistryError> {
         let title = &meta.name;
-        if self.client.blob_exists(r, digest).await.map_err(|e| self.unavailable(&format!("checking blob {digest} ({title}) of"), artifact, e))? {
+        if self
+            .client
+            .blob_exists(r, digest)
+            .await
+            .map_err(|e| self.unavailable(&format!("checking blob {digest} ({title}) of"), artifact, e))?
+        {
             tracing::debug!(%artifact, %title, %digest, "blob already present");
             return Ok(0);
         }
-        let f = tokio::fs::File::from_std(file.reopen().map_err(|e| RegistryError::Io { artifact: artifact.into(), step: format!("reopening the spool file of {title}"), detail: e.to_string() })?);
+        let f = tokio::fs::File::from_std(file.reopen().map_err(|e| RegistryError::Io {
+            artifact: artifact.into(),
+            step: format!("reopening the spool file of {title}"),
+            detail: e.to_string(),
+        })?);
         // Keep the path alive until the upload ends (the file is removed when `file` drops).
         let stream = tokio_util::io::ReaderStream::with_capacity(f, CHUNK);
         let stream = futures::StreamExt::map(stream, |c| c.map_err(oci_client::errors::OciDistributionError::IoError));
@@ -160,7 +222,13 @@ impl Registry {
         } else {
             self.client.push_blob_stream(r, stream, digest, Some(meta.size)).await
         }
-        .map_err(|e| self.unavailable(&format!("uploading blob {digest} ({title}, {} bytes) of", meta.size), artifact, e))?;
+        .map_err(|e| {
+            self.unavailable(
+                &format!("uploading blob {digest} ({title}, {} bytes) of", meta.size),
+                artifact,
+                e,
+            )
+        })?;
         drop(file);
         Ok(meta.size)
     }
@@ -168,12 +236,31 @@ impl Registry {
     /// GET the manifest, set `cocoonstack.snapshot.from-node` in the raw map, PUT it back under the same tag.
     async fn amend_from_node(&self, repo: &str, tag: &str) -> Result<(String, u64), RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let f = self.fetch_manifest(repo, tag).await?.ok_or_else(|| RegistryError::NotFound { artifact: artifact.clone(), registry: self.cfg.host.clone(), detail: " right after its push".into() })?;
-        let (body, media_type) = manifest::amend_annotation(&f.raw, media::ANN_FROM_NODE, &self.node_name).map_err(|detail| RegistryError::InvalidArtifact { artifact: artifact.clone(), detail })?;
+        let f = self
+            .fetch_manifest(repo, tag)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound {
+                artifact: artifact.clone(),
+                registry: self.cfg.host.clone(),
+                detail: " right after its push".into(),
+            })?;
+        let (body, media_type) =
+            manifest::amend_annotation(&f.raw, media::ANN_FROM_NODE, &self.node_name).map_err(|detail| {
+                RegistryError::InvalidArtifact {
+                    artifact: artifact.clone(),
+                    detail,
+                }
+            })?;
         let digest = manifest::sha256_digest(&body);
         let n = body.len() as u64;
-        let ct = media_type.parse().map_err(|_| RegistryError::InvalidArtifact { artifact: artifact.clone(), detail: format!("media type {media_type:?}") })?;
-        self.client.push_manifest_raw(&self.reference(repo, tag), body, ct).await.map_err(|e| self.unavailable("amending the manifest of", &artifact, e))?;
+        let ct = media_type.parse().map_err(|_| RegistryError::InvalidArtifact {
+            artifact: artifact.clone(),
+            detail: format!("media type {media_type:?}"),
+        })?;
+        self.client
+            .push_manifest_raw(&self.reference(repo, tag), body, ct)
+            .await
+            .map_err(|e| self.unavailable("amending the manifest of", &artifact, e))?;
         Ok((digest, n))
     }
 }
@@ -184,11 +271,19 @@ fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spoole
     let mut archive = tar::Archive::new(input);
     let mut buf = vec![0u8; CHUNK];
     let mut seen = std::collections::HashSet::new();
-    for entry in archive.entries().map_err(|e| format!("the export is not a tar stream: {e}"))? {
+    for entry in archive
+        .entries()
+        .map_err(|e| format!("the export is not a tar stream: {e}"))?
+    {
         let mut entry = entry.map_err(|e| format!("reading the next tar entry: {e}"))?;
         let meta = tarfmt::entry_meta(&mut entry).map_err(|e| format!("reading a tar header: {e}"))?;
-        if entry.header().entry_type() != tar::EntryType::Regular && entry.header().entry_type() != tar::EntryType::Continuous {
-            return Err(format!("entry {:?} is not a regular file (cocoon exports are flat)", meta.name));
+        if entry.header().entry_type() != tar::EntryType::Regular
+            && entry.header().entry_type() != tar::EntryType::Continuous
+        {
+            return Err(format!(
+                "entry {:?} is not a regular file (cocoon exports are flat)",
+                meta.name
+            ));
         }
         if meta.name.contains('/') || meta.name.is_empty() {
             return Err(format!("entry {:?} is not a bare file name", meta.name));
@@ -198,22 +293,32 @@ fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spoole
         }
         if meta.name == "snapshot.json" {
             let mut b = Vec::new();
-            entry.by_ref().take(manifest::MAX_CONFIG_BYTES).read_to_end(&mut b).map_err(|e| format!("reading snapshot.json: {e}"))?;
+            entry
+                .by_ref()
+                .take(manifest::MAX_CONFIG_BYTES)
+                .read_to_end(&mut b)
+                .map_err(|e| format!("reading snapshot.json: {e}"))?;
             if tx.blocking_send(Spooled::Envelope(b)).is_err() {
                 return Ok(()); // the uploader stopped; its error is reported
             }
             continue;
         }
-        let mut file = tempfile::Builder::new().prefix("vk-push-").tempfile_in(dir).map_err(|e| format!("creating a spool file in {}: {e}", dir.display()))?;
+        let mut file = tempfile::Builder::new()
+            .prefix("vk-push-")
+            .tempfile_in(dir)
+            .map_err(|e| format!("creating a spool file in {}: {e}", dir.display()))?;
         let mut hasher = sha2::Sha256::new();
         let mut n = 0u64;
         loop {
-            let k = entry.read(&mut buf).map_err(|e| format!("reading {} after {n} bytes: {e}", meta.name))?;
+            let k = entry
+                .read(&mut buf)
+                .map_err(|e| format!("reading {} after {n} bytes: {e}", meta.name))?;
             if k == 0 {
                 break;
             }
             hasher.update(&buf[..k]);
-            file.write_all(&buf[..k]).map_err(|e| format!("spooling {} to {}: {e}", meta.name, dir.display()))?;
+            file.write_all(&buf[..k])
+                .map_err(|e| format!("spooling {} to {}: {e}", meta.name, dir.display()))?;
             n += k as u64;
             if tx.is_closed() {
                 return Ok(());
@@ -229,6 +334,7 @@ fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spoole
         }
     }
     // Drain to EOF: the export stream reports cocoon's exit status only there.
-    std::io::copy(&mut archive.into_inner(), &mut std::io::sink()).map_err(|e| format!("finishing the export stream: {e}"))?;
+    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())
+        .map_err(|e| format!("finishing the export stream: {e}"))?;
     Ok(())
 }

@@ -22,7 +22,13 @@ pub struct EntryMeta {
 }
 
 /// The header bytes (PAX extension header when sparse, then the ustar header) for a file entry.
-pub fn entry_header(name: &str, mode: u32, size: u64, sparse_map: Option<&str>, sparse_size: Option<u64>) -> std::io::Result<Vec<u8>> {
+pub fn entry_header(
+    name: &str,
+    mode: u32,
+    size: u64,
+    sparse_map: Option<&str>,
+    sparse_size: Option<u64>,
+) -> std::io::Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::with_capacity(2048));
     if let Some(map) = sparse_map {
         let size_text = sparse_size.map(|s| s.to_string());
@@ -70,14 +76,23 @@ pub fn entry_meta<R: std::io::Read>(e: &mut tar::Entry<'_, R>) -> std::io::Resul
                 Ok(SPARSE_MAP) => sparse_map = Some(String::from_utf8_lossy(ext.value_bytes()).into_owned()),
                 Ok(SPARSE_SIZE) => {
                     sparse_size = Some(ext.value().ok().and_then(|v| v.trim().parse().ok()).ok_or_else(|| {
-                        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{name}: {SPARSE_SIZE} is not a number"))
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("{name}: {SPARSE_SIZE} is not a number"),
+                        )
                     })?)
                 }
                 _ => {}
             }
         }
     }
-    Ok(EntryMeta { name, mode, size, sparse_map, sparse_size })
+    Ok(EntryMeta {
+        name,
+        mode,
+        size,
+        sparse_map,
+        sparse_size,
+    })
 }
 
 #[cfg(test)]
@@ -89,7 +104,16 @@ mod tests {
     fn headers_round_trip_through_the_tar_reader() {
         let mut stream = Vec::new();
         let body = b"hello sparse";
-        stream.extend(entry_header("cow.raw", 0o640, body.len() as u64, Some("[{\"o\":4096,\"l\":12}]"), Some(1 << 20)).unwrap());
+        stream.extend(
+            entry_header(
+                "cow.raw",
+                0o640,
+                body.len() as u64,
+                Some("[{\"o\":4096,\"l\":12}]"),
+                Some(1 << 20),
+            )
+            .unwrap(),
+        );
         stream.extend_from_slice(body);
         stream.extend(std::iter::repeat_n(0u8, padding(body.len() as u64)));
         stream.extend(entry_header("state.json", 0o600, 3, None, None).unwrap());
@@ -102,12 +126,30 @@ mod tests {
         let mut it = a.entries().unwrap();
         let mut e = it.next().unwrap().unwrap();
         let m = entry_meta(&mut e).unwrap();
-        assert_eq!(m, EntryMeta { name: "cow.raw".into(), mode: 0o640, size: 12, sparse_map: Some("[{\"o\":4096,\"l\":12}]".into()), sparse_size: Some(1 << 20) });
+        assert_eq!(
+            m,
+            EntryMeta {
+                name: "cow.raw".into(),
+                mode: 0o640,
+                size: 12,
+                sparse_map: Some("[{\"o\":4096,\"l\":12}]".into()),
+                sparse_size: Some(1 << 20)
+            }
+        );
         let mut s = String::new();
         e.read_to_string(&mut s).unwrap();
         assert_eq!(s, "hello sparse");
         let mut e = it.next().unwrap().unwrap();
-        assert_eq!(entry_meta(&mut e).unwrap(), EntryMeta { name: "state.json".into(), mode: 0o600, size: 3, sparse_map: None, sparse_size: None });
+        assert_eq!(
+            entry_meta(&mut e).unwrap(),
+            EntryMeta {
+                name: "state.json".into(),
+                mode: 0o600,
+                size: 3,
+                sparse_map: None,
+                sparse_size: None
+            }
+        );
         assert!(it.next().is_none());
     }
 

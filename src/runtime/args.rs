@@ -14,7 +14,11 @@ pub enum Backend {
 impl Backend {
     /// From cocoon's `hypervisor` field.
     pub fn from_hypervisor(s: &str) -> Backend {
-        if s == "firecracker" { Backend::Firecracker } else { Backend::CloudHypervisor }
+        if s == "firecracker" {
+            Backend::Firecracker
+        } else {
+            Backend::CloudHypervisor
+        }
     }
 }
 
@@ -125,8 +129,16 @@ pub fn run(spec: &RunSpec) -> Vec<String> {
     push_opt(&mut a, "--name", spec.name.as_ref());
     push_opt(&mut a, "--cpu", spec.cpu.filter(|c| *c > 0));
     push_cpu_policy(&mut a, spec.cpu_policy);
-    push_opt(&mut a, "--memory", spec.memory.as_deref().filter(|m| !m.is_empty()).map(to_byte_arg));
-    push_opt(&mut a, "--storage", spec.storage.as_deref().filter(|m| !m.is_empty()).map(to_byte_arg));
+    push_opt(
+        &mut a,
+        "--memory",
+        spec.memory.as_deref().filter(|m| !m.is_empty()).map(to_byte_arg),
+    );
+    push_opt(
+        &mut a,
+        "--storage",
+        spec.storage.as_deref().filter(|m| !m.is_empty()).map(to_byte_arg),
+    );
     push_opt(&mut a, "--nics", spec.nics);
     push_opt(&mut a, "--network", spec.network.as_ref().filter(|n| !n.is_empty()));
     if spec.windows {
@@ -264,7 +276,11 @@ mod tests {
         let spec = RunSpec {
             name: Some("vk-ns-pod-0".into()),
             cpu: Some(2),
-            cpu_policy: CpuPolicy { weight: 20, quota_us: 200000, period_us: 100000 },
+            cpu_policy: CpuPolicy {
+                weight: 20,
+                quota_us: 200000,
+                period_us: 100000,
+            },
             memory: Some("4Gi".into()),
             storage: Some("20Gi".into()),
             nics: None,
@@ -283,10 +299,27 @@ mod tests {
 
     #[test]
     fn run_minimal_omits_zero_values() {
-        let spec = RunSpec { cpu: Some(0), cpu_policy: CpuPolicy { weight: 1, ..Default::default() }, memory: Some("".into()), image: "img".into(), ..Default::default() };
+        let spec = RunSpec {
+            cpu: Some(0),
+            cpu_policy: CpuPolicy {
+                weight: 1,
+                ..Default::default()
+            },
+            memory: Some("".into()),
+            image: "img".into(),
+            ..Default::default()
+        };
         assert_eq!(j(run(&spec)), "vm run --output json --cpu-weight 1 img");
-        let odd = RunSpec { memory: Some("lots".into()), image: "img".into(), ..Default::default() };
-        assert_eq!(j(run(&odd)), "vm run --output json --memory lots img", "unparseable quantities pass through");
+        let odd = RunSpec {
+            memory: Some("lots".into()),
+            image: "img".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            j(run(&odd)),
+            "vm run --output json --memory lots img",
+            "unparseable quantities pass through"
+        );
     }
 
     fn clone_spec() -> CloneSpec {
@@ -297,7 +330,11 @@ mod tests {
             pull: true,
             restore_mode: Some(RestoreMode::Mmap),
             nics: Some(2),
-            cpu_policy: CpuPolicy { weight: 39, quota_us: 100000, period_us: 100000 },
+            cpu_policy: CpuPolicy {
+                weight: 39,
+                quota_us: 100000,
+                period_us: 100000,
+            },
             backend: Backend::CloudHypervisor,
             source: CloneSource::Snapshot("snap".into()),
         }
@@ -327,10 +364,30 @@ mod tests {
 
     #[test]
     fn exec_sorted_env_and_stdin() {
-        let mut spec = ExecSpec { argv: vec!["sh".into(), "-c".into(), "echo hi".into()], stdin: true, ..Default::default() };
+        let mut spec = ExecSpec {
+            argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            stdin: true,
+            ..Default::default()
+        };
         spec.env.insert("ZED".into(), "1".into());
         spec.env.insert("ALPHA".into(), "a=b".into());
-        assert_eq!(exec("vm1", &spec), s(&["vm", "exec", "-i", "-e", "ALPHA=a=b", "-e", "ZED=1", "vm1", "--", "sh", "-c", "echo hi"]));
+        assert_eq!(
+            exec("vm1", &spec),
+            s(&[
+                "vm",
+                "exec",
+                "-i",
+                "-e",
+                "ALPHA=a=b",
+                "-e",
+                "ZED=1",
+                "vm1",
+                "--",
+                "sh",
+                "-c",
+                "echo hi"
+            ])
+        );
         spec.stdin = false;
         spec.env.clear();
         assert_eq!(j(exec("vm1", &spec)), "vm exec vm1 -- sh -c echo hi");

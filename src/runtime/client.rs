@@ -51,7 +51,10 @@ pub struct BusyRetry {
 
 impl Default for BusyRetry {
     fn default() -> Self {
-        BusyRetry { interval: Duration::from_millis(500), budget: Duration::from_secs(30) }
+        BusyRetry {
+            interval: Duration::from_millis(500),
+            budget: Duration::from_secs(30),
+        }
     }
 }
 
@@ -88,7 +91,9 @@ impl CocoonCliConfig {
         if let Some(bin) = std::env::var_os("VK_COCOON_BIN").filter(|b| !b.is_empty()) {
             c.bin = PathBuf::from(bin);
         }
-        c.sudo = std::env::var("VK_COCOON_SUDO").map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")).unwrap_or(false);
+        c.sudo = std::env::var("VK_COCOON_SUDO")
+            .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+            .unwrap_or(false);
         c
     }
 }
@@ -108,7 +113,9 @@ fn verb_of(args: &[String]) -> String {
 
 fn check_ref(what: &str, r: &str) -> Result<()> {
     if r.is_empty() || r.starts_with('-') {
-        return Err(RuntimeError::InvalidRequest(format!("{what} {r:?} must be non-empty and must not start with '-'")));
+        return Err(RuntimeError::InvalidRequest(format!(
+            "{what} {r:?} must be non-empty and must not start with '-'"
+        )));
     }
     Ok(())
 }
@@ -158,14 +165,23 @@ impl CocoonCli {
         } else {
             Command::new(&self.cfg.bin)
         };
-        cmd.args(args).envs(self.cfg.env.iter().map(|(k, v)| (k, v))).kill_on_drop(true).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args)
+            .envs(self.cfg.env.iter().map(|(k, v)| (k, v)))
+            .kill_on_drop(true)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         cmd
     }
 
     fn spawn(&self, args: &[String], mut cmd: Command) -> Result<Child> {
         let verb = verb_of(args);
         tracing::debug!(%verb, argv = ?args, "cocoon: spawn");
-        cmd.spawn().map_err(|source| RuntimeError::Spawn { verb, bin: self.cfg.bin.display().to_string(), source })
+        cmd.spawn().map_err(|source| RuntimeError::Spawn {
+            verb,
+            bin: self.cfg.bin.display().to_string(),
+            source,
+        })
     }
 
     /// Runs a verb to completion, returns stdout, classifies failures from stderr.
@@ -174,7 +190,10 @@ impl CocoonCli {
         let child = self.spawn(&args, self.command(&args))?;
         let started = Instant::now();
         let out = match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Ok(r) => r.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?,
+            Ok(r) => r.map_err(|source| RuntimeError::Io {
+                verb: verb.clone(),
+                source,
+            })?,
             Err(_) => {
                 tracing::warn!(%verb, reference, ?timeout, "cocoon: timed out; killed");
                 return Err(RuntimeError::Timeout { verb, after: timeout });
@@ -191,7 +210,12 @@ impl CocoonCli {
     }
 
     /// Runs a verb with `input` streamed to its stdin.
-    async fn with_stdin(&self, args: Vec<String>, reference: &str, input: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
+    async fn with_stdin(
+        &self,
+        args: Vec<String>,
+        reference: &str,
+        input: &mut (dyn AsyncRead + Unpin + Send),
+    ) -> Result<()> {
         let verb = verb_of(&args);
         let timeout = self.cfg.timeouts.transfer;
         let mut cmd = self.command(&args);
@@ -223,11 +247,17 @@ impl CocoonCli {
                 // Never let cocoon register a truncated stream.
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-                return Err(RuntimeError::Io { verb: verb.clone(), source: std::io::Error::new(e.kind(), format!("reading the input stream: {e}")) });
+                return Err(RuntimeError::Io {
+                    verb: verb.clone(),
+                    source: std::io::Error::new(e.kind(), format!("reading the input stream: {e}")),
+                });
             }
             let _ = stdin.shutdown().await;
             drop(stdin);
-            child.wait().await.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })
+            child.wait().await.map_err(|source| RuntimeError::Io {
+                verb: verb.clone(),
+                source,
+            })
         };
         let status = match tokio::time::timeout(timeout, work).await {
             Ok(r) => r?,
@@ -244,10 +274,15 @@ impl CocoonCli {
     async fn remove_snapshot_retrying(&self, reference: &str) -> Result<()> {
         let deadline = Instant::now() + self.cfg.busy_retry.budget;
         loop {
-            match self.output(args::snapshot_rm(reference), reference, self.cfg.timeouts.query).await {
+            match self
+                .output(args::snapshot_rm(reference), reference, self.cfg.timeouts.query)
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(e) if e.is_snapshot_not_found() => return Ok(()),
-                Err(RuntimeError::SnapshotInUse { .. }) if Instant::now() + self.cfg.busy_retry.interval <= deadline => {
+                Err(RuntimeError::SnapshotInUse { .. })
+                    if Instant::now() + self.cfg.busy_retry.interval <= deadline =>
+                {
                     tracing::info!(snapshot = reference, "cocoon: snapshot in use; retrying rm");
                     tokio::time::sleep(self.cfg.busy_retry.interval).await;
                 }
@@ -257,7 +292,9 @@ impl CocoonCli {
     }
 
     async fn save_once(&self, name: &str, vm_id: &str) -> Result<()> {
-        self.output(args::snapshot_save(name, vm_id), name, self.cfg.timeouts.create).await.map(|_| ())
+        self.output(args::snapshot_save(name, vm_id), name, self.cfg.timeouts.create)
+            .await
+            .map(|_| ())
     }
 
     /// Opens a streaming export (`snapshot export NAME -o -`).
@@ -275,7 +312,10 @@ impl CocoonCli {
         let reference = name.to_string();
         let v2 = verb.clone();
         let finish = Box::pin(async move {
-            let status = child.wait().await.map_err(|source| RuntimeError::Io { verb: v2.clone(), source })?;
+            let status = child.wait().await.map_err(|source| RuntimeError::Io {
+                verb: v2.clone(),
+                source,
+            })?;
             let stderr = stderr.await.unwrap_or_default();
             if status.success() {
                 Ok(())
@@ -284,7 +324,14 @@ impl CocoonCli {
             }
         });
         let timeout = self.cfg.timeouts.transfer;
-        Ok(SnapshotExport { stdout, finish: Some(finish), deadline: Box::pin(tokio::time::sleep(timeout)), timeout, verb, done: false })
+        Ok(SnapshotExport {
+            stdout,
+            finish: Some(finish),
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+            verb,
+            done: false,
+        })
     }
 }
 
@@ -308,7 +355,10 @@ pub fn runtime_error_of(e: std::io::Error) -> RuntimeError {
         }
         unreachable!("checked type");
     }
-    RuntimeError::Io { verb: "stream".into(), source: e }
+    RuntimeError::Io {
+        verb: "stream".into(),
+        source: e,
+    }
 }
 
 impl AsyncRead for SnapshotExport {
@@ -320,7 +370,10 @@ impl AsyncRead for SnapshotExport {
         if this.deadline.as_mut().poll(cx).is_ready() {
             this.done = true;
             this.finish = None; // drops the child: killed
-            return Poll::Ready(Err(std::io::Error::other(RuntimeError::Timeout { verb: this.verb.clone(), after: this.timeout })));
+            return Poll::Ready(Err(std::io::Error::other(RuntimeError::Timeout {
+                verb: this.verb.clone(),
+                after: this.timeout,
+            })));
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.stdout).poll_read(cx, buf) {
@@ -330,7 +383,9 @@ impl AsyncRead for SnapshotExport {
             Poll::Ready(Ok(())) => {}
         }
         // EOF on stdout: the result depends on the exit status.
-        let Some(finish) = this.finish.as_mut() else { return Poll::Ready(Ok(())) };
+        let Some(finish) = this.finish.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
         match finish.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(r) => {
@@ -361,12 +416,22 @@ impl CocoonRuntime for CocoonCli {
             args::CloneSource::Dir(d) => d.clone(),
         };
         check_ref("clone source", &reference)?;
-        parse::parse_vm("vm clone", &self.output(args::clone(spec), &reference, self.cfg.timeouts.create).await?)
+        parse::parse_vm(
+            "vm clone",
+            &self
+                .output(args::clone(spec), &reference, self.cfg.timeouts.create)
+                .await?,
+        )
     }
 
     async fn inspect(&self, reference: &str) -> Result<VmRecord> {
         check_ref("vm", reference)?;
-        parse::parse_vm("vm inspect", &self.output(args::inspect(reference), reference, self.cfg.timeouts.query).await?)
+        parse::parse_vm(
+            "vm inspect",
+            &self
+                .output(args::inspect(reference), reference, self.cfg.timeouts.query)
+                .await?,
+        )
     }
 
     async fn list(&self) -> Result<Vec<VmRecord>> {
@@ -375,7 +440,10 @@ impl CocoonRuntime for CocoonCli {
 
     async fn remove(&self, reference: &str) -> Result<()> {
         check_ref("vm", reference)?;
-        match self.output(args::remove(reference), reference, self.cfg.timeouts.query).await {
+        match self
+            .output(args::remove(reference), reference, self.cfg.timeouts.query)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if e.is_vm_not_found() => {
                 tracing::debug!(vm = reference, "cocoon: vm already absent");
@@ -387,17 +455,29 @@ impl CocoonRuntime for CocoonCli {
 
     async fn start(&self, reference: &str) -> Result<()> {
         check_ref("vm", reference)?;
-        self.output(args::start(reference), reference, self.cfg.timeouts.create).await.map(|_| ())
+        self.output(args::start(reference), reference, self.cfg.timeouts.create)
+            .await
+            .map(|_| ())
     }
 
     async fn reconcile_stale_create(&self, reference: &str) -> Result<StaleCreateOutcome> {
         check_ref("vm", reference)?;
-        parse::parse_stale_create(&self.output(args::reconcile_stale_create(reference), reference, self.cfg.timeouts.query).await?)
+        parse::parse_stale_create(
+            &self
+                .output(
+                    args::reconcile_stale_create(reference),
+                    reference,
+                    self.cfg.timeouts.query,
+                )
+                .await?,
+        )
     }
 
     async fn net_resize(&self, reference: &str, nics: u32) -> Result<()> {
         check_ref("vm", reference)?;
-        self.output(args::net_resize(reference, nics), reference, self.cfg.timeouts.query).await.map(|_| ())
+        self.output(args::net_resize(reference, nics), reference, self.cfg.timeouts.query)
+            .await
+            .map(|_| ())
     }
 
     async fn exec(&self, reference: &str, spec: &ExecSpec, io: ExecIo<'_>) -> Result<()> {
@@ -405,8 +485,15 @@ impl CocoonRuntime for CocoonCli {
         if spec.argv.is_empty() {
             return Err(RuntimeError::InvalidRequest("vm exec needs a command".into()));
         }
-        let ExecIo { stdin: input, stdout: out, stderr: err } = io;
-        let spec = ExecSpec { stdin: input.is_some(), ..spec.clone() };
+        let ExecIo {
+            stdin: input,
+            stdout: out,
+            stderr: err,
+        } = io;
+        let spec = ExecSpec {
+            stdin: input.is_some(),
+            ..spec.clone()
+        };
         let a = args::exec(reference, &spec);
         let verb = verb_of(&a);
         let mut cmd = self.command(&a);
@@ -457,8 +544,14 @@ impl CocoonRuntime for CocoonCli {
             Ok(r) => r,
             Err(_) => return Err(RuntimeError::Timeout { verb, after: timeout }),
         };
-        let status = status.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?;
-        out_res.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?;
+        let status = status.map_err(|source| RuntimeError::Io {
+            verb: verb.clone(),
+            source,
+        })?;
+        out_res.map_err(|source| RuntimeError::Io {
+            verb: verb.clone(),
+            source,
+        })?;
         if status.success() {
             return Ok(());
         }
@@ -469,33 +562,50 @@ impl CocoonRuntime for CocoonCli {
         }
         match code {
             Some(code) => Err(RuntimeError::ExecExit { code }),
-            None => Err(RuntimeError::Command { verb, code: None, stderr: format!("killed by a signal; stderr: {}", tail.trim()) }),
+            None => Err(RuntimeError::Command {
+                verb,
+                code: None,
+                stderr: format!("killed by a signal; stderr: {}", tail.trim()),
+            }),
         }
     }
 
     async fn logs(&self, reference: &str, tail: Option<u64>) -> Result<String> {
         check_ref("vm", reference)?;
-        self.output(args::logs(reference, tail), reference, self.cfg.timeouts.query).await
+        self.output(args::logs(reference, tail), reference, self.cfg.timeouts.query)
+            .await
     }
 
     fn watch_events(&self) -> BoxStream<'static, WatchItem> {
         let me = self.clone();
-        let connect: events::Connect = Box::new(move || -> futures::future::BoxFuture<'static, Result<EventConnection>> {
-            let me = me.clone();
-            Box::pin(async move {
-                let a = args::events();
-                let verb = verb_of(&a);
-                let mut child = me.spawn(&a, me.command(&a))?;
-                let stdout = child.stdout.take().expect("stdout piped");
-                let stderr = drain_stderr(child.stderr.take());
-                let finished = Box::pin(async move {
-                    let status = child.wait().await.map_err(|source| RuntimeError::Io { verb: verb.clone(), source })?;
-                    let stderr = stderr.await.unwrap_or_default();
-                    if status.success() { Ok(()) } else { Err(parse::classify_failure(&verb, "", status.code(), &stderr)) }
-                });
-                Ok(EventConnection { stdout: Box::new(stdout), finished })
-            })
-        });
+        let connect: events::Connect = Box::new(
+            move || -> futures::future::BoxFuture<'static, Result<EventConnection>> {
+                let me = me.clone();
+                Box::pin(async move {
+                    let a = args::events();
+                    let verb = verb_of(&a);
+                    let mut child = me.spawn(&a, me.command(&a))?;
+                    let stdout = child.stdout.take().expect("stdout piped");
+                    let stderr = drain_stderr(child.stderr.take());
+                    let finished = Box::pin(async move {
+                        let status = child.wait().await.map_err(|source| RuntimeError::Io {
+                            verb: verb.clone(),
+                            source,
+                        })?;
+                        let stderr = stderr.await.unwrap_or_default();
+                        if status.success() {
+                            Ok(())
+                        } else {
+                            Err(parse::classify_failure(&verb, "", status.code(), &stderr))
+                        }
+                    });
+                    Ok(EventConnection {
+                        stdout: Box::new(stdout),
+                        finished,
+                    })
+                })
+            },
+        );
         events::watch(connect, self.cfg.watch_backoff)
     }
 
@@ -515,14 +625,22 @@ impl CocoonRuntime for CocoonCli {
 
     async fn snapshot_inspect(&self, name: &str) -> Result<SnapshotRecord> {
         check_ref("snapshot", name)?;
-        parse::parse_snapshot(&self.output(args::snapshot_inspect(name), name, self.cfg.timeouts.query).await?)
+        parse::parse_snapshot(
+            &self
+                .output(args::snapshot_inspect(name), name, self.cfg.timeouts.query)
+                .await?,
+        )
     }
 
     async fn snapshot_list(&self, vm: Option<&str>) -> Result<Vec<SnapshotRecord>> {
         if let Some(vm) = vm {
             check_ref("vm", vm)?;
         }
-        parse::parse_snapshot_list(&self.output(args::snapshot_list(vm), vm.unwrap_or(""), self.cfg.timeouts.query).await?)
+        parse::parse_snapshot_list(
+            &self
+                .output(args::snapshot_list(vm), vm.unwrap_or(""), self.cfg.timeouts.query)
+                .await?,
+        )
     }
 
     async fn snapshot_remove_if_exists(&self, name: &str) -> Result<()> {
@@ -542,18 +660,28 @@ impl CocoonRuntime for CocoonCli {
 
     async fn snapshot_export_to_dir(&self, name: &str, dir: &Path) -> Result<()> {
         check_ref("snapshot", name)?;
-        let dir = dir.to_str().ok_or_else(|| RuntimeError::InvalidRequest(format!("export directory {dir:?} is not UTF-8")))?;
-        self.output(args::snapshot_export_dir(name, dir), name, self.cfg.timeouts.transfer).await.map(|_| ())
+        let dir = dir
+            .to_str()
+            .ok_or_else(|| RuntimeError::InvalidRequest(format!("export directory {dir:?} is not UTF-8")))?;
+        self.output(args::snapshot_export_dir(name, dir), name, self.cfg.timeouts.transfer)
+            .await
+            .map(|_| ())
     }
 
     async fn image_pull(&self, reference: &str, force: bool) -> Result<()> {
         check_ref("image", reference)?;
-        self.output(args::image_pull(reference, force), reference, self.cfg.timeouts.create).await.map(|_| ())
+        self.output(args::image_pull(reference, force), reference, self.cfg.timeouts.create)
+            .await
+            .map(|_| ())
     }
 
     async fn image_inspect(&self, reference: &str) -> Result<ImageRecord> {
         check_ref("image", reference)?;
-        parse::parse_image(&self.output(args::image_inspect(reference), reference, self.cfg.timeouts.query).await?)
+        parse::parse_image(
+            &self
+                .output(args::image_inspect(reference), reference, self.cfg.timeouts.query)
+                .await?,
+        )
     }
 
     async fn image_import(&self, name: &str, data: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
@@ -565,6 +693,9 @@ impl CocoonRuntime for CocoonCli {
 /// Copies a streaming export into `out`, returning the byte count; failures come back typed.
 pub async fn copy_export(mut export: impl AsyncRead + Unpin, out: &mut (dyn AsyncWrite + Unpin + Send)) -> Result<u64> {
     let n = tokio::io::copy(&mut export, out).await.map_err(runtime_error_of)?;
-    out.flush().await.map_err(|source| RuntimeError::Io { verb: "snapshot export".into(), source })?;
+    out.flush().await.map_err(|source| RuntimeError::Io {
+        verb: "snapshot export".into(),
+        source,
+    })?;
     Ok(n)
 }

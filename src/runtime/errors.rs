@@ -7,21 +7,42 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("cocoon {verb}: VM {reference:?} not found ({stderr})")]
-    VmNotFound { verb: String, reference: String, stderr: String },
+    VmNotFound {
+        verb: String,
+        reference: String,
+        stderr: String,
+    },
 
     #[error("cocoon {verb}: snapshot {reference:?} not found ({stderr})")]
-    SnapshotNotFound { verb: String, reference: String, stderr: String },
+    SnapshotNotFound {
+        verb: String,
+        reference: String,
+        stderr: String,
+    },
 
     #[error("cocoon {verb}: image {reference:?} not found in any backend ({stderr})")]
-    ImageNotFound { verb: String, reference: String, stderr: String },
+    ImageNotFound {
+        verb: String,
+        reference: String,
+        stderr: String,
+    },
 
     /// A name is taken: `already exists` / `already in use by <holder>` / `held by <holder>`.
     #[error("cocoon {verb}: name {name:?} is already taken (holder {holder:?}): {stderr}")]
-    NameTaken { verb: String, name: String, holder: Option<String>, stderr: String },
+    NameTaken {
+        verb: String,
+        name: String,
+        holder: Option<String>,
+        stderr: String,
+    },
 
     /// The snapshot is leased by an active operation (`is in use by an active`); retry later.
     #[error("cocoon {verb}: snapshot {reference:?} is in use by an active operation; retry later ({stderr})")]
-    SnapshotInUse { verb: String, reference: String, stderr: String },
+    SnapshotInUse {
+        verb: String,
+        reference: String,
+        stderr: String,
+    },
 
     /// `vm exec`: the command in the guest exited with a non-zero status.
     #[error("cocoon vm exec: command exited with status {code}")]
@@ -29,13 +50,21 @@ pub enum RuntimeError {
 
     /// Any other failure of the CLI (inconclusive: never treat it as "not found").
     #[error("cocoon {verb} failed (exit {code:?}): {stderr}")]
-    Command { verb: String, code: Option<i32>, stderr: String },
+    Command {
+        verb: String,
+        code: Option<i32>,
+        stderr: String,
+    },
 
     #[error("cocoon {verb} timed out after {after:?}; the process was killed")]
     Timeout { verb: String, after: Duration },
 
     #[error("cannot start `{bin}` for cocoon {verb}: {source} (check VK_COCOON_BIN and that the binary is executable)")]
-    Spawn { verb: String, bin: String, source: std::io::Error },
+    Spawn {
+        verb: String,
+        bin: String,
+        source: std::io::Error,
+    },
 
     #[error("cocoon {verb}: I/O error talking to the process: {source}")]
     Io { verb: String, source: std::io::Error },
@@ -53,7 +82,10 @@ pub enum RuntimeError {
 impl RuntimeError {
     /// Definitively absent (VM, snapshot or image).
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::VmNotFound { .. } | Self::SnapshotNotFound { .. } | Self::ImageNotFound { .. })
+        matches!(
+            self,
+            Self::VmNotFound { .. } | Self::SnapshotNotFound { .. } | Self::ImageNotFound { .. }
+        )
     }
 
     pub fn is_vm_not_found(&self) -> bool {
@@ -66,7 +98,10 @@ impl RuntimeError {
 
     /// Neither success nor a definitive answer: callers should retry or defer.
     pub fn is_inconclusive(&self) -> bool {
-        matches!(self, Self::Command { .. } | Self::Timeout { .. } | Self::Io { .. } | Self::Decode { .. } | Self::Spawn { .. })
+        matches!(
+            self,
+            Self::Command { .. } | Self::Timeout { .. } | Self::Io { .. } | Self::Decode { .. } | Self::Spawn { .. }
+        )
     }
 
     /// The stderr cocoon printed, when the error came from it.

@@ -5,9 +5,9 @@
 //! exponential backoff (`initial` doubling to `max`); the backoff resets once a connection has delivered a
 //! line (a good start). After a clean end (exit 0) it reconnects after `after_clean_end`.
 
-use crate::backoff::Exponential;
 use super::errors::RuntimeError;
-use super::parse::{decode_event_line, VmEvent};
+use super::parse::{VmEvent, decode_event_line};
+use crate::backoff::Exponential;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use std::time::Duration;
@@ -26,7 +26,11 @@ pub struct WatchBackoff {
 
 impl Default for WatchBackoff {
     fn default() -> Self {
-        WatchBackoff { initial: Duration::from_secs(1), max: Duration::from_secs(60), after_clean_end: Duration::from_secs(2) }
+        WatchBackoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            after_clean_end: Duration::from_secs(2),
+        }
     }
 }
 
@@ -40,7 +44,10 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(cfg: WatchBackoff) -> Self {
-        Backoff { cfg, failures: Exponential::new(cfg.initial, cfg.max) }
+        Backoff {
+            cfg,
+            failures: Exponential::new(cfg.initial, cfg.max),
+        }
     }
     /// The delay before the next attempt after a failure; doubles the following one.
     pub fn on_failure(&mut self) -> Duration {
@@ -60,7 +67,11 @@ pub enum WatchItem {
     Event(VmEvent),
     /// The connection ended or could not be opened; the stream reconnects after `retry_in`.
     /// `clean` is true for a normal end of stream (exit 0), when callers may do housekeeping (e.g. GC cooldowns).
-    Disconnected { clean: bool, reason: String, retry_in: Duration },
+    Disconnected {
+        clean: bool,
+        reason: String,
+        retry_in: Duration,
+    },
 }
 
 /// One open event connection: its stdout and a future that resolves when the process ends
@@ -75,7 +86,11 @@ pub type Connect = Box<dyn FnMut() -> BoxFuture<'static, Result<EventConnection,
 
 /// Reads one `\n`-terminated line into `buf` (without the newline). Returns `Ok(None)` at EOF,
 /// `Ok(Some(false))` for a line longer than `max` (skipped, its bytes discarded), `Ok(Some(true))` otherwise.
-pub async fn read_line_limited<R: AsyncBufRead + Unpin>(r: &mut R, buf: &mut Vec<u8>, max: usize) -> std::io::Result<Option<bool>> {
+pub async fn read_line_limited<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>> {
     buf.clear();
     let mut oversized = false;
     let mut started = false;
@@ -218,10 +233,22 @@ mod tests {
                     Some(Ok((bytes, clean))) => Ok(EventConnection {
                         stdout: Box::new(std::io::Cursor::new(bytes)),
                         finished: Box::pin(async move {
-                            if clean { Ok(()) } else { Err(RuntimeError::Command { verb: "vm status".into(), code: Some(1), stderr: "boom".into() }) }
+                            if clean {
+                                Ok(())
+                            } else {
+                                Err(RuntimeError::Command {
+                                    verb: "vm status".into(),
+                                    code: Some(1),
+                                    stderr: "boom".into(),
+                                })
+                            }
                         }),
                     }),
-                    Some(Err(())) => Err(RuntimeError::Command { verb: "vm status".into(), code: None, stderr: "spawn".into() }),
+                    Some(Err(())) => Err(RuntimeError::Command {
+                        verb: "vm status".into(),
+                        code: None,
+                        stderr: "spawn".into(),
+                    }),
                     None => futures::future::pending().await,
                 }
             })
@@ -234,9 +261,22 @@ mod tests {
         let ev = br#"{"event":"ADDED","vm":{"id":"A","state":"running","config":{"name":"a"}}}"#.to_vec();
         let mut good = ev.clone();
         good.extend_from_slice(b"\ngarbage\n\n");
-        let script = vec![Err(()), Err(()), Ok((good, false)), Err(()), Ok((ev.clone(), true)), Ok((Vec::new(), false)), Err(()), Err(())];
+        let script = vec![
+            Err(()),
+            Err(()),
+            Ok((good, false)),
+            Err(()),
+            Ok((ev.clone(), true)),
+            Ok((Vec::new(), false)),
+            Err(()),
+            Err(()),
+        ];
         let (connect, calls) = scripted(script);
-        let timings = WatchBackoff { initial: Duration::from_millis(10), max: Duration::from_millis(25), after_clean_end: Duration::from_millis(7) };
+        let timings = WatchBackoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(25),
+            after_clean_end: Duration::from_millis(7),
+        };
         let items: Vec<WatchItem> = watch(connect, timings).take(10).collect().await;
         let delays: Vec<_> = items
             .iter()
@@ -247,7 +287,19 @@ mod tests {
             .collect();
         // fail 10, fail 20, (a line: reset) abnormal end 10, fail 20, (a line: reset) clean end 7,
         // end without lines 10, fail 20, fail 25 (capped)
-        assert_eq!(delays, vec![(10, false), (20, false), (10, false), (20, false), (7, true), (10, false), (20, false), (25, false)]);
+        assert_eq!(
+            delays,
+            vec![
+                (10, false),
+                (20, false),
+                (10, false),
+                (20, false),
+                (7, true),
+                (10, false),
+                (20, false),
+                (25, false)
+            ]
+        );
         assert_eq!(*calls.lock().unwrap(), 8);
         let events: Vec<_> = items.iter().filter(|i| matches!(i, WatchItem::Event(_))).collect();
         assert_eq!(events.len(), 2, "garbage and blank lines are skipped: {items:?}");

@@ -14,7 +14,7 @@ pub mod parse;
 pub mod quantity;
 
 pub use args::{Backend, CloneSource, CloneSpec, CpuPolicy, ExecSpec, RestoreMode, RunSpec};
-pub use client::{copy_export, runtime_error_of, BusyRetry, CocoonCli, CocoonCliConfig, SnapshotExport, Timeouts};
+pub use client::{BusyRetry, CocoonCli, CocoonCliConfig, SnapshotExport, Timeouts, copy_export, runtime_error_of};
 pub use errors::{Result, RuntimeError};
 pub use events::{WatchBackoff, WatchItem};
 pub use parse::{EventKind, ImageRecord, SnapshotRecord, StaleCreateOutcome, VmEvent, VmRecord, VmState};
@@ -93,6 +93,10 @@ pub trait CocoonRuntime: Send + Sync {
             Err(RuntimeError::ExecExit { code }) => code,
             Err(e) => return Err(e),
         };
-        Ok(ExecOutput { code, stdout: out, stderr: err })
+        Ok(ExecOutput {
+            code,
+            stdout: out,
+            stderr: err,
+        })
     }
 }

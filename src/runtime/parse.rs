@@ -150,11 +150,18 @@ impl VmRecord {
     }
     /// MAC of NIC 0.
     pub fn primary_mac(&self) -> Option<&str> {
-        self.network_configs.first().map(|n| n.mac.as_str()).filter(|m| !m.is_empty())
+        self.network_configs
+            .first()
+            .map(|n| n.mac.as_str())
+            .filter(|m| !m.is_empty())
     }
     /// Static IP of NIC 0 (`None` for DHCP NICs).
     pub fn primary_ip(&self) -> Option<&str> {
-        self.network_configs.first().and_then(|n| n.network.as_ref()).map(|n| n.ip.as_str()).filter(|ip| !ip.is_empty())
+        self.network_configs
+            .first()
+            .and_then(|n| n.network.as_ref())
+            .map(|n| n.ip.as_str())
+            .filter(|ip| !ip.is_empty())
     }
 }
 
@@ -237,7 +244,11 @@ fn head(s: &str) -> String {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(verb: &str, stdout: &str) -> Result<T, RuntimeError> {
-    serde_json::from_str(stdout).map_err(|e| RuntimeError::Decode { verb: verb.into(), detail: e.to_string(), head: head(stdout) })
+    serde_json::from_str(stdout).map_err(|e| RuntimeError::Decode {
+        verb: verb.into(),
+        detail: e.to_string(),
+        head: head(stdout),
+    })
 }
 
 /// One VM record; an empty `id` is an error (`empty VM record in JSON payload`).
@@ -256,7 +267,11 @@ pub fn parse_vm_list(stdout: &str) -> Result<Vec<VmRecord>, RuntimeError> {
         return Ok(Vec::new());
     }
     let vms: Option<Vec<VmRecord>> = decode("vm list", t)?;
-    Ok(vms.unwrap_or_default().into_iter().filter(|v| !v.id.is_empty()).collect())
+    Ok(vms
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|v| !v.id.is_empty())
+        .collect())
 }
 
 /// `snapshot list -o json`: an array, `[]`, or the text `No snapshots found.` / `No snapshots found for VM.`.
@@ -290,7 +305,11 @@ pub fn parse_stale_create(stdout: &str) -> Result<StaleCreateOutcome, RuntimeErr
         "not-creating" => StaleCreateOutcome::NotCreating,
         "not-found" => StaleCreateOutcome::NotFound,
         "" => {
-            return Err(RuntimeError::Decode { verb: "vm reconcile-stale-create".into(), detail: "empty outcome".into(), head: head(stdout) });
+            return Err(RuntimeError::Decode {
+                verb: "vm reconcile-stale-create".into(),
+                detail: "empty outcome".into(),
+                head: head(stdout),
+            });
         }
         other => StaleCreateOutcome::Other(other.to_string()),
     })
@@ -335,16 +354,40 @@ pub fn classify_failure(verb: &str, reference: &str, code: Option<i32>, stderr: 
     let stderr = stderr.trim().to_string();
     let (verb, reference) = (verb.to_string(), reference.to_string());
     if contains_ci(&stderr, "vm not found") || contains_ci(&stderr, "no such vm") {
-        RuntimeError::VmNotFound { verb, reference, stderr }
+        RuntimeError::VmNotFound {
+            verb,
+            reference,
+            stderr,
+        }
     } else if contains_ci(&stderr, "snapshot not found") || contains_ci(&stderr, "no such snapshot") {
-        RuntimeError::SnapshotNotFound { verb, reference, stderr }
+        RuntimeError::SnapshotNotFound {
+            verb,
+            reference,
+            stderr,
+        }
     } else if contains_ci(&stderr, "not found in any backend") {
-        RuntimeError::ImageNotFound { verb, reference, stderr }
+        RuntimeError::ImageNotFound {
+            verb,
+            reference,
+            stderr,
+        }
     } else if contains_ci(&stderr, "is in use by an active") {
-        RuntimeError::SnapshotInUse { verb, reference, stderr }
-    } else if contains_ci(&stderr, "already exists") || contains_ci(&stderr, "already in use by") || contains_ci(&stderr, "held by ") {
+        RuntimeError::SnapshotInUse {
+            verb,
+            reference,
+            stderr,
+        }
+    } else if contains_ci(&stderr, "already exists")
+        || contains_ci(&stderr, "already in use by")
+        || contains_ci(&stderr, "held by ")
+    {
         let holder = extract_holder(&stderr);
-        RuntimeError::NameTaken { verb, name: reference, holder, stderr }
+        RuntimeError::NameTaken {
+            verb,
+            name: reference,
+            holder,
+            stderr,
+        }
     } else {
         RuntimeError::Command { verb, code, stderr }
     }
@@ -382,7 +425,8 @@ mod tests {
         assert!(!vm.state.is_running());
         assert!(vm.network_configs.is_empty());
         assert_eq!(vm.primary_ip(), None);
-        let dhcp = r#"{"id":"A","state":"weird","config":{"name":"n"},"network_configs":[{"mac":"02:00:00:00:00:01"}]}"#;
+        let dhcp =
+            r#"{"id":"A","state":"weird","config":{"name":"n"},"network_configs":[{"mac":"02:00:00:00:00:01"}]}"#;
         let vm = parse_vm("x", dhcp).unwrap();
         assert_eq!(vm.state, VmState::Other("weird".into()));
         assert_eq!(vm.primary_ip(), None);
@@ -391,8 +435,14 @@ mod tests {
 
     #[test]
     fn empty_record_is_an_error() {
-        assert!(matches!(parse_vm("vm clone", r#"{"id":"","state":"running"}"#), Err(RuntimeError::EmptyRecord { .. })));
-        assert!(matches!(parse_vm("vm clone", "not json"), Err(RuntimeError::Decode { .. })));
+        assert!(matches!(
+            parse_vm("vm clone", r#"{"id":"","state":"running"}"#),
+            Err(RuntimeError::EmptyRecord { .. })
+        ));
+        assert!(matches!(
+            parse_vm("vm clone", "not json"),
+            Err(RuntimeError::Decode { .. })
+        ));
     }
 
     #[test]
@@ -411,7 +461,10 @@ mod tests {
     fn snapshot_lists_and_records() {
         assert!(parse_snapshot_list("No snapshots found.\n").unwrap().is_empty());
         assert!(parse_snapshot_list("No snapshots found for VM.\n").unwrap().is_empty());
-        let s = parse_snapshot(r#"{"id":"Q3","name":"a:b","image_blob_ids":{"3f1c":{}},"hypervisor":"firecracker","created_at":"x"}"#).unwrap();
+        let s = parse_snapshot(
+            r#"{"id":"Q3","name":"a:b","image_blob_ids":{"3f1c":{}},"hypervisor":"firecracker","created_at":"x"}"#,
+        )
+        .unwrap();
         assert_eq!(s.name, "a:b");
         assert!(s.image_blob_ids.contains_key("3f1c"));
         let l = parse_snapshot_list(r#"[{"id":"1","name":"x"},{"id":"2","name":"y"}]"#).unwrap();
@@ -420,9 +473,18 @@ mod tests {
 
     #[test]
     fn stale_create_outcomes() {
-        assert_eq!(parse_stale_create(r#"{"id":"K","outcome":"collected"}"#).unwrap(), StaleCreateOutcome::Collected);
-        assert_eq!(parse_stale_create(r#"{"outcome":"not-found"}"#).unwrap(), StaleCreateOutcome::NotFound);
-        assert_eq!(parse_stale_create(r#"{"outcome":"busy"}"#).unwrap(), StaleCreateOutcome::Busy);
+        assert_eq!(
+            parse_stale_create(r#"{"id":"K","outcome":"collected"}"#).unwrap(),
+            StaleCreateOutcome::Collected
+        );
+        assert_eq!(
+            parse_stale_create(r#"{"outcome":"not-found"}"#).unwrap(),
+            StaleCreateOutcome::NotFound
+        );
+        assert_eq!(
+            parse_stale_create(r#"{"outcome":"busy"}"#).unwrap(),
+            StaleCreateOutcome::Busy
+        );
         assert!(parse_stale_create(r#"{"id":"K"}"#).is_err());
     }
 
@@ -435,7 +497,10 @@ mod tests {
         assert!(decode_event_line(b"   ").is_none());
         assert!(decode_event_line(b"{not json").is_none());
         assert!(decode_event_line(br#"{"event":"BOGUS","vm":{"id":"K"}}"#).is_none());
-        assert!(decode_event_line(br#"{"event":"ADDED","vm":{"state":"running"}}"#).is_none(), "no id and no name");
+        assert!(
+            decode_event_line(br#"{"event":"ADDED","vm":{"state":"running"}}"#).is_none(),
+            "no id and no name"
+        );
         assert!(decode_event_line(br#"{"event":"DELETED","vm":{"config":{"name":"only-name"}}}"#).is_some());
     }
 
@@ -446,8 +511,14 @@ mod tests {
         assert!(c("error: NO SUCH VM").is_vm_not_found());
         assert!(c("Error: rm: resolve \"x\": snapshot not found").is_snapshot_not_found());
         assert!(c("no such snapshot").is_snapshot_not_found());
-        assert!(matches!(c("Error: image \"x\": not found in any backend"), RuntimeError::ImageNotFound { .. }));
-        assert!(matches!(c("Error: rm: snapshot K is in use by an active export"), RuntimeError::SnapshotInUse { .. }));
+        assert!(matches!(
+            c("Error: image \"x\": not found in any backend"),
+            RuntimeError::ImageNotFound { .. }
+        ));
+        assert!(matches!(
+            c("Error: rm: snapshot K is in use by an active export"),
+            RuntimeError::SnapshotInUse { .. }
+        ));
         match c("Error: snapshot name \"n\" already in use by Q3ZC6R2N4HVL5TJ7WMXK2D9BSA") {
             RuntimeError::NameTaken { holder, .. } => assert_eq!(holder.as_deref(), Some("Q3ZC6R2N4HVL5TJ7WMXK2D9BSA")),
             other => panic!("{other:?}"),

@@ -12,7 +12,9 @@ pub fn parse_quantity(s: &str) -> Option<u64> {
 
 /// The CLI argument for a size: the byte count when `s` parses, else `s` unchanged (cocoon then reports it).
 pub fn to_byte_arg(s: &str) -> String {
-    parse_quantity(s).map(|b| b.to_string()).unwrap_or_else(|| s.to_string())
+    parse_quantity(s)
+        .map(|b| b.to_string())
+        .unwrap_or_else(|| s.to_string())
 }
 
 #[cfg(test)]

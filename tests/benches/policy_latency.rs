@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use vk_cocoon::model::{PodFacts, VmSpec};
 use vk_cocoon::policy::facts::{
-    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts, GuestNic,
-    HibernateEvidence, PreassignedRuntime, SnapshotFacts, TranslationFacts,
+    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts,
+    GuestNic, HibernateEvidence, PreassignedRuntime, SnapshotFacts, TranslationFacts,
 };
-use vk_cocoon::policy::{CompileCache, LoadedPolicy, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts};
+use vk_cocoon::policy::{
+    CompileCache, LoadedPolicy, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
+};
 
 const WARMUP: usize = 500;
 const SAMPLES: usize = 20_000;
@@ -33,7 +35,10 @@ fn pod() -> PodFacts {
         name: "demo-0".into(),
         uid: "0b0d2a4e-5c43-4c6f-9f1e-0d5a9a2d7e11".into(),
         phase: "Running".into(),
-        annotations: annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         labels: [("cocoonset.cocoonstack.io/name".to_string(), "demo".to_string())].into(),
         node_selector: [("cocoonstack.io/snapshot-cpu-class".to_string(), "genoa".to_string())].into(),
         owner_references: vec![vk_cocoon::model::pod::OwnerRef {
@@ -52,8 +57,16 @@ const FIXUP_BACKEND: &str = "firecracker";
 
 fn fixup_nics() -> Vec<GuestNic> {
     vec![
-        GuestNic { mac: "02:fc:00:00:00:01".into(), ip: "10.0.0.2".into(), gateway: "10.0.0.1".into(), prefix: 24 },
-        GuestNic { mac: "02:fc:00:00:00:02".into(), ..GuestNic::default() },
+        GuestNic {
+            mac: "02:fc:00:00:00:01".into(),
+            ip: "10.0.0.2".into(),
+            gateway: "10.0.0.1".into(),
+            prefix: 24,
+        },
+        GuestNic {
+            mac: "02:fc:00:00:00:02".into(),
+            ..GuestNic::default()
+        },
     ]
 }
 
@@ -61,9 +74,12 @@ fn host_facts(slot: Slot) -> SlotFacts {
     let pod = pod();
     let spec = VmSpec::decode(&pod.annotations);
     match slot {
-        Slot::SnapshotBeforeDestroy => {
-            SlotFacts::SnapshotBeforeDestroy(SnapshotFacts { pod, spec, pusher_configured: true, vm_running: true })
-        }
+        Slot::SnapshotBeforeDestroy => SlotFacts::SnapshotBeforeDestroy(SnapshotFacts {
+            pod,
+            spec,
+            pusher_configured: true,
+            vm_running: true,
+        }),
         Slot::BringUp => SlotFacts::BringUp(BringUpFacts {
             pod,
             spec,
@@ -85,13 +101,20 @@ fn host_facts(slot: Slot) -> SlotFacts {
             spec,
             path: BootPath::Run,
             resources: Some(ContainerResources {
-                requests: [("cpu".to_string(), "500m".to_string()), ("memory".to_string(), "2Gi".to_string())].into(),
+                requests: [
+                    ("cpu".to_string(), "500m".to_string()),
+                    ("memory".to_string(), "2Gi".to_string()),
+                ]
+                .into(),
                 limits: [("cpu".to_string(), "2".to_string())].into(),
             }),
         }),
         Slot::GuestFixup => SlotFacts::GuestFixup(GuestFixupFacts {
             pod,
-            spec: VmSpec { backend: FIXUP_BACKEND.into(), ..spec },
+            spec: VmSpec {
+                backend: FIXUP_BACKEND.into(),
+                ..spec
+            },
             vm_id: "fc-0b0d2a4e".into(),
             hypervisor: FIXUP_BACKEND.into(),
             nics: fixup_nics(),
@@ -108,7 +131,12 @@ macro_rules! native_pod {
     ($types:path, $pod:expr) => {{
         use $types as t;
         let kv = |m: &std::collections::BTreeMap<String, String>| {
-            m.iter().map(|(k, v)| t::KeyValue { key: k.clone(), value: v.clone() }).collect::<Vec<_>>()
+            m.iter()
+                .map(|(k, v)| t::KeyValue {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect::<Vec<_>>()
         };
         let p = $pod;
         t::PodFacts {
@@ -203,7 +231,10 @@ fn native_decider(slot: Slot) -> Box<dyn Fn() -> usize> {
         Slot::ResourceTranslation => {
             use resource_translation_policy as p;
             use resource_translation_policy::cocoonstack::vk_policy::types::KeyValue;
-            let kv = |k: &str, v: &str| KeyValue { key: k.into(), value: v.into() };
+            let kv = |k: &str, v: &str| KeyValue {
+                key: k.into(),
+                value: v.into(),
+            };
             let facts = p::Facts {
                 pod: native_pod!(p::cocoonstack::vk_policy::types, &pod),
                 spec: native_spec!(p::cocoonstack::vk_policy::types, &spec),
@@ -217,7 +248,10 @@ fn native_decider(slot: Slot) -> Box<dyn Fn() -> usize> {
         }
         Slot::GuestFixup => {
             use guest_fixup_policy as p;
-            let spec = VmSpec { backend: FIXUP_BACKEND.into(), ..spec };
+            let spec = VmSpec {
+                backend: FIXUP_BACKEND.into(),
+                ..spec
+            };
             let facts = p::Facts {
                 pod: native_pod!(p::cocoonstack::vk_policy::types, &pod),
                 spec: native_spec!(p::cocoonstack::vk_policy::types, &spec),
@@ -225,7 +259,12 @@ fn native_decider(slot: Slot) -> Box<dyn Fn() -> usize> {
                 hypervisor: FIXUP_BACKEND.into(),
                 nics: fixup_nics()
                     .into_iter()
-                    .map(|n| p::Nic { mac: n.mac, ip: n.ip, gateway: n.gateway, prefix: n.prefix })
+                    .map(|n| p::Nic {
+                        mac: n.mac,
+                        ip: n.ip,
+                        gateway: n.gateway,
+                        prefix: n.prefix,
+                    })
                     .collect(),
                 origin: p::BootOrigin::Clone,
                 source_image: "agent-base:v3".into(),
@@ -249,7 +288,10 @@ fn measure(mut f: impl FnMut(), samples: usize) -> Stats {
         times.push(start.elapsed());
     }
     times.sort();
-    Stats { p50: times[samples / 2], p99: times[samples * 99 / 100] }
+    Stats {
+        p50: times[samples / 2],
+        p99: times[samples * 99 / 100],
+    }
 }
 
 fn us(d: Duration) -> String {
@@ -264,7 +306,10 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing else is configurable.
     let engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
     println!("policy decision latency, {SAMPLES} samples per row after {WARMUP} warm-up decisions");
-    println!("{:<26} {:>12} {:>12} {:>13} {:>13} {:>10} {:>10}", "slot", "wasm p50 us", "wasm p99 us", "native p50 us", "native p99 us", "p50 ratio", "p99 ratio");
+    println!(
+        "{:<26} {:>12} {:>12} {:>13} {:>13} {:>10} {:>10}",
+        "slot", "wasm p50 us", "wasm p99 us", "native p50 us", "native p99 us", "p50 ratio", "p99 ratio"
+    );
     for slot in Slot::ALL {
         let policy = LoadedPolicy::builtin(&engine, None, slot).expect("default policy loads");
         let facts = host_facts(slot);
@@ -281,7 +326,12 @@ fn main() {
             black_box(native());
         }
         let wasm = measure(wasm_once, SAMPLES);
-        let base = measure(|| { black_box(native()); }, SAMPLES);
+        let base = measure(
+            || {
+                black_box(native());
+            },
+            SAMPLES,
+        );
         println!(
             "{:<26} {:>12} {:>12} {:>13} {:>13} {:>9.1}x {:>9.1}x",
             slot.name(),
@@ -293,7 +343,11 @@ fn main() {
             wasm.p99.as_secs_f64() / base.p99.as_secs_f64(),
         );
         if missed.get() > 0 {
-            println!("  ({} of {} decisions missed the deadline on this run)", missed.get(), WARMUP + SAMPLES);
+            println!(
+                "  ({} of {} decisions missed the deadline on this run)",
+                missed.get(),
+                WARMUP + SAMPLES
+            );
         }
     }
 
@@ -307,9 +361,16 @@ fn main() {
     let cold = measure(|| load_all(None), 3);
     let warm = measure(|| load_all(Some(cache.clone())), STARTUP_RUNS);
     println!();
-    println!("start-up: engine + all {} slots loaded and validated (median of runs)", Slot::ALL.len());
+    println!(
+        "start-up: engine + all {} slots loaded and validated (median of runs)",
+        Slot::ALL.len()
+    );
     println!("{:<34} {:>10}", "path", "ms");
     println!("{:<34} {:>10}", "compiled from scratch (baseline)", ms(cold.p50));
     println!("{:<34} {:>10}", "from the compile cache", ms(warm.p50));
-    println!("{:<34} {:>9.1}x", "cache speed-up", cold.p50.as_secs_f64() / warm.p50.as_secs_f64());
+    println!(
+        "{:<34} {:>9.1}x",
+        "cache speed-up",
+        cold.p50.as_secs_f64() / warm.p50.as_secs_f64()
+    );
 }

@@ -20,8 +20,8 @@
 #[path = "../provider_support/mod.rs"]
 mod provider_support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -30,29 +30,35 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use provider_support::*;
 use tokio::io::AsyncRead;
-use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::Provider;
+use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
 use vk_cocoon::provider::ports::{KubePodPatcher, SnapshotRegistry};
-use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::probe::NetProber;
+use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig, Timings};
 use vk_cocoon::runtime::{
-    CloneSource, CloneSpec, CocoonCli, CocoonRuntime, ExecIo, ExecSpec, ImageRecord, Result as RtResult, RunSpec, SnapshotRecord, StaleCreateOutcome,
-    VmRecord, WatchItem,
+    CloneSource, CloneSpec, CocoonCli, CocoonRuntime, ExecIo, ExecSpec, ImageRecord, Result as RtResult, RunSpec,
+    SnapshotRecord, StaleCreateOutcome, VmRecord, WatchItem,
 };
 
 fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
         .unwrap_or(0)
 }
 
 fn rss() -> (f64, f64) {
-    (status_kib("VmHWM:") as f64 / 1024.0, status_kib("VmRSS:") as f64 / 1024.0)
+    (
+        status_kib("VmHWM:") as f64 / 1024.0,
+        status_kib("VmRSS:") as f64 / 1024.0,
+    )
 }
 
 fn locate_sim() {
@@ -61,7 +67,10 @@ fn locate_sim() {
     }
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-    let candidates = [profile_dir.join("cocoon-sim"), profile_dir.parent().unwrap().join("debug/cocoon-sim")];
+    let candidates = [
+        profile_dir.join("cocoon-sim"),
+        profile_dir.parent().unwrap().join("debug/cocoon-sim"),
+    ];
     let found = candidates
         .iter()
         .find(|p| p.exists())
@@ -92,7 +101,13 @@ struct TimedRuntime {
 
 impl TimedRuntime {
     fn new(inner: Arc<CocoonCli>) -> Self {
-        Self { inner, nanos: AtomicU64::new(0), calls: AtomicU64::new(0), clones: AtomicU64::new(0), count_all: true.into() }
+        Self {
+            inner,
+            nanos: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            clones: AtomicU64::new(0),
+            count_all: true.into(),
+        }
     }
     fn reset(&self) {
         self.nanos.store(0, Ordering::SeqCst);
@@ -196,7 +211,11 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         restore_mode: "mmap".into(),
         orphan_policy: OrphanPolicy::Alert,
         root_dir: env.sim_dir.path().join("cocoon-root"),
-        timings: Timings { patch_retry: Duration::from_millis(50), reflush_interval: Duration::from_secs(3600), ..Timings::default() },
+        timings: Timings {
+            patch_retry: Duration::from_millis(50),
+            reflush_interval: Duration::from_secs(3600),
+            ..Timings::default()
+        },
     };
     let ports = Ports {
         runtime: runtime as Arc<dyn CocoonRuntime>,
@@ -245,7 +264,10 @@ fn ms(d: Duration) -> f64 {
 
 fn main() {
     locate_sim();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(run());
 }
 
@@ -281,12 +303,24 @@ async fn run() {
         let name = format!("p-{i}");
         create(
             &env,
-            &managed(&name, &format!("vm-{name}"), &[("cocoonset.cocoonstack.io/image", "base"), ("vm.cocoonstack.io/id", id), ("vm.cocoonstack.io/lifecycle-state", "ready")]),
+            &managed(
+                &name,
+                &format!("vm-{name}"),
+                &[
+                    ("cocoonset.cocoonstack.io/image", "base"),
+                    ("vm.cocoonstack.io/id", id),
+                    ("vm.cocoonstack.io/lifecycle-state", "ready"),
+                ],
+            ),
         )
         .await;
     }
     let seed_pods_time = t.elapsed();
-    println!("seeded {n_pods} VMs in {:.0} ms (one state update) and {n_pods} pods in {:.0} ms", ms(seed_vms_time), ms(seed_pods_time));
+    println!(
+        "seeded {n_pods} VMs in {:.0} ms (one state update) and {n_pods} pods in {:.0} ms",
+        ms(seed_vms_time),
+        ms(seed_pods_time)
+    );
 
     let pods_api: Api<Pod> = Api::all(env.server.client());
     let lp = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
@@ -340,10 +374,24 @@ async fn run() {
     let mut new_pods = Vec::with_capacity(n_creates);
     for i in 0..n_creates {
         let name = format!("c-{i}");
-        new_pods.push(create(&env, &managed(&name, &format!("vm-{name}"), &[("cocoonset.cocoonstack.io/image", "base")])).await);
+        new_pods.push(
+            create(
+                &env,
+                &managed(
+                    &name,
+                    &format!("vm-{name}"),
+                    &[("cocoonset.cocoonstack.io/image", "base")],
+                ),
+            )
+            .await,
+        );
     }
     // Warm-up: one create not counted (first policy instantiations, connection pool).
-    let warm = create(&env, &managed("c-warm", "vm-c-warm", &[("cocoonset.cocoonstack.io/image", "base")])).await;
+    let warm = create(
+        &env,
+        &managed("c-warm", "vm-c-warm", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
     MEASURED.scope((), p.create_pod(&warm)).await.unwrap();
     timed.reset();
     let mut per_pod_overhead = Vec::with_capacity(n_creates);
@@ -376,8 +424,15 @@ async fn run() {
     row("  of which pod list", rec_podlist);
     row("  of which reconcile() after the pod list", rec_only);
     row("  time inside cocoon CLI during the startup", rec_cocoon);
-    row("startup total minus floor (max of the two lists)", rec_total.saturating_sub(floor));
-    println!("{:<52} {:>12.2}", "ratio startup total / floor", rec_total.as_secs_f64() / floor.as_secs_f64());
+    row(
+        "startup total minus floor (max of the two lists)",
+        rec_total.saturating_sub(floor),
+    );
+    println!(
+        "{:<52} {:>12.2}",
+        "ratio startup total / floor",
+        rec_total.as_secs_f64() / floor.as_secs_f64()
+    );
     println!("{:<52} {:>12}", "cocoon calls during the startup", rec_calls);
     println!();
     println!("== CreatePod, clone mode, {n_creates} sequential creates ==");
@@ -387,15 +442,31 @@ async fn run() {
     row("wall time", create_wall);
     row("inside cocoon CLI (sum of call wall times)", create_cocoon);
     row("overhead = wall - cocoon", create_wall.saturating_sub(create_cocoon));
-    println!("{:<52} {:>12} {:>14.1}", "cocoon calls", create_calls, create_calls as f64 / m);
-    println!("{:<52} {:>12} {:>14.2}", "overhead per pod p50 / p90 / max (ms)", "", ms(pct(0.5)));
+    println!(
+        "{:<52} {:>12} {:>14.1}",
+        "cocoon calls",
+        create_calls,
+        create_calls as f64 / m
+    );
+    println!(
+        "{:<52} {:>12} {:>14.2}",
+        "overhead per pod p50 / p90 / max (ms)",
+        "",
+        ms(pct(0.5))
+    );
     println!("{:<52} {:>12} {:>14.2}", "", "p90", ms(pct(0.9)));
     println!("{:<52} {:>12} {:>14.2}", "", "max", ms(pct(1.0)));
     println!();
     println!("== RSS of this process (daemon side: provider + client; apiserver and its store share it) ==");
     println!("{:<52} {:>10} {:>10}", "", "VmHWM MiB", "VmRSS MiB");
     println!("{:<52} {:>10.1} {:>10.1}", "start", hwm_start, rss_start);
-    println!("{:<52} {:>10.1} {:>10}", "after seeding, before the reconcile", hwm_pre_reconcile, "");
-    println!("{:<52} {:>10.1} {:>10.1}", "after 3 reconciles", hwm_post_reconcile, rss_post_reconcile);
+    println!(
+        "{:<52} {:>10.1} {:>10}",
+        "after seeding, before the reconcile", hwm_pre_reconcile, ""
+    );
+    println!(
+        "{:<52} {:>10.1} {:>10.1}",
+        "after 3 reconciles", hwm_post_reconcile, rss_post_reconcile
+    );
     println!("{:<52} {:>10.1} {:>10.1}", "end (after the creates)", hwm_end, rss_end);
 }

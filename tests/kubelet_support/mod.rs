@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::kubelet::{
-    AgentState, HostResources, KubeletConfig, PodPhase, Provider, ProviderError, ProviderPodStatus, Timings, VirtualNode,
+    AgentState, HostResources, KubeletConfig, PodPhase, Provider, ProviderError, ProviderPodStatus, Timings,
+    VirtualNode,
 };
 
 pub const NODE: &str = "vk-test";
@@ -49,7 +50,11 @@ fn key(pod: &Pod) -> String {
 
 impl RecordingProvider {
     fn record(&self, op: &'static str, pod: &Pod) {
-        self.calls.lock().unwrap().push(Call { op, key: key(pod), uid: pod.uid().unwrap_or_default() });
+        self.calls.lock().unwrap().push(Call {
+            op,
+            key: key(pod),
+            uid: pod.uid().unwrap_or_default(),
+        });
     }
 
     pub fn calls(&self) -> Vec<Call> {
@@ -82,7 +87,10 @@ impl Provider for RecordingProvider {
     async fn create_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
         self.record("create", pod);
         if self.reject_name.lock().unwrap().as_deref() == Some(pod.name_any().as_str()) {
-            return Err(ProviderError::Rejected { reason: "SnapshotCPUClassMismatch".into(), message: "pod wants class spr, node is icx".into() });
+            return Err(ProviderError::Rejected {
+                reason: "SnapshotCPUClassMismatch".into(),
+                message: "pod wants class spr, node is icx".into(),
+            });
         }
         if self
             .transient_create_failures
@@ -147,15 +155,25 @@ pub fn fast_timings() -> Timings {
 }
 
 pub fn config(vars: &[(&str, &str)]) -> KubeletConfig {
-    let mut all: Vec<(String, String)> = vec![("VK_NODE_NAME".into(), NODE.into()), ("COCOON_ROOT_DIR".into(), std::env::temp_dir().display().to_string())];
+    let mut all: Vec<(String, String)> = vec![
+        ("VK_NODE_NAME".into(), NODE.into()),
+        ("COCOON_ROOT_DIR".into(), std::env::temp_dir().display().to_string()),
+    ];
     all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let mut cfg = KubeletConfig::from_lookup(|k| all.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone())).expect("valid test config");
+    let mut cfg = KubeletConfig::from_lookup(|k| all.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        .expect("valid test config");
     cfg.timings = fast_timings();
     cfg
 }
 
 pub fn fixed_host() -> HostResources {
-    HostResources { cpus: 4, memory_bytes: 16 << 30, storage_total_bytes: 100 << 30, storage_available_bytes: 50 << 30, hugepages: None }
+    HostResources {
+        cpus: 4,
+        memory_bytes: 16 << 30,
+        storage_total_bytes: 100 << 30,
+        storage_available_bytes: 50 << 30,
+        hugepages: None,
+    }
 }
 
 /// A running virtual node: its task and shutdown switch.
@@ -172,7 +190,13 @@ impl Running {
 }
 
 pub fn start_node(server: &FakeApiServer, cfg: KubeletConfig, provider: Arc<RecordingProvider>) -> Running {
-    let node = VirtualNode::new(server.client(), cfg, fixed_host(), "10.0.0.9".parse().unwrap(), provider);
+    let node = VirtualNode::new(
+        server.client(),
+        cfg,
+        fixed_host(),
+        "10.0.0.9".parse().unwrap(),
+        provider,
+    );
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(node.run(shutdown.clone()));
     Running { shutdown, task }
@@ -184,7 +208,11 @@ pub fn pod(name: &str, node: &str) -> Pod {
     p.metadata.namespace = Some("default".into());
     p.spec = Some(PodSpec {
         node_name: Some(node.into()),
-        containers: vec![Container { name: "agent".into(), image: Some("ghcr.io/cocoonstack/ubuntu:24.04".into()), ..Default::default() }],
+        containers: vec![Container {
+            name: "agent".into(),
+            image: Some("ghcr.io/cocoonstack/ubuntu:24.04".into()),
+            ..Default::default()
+        }],
         ..Default::default()
     });
     p

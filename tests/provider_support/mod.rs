@@ -5,10 +5,10 @@
 
 #[path = "../kubelet_support/mod.rs"]
 pub mod kubelet_support;
-#[path = "../runtime_support/mod.rs"]
-pub mod runtime_support;
 #[path = "../registry_support/mod.rs"]
 pub mod registry_support;
+#[path = "../runtime_support/mod.rs"]
+pub mod runtime_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -28,13 +28,15 @@ use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::policy::{Policies, PolicyEngine, PolicyMetrics, SandboxLimits};
 use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
-use vk_cocoon::provider::ports::{Artifact, CloudImageResult, KubePodPatcher, RegistryFailure, SnapshotMeta, SnapshotRegistry};
-use vk_cocoon::provider::reconcile::OrphanPolicy;
+use vk_cocoon::provider::ports::{
+    Artifact, CloudImageResult, KubePodPatcher, RegistryFailure, SnapshotMeta, SnapshotRegistry,
+};
 use vk_cocoon::provider::probe::NetProber;
+use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProbeTimings, ProviderConfig, Timings};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
 
-pub use kubelet_support::{eventually, NODE};
+pub use kubelet_support::{NODE, eventually};
 #[allow(unused_imports)]
 pub use vk_cocoon::provider::ports::SnapshotRegistry as _;
 pub use vk_cocoon::runtime::CocoonRuntime as _;
@@ -73,7 +75,11 @@ impl FakeRegistry {
     }
 
     pub fn annotations(&self, repo: &str, tag: &str) -> Option<BTreeMap<String, String>> {
-        self.store.lock().unwrap().get(&(repo.into(), tag.into())).map(|s| s.artifact.annotations.clone())
+        self.store
+            .lock()
+            .unwrap()
+            .get(&(repo.into(), tag.into()))
+            .map(|s| s.artifact.annotations.clone())
     }
 }
 
@@ -81,35 +87,83 @@ impl FakeRegistry {
 impl SnapshotRegistry for FakeRegistry {
     async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryFailure> {
         self.check()?;
-        Ok(self.store.lock().unwrap().get(&(repo.into(), tag.into())).map(|s| s.artifact.clone()))
+        Ok(self
+            .store
+            .lock()
+            .unwrap()
+            .get(&(repo.into(), tag.into()))
+            .map(|s| s.artifact.clone()))
     }
 
     async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure> {
         self.check()?;
-        Ok(self.store.lock().unwrap().get(&(repo.into(), tag.into())).map(|s| s.meta.clone()))
+        Ok(self
+            .store
+            .lock()
+            .unwrap()
+            .get(&(repo.into(), tag.into()))
+            .map(|s| s.meta.clone()))
     }
 
-    async fn push_snapshot(&self, runtime: &dyn CocoonRuntime, local: &str, repo: &str, tag: &str, base_image: &str) -> Result<(), RegistryFailure> {
+    async fn push_snapshot(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        local: &str,
+        repo: &str,
+        tag: &str,
+        base_image: &str,
+    ) -> Result<(), RegistryFailure> {
         self.check()?;
-        if self.failing_pushes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-            return Err(RegistryFailure::unavailable(format!("push {repo}:{tag}: 503 Service Unavailable")));
+        if self
+            .failing_pushes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(RegistryFailure::unavailable(format!(
+                "push {repo}:{tag}: 503 Service Unavailable"
+            )));
         }
-        let record = runtime.snapshot_inspect(local).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })?;
-        let mut reader = runtime.snapshot_export(local).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })?;
+        let record = runtime.snapshot_inspect(local).await.map_err(|e| RegistryFailure {
+            message: e.to_string(),
+            unavailable: false,
+        })?;
+        let mut reader = runtime.snapshot_export(local).await.map_err(|e| RegistryFailure {
+            message: e.to_string(),
+            unavailable: false,
+        })?;
         let mut tar = Vec::new();
-        reader.read_to_end(&mut tar).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })?;
+        reader.read_to_end(&mut tar).await.map_err(|e| RegistryFailure {
+            message: e.to_string(),
+            unavailable: false,
+        })?;
         let artifact = Artifact {
             digest: format!("sha256:{}", tar.len()),
             artifact_type: SNAPSHOT_V1.into(),
             annotations: BTreeMap::from([("cocoonstack.snapshot.baseimage".to_string(), base_image.to_string())]),
         };
-        let meta = SnapshotMeta { snapshot_id: record.id, image: record.image, hypervisor: record.hypervisor };
-        self.store.lock().unwrap().insert((repo.into(), tag.into()), Stored { artifact, meta, tar });
-        self.pushes.lock().unwrap().push((repo.into(), tag.into(), base_image.into()));
+        let meta = SnapshotMeta {
+            snapshot_id: record.id,
+            image: record.image,
+            hypervisor: record.hypervisor,
+        };
+        self.store
+            .lock()
+            .unwrap()
+            .insert((repo.into(), tag.into()), Stored { artifact, meta, tar });
+        self.pushes
+            .lock()
+            .unwrap()
+            .push((repo.into(), tag.into(), base_image.into()));
         Ok(())
     }
 
-    async fn pull_snapshot(&self, runtime: &dyn CocoonRuntime, repo: &str, tag: &str, local: &str) -> Result<(), RegistryFailure> {
+    async fn pull_snapshot(
+        &self,
+        runtime: &dyn CocoonRuntime,
+        repo: &str,
+        tag: &str,
+        local: &str,
+    ) -> Result<(), RegistryFailure> {
         self.check()?;
         let tar = self
             .store
@@ -117,13 +171,27 @@ impl SnapshotRegistry for FakeRegistry {
             .unwrap()
             .get(&(repo.into(), tag.into()))
             .map(|s| s.tar.clone())
-            .ok_or_else(|| RegistryFailure { message: format!("{repo}:{tag}: manifest unknown"), unavailable: false })?;
+            .ok_or_else(|| RegistryFailure {
+                message: format!("{repo}:{tag}: manifest unknown"),
+                unavailable: false,
+            })?;
         self.pulls.fetch_add(1, Ordering::SeqCst);
         let mut cursor = std::io::Cursor::new(tar);
-        runtime.snapshot_import(local, &mut cursor).await.map_err(|e| RegistryFailure { message: e.to_string(), unavailable: false })
+        runtime
+            .snapshot_import(local, &mut cursor)
+            .await
+            .map_err(|e| RegistryFailure {
+                message: e.to_string(),
+                unavailable: false,
+            })
     }
 
-    async fn ensure_cloud_image(&self, _runtime: &dyn CocoonRuntime, _reference: &str, _force: bool) -> Result<CloudImageResult, RegistryFailure> {
+    async fn ensure_cloud_image(
+        &self,
+        _runtime: &dyn CocoonRuntime,
+        _reference: &str,
+        _force: bool,
+    ) -> Result<CloudImageResult, RegistryFailure> {
         self.check()?;
         Ok(CloudImageResult::NotACloudImage)
     }
@@ -152,7 +220,10 @@ pub struct Env {
 
 pub async fn env(with_registry: bool) -> Env {
     if let Ok(filter) = std::env::var("RUST_LOG") {
-        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
     }
     let server = FakeApiServer::start().await;
     let sim_dir = tempfile::tempdir().unwrap();
@@ -162,11 +233,24 @@ pub async fn env(with_registry: bool) -> Env {
     let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
     // A generous decision deadline: these tests share two cores with builds, and a policy
     // timeout (fail-safe refusal, retried) is not what they are about.
-    let engine = PolicyEngine::new(SandboxLimits { timeout: Duration::from_secs(5), ..SandboxLimits::default() }).unwrap();
+    let engine = PolicyEngine::new(SandboxLimits {
+        timeout: Duration::from_secs(5),
+        ..SandboxLimits::default()
+    })
+    .unwrap();
     let policies = Arc::new(Policies::with_defaults(engine, None, PolicyMetrics::unregistered()).unwrap());
     let leases = sim_dir.path().join("leases.json");
     std::fs::write(&leases, "null").unwrap();
-    Env { server, sim_dir, sim, runtime, registry: with_registry.then(Arc::default), oci: None, policies, leases }
+    Env {
+        server,
+        sim_dir,
+        sim,
+        runtime,
+        registry: with_registry.then(Arc::default),
+        oci: None,
+        policies,
+        leases,
+    }
 }
 
 /// A real registry for the provider's tests.
@@ -189,9 +273,14 @@ impl Oci {
 /// An environment whose registry is a real `docker-registry` on loopback.
 pub async fn env_with_oci() -> Env {
     let mut env = env(false).await;
-    let server = tokio::task::spawn_blocking(registry_support::TestRegistry::start).await.unwrap();
+    let server = tokio::task::spawn_blocking(registry_support::TestRegistry::start)
+        .await
+        .unwrap();
     let client = Arc::new(server.client("", NODE));
-    env.oci = Some(Oci { server: Mutex::new(server), client });
+    env.oci = Some(Oci {
+        server: Mutex::new(server),
+        client,
+    });
     env
 }
 
@@ -231,7 +320,13 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { orphan: OrphanPolicy::Destroy, node_class: String::new(), releaser: None, timings: fast_timings(), root_dir: None }
+        Self {
+            orphan: OrphanPolicy::Destroy,
+            node_class: String::new(),
+            releaser: None,
+            timings: fast_timings(),
+            root_dir: None,
+        }
     }
 }
 
@@ -297,7 +392,10 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         node_class: opts.node_class.clone(),
         restore_mode: "mmap".into(),
         orphan_policy: opts.orphan,
-        root_dir: opts.root_dir.clone().unwrap_or_else(|| env.sim_dir.path().join("cocoon-root")),
+        root_dir: opts
+            .root_dir
+            .clone()
+            .unwrap_or_else(|| env.sim_dir.path().join("cocoon-root")),
         timings: opts.timings.clone(),
     };
     let ports = Ports {
@@ -316,40 +414,77 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
 }
 
 pub fn start(env: &Env, opts: Options) -> Daemon {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("daemon").enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("daemon")
+        .enable_all()
+        .build()
+        .unwrap();
     let _inside = runtime.enter();
     let provider = provider(env, &opts);
-    let node = VirtualNode::new(env.server.client(), kubelet_config(&opts.node_class), kubelet_support::fixed_host(), "10.0.0.9".parse().unwrap(), provider.clone());
+    let node = VirtualNode::new(
+        env.server.client(),
+        kubelet_config(&opts.node_class),
+        kubelet_support::fixed_host(),
+        "10.0.0.9".parse().unwrap(),
+        provider.clone(),
+    );
     provider.set_notifier(Arc::new(node.notifier()));
     let shutdown = CancellationToken::new();
     provider.prefetch_vms();
     runtime.spawn(provider.clone().run_background(shutdown.clone()));
     let task = runtime.spawn(node.run(shutdown.clone()));
     drop(_inside);
-    Daemon { provider, shutdown, task, runtime: Some(runtime) }
+    Daemon {
+        provider,
+        shutdown,
+        task,
+        runtime: Some(runtime),
+    }
 }
 
 // ---- pods ----------------------------------------------------------------------------------
 
 pub fn agent_pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
     let mut p = kubelet_support::pod(name, NODE);
-    p.metadata.annotations = Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    p.metadata.annotations = Some(
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
     p
 }
 
 pub fn managed(name: &str, vm: &str, extra: &[(&str, &str)]) -> Pod {
-    let mut a: Vec<(&str, &str)> = vec![("vm.cocoonstack.io/name", vm), ("cocoonset.cocoonstack.io/managed", "true")];
+    let mut a: Vec<(&str, &str)> = vec![
+        ("vm.cocoonstack.io/name", vm),
+        ("cocoonset.cocoonstack.io/managed", "true"),
+    ];
     a.extend_from_slice(extra);
     agent_pod(name, &a)
 }
 
 pub fn with_resources(mut pod: Pod, requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Pod {
-    let q = |v: &[(&str, &str)]| Some(v.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect::<BTreeMap<_, _>>());
+    let q = |v: &[(&str, &str)]| {
+        Some(
+            v.iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
     let spec = pod.spec.get_or_insert_with(PodSpec::default);
     if spec.containers.is_empty() {
-        spec.containers.push(Container { name: "agent".into(), ..Default::default() });
+        spec.containers.push(Container {
+            name: "agent".into(),
+            ..Default::default()
+        });
     }
-    spec.containers[0].resources = Some(ResourceRequirements { requests: q(requests), limits: q(limits), ..Default::default() });
+    spec.containers[0].resources = Some(ResourceRequirements {
+        requests: q(requests),
+        limits: q(limits),
+        ..Default::default()
+    });
     pod
 }
 
@@ -397,7 +532,13 @@ pub fn has_event(env: &Env, name: &str, reason: &str) -> bool {
 
 /// The argv of every sim invocation of `verb` (e.g. "vm clone").
 pub fn calls(env: &Env, verb: &str) -> Vec<Vec<String>> {
-    env.sim.calls().unwrap().into_iter().filter(|c| c.verb == verb).map(|c| c.argv).collect()
+    env.sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.verb == verb)
+        .map(|c| c.argv)
+        .collect()
 }
 
 pub async fn vms(env: &Env) -> Vec<vk_cocoon::runtime::VmRecord> {
@@ -413,7 +554,11 @@ pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
     env.runtime.image_pull(image, false).await.unwrap();
     let vm = env
         .runtime
-        .run(&RunSpec { name: Some(format!("seed-{}", name.replace([':', '/'], "-"))), image: image.into(), ..Default::default() })
+        .run(&RunSpec {
+            name: Some(format!("seed-{}", name.replace([':', '/'], "-"))),
+            image: image.into(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     env.runtime.snapshot_save(name, &vm.id).await.unwrap();
@@ -423,7 +568,16 @@ pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
 /// A local Windows snapshot `name` (a cloud image booted with `--windows`, then saved).
 pub async fn seed_windows_snapshot(env: &Env, name: &str) {
     env.sim.add_image("win11", "cloudimg").unwrap();
-    let seed = env.runtime.run(&RunSpec { name: Some(format!("seed-{name}")), image: "win11".into(), windows: true, ..Default::default() }).await.unwrap();
+    let seed = env
+        .runtime
+        .run(&RunSpec {
+            name: Some(format!("seed-{name}")),
+            image: "win11".into(),
+            windows: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     env.runtime.snapshot_save(name, &seed.id).await.unwrap();
     env.runtime.remove(&seed.id).await.unwrap();
 }
@@ -435,9 +589,18 @@ pub async fn create(env: &Env, pod: &Pod) -> Pod {
 /// Merge-patches pod annotations as the operator does (`None` removes the key).
 pub async fn annotate(env: &Env, name: &str, changes: &[(&str, Option<&str>)]) {
     let pods: kube::Api<Pod> = kube::Api::namespaced(env.server.client(), "default");
-    let map: serde_json::Map<String, serde_json::Value> = changes.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+    let map: serde_json::Map<String, serde_json::Value> = changes
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+        .collect();
     let patch = serde_json::json!({"metadata": {"annotations": map}});
-    pods.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+    pods.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
 }
 
 /// Kubelet-style delete (graceful: sets deletionTimestamp; the node finalizes).
@@ -463,7 +626,10 @@ pub fn pod_ip(env: &Env, name: &str) -> Option<String> {
 
 /// Writes cocoon-net's lease file: `(mac, ip)` pairs valid far into the future.
 pub fn write_leases(env: &Env, leases: &[(&str, &str)]) {
-    let rows: Vec<String> = leases.iter().map(|(mac, ip)| format!(r#"{{"mac":"{mac}","ip":"{ip}","expiry":"2999-01-01T00:00:00Z"}}"#)).collect();
+    let rows: Vec<String> = leases
+        .iter()
+        .map(|(mac, ip)| format!(r#"{{"mac":"{mac}","ip":"{ip}","expiry":"2999-01-01T00:00:00Z"}}"#))
+        .collect();
     let tmp = env.leases.with_extension("tmp");
     std::fs::write(&tmp, format!("[{}]", rows.join(","))).unwrap();
     std::fs::rename(&tmp, &env.leases).unwrap();
@@ -483,8 +649,11 @@ impl PodHistory {
         let (out, name) = (seen.clone(), name.to_string());
         let task = tokio::spawn(async move {
             while let Ok(msg) = rx.recv().await {
-                let fake_apiserver::store::Broadcast::Change(change) = msg else { continue };
-                if change.resource == fake_apiserver::resource::PODS && change.object["metadata"]["name"] == name.as_str()
+                let fake_apiserver::store::Broadcast::Change(change) = msg else {
+                    continue;
+                };
+                if change.resource == fake_apiserver::resource::PODS
+                    && change.object["metadata"]["name"] == name.as_str()
                     && let Ok(pod) = serde_json::from_value::<Pod>(change.object.clone())
                 {
                     out.lock().unwrap().push(pod);
@@ -502,7 +671,8 @@ impl PodHistory {
     pub fn final_failure(&self) -> Option<(String, String)> {
         self.versions().into_iter().rev().find_map(|p| {
             let s = p.status?;
-            (s.phase.as_deref() == Some("Failed")).then(|| (s.reason.unwrap_or_default(), s.message.unwrap_or_default()))
+            (s.phase.as_deref() == Some("Failed"))
+                .then(|| (s.reason.unwrap_or_default(), s.message.unwrap_or_default()))
         })
     }
 }
@@ -520,7 +690,9 @@ pub fn event_count(env: &Env, name: &str, reason: &str) -> i32 {
         .store()
         .list_as::<k8s_openapi::api::events::v1::Event>()
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.reason.as_deref() == Some(reason))
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.reason.as_deref() == Some(reason)
+        })
         .map(|e| e.series.map(|s| s.count).unwrap_or(1))
         .sum()
 }

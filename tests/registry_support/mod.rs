@@ -15,9 +15,14 @@ use vk_cocoon::registry::{Registry, RegistryConfig};
 
 /// The registry binary: `REGISTRY_BIN`, else `/usr/bin/docker-registry`; missing = a failure that says how to install it.
 pub fn registry_bin() -> PathBuf {
-    let bin = std::env::var_os("REGISTRY_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/docker-registry"));
+    let bin = std::env::var_os("REGISTRY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/docker-registry"));
     if !bin.exists() {
-        panic!("the registry tests need Debian's docker-registry at {}: run `apt-get install -y docker-registry` (or set REGISTRY_BIN)", bin.display());
+        panic!(
+            "the registry tests need Debian's docker-registry at {}: run `apt-get install -y docker-registry` (or set REGISTRY_BIN)",
+            bin.display()
+        );
     }
     bin
 }
@@ -47,7 +52,11 @@ impl TestRegistry {
 
     /// A client for this registry with `prefix` (e.g. "cocoon").
     pub fn client(&self, prefix: &str, node: &str) -> Registry {
-        let value = if prefix.is_empty() { self.host() } else { format!("{}/{}", self.host(), prefix) };
+        let value = if prefix.is_empty() {
+            self.host()
+        } else {
+            format!("{}/{}", self.host(), prefix)
+        };
         let mut cfg = RegistryConfig::parse(&value).expect("config").expect("some");
         cfg.spool_dir = self.dir.path().join("spool");
         std::fs::create_dir_all(&cfg.spool_dir).unwrap();
@@ -65,7 +74,11 @@ impl TestRegistry {
             ),
         )
         .unwrap();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("registry.log")).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("registry.log"))
+            .unwrap();
         let child = Command::new(registry_bin())
             .arg("serve")
             .arg(&config)
@@ -118,7 +131,11 @@ impl TestRegistry {
     /// The storage path of a blob.
     pub fn blob_path(&self, digest: &str) -> PathBuf {
         let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
-        self.storage().join("docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data")
+        self.storage()
+            .join("docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
     }
 
     /// Bytes currently sitting in upload sessions (`_uploads/*/data`).
@@ -173,9 +190,19 @@ pub async fn push_raw_artifact(
     layers: &[(&str, &str, Vec<u8>)],
 ) -> String {
     use oci_client::client::{ClientConfig, ClientProtocol};
-    let client = oci_client::Client::new(ClientConfig { protocol: ClientProtocol::Http, ..Default::default() });
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
     let r = oci_client::Reference::with_tag(reg.host(), repository.to_string(), tag.to_string());
-    client.auth(&r, &oci_client::secrets::RegistryAuth::Anonymous, oci_client::RegistryOperation::Push).await.unwrap();
+    client
+        .auth(
+            &r,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            oci_client::RegistryOperation::Push,
+        )
+        .await
+        .unwrap();
     let digest = |b: &[u8]| {
         use sha2::Digest;
         format!("sha256:{}", hex::encode(sha2::Sha256::digest(b)))
@@ -197,6 +224,9 @@ pub async fn push_raw_artifact(
     }))
     .unwrap();
     let d = digest(&body);
-    client.push_manifest_raw(&r, body, "application/vnd.oci.image.manifest.v1+json".parse().unwrap()).await.unwrap();
+    client
+        .push_manifest_raw(&r, body, "application/vnd.oci.image.manifest.v1+json".parse().unwrap())
+        .await
+        .unwrap();
     d
 }

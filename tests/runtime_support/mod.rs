@@ -12,9 +12,16 @@ pub fn sim_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe.parent().and_then(|deps| deps.parent()).map(|d| d.join("cocoon-sim")).expect("target dir layout");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|d| d.join("cocoon-sim"))
+        .expect("target dir layout");
     if !bin.exists() {
-        panic!("cocoon-sim binary not found at {}: run `cargo build -p cocoon-sim` first (or set COCOON_SIM_BIN)", bin.display());
+        panic!(
+            "cocoon-sim binary not found at {}: run `cargo build -p cocoon-sim` first (or set COCOON_SIM_BIN)",
+            bin.display()
+        );
     }
     bin
 }
@@ -30,9 +37,21 @@ pub fn config(sim: &Sim) -> CocoonCliConfig {
         bin: sim_bin(),
         sudo: false,
         env: vec![sim.env()],
-        timeouts: Timeouts { query: Duration::from_secs(20), create: Duration::from_secs(60), transfer: Duration::from_secs(120), exec: Duration::from_secs(30) },
-        watch_backoff: WatchBackoff { initial: Duration::from_millis(50), max: Duration::from_millis(400), after_clean_end: Duration::from_millis(50) },
-        busy_retry: BusyRetry { interval: Duration::from_millis(100), budget: Duration::from_secs(10) },
+        timeouts: Timeouts {
+            query: Duration::from_secs(20),
+            create: Duration::from_secs(60),
+            transfer: Duration::from_secs(120),
+            exec: Duration::from_secs(30),
+        },
+        watch_backoff: WatchBackoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+            after_clean_end: Duration::from_millis(50),
+        },
+        busy_retry: BusyRetry {
+            interval: Duration::from_millis(100),
+            budget: Duration::from_secs(10),
+        },
     }
 }
 
@@ -45,7 +64,11 @@ pub fn harness_with(tune: impl FnOnce(&mut CocoonCliConfig)) -> Harness {
     let sim = Sim::new(dir.path()).expect("sim root");
     let mut cfg = config(&sim);
     tune(&mut cfg);
-    Harness { dir, sim, client: CocoonCli::new(cfg) }
+    Harness {
+        dir,
+        sim,
+        client: CocoonCli::new(cfg),
+    }
 }
 
 /// Waits until `f` is true (polling every 20 ms) or panics after `secs`.

@@ -18,8 +18,8 @@ wit_bindgen::generate!({ world: "bring-up-policy", path: "../../wit" });
 
 use cocoonstack::vk_policy::types::VmSpec;
 pub use exports::cocoonstack::vk_policy::bring_up::{
-    CloneFromDirPlan, CloneOptions, ClonePlan, Decision, Facts, ForkPlan, HibernateEvidence, Outcome,
-    Plan, RestorePlan, RunPlan, UnmanagedAdoption,
+    CloneFromDirPlan, CloneOptions, ClonePlan, Decision, Facts, ForkPlan, HibernateEvidence, Outcome, Plan,
+    RestorePlan, RunPlan, UnmanagedAdoption,
 };
 use vk_policy_support::naming::{fork_snapshot_name, local_snapshot_name, parse_ref};
 use vk_policy_support::path::is_absolute_and_clean;
@@ -84,7 +84,10 @@ fn adopt_unmanaged(facts: &Facts) -> Decision {
             vnc_port,
         }),
         "adopt-unmanaged",
-        format!("vm {vm} is unmanaged: adopting pre-assigned id {} and ip {}", facts.preassigned_vm_id, facts.preassigned_ip),
+        format!(
+            "vm {vm} is unmanaged: adopting pre-assigned id {} and ip {}",
+            facts.preassigned_vm_id, facts.preassigned_ip
+        ),
     )
 }
 
@@ -146,7 +149,10 @@ fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
             fresh_nic: spec.backend == "cloud-hypervisor" && spec.os == "windows",
         }),
         reason,
-        format!("restoring vm {vm} from its hibernate snapshot ({how} via {})", found.source),
+        format!(
+            "restoring vm {vm} from its hibernate snapshot ({how} via {})",
+            found.source
+        ),
     ))
 }
 
@@ -164,11 +170,17 @@ fn fresh_boot(facts: &Facts, clone_dir: &str) -> Decision {
         if !spec.fork_from.is_empty() {
             return refuse(
                 "clone-from-dir-conflict",
-                format!("vm.cocoonstack.io/clone-from-dir {clone_dir} is incompatible with fork-from {}", spec.fork_from),
+                format!(
+                    "vm.cocoonstack.io/clone-from-dir {clone_dir} is incompatible with fork-from {}",
+                    spec.fork_from
+                ),
             );
         }
         return proceed(
-            Plan::CloneFromDir(CloneFromDirPlan { options: clone_options(facts, true), dir: clone_dir.into() }),
+            Plan::CloneFromDir(CloneFromDirPlan {
+                options: clone_options(facts, true),
+                dir: clone_dir.into(),
+            }),
             "clone-from-dir",
             format!("cloning vm {vm} from the exported snapshot in {clone_dir}"),
         );
@@ -188,7 +200,9 @@ fn fresh_boot(facts: &Facts, clone_dir: &str) -> Decision {
     if spec.image.is_empty() {
         return refuse(
             "missing-image",
-            format!("vm {vm} names no image: set cocoonset.cocoonstack.io/image to a snapshot (clone) or base image (run)"),
+            format!(
+                "vm {vm} names no image: set cocoonset.cocoonstack.io/image to a snapshot (clone) or base image (run)"
+            ),
         );
     }
     if run_mode {
@@ -261,7 +275,11 @@ fn clone_options(facts: &Facts, fresh: bool) -> CloneOptions {
 
 /// `restoreModeFor`: Windows guests always restore by copy.
 fn restore_mode(spec: &VmSpec, node_mode: &str) -> String {
-    if spec.os.eq_ignore_ascii_case("windows") { "copy".into() } else { node_mode.into() }
+    if spec.os.eq_ignore_ascii_case("windows") {
+        "copy".into()
+    } else {
+        node_mode.into()
+    }
 }
 
 fn has_explicit_clone_source(spec: &VmSpec) -> bool {
@@ -269,11 +287,19 @@ fn has_explicit_clone_source(spec: &VmSpec) -> bool {
 }
 
 fn proceed(plan: Plan, reason: &str, message: String) -> Decision {
-    Decision { outcome: Outcome::Proceed(plan), reason: reason.into(), message }
+    Decision {
+        outcome: Outcome::Proceed(plan),
+        reason: reason.into(),
+        message,
+    }
 }
 
 fn refuse(reason: &str, message: String) -> Decision {
-    Decision { outcome: Outcome::Refuse, reason: reason.into(), message }
+    Decision {
+        outcome: Outcome::Refuse,
+        reason: reason.into(),
+        message,
+    }
 }
 
 #[cfg(test)]
@@ -324,14 +350,26 @@ mod tests {
     }
 
     fn found(image: &str) -> HibernateEvidence {
-        HibernateEvidence::Found(FoundEvidence { source: "registry".into(), recorded_image: image.into() })
+        HibernateEvidence::Found(FoundEvidence {
+            source: "registry".into(),
+            recorded_image: image.into(),
+        })
     }
 
     #[test]
     fn fresh_clone_uses_the_tag_aware_local_name() {
         let d = decide(&facts());
-        let Outcome::Proceed(Plan::Clone(plan)) = d.outcome else { panic!("{}", d.reason) };
-        assert_eq!((plan.local_snapshot.as_str(), plan.repository.as_str(), plan.tag.as_str()), ("snap:v1", "snap", "v1"));
+        let Outcome::Proceed(Plan::Clone(plan)) = d.outcome else {
+            panic!("{}", d.reason)
+        };
+        assert_eq!(
+            (
+                plan.local_snapshot.as_str(),
+                plan.repository.as_str(),
+                plan.tag.as_str()
+            ),
+            ("snap:v1", "snap", "v1")
+        );
         assert!(plan.options.drop_own_fork_snapshot);
     }
 
@@ -358,7 +396,9 @@ mod tests {
     fn restore_keeps_the_fork_lineage() {
         let mut f = facts();
         f.evidence = found("");
-        let Outcome::Proceed(Plan::RestoreFromHibernate(plan)) = decide(&f).outcome else { panic!() };
+        let Outcome::Proceed(Plan::RestoreFromHibernate(plan)) = decide(&f).outcome else {
+            panic!()
+        };
         assert!(!plan.options.drop_own_fork_snapshot);
         assert!(plan.derived);
     }

@@ -12,9 +12,7 @@ use alloc::string::String;
 
 wit_bindgen::generate!({ world: "cpu-class-admission-policy", path: "../../wit" });
 
-pub use exports::cocoonstack::vk_policy::cpu_class_admission::{
-    AdmissionContext, Decision, Facts, Verdict,
-};
+pub use exports::cocoonstack::vk_policy::cpu_class_admission::{AdmissionContext, Decision, Facts, Verdict};
 use vk_policy_support::lookup;
 
 /// Node-selector key through which the operator pins a pod's snapshot CPU class.
@@ -37,19 +35,28 @@ export!(Policy);
 pub fn decide(facts: &Facts) -> Decision {
     let pod = &facts.pod;
     if pod.phase == "Succeeded" || pod.phase == "Failed" {
-        return admit("terminal-pod", format!("pod {}/{} is {}: no VM to resume", pod.namespace, pod.name, pod.phase));
+        return admit(
+            "terminal-pod",
+            format!("pod {}/{} is {}: no VM to resume", pod.namespace, pod.name, pod.phase),
+        );
     }
     let selectors = pod.node_selector.iter().map(|kv| (kv.key.as_str(), kv.value.as_str()));
     let required = lookup(selectors, CPU_CLASS_SELECTOR).unwrap_or("");
     if required.is_empty() {
-        return admit("unclassified-pod", format!("pod {}/{} pins no snapshot CPU class", pod.namespace, pod.name));
+        return admit(
+            "unclassified-pod",
+            format!("pod {}/{} pins no snapshot CPU class", pod.namespace, pod.name),
+        );
     }
     let who = format!(
         "pod {}/{} requires snapshot compatibility class \"{}\"",
         pod.namespace, pod.name, required
     );
     if facts.node_class.is_empty() {
-        return reject("node-unclassified", format!("{who} but node {} is unclassified", facts.node_name));
+        return reject(
+            "node-unclassified",
+            format!("{who} but node {} is unclassified", facts.node_name),
+        );
     }
     if facts.node_class != required {
         return reject(
@@ -61,11 +68,19 @@ pub fn decide(facts: &Facts) -> Decision {
 }
 
 fn admit(reason: &str, message: String) -> Decision {
-    Decision { verdict: Verdict::Admit, reason: reason.into(), message }
+    Decision {
+        verdict: Verdict::Admit,
+        reason: reason.into(),
+        message,
+    }
 }
 
 fn reject(reason: &str, message: String) -> Decision {
-    Decision { verdict: Verdict::Reject, reason: reason.into(), message }
+    Decision {
+        verdict: Verdict::Reject,
+        reason: reason.into(),
+        message,
+    }
 }
 
 #[cfg(test)]
@@ -77,7 +92,10 @@ mod tests {
         let node_selector = if required.is_empty() {
             vec![]
         } else {
-            vec![KeyValue { key: CPU_CLASS_SELECTOR.into(), value: required.into() }]
+            vec![KeyValue {
+                key: CPU_CLASS_SELECTOR.into(),
+                value: required.into(),
+            }]
         };
         Facts {
             pod: PodFacts {
@@ -109,15 +127,25 @@ mod tests {
         ];
         for (phase, required, node, verdict, reason) in rows {
             let d = decide(&facts(phase, required, node));
-            assert_eq!((d.verdict, d.reason.as_str()), (verdict, reason), "{phase} {required} {node}");
+            assert_eq!(
+                (d.verdict, d.reason.as_str()),
+                (verdict, reason),
+                "{phase} {required} {node}"
+            );
         }
     }
 
     #[test]
     fn rejections_name_the_pod_and_the_classes() {
         let d = decide(&facts("Running", "x", "y"));
-        assert_eq!(d.message, "pod ns/p requires snapshot compatibility class \"x\" but node n1 provides \"y\"");
+        assert_eq!(
+            d.message,
+            "pod ns/p requires snapshot compatibility class \"x\" but node n1 provides \"y\""
+        );
         let d = decide(&facts("Running", "x", ""));
-        assert_eq!(d.message, "pod ns/p requires snapshot compatibility class \"x\" but node n1 is unclassified");
+        assert_eq!(
+            d.message,
+            "pod ns/p requires snapshot compatibility class \"x\" but node n1 is unclassified"
+        );
     }
 }

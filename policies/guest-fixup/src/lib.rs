@@ -87,7 +87,10 @@ pub fn decide(facts: &Facts) -> Decision {
     let vm = safety::shown(&facts.spec.vm_name);
     let after = origin_name(facts.origin);
     if !facts.spec.managed {
-        return none("unmanaged", format!("vm {vm} is not managed by vk-cocoon: guest work after the {after} is the operator's"));
+        return none(
+            "unmanaged",
+            format!("vm {vm} is not managed by vk-cocoon: guest work after the {after} is the operator's"),
+        );
     }
     let Some(kind) = classify(facts) else {
         return none(
@@ -115,7 +118,11 @@ fn linux(facts: &Facts, kind: Kind, vm: &str, after: &str) -> Decision {
         );
     }
     if let Some((i, field, value)) = safety::first_unsafe_nic(&facts.nics) {
-        let allowed = if field == "mac" { "a non-empty run of hex digits and ':'" } else { "IPv4 digits and '.'" };
+        let allowed = if field == "mac" {
+            "a non-empty run of hex digits and ':'"
+        } else {
+            "IPv4 digits and '.'"
+        };
         return refuse(
             "unsafe-nic",
             format!(
@@ -125,19 +132,29 @@ fn linux(facts: &Facts, kind: Kind, vm: &str, after: &str) -> Decision {
         );
     }
     let firecracker = kind == Kind::LinuxFc;
-    let network = if is_cloud_image(facts) { NetworkConfig::CloudInit } else { NetworkConfig::Networkd };
+    let network = if is_cloud_image(facts) {
+        NetworkConfig::CloudInit
+    } else {
+        NetworkConfig::Networkd
+    };
     let script = linux_script(name, &facts.nics, firecracker, network);
     let nics = facts.nics.len();
     let statics = static_nics(facts);
     let what = match kind {
-        Kind::LinuxFc => format!("firecracker guest with {} ({statics} static), MACs re-applied", count(nics, "NIC")),
+        Kind::LinuxFc => format!(
+            "firecracker guest with {} ({statics} static), MACs re-applied",
+            count(nics, "NIC")
+        ),
         _ => count(statics, "static NIC"),
     };
     let how = match network {
         NetworkConfig::CloudInit => "cloud-init re-run",
         NetworkConfig::Networkd => "systemd-networkd config rewritten",
     };
-    let message = format!("vm {vm} needs a {} fixup after the {after}: {what}, {how}", kind.label());
+    let message = format!(
+        "vm {vm} needs a {} fixup after the {after}: {what}, {how}",
+        kind.label()
+    );
     let argv = alloc::vec!["sh".into(), "-c".into(), script.clone()];
     run(kind, argv, script, message)
 }
@@ -163,19 +180,39 @@ fn origin_name(origin: BootOrigin) -> &'static str {
 }
 
 fn count(n: usize, noun: &str) -> String {
-    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 fn run(kind: Kind, argv: alloc::vec::Vec<String>, hint: String, message: String) -> Decision {
-    Decision { outcome: Outcome::Run(Fixup { kind: kind.label().into(), argv, hint }), reason: kind.reason().into(), message }
+    Decision {
+        outcome: Outcome::Run(Fixup {
+            kind: kind.label().into(),
+            argv,
+            hint,
+        }),
+        reason: kind.reason().into(),
+        message,
+    }
 }
 
 fn none(reason: &str, message: String) -> Decision {
-    Decision { outcome: Outcome::None, reason: reason.into(), message }
+    Decision {
+        outcome: Outcome::None,
+        reason: reason.into(),
+        message,
+    }
 }
 
 fn refuse(reason: &str, message: String) -> Decision {
-    Decision { outcome: Outcome::Refuse, reason: reason.into(), message }
+    Decision {
+        outcome: Outcome::Refuse,
+        reason: reason.into(),
+        message,
+    }
 }
 
 #[cfg(test)]

@@ -69,7 +69,12 @@ mod tests {
     use super::*;
 
     fn nic(mac: &str, ip: &str, gateway: &str) -> Nic {
-        Nic { mac: mac.into(), ip: ip.into(), gateway: gateway.into(), prefix: 24 }
+        Nic {
+            mac: mac.into(),
+            ip: ip.into(),
+            gateway: gateway.into(),
+            prefix: 24,
+        }
     }
 
     #[test]
@@ -79,7 +84,18 @@ mod tests {
             assert!(is_valid_vm_name(good), "{good:?}");
         }
         let too_long = "a".repeat(64);
-        for bad in ["", "-vm", ".vm", "vm 1", "vm;reboot", "vm'x", "vm\nx", "vm/x", "vmé", too_long.as_str()] {
+        for bad in [
+            "",
+            "-vm",
+            ".vm",
+            "vm 1",
+            "vm;reboot",
+            "vm'x",
+            "vm\nx",
+            "vm/x",
+            "vmé",
+            too_long.as_str(),
+        ] {
             assert!(!is_valid_vm_name(bad), "{bad:?}");
         }
     }
@@ -88,11 +104,28 @@ mod tests {
     fn the_first_unsafe_nic_field_is_named() {
         let good = nic("52:54:00:ab:CD:ef", "10.0.0.2", "10.0.0.1");
         assert_eq!(first_unsafe_nic(&[good.clone(), nic("", "", "")]), Some((1, "mac", "")));
-        assert_eq!(first_unsafe_nic(&[nic("52:54:00:00:00:01", "", "")]), None, "DHCP NICs have no ip or gateway");
-        assert_eq!(first_unsafe_nic(&[good.clone(), nic("aa' ; reboot ; '", "", "")]), Some((1, "mac", "aa' ; reboot ; '")));
-        assert_eq!(first_unsafe_nic(&[nic("aa:bb", "10.0.0.2\nreboot", "")]), Some((0, "ip", "10.0.0.2\nreboot")));
-        assert_eq!(first_unsafe_nic(&[nic("aa:bb", "10.0.0.2", "$(reboot)")]), Some((0, "gateway", "$(reboot)")));
-        assert_eq!(first_unsafe_nic(&[nic("aa:bb", "fe80::1", "")]), Some((0, "ip", "fe80::1")), "IPv4 only");
+        assert_eq!(
+            first_unsafe_nic(&[nic("52:54:00:00:00:01", "", "")]),
+            None,
+            "DHCP NICs have no ip or gateway"
+        );
+        assert_eq!(
+            first_unsafe_nic(&[good.clone(), nic("aa' ; reboot ; '", "", "")]),
+            Some((1, "mac", "aa' ; reboot ; '"))
+        );
+        assert_eq!(
+            first_unsafe_nic(&[nic("aa:bb", "10.0.0.2\nreboot", "")]),
+            Some((0, "ip", "10.0.0.2\nreboot"))
+        );
+        assert_eq!(
+            first_unsafe_nic(&[nic("aa:bb", "10.0.0.2", "$(reboot)")]),
+            Some((0, "gateway", "$(reboot)"))
+        );
+        assert_eq!(
+            first_unsafe_nic(&[nic("aa:bb", "fe80::1", "")]),
+            Some((0, "ip", "fe80::1")),
+            "IPv4 only"
+        );
     }
 
     #[test]

@@ -35,8 +35,10 @@ pub enum NetworkConfig {
 
 /// The Linux fixup script, one command per line.
 pub fn linux_script(vm_name: &str, nics: &[Nic], firecracker: bool, network: NetworkConfig) -> String {
-    let mut lines: Vec<String> =
-        vec!["echo 3 > /proc/sys/vm/drop_caches".into(), format!("echo {vm_name} > /etc/hostname")];
+    let mut lines: Vec<String> = vec![
+        "echo 3 > /proc/sys/vm/drop_caches".into(),
+        format!("echo {vm_name} > /etc/hostname"),
+    ];
     if firecracker {
         // Firecracker restores the snapshot's MACs; the clone's own come from its record.
         for (i, nic) in nics.iter().enumerate() {
@@ -49,13 +51,18 @@ pub fn linux_script(vm_name: &str, nics: &[Nic], firecracker: bool, network: Net
     lines.push("rm -f /etc/systemd/network/10-*.network".into());
     match network {
         NetworkConfig::CloudInit => {
-            lines.push("cloud-init clean --logs --seed --configs network && cloud-init init --local && cloud-init init".into());
+            lines.push(
+                "cloud-init clean --logs --seed --configs network && cloud-init init --local && cloud-init init".into(),
+            );
             lines.push("cloud-init modules --mode=config && systemctl restart systemd-networkd".into());
         }
         NetworkConfig::Networkd => {
             for nic in nics {
                 let file = nic.mac.replace(':', "");
-                lines.push(format!("printf '{}' > /etc/systemd/network/10-{file}.network", networkd_config(nic)));
+                lines.push(format!(
+                    "printf '{}' > /etc/systemd/network/10-{file}.network",
+                    networkd_config(nic)
+                ));
             }
             lines.push("systemctl restart systemd-networkd".into());
         }
@@ -66,7 +73,12 @@ pub fn linux_script(vm_name: &str, nics: &[Nic], firecracker: bool, network: Net
 /// A NIC's networkd file as a printf format: `\n` stays a literal backslash-n for the guest's
 /// printf to expand.
 fn networkd_config(nic: &Nic) -> String {
-    let Nic { mac, ip, gateway, prefix } = nic;
+    let Nic {
+        mac,
+        ip,
+        gateway,
+        prefix,
+    } = nic;
     if ip.is_empty() {
         format!("[Match]\\nMACAddress={mac}\\n\\n[Network]\\nDHCP=ipv4\\n\\n[DHCPv4]\\nClientIdentifier=mac\\n")
     } else {
@@ -80,12 +92,22 @@ mod tests {
 
     fn nic(mac: &str, ip: &str) -> Nic {
         let gateway = if ip.is_empty() { "" } else { "10.0.0.1" };
-        Nic { mac: mac.into(), ip: ip.into(), gateway: gateway.into(), prefix: 24 }
+        Nic {
+            mac: mac.into(),
+            ip: ip.into(),
+            gateway: gateway.into(),
+            prefix: 24,
+        }
     }
 
     #[test]
     fn oci_script_writes_one_networkd_file_per_nic_then_restarts_once() {
-        let script = linux_script("vm1", &[nic("52:54:00:00:00:01", "10.0.0.2"), nic("52:54:00:00:00:02", "")], false, NetworkConfig::Networkd);
+        let script = linux_script(
+            "vm1",
+            &[nic("52:54:00:00:00:01", "10.0.0.2"), nic("52:54:00:00:00:02", "")],
+            false,
+            NetworkConfig::Networkd,
+        );
         let expected = [
             "echo 3 > /proc/sys/vm/drop_caches",
             "echo vm1 > /etc/hostname",
@@ -99,7 +121,12 @@ mod tests {
 
     #[test]
     fn firecracker_resets_each_mac_in_nic_order_before_the_network_config() {
-        let script = linux_script("vm1", &[nic("aa:00:00:00:00:01", ""), nic("aa:00:00:00:00:02", "")], true, NetworkConfig::CloudInit);
+        let script = linux_script(
+            "vm1",
+            &[nic("aa:00:00:00:00:01", ""), nic("aa:00:00:00:00:02", "")],
+            true,
+            NetworkConfig::CloudInit,
+        );
         let lines: Vec<&str> = script.lines().collect();
         assert_eq!(
             lines[2],
@@ -117,7 +144,10 @@ mod tests {
                 "cloud-init modules --mode=config && systemctl restart systemd-networkd",
             ]
         );
-        assert!(!script.contains("printf"), "cloud-init writes the network config itself");
+        assert!(
+            !script.contains("printf"),
+            "cloud-init writes the network config itself"
+        );
     }
 
     #[test]
@@ -133,6 +163,9 @@ mod tests {
     fn the_windows_hint_is_the_argv_for_a_shell() {
         assert_eq!(windows_argv()[..3], ["powershell", "-nop", "-c"]);
         assert_eq!(windows_hint(), format!("powershell -nop -c '{}'", windows_argv()[3]));
-        assert!(!WINDOWS_PS.contains('\''), "the hint's single quotes hold the script whole");
+        assert!(
+            !WINDOWS_PS.contains('\''),
+            "the hint's single quotes hold the script whole"
+        );
     }
 }

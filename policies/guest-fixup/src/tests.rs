@@ -46,11 +46,21 @@ fn facts(os: &str, backend: &str, nics: Vec<Nic>) -> Facts {
 }
 
 fn dhcp(mac: &str) -> Nic {
-    Nic { mac: mac.into(), ip: String::new(), gateway: String::new(), prefix: 0 }
+    Nic {
+        mac: mac.into(),
+        ip: String::new(),
+        gateway: String::new(),
+        prefix: 0,
+    }
 }
 
 fn fixed(mac: &str, ip: &str) -> Nic {
-    Nic { mac: mac.into(), ip: ip.into(), gateway: "10.0.0.1".into(), prefix: 24 }
+    Nic {
+        mac: mac.into(),
+        ip: ip.into(),
+        gateway: "10.0.0.1".into(),
+        prefix: 24,
+    }
 }
 
 fn fixup(d: &Decision) -> &Fixup {
@@ -66,10 +76,22 @@ fn needed_and_kind_follow_the_spec_precedence() {
     let rows = [
         ("", "cloud-hypervisor", vec![dhcp(mac)], "not-needed", None),
         ("linux", "", vec![], "not-needed", None),
-        ("", "cloud-hypervisor", vec![fixed(mac, "10.0.0.2")], "linux-static", Some("linux_static")),
+        (
+            "",
+            "cloud-hypervisor",
+            vec![fixed(mac, "10.0.0.2")],
+            "linux-static",
+            Some("linux_static"),
+        ),
         ("", "firecracker", vec![dhcp(mac)], "linux-fc", Some("linux_fc")),
         ("", "firecracker", vec![], "linux-fc", Some("linux_fc")),
-        ("windows", "firecracker", vec![fixed(mac, "10.0.0.2")], "windows", Some("windows")),
+        (
+            "windows",
+            "firecracker",
+            vec![fixed(mac, "10.0.0.2")],
+            "windows",
+            Some("windows"),
+        ),
         ("windows", "", vec![], "windows", Some("windows")),
         // Exact comparisons, as the spec's.
         ("Windows", "", vec![], "not-needed", None),
@@ -97,15 +119,30 @@ fn unmanaged_pods_get_no_guest_work_even_when_one_would_be_needed() {
 
 #[test]
 fn a_static_nic_on_an_oci_guest_gets_a_networkd_file_and_the_script_is_the_hint() {
-    let d = decide(&facts("", "cloud-hypervisor", vec![fixed("52:54:00:00:00:01", "10.0.0.2")]));
+    let d = decide(&facts(
+        "",
+        "cloud-hypervisor",
+        vec![fixed("52:54:00:00:00:01", "10.0.0.2")],
+    ));
     let f = fixup(&d);
     assert_eq!(f.argv[..2], ["sh", "-c"]);
     assert_eq!(f.argv.len(), 3);
     assert_eq!(f.argv[2], f.hint, "the hint is the script itself");
-    assert!(f.hint.contains(r"Address=10.0.0.2/24\nGateway=10.0.0.1\n"), "{}", f.hint);
-    assert!(f.hint.contains("> /etc/systemd/network/10-525400000001.network"), "{}", f.hint);
+    assert!(
+        f.hint.contains(r"Address=10.0.0.2/24\nGateway=10.0.0.1\n"),
+        "{}",
+        f.hint
+    );
+    assert!(
+        f.hint.contains("> /etc/systemd/network/10-525400000001.network"),
+        "{}",
+        f.hint
+    );
     assert!(!f.hint.contains("ip link"), "only firecracker re-applies MACs");
-    assert_eq!(d.message, "vm vm1 needs a linux_static fixup after the clone: 1 static NIC, systemd-networkd config rewritten");
+    assert_eq!(
+        d.message,
+        "vm vm1 needs a linux_static fixup after the clone: 1 static NIC, systemd-networkd config rewritten"
+    );
 }
 
 #[test]
@@ -113,11 +150,22 @@ fn firecracker_re_applies_every_mac_in_order() {
     let nics = vec![fixed("aa:00:00:00:00:01", "10.0.0.2"), dhcp("aa:00:00:00:00:02")];
     let d = decide(&facts("", "firecracker", nics));
     let script = &fixup(&d).argv[2];
-    let eth0 = script.find("ip link set dev eth0 address aa:00:00:00:00:01").expect("eth0");
-    let eth1 = script.find("ip link set dev eth1 address aa:00:00:00:00:02").expect("eth1");
+    let eth0 = script
+        .find("ip link set dev eth0 address aa:00:00:00:00:01")
+        .expect("eth0");
+    let eth1 = script
+        .find("ip link set dev eth1 address aa:00:00:00:00:02")
+        .expect("eth1");
     assert!(eth0 < eth1);
-    assert!(script.contains(r"DHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"), "the DHCP NIC keeps DHCP: {script}");
-    assert!(d.message.contains("firecracker guest with 2 NICs (1 static)"), "{}", d.message);
+    assert!(
+        script.contains(r"DHCP=ipv4\n\n[DHCPv4]\nClientIdentifier=mac\n"),
+        "the DHCP NIC keeps DHCP: {script}"
+    );
+    assert!(
+        d.message.contains("firecracker guest with 2 NICs (1 static)"),
+        "{}",
+        d.message
+    );
 }
 
 #[test]
@@ -131,30 +179,58 @@ fn cloud_images_re_run_cloud_init_by_source_url_or_by_overlay() {
     for f in [by_url, by_overlay] {
         let d = decide(&f);
         let script = &fixup(&d).argv[2];
-        assert!(script.contains("cloud-init clean --logs --seed --configs network"), "{script}");
+        assert!(
+            script.contains("cloud-init clean --logs --seed --configs network"),
+            "{script}"
+        );
         assert!(!script.contains("printf"), "{script}");
         assert!(d.message.ends_with("cloud-init re-run"), "{}", d.message);
     }
     let mut plain = facts("", "cloud-hypervisor", vec![fixed("aa:bb", "10.0.0.2")]);
     plain.source_image = "httpd:latest".into();
-    assert!(!fixup(&decide(&plain)).hint.contains("cloud-init"), "only http:// and https:// mark a cloud image");
+    assert!(
+        !fixup(&decide(&plain)).hint.contains("cloud-init"),
+        "only http:// and https:// mark a cloud image"
+    );
 }
 
 #[test]
 fn windows_runs_the_fixed_powershell_reset() {
-    let d = decide(&facts("windows", "cloud-hypervisor", vec![fixed("aa' ; reboot", "10.0.0.2")]));
+    let d = decide(&facts(
+        "windows",
+        "cloud-hypervisor",
+        vec![fixed("aa' ; reboot", "10.0.0.2")],
+    ));
     let f = fixup(&d);
     assert_eq!(f.argv, ["powershell", "-nop", "-c", WINDOWS_PS]);
     assert_eq!(f.hint, "powershell -nop -c '".to_string() + WINDOWS_PS + "'");
-    assert!(!f.argv.concat().contains("reboot"), "nothing from the NIC record reaches the command");
+    assert!(
+        !f.argv.concat().contains("reboot"),
+        "nothing from the NIC record reaches the command"
+    );
 }
 
 #[test]
 fn hostile_nic_records_and_vm_names_are_refused_not_spliced() {
     let hostile = [
-        (vec![fixed("aa:bb'; reboot; echo '", "10.0.0.2")], "unsafe-nic", "NIC 0 (eth0)"),
-        (vec![dhcp("aa:01"), fixed("aa:02", "10.0.0.2\nreboot")], "unsafe-nic", "NIC 1 (eth1)"),
-        (vec![Nic { gateway: "$(reboot)".into(), ..fixed("aa:01", "10.0.0.2") }], "unsafe-nic", "gateway"),
+        (
+            vec![fixed("aa:bb'; reboot; echo '", "10.0.0.2")],
+            "unsafe-nic",
+            "NIC 0 (eth0)",
+        ),
+        (
+            vec![dhcp("aa:01"), fixed("aa:02", "10.0.0.2\nreboot")],
+            "unsafe-nic",
+            "NIC 1 (eth1)",
+        ),
+        (
+            vec![Nic {
+                gateway: "$(reboot)".into(),
+                ..fixed("aa:01", "10.0.0.2")
+            }],
+            "unsafe-nic",
+            "gateway",
+        ),
         (vec![dhcp("")], "unsafe-nic", "mac \"\""),
     ];
     for (nics, reason, named) in hostile {

@@ -45,17 +45,34 @@ pub fn decide(facts: &Facts) -> Decision {
     match translate(facts) {
         Ok(translation) => {
             let message = describe(&translation);
-            Decision { outcome: Outcome::Translated(translation), reason: "translated".into(), message }
+            Decision {
+                outcome: Outcome::Translated(translation),
+                reason: "translated".into(),
+                message,
+            }
         }
-        Err(message) => Decision { outcome: Outcome::Refuse, reason: "invalid-quantity".into(), message },
+        Err(message) => Decision {
+            outcome: Outcome::Refuse,
+            reason: "invalid-quantity".into(),
+            message,
+        },
     }
 }
 
 fn translate(facts: &Facts) -> Result<Translation, String> {
-    let empty = ContainerResources { requests: alloc::vec![], limits: alloc::vec![] };
+    let empty = ContainerResources {
+        requests: alloc::vec![],
+        limits: alloc::vec![],
+    };
     let res = facts.resources.as_ref().unwrap_or(&empty);
-    let requests = Side { name: "requests", values: &res.requests };
-    let limits = Side { name: "limits", values: &res.limits };
+    let requests = Side {
+        name: "requests",
+        values: &res.requests,
+    };
+    let limits = Side {
+        name: "limits",
+        values: &res.limits,
+    };
 
     let weight_milli = select(&requests, &limits, "cpu", parse_milli)?;
     let limit_milli = limits.get("cpu", parse_milli)?;
@@ -71,7 +88,9 @@ fn translate(facts: &Facts) -> Result<Translation, String> {
             let memory = select(&requests, &limits, "memory", parse_units)?;
             let storage = match facts.spec.storage.as_str() {
                 "" => 0,
-                text => parse_units(text).map_err(|e| invalid("annotation cocoonset.cocoonstack.io/storage", text, e))?,
+                text => {
+                    parse_units(text).map_err(|e| invalid("annotation cocoonset.cocoonstack.io/storage", text, e))?
+                }
             };
             let vcpus = u32::try_from(vcpu_milli.div_ceil(1000))
                 .map_err(|_| format!("a CPU count of {vcpu_milli}m is more than a VM can have"))?;
@@ -120,11 +139,18 @@ fn select(
     parse: fn(&str) -> Result<u64, QuantityError>,
 ) -> Result<u64, String> {
     let first = primary.get(resource, parse)?;
-    if first > 0 { Ok(first) } else { fallback.get(resource, parse) }
+    if first > 0 {
+        Ok(first)
+    } else {
+        fallback.get(resource, parse)
+    }
 }
 
 fn invalid(field: &str, value: &str, error: QuantityError) -> String {
-    format!("{field} \"{value}\" {}; fix the pod's resources (or the annotation) and recreate it", error.describe())
+    format!(
+        "{field} \"{value}\" {}; fix the pod's resources (or the annotation) and recreate it",
+        error.describe()
+    )
 }
 
 fn describe(t: &Translation) -> String {

@@ -11,9 +11,7 @@ use alloc::string::String;
 
 wit_bindgen::generate!({ world: "snapshot-before-destroy-policy", path: "../../wit" });
 
-pub use exports::cocoonstack::vk_policy::snapshot_before_destroy::{
-    Decision, Facts, Outcome, SnapshotTarget,
-};
+pub use exports::cocoonstack::vk_policy::snapshot_before_destroy::{Decision, Facts, Outcome, SnapshotTarget};
 use vk_policy_support::naming::DEFAULT_SNAPSHOT_TAG;
 use vk_policy_support::role::{Role, role_for_pod};
 
@@ -35,7 +33,10 @@ pub fn decide(facts: &Facts) -> Decision {
     let spec = &facts.spec;
     let vm = spec.vm_name.as_str();
     if !spec.managed {
-        return skip("unmanaged", format!("vm {vm} is not managed by vk-cocoon: its state is the operator's"));
+        return skip(
+            "unmanaged",
+            format!("vm {vm} is not managed by vk-cocoon: its state is the operator's"),
+        );
     }
     if spec.os.trim().eq_ignore_ascii_case("macos") {
         return skip("macos", format!("vm {vm} is a macOS guest: it has no live snapshot"));
@@ -51,17 +52,26 @@ pub fn decide(facts: &Facts) -> Decision {
             if role != Role::Main {
                 return skip(
                     "not-main-agent",
-                    format!("snapshot policy of vm {vm} is main-only and its role is {}", role.as_str()),
+                    format!(
+                        "snapshot policy of vm {vm} is main-only and its role is {}",
+                        role.as_str()
+                    ),
                 );
             }
         }
         _ => {}
     }
     if !facts.pusher_configured {
-        return skip("no-registry", format!("no registry is configured: vm {vm} is destroyed without a snapshot"));
+        return skip(
+            "no-registry",
+            format!("no registry is configured: vm {vm} is destroyed without a snapshot"),
+        );
     }
     if !facts.vm_running {
-        return skip("vm-not-running", format!("vm {vm} is not running: there is no live state to save"));
+        return skip(
+            "vm-not-running",
+            format!("vm {vm} is not running: there is no live state to save"),
+        );
     }
     Decision {
         outcome: Outcome::Snapshot(SnapshotTarget {
@@ -85,7 +95,11 @@ fn cocoonset_owner(facts: &Facts) -> &str {
 }
 
 fn skip(reason: &str, message: String) -> Decision {
-    Decision { outcome: Outcome::Skip, reason: reason.into(), message }
+    Decision {
+        outcome: Outcome::Skip,
+        reason: reason.into(),
+        message,
+    }
 }
 
 #[cfg(test)]
@@ -159,8 +173,17 @@ mod tests {
     #[test]
     fn snapshot_goes_to_latest_with_the_base_image() {
         let d = decide(&facts("always", "vm1", None));
-        let Outcome::Snapshot(target) = d.outcome else { panic!("expected a snapshot") };
-        assert_eq!((target.repository.as_str(), target.tag.as_str(), target.base_image.as_str()), ("vm1", "latest", "base:v1"));
+        let Outcome::Snapshot(target) = d.outcome else {
+            panic!("expected a snapshot")
+        };
+        assert_eq!(
+            (
+                target.repository.as_str(),
+                target.tag.as_str(),
+                target.base_image.as_str()
+            ),
+            ("vm1", "latest", "base:v1")
+        );
     }
 
     #[test]

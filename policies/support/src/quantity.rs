@@ -36,13 +36,13 @@ pub fn parse_units(text: &str) -> Result<u64, QuantityError> {
 pub fn parse_scaled(text: &str, multiplier: u128) -> Result<u128, QuantityError> {
     let parsed = split(text)?;
     let mut numerator = parsed.digits.checked_mul(multiplier).ok_or(QuantityError::Overflow)?;
-    numerator = numerator.checked_mul(parsed.binary_factor).ok_or(QuantityError::Overflow)?;
+    numerator = numerator
+        .checked_mul(parsed.binary_factor)
+        .ok_or(QuantityError::Overflow)?;
     let mut denominator: u128 = 1;
     let exponent = parsed.decimal_exponent - parsed.fraction_digits;
     if exponent >= 0 {
-        numerator = numerator
-            .checked_mul(pow10(exponent)?)
-            .ok_or(QuantityError::Overflow)?;
+        numerator = numerator.checked_mul(pow10(exponent)?).ok_or(QuantityError::Overflow)?;
     } else {
         denominator = pow10(-exponent)?;
     }
@@ -91,7 +91,13 @@ fn split(text: &str) -> Result<Parsed, QuantityError> {
     }
     let fraction_digits = i32::try_from(fraction.len()).map_err(|_| QuantityError::Overflow)?;
     let (binary_factor, decimal_exponent) = suffix_scale(suffix)?;
-    Ok(Parsed { negative, digits, fraction_digits, binary_factor, decimal_exponent })
+    Ok(Parsed {
+        negative,
+        digits,
+        fraction_digits,
+        binary_factor,
+        decimal_exponent,
+    })
 }
 
 /// (binary multiplier, power of ten) of a suffix.

@@ -28,7 +28,10 @@ unsafe impl Sync for BumpAllocator {}
 
 impl BumpAllocator {
     const fn new() -> Self {
-        BumpAllocator { arena: UnsafeCell::new([0; ARENA_BYTES]), cursor: UnsafeCell::new((0, 0)) }
+        BumpAllocator {
+            arena: UnsafeCell::new([0; ARENA_BYTES]),
+            cursor: UnsafeCell::new((0, 0)),
+        }
     }
 }
 

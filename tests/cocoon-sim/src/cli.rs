@@ -16,11 +16,19 @@ pub struct Fail {
 
 impl Fail {
     pub fn new(msg: impl Into<String>) -> Self {
-        Fail { msg: msg.into(), code: 1, raw: false }
+        Fail {
+            msg: msg.into(),
+            code: 1,
+            raw: false,
+        }
     }
     /// Exit with `code` and print nothing (a `vm exec` child's status).
     pub fn silent(code: i32) -> Self {
-        Fail { msg: String::new(), code, raw: true }
+        Fail {
+            msg: String::new(),
+            code,
+            raw: true,
+        }
     }
 }
 
@@ -66,7 +74,9 @@ impl Args {
         self.flags.get(name).and_then(|v| v.last()).map(String::as_str)
     }
     pub fn has(&self, name: &str) -> bool {
-        self.flags.get(name).is_some_and(|v| v.last().is_none_or(|x| x != "false"))
+        self.flags
+            .get(name)
+            .is_some_and(|v| v.last().is_none_or(|x| x != "false"))
     }
     pub fn all(&self, name: &str) -> Vec<String> {
         self.flags.get(name).cloned().unwrap_or_default()
@@ -74,10 +84,11 @@ impl Args {
     pub fn int(&self, name: &str) -> Result<Option<i64>, Fail> {
         match self.get(name) {
             None => Ok(None),
-            Some(v) => v
-                .parse::<i64>()
-                .map(Some)
-                .map_err(|_| Fail::new(format!("invalid argument \"{v}\" for \"--{name}\" flag: strconv.ParseInt: parsing \"{v}\": invalid syntax"))),
+            Some(v) => v.parse::<i64>().map(Some).map_err(|_| {
+                Fail::new(format!(
+                    "invalid argument \"{v}\" for \"--{name}\" flag: strconv.ParseInt: parsing \"{v}\": invalid syntax"
+                ))
+            }),
         }
     }
 }
@@ -101,13 +112,20 @@ pub fn parse(tokens: &[String], spec: FlagSpec) -> Result<Args, Fail> {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (long, None),
             };
-            (find_long(name).ok_or_else(|| Fail::new(format!("unknown flag: --{name}")))?, inline)
+            (
+                find_long(name).ok_or_else(|| Fail::new(format!("unknown flag: --{name}")))?,
+                inline,
+            )
         } else if t.len() > 1 && t.starts_with('-') {
             let mut chars = t[1..].chars();
             let c = chars.next().unwrap_or('-');
             let tail: String = chars.collect();
             let def = find_short(c).ok_or_else(|| Fail::new(format!("unknown shorthand flag: '{c}' in {t}")))?;
-            let inline = if tail.is_empty() { None } else { Some(tail.trim_start_matches('=').to_string()) };
+            let inline = if tail.is_empty() {
+                None
+            } else {
+                Some(tail.trim_start_matches('=').to_string())
+            };
             (def, inline)
         } else {
             args.positionals.push(t.clone());
@@ -119,7 +137,10 @@ pub fn parse(tokens: &[String], spec: FlagSpec) -> Result<Args, Fail> {
             Kind::Value | Kind::Repeat => match inline {
                 Some(v) => v,
                 None => {
-                    let v = tokens.get(i).cloned().ok_or_else(|| Fail::new(format!("flag needs an argument: --{name}")))?;
+                    let v = tokens
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| Fail::new(format!("flag needs an argument: --{name}")))?;
                     i += 1;
                     v
                 }
@@ -203,7 +224,10 @@ fn command_path(argv: &[String]) -> Result<(String, String, Vec<String>), Fail> 
         i += 1;
     }
     if words.len() < 2 {
-        return Err(Fail::new(format!("unknown command {:?}: expected `vm|snapshot|image <verb>`", words.join(" "))));
+        return Err(Fail::new(format!(
+            "unknown command {:?}: expected `vm|snapshot|image <verb>`",
+            words.join(" ")
+        )));
     }
     Ok((words[0].clone(), words[1].clone(), rest))
 }
@@ -235,23 +259,42 @@ fn run_inner(argv: Vec<String>) -> Res {
     store.ensure_dirs()?;
     let (group, verb, rest) = command_path(&argv)?;
     let verb_key = format!("{group} {verb}");
-    store.append_jsonl("calls.log", &CallLine { pid: std::process::id(), verb: &verb_key, argv: &argv })?;
+    store.append_jsonl(
+        "calls.log",
+        &CallLine {
+            pid: std::process::id(),
+            verb: &verb_key,
+            argv: &argv,
+        },
+    )?;
     let proc_file = store.path("procs").join(std::process::id().to_string());
     std::fs::write(&proc_file, &verb_key)?;
     let _cleanup = RemoveOnDrop(proc_file);
 
     let mut die_after = None;
     match Control::take_fault(&store, &verb_key, &argv)? {
-        Some(FaultAction::Fail { stdout, stderr, exit_code }) => {
+        Some(FaultAction::Fail {
+            stdout,
+            stderr,
+            exit_code,
+        }) => {
             std::io::stdout().write_all(stdout.as_bytes())?;
-            return Err(Fail { msg: stderr, code: exit_code, raw: true });
+            return Err(Fail {
+                msg: stderr,
+                code: exit_code,
+                raw: true,
+            });
         }
         Some(FaultAction::Delay { ms }) => std::thread::sleep(std::time::Duration::from_millis(ms)),
         Some(FaultAction::Die { after_bytes }) => die_after = Some(after_bytes),
         None => {}
     }
     let control = Control::load(&store)?;
-    let ctx = Ctx { store, control, die_after };
+    let ctx = Ctx {
+        store,
+        control,
+        die_after,
+    };
     let handled_die = matches!(
         verb_key.as_str(),
         "vm run" | "vm create" | "vm clone" | "snapshot export" | "snapshot import" | "snapshot save" | "image import"
@@ -282,11 +325,22 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
-    const SPEC: FlagSpec = &[("name", None, Kind::Value), ("force", None, Kind::Bool), ("env", Some('e'), Kind::Repeat), ("interactive", Some('i'), Kind::Bool)];
+    const SPEC: FlagSpec = &[
+        ("name", None, Kind::Value),
+        ("force", None, Kind::Bool),
+        ("env", Some('e'), Kind::Repeat),
+        ("interactive", Some('i'), Kind::Bool),
+    ];
 
     #[test]
     fn parses_flags_both_forms_and_dashdash() {
-        let a = parse(&s(&["--name=x", "ref", "--force", "-e", "A=1", "-eB=2", "-i", "--", "ls", "-l"]), SPEC).unwrap();
+        let a = parse(
+            &s(&[
+                "--name=x", "ref", "--force", "-e", "A=1", "-eB=2", "-i", "--", "ls", "-l",
+            ]),
+            SPEC,
+        )
+        .unwrap();
         assert_eq!(a.get("name"), Some("x"));
         assert!(a.has("force") && a.has("interactive"));
         assert_eq!(a.all("env"), vec!["A=1", "B=2"]);

@@ -1,6 +1,6 @@
 //! Fault injection and settings: `<root>/control.json` (format in `tests/cocoon-sim/README.md`).
 
-use crate::store::{write_atomic, Store};
+use crate::store::{Store, write_atomic};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -148,7 +148,10 @@ impl Control {
         let _g = store.lock()?;
         let mut c = Self::load_unlocked(store)?;
         let r = f(&mut c);
-        write_atomic(&Self::path(store), &serde_json::to_vec_pretty(&c).map_err(std::io::Error::other)?)?;
+        write_atomic(
+            &Self::path(store),
+            &serde_json::to_vec_pretty(&c).map_err(std::io::Error::other)?,
+        )?;
         Ok(r)
     }
 

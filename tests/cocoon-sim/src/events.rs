@@ -21,12 +21,28 @@ struct Event<'a> {
 
 /// The change-detection tuple of contracts A.5.
 fn key(vm: &Vm) -> (String, String, String, i64, u64, String, String) {
-    let ips = vm.network_configs.iter().filter_map(|n| n.network.as_ref().map(|x| x.ip.clone())).collect::<Vec<_>>().join(",");
-    (vm.id.clone(), vm.config.name.clone(), vm.state.clone(), vm.config.cpu, vm.config.memory, ips, vm.config.image.clone())
+    let ips = vm
+        .network_configs
+        .iter()
+        .filter_map(|n| n.network.as_ref().map(|x| x.ip.clone()))
+        .collect::<Vec<_>>()
+        .join(",");
+    (
+        vm.id.clone(),
+        vm.config.name.clone(),
+        vm.state.clone(),
+        vm.config.cpu,
+        vm.config.memory,
+        ips,
+        vm.config.image.clone(),
+    )
 }
 
 fn matches(vm: &Vm, filters: &[String]) -> bool {
-    filters.is_empty() || filters.iter().any(|f| *f == vm.id || *f == vm.config.name || (f.len() >= 3 && vm.id.starts_with(f.as_str())))
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| *f == vm.id || *f == vm.config.name || (f.len() >= 3 && vm.id.starts_with(f.as_str())))
 }
 
 pub fn run(ctx: &Ctx, filters: &[String]) -> Res {
@@ -37,9 +53,13 @@ pub fn run(ctx: &Ctx, filters: &[String]) -> Res {
     let poll = std::time::Duration::from_millis(ctx.control.settings.event_poll_ms.max(10));
     let mut seen: BTreeMap<String, Vm> = BTreeMap::new();
     while !STOP.load(Ordering::SeqCst) {
-        let now: Vec<Vm> = ctx
-            .store
-            .read(|s| crate::vm::sorted_vms(s).into_iter().map(|e| e.reconciled()).filter(|v| matches(v, filters)).collect())?;
+        let now: Vec<Vm> = ctx.store.read(|s| {
+            crate::vm::sorted_vms(s)
+                .into_iter()
+                .map(|e| e.reconciled())
+                .filter(|v| matches(v, filters))
+                .collect()
+        })?;
         let mut out = std::io::stdout().lock();
         let mut emit = |event: &str, vm: &Vm| -> std::io::Result<()> {
             let mut line = serde_json::to_vec(&Event { event, vm }).map_err(std::io::Error::other)?;

@@ -71,22 +71,50 @@ impl Sim {
 
     /// Makes `verb` (e.g. `"vm inspect"`) fail `times` more times with `stderr` and `exit_code`.
     pub fn inject_failure(&self, verb: &str, times: u32, stderr: &str, exit_code: i32) -> std::io::Result<()> {
-        self.add_fault(Fault { verb: verb.into(), match_arg: None, times: Some(times), action: FaultAction::Fail { stdout: String::new(), stderr: stderr.into(), exit_code } })
+        self.add_fault(Fault {
+            verb: verb.into(),
+            match_arg: None,
+            times: Some(times),
+            action: FaultAction::Fail {
+                stdout: String::new(),
+                stderr: stderr.into(),
+                exit_code,
+            },
+        })
     }
 
     /// Makes `verb` answer the next `times` invocations with exactly `stdout` and exit 0 (fake or old-format outputs).
     pub fn inject_output(&self, verb: &str, times: u32, stdout: &str) -> std::io::Result<()> {
-        self.add_fault(Fault { verb: verb.into(), match_arg: None, times: Some(times), action: FaultAction::Fail { stdout: stdout.into(), stderr: String::new(), exit_code: 0 } })
+        self.add_fault(Fault {
+            verb: verb.into(),
+            match_arg: None,
+            times: Some(times),
+            action: FaultAction::Fail {
+                stdout: stdout.into(),
+                stderr: String::new(),
+                exit_code: 0,
+            },
+        })
     }
 
     /// Delays the next `times` invocations of `verb` (`None` = all) by `ms` milliseconds.
     pub fn delay(&self, verb: &str, times: Option<u32>, ms: u64) -> std::io::Result<()> {
-        self.add_fault(Fault { verb: verb.into(), match_arg: None, times, action: FaultAction::Delay { ms } })
+        self.add_fault(Fault {
+            verb: verb.into(),
+            match_arg: None,
+            times,
+            action: FaultAction::Delay { ms },
+        })
     }
 
     /// Makes the next invocation of `verb` die (SIGKILL) mid-operation (see [`FaultAction::Die`]).
     pub fn die_next(&self, verb: &str, after_bytes: u64) -> std::io::Result<()> {
-        self.add_fault(Fault { verb: verb.into(), match_arg: None, times: Some(1), action: FaultAction::Die { after_bytes } })
+        self.add_fault(Fault {
+            verb: verb.into(),
+            match_arg: None,
+            times: Some(1),
+            action: FaultAction::Die { after_bytes },
+        })
     }
 
     pub fn add_fault(&self, fault: Fault) -> std::io::Result<()> {
@@ -113,9 +141,15 @@ impl Sim {
     /// Changes a VM (by name or ID) behind the client's back.
     pub fn flip_vm(&self, reference: &str, flip: Flip) -> std::io::Result<()> {
         self.store().update(|s| -> std::io::Result<()> {
-            let id = match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
+            let id = match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str())))
+            {
                 Resolved::Found(id) => id,
-                _ => return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("flip_vm: no VM {reference:?} in {}", self.root.display()))),
+                _ => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("flip_vm: no VM {reference:?} in {}", self.root.display()),
+                    ));
+                }
             };
             let seq = s.next_seq();
             match flip {
@@ -162,9 +196,11 @@ impl Sim {
 
     /// Raw state of one VM as stored (not reconciled), if present.
     pub fn vm_state(&self, reference: &str) -> std::io::Result<Option<String>> {
-        self.store().read(|s| match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
-            Resolved::Found(id) => Some(s.vms[&id].vm.state.clone()),
-            _ => None,
+        self.store().read(|s| {
+            match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
+                Resolved::Found(id) => Some(s.vms[&id].vm.state.clone()),
+                _ => None,
+            }
         })
     }
 
@@ -175,7 +211,10 @@ impl Sim {
     /// Data directory of a snapshot (by name or ID).
     pub fn snapshot_dir(&self, reference: &str) -> std::io::Result<Option<PathBuf>> {
         self.store().read(|s| {
-            s.snapshots.iter().find(|(id, e)| *id == reference || e.record.config.name == reference).map(|(_, e)| PathBuf::from(&e.data_dir))
+            s.snapshots
+                .iter()
+                .find(|(id, e)| *id == reference || e.record.config.name == reference)
+                .map(|(_, e)| PathBuf::from(&e.data_dir))
         })
     }
 
@@ -184,8 +223,12 @@ impl Sim {
         let mut pids = Vec::new();
         for e in std::fs::read_dir(self.root.join("procs"))? {
             let e = e?;
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-            let alive = std::fs::read(format!("/proc/{pid}/cmdline")).map(|c| String::from_utf8_lossy(&c).contains("cocoon-sim")).unwrap_or(false);
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let alive = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("cocoon-sim"))
+                .unwrap_or(false);
             if !alive {
                 let _ = std::fs::remove_file(e.path());
                 continue;

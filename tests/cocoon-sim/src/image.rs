@@ -1,6 +1,6 @@
 //! `image …` verbs.
 
-use crate::cli::{log, parse, print_json, Ctx, Fail, FlagSpec, Kind, Res};
+use crate::cli::{Ctx, Fail, FlagSpec, Kind, Res, log, parse, print_json};
 use crate::model::ImageRecord;
 use crate::snapshot::DieAfterRead;
 use crate::store::State;
@@ -38,7 +38,13 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 pub fn add_image(s: &mut State, name: &str, kind: &str, size: u64) -> ImageRecord {
-    let rec = ImageRecord { id: hex(&Sha256::digest(name.as_bytes())), name: name.into(), kind: kind.into(), size, created_at: now_rfc3339() };
+    let rec = ImageRecord {
+        id: hex(&Sha256::digest(name.as_bytes())),
+        name: name.into(),
+        kind: kind.into(),
+        size,
+        created_at: now_rfc3339(),
+    };
     s.images.insert(name.into(), rec.clone());
     rec
 }
@@ -64,9 +70,17 @@ fn pull(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 }
 
 fn inspect(ctx: &Ctx, a: &crate::cli::Args) -> Res {
-    let r = a.positionals.first().ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?;
+    let r = a
+        .positionals
+        .first()
+        .ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?;
     let want = r.trim_start_matches("sha256:");
-    let rec = ctx.store.read(|s| s.images.get(r).cloned().or_else(|| s.images.values().find(|i| i.id == want).cloned()))?;
+    let rec = ctx.store.read(|s| {
+        s.images
+            .get(r)
+            .cloned()
+            .or_else(|| s.images.values().find(|i| i.id == want).cloned())
+    })?;
     match rec {
         Some(rec) => print_json(&rec),
         None => Err(Fail::new(format!("image \"{r}\": not found in any backend"))),
@@ -74,11 +88,17 @@ fn inspect(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 }
 
 fn import(ctx: &Ctx, a: &crate::cli::Args) -> Res {
-    let name = a.positionals.first().ok_or_else(|| Fail::new("requires at least 1 arg(s), only received 0"))?.clone();
+    let name = a
+        .positionals
+        .first()
+        .ok_or_else(|| Fail::new("requires at least 1 arg(s), only received 0"))?
+        .clone();
     let mut readers: Vec<Box<dyn Read>> = Vec::new();
     if a.positionals.len() > 1 {
         for f in &a.positionals[1..] {
-            readers.push(Box::new(std::fs::File::open(f).map_err(|e| Fail::new(format!("image import: open {f}: {e}")))?));
+            readers.push(Box::new(
+                std::fs::File::open(f).map_err(|e| Fail::new(format!("image import: open {f}: {e}")))?,
+            ));
         }
     } else {
         readers.push(Box::new(std::io::stdin().lock()));
@@ -108,13 +128,24 @@ fn import(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     } else if head.len() >= 262 && &head[257..262] == b"ustar" {
         "oci"
     } else if head.starts_with(&[0x1f, 0x8b]) {
-        return Err(Fail::new("image import: gzip-compressed input is not supported by cocoon-sim"));
+        return Err(Fail::new(
+            "image import: gzip-compressed input is not supported by cocoon-sim",
+        ));
     } else {
         return Err(Fail::new("image import: unrecognized image format (want qcow2 or tar)"));
     };
     let id = hex(&hasher.finalize());
     ctx.store.update(|s| -> Result<(), Fail> {
-        s.images.insert(name.clone(), ImageRecord { id: id.clone(), name: name.clone(), kind: kind.into(), size, created_at: now_rfc3339() });
+        s.images.insert(
+            name.clone(),
+            ImageRecord {
+                id: id.clone(),
+                name: name.clone(),
+                kind: kind.into(),
+                size,
+                created_at: now_rfc3339(),
+            },
+        );
         Ok(())
     })?;
     log(&format!("imported: {name} ({id})"));

@@ -1,8 +1,8 @@
 //! `snapshot …` verbs.
 
-use crate::cli::{die, log, parse, print_json, Ctx, Fail, FlagSpec, Kind, Res};
+use crate::cli::{Ctx, Fail, FlagSpec, Kind, Res, die, log, parse, print_json};
 use crate::model::{Empty, Envelope, SnapshotConfig, SnapshotEntry, SnapshotRecord};
-use crate::store::{resolve, Resolved, State};
+use crate::store::{Resolved, State, resolve};
 use crate::util::{fill_block, now_rfc3339, seed_of};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -13,7 +13,11 @@ use Kind::*;
 const SAVE: FlagSpec = &[("name", None, Value), ("description", None, Value)];
 const LIST: FlagSpec = &[("format", Some('o'), Value), ("vm", None, Value)];
 const NONE: FlagSpec = &[];
-const EXPORT: FlagSpec = &[("output", Some('o'), Value), ("gzip", None, Bool), ("to-dir", None, Value)];
+const EXPORT: FlagSpec = &[
+    ("output", Some('o'), Value),
+    ("gzip", None, Bool),
+    ("to-dir", None, Value),
+];
 const IMPORT: FlagSpec = &[("name", None, Value), ("description", None, Value)];
 
 pub fn dispatch(ctx: &Ctx, verb: &str, rest: &[String]) -> Res {
@@ -24,21 +28,35 @@ pub fn dispatch(ctx: &Ctx, verb: &str, rest: &[String]) -> Res {
         "rm" => rm(ctx, &parse(rest, NONE)?),
         "export" => export(ctx, &parse(rest, EXPORT)?),
         "import" => import(ctx, &parse(rest, IMPORT)?),
-        other => Err(Fail::new(format!("unknown command \"{other}\" for \"cocoon snapshot\""))),
+        other => Err(Fail::new(format!(
+            "unknown command \"{other}\" for \"cocoon snapshot\""
+        ))),
     }
 }
 
 fn valid_name(n: &str) -> bool {
     let b = n.as_bytes();
-    !b.is_empty() && b.len() <= 63 && b[0].is_ascii_alphanumeric() && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._:/-".contains(c))
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._:/-".contains(c))
 }
 
 fn resolve_snap(s: &State, r: &str) -> Resolved {
-    resolve(r, s.snapshots.iter().filter(|(_, e)| !e.pending).map(|(id, e)| (id, e.record.config.name.as_str())))
+    resolve(
+        r,
+        s.snapshots
+            .iter()
+            .filter(|(_, e)| !e.pending)
+            .map(|(id, e)| (id, e.record.config.name.as_str())),
+    )
 }
 
 fn name_holder(s: &State, name: &str) -> Option<String> {
-    s.snapshots.iter().find(|(_, e)| e.record.config.name == name).map(|(id, _)| id.clone())
+    s.snapshots
+        .iter()
+        .find(|(_, e)| e.record.config.name == name)
+        .map(|(id, _)| id.clone())
 }
 
 fn lease_path(ctx: &Ctx, id: &str) -> std::path::PathBuf {
@@ -47,7 +65,11 @@ fn lease_path(ctx: &Ctx, id: &str) -> std::path::PathBuf {
 
 /// A shared lease held while a snapshot is exported; `snapshot rm` refuses while one is held.
 fn take_lease(ctx: &Ctx, id: &str) -> std::io::Result<File> {
-    let f = OpenOptions::new().create(true).truncate(false).write(true).open(lease_path(ctx, id))?;
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lease_path(ctx, id))?;
     f.lock_shared()?;
     Ok(f)
 }
@@ -84,7 +106,11 @@ fn write_sparse(path: &Path, size: u64, data: u64, seed: u64) -> std::io::Result
 }
 
 fn save(ctx: &Ctx, a: &crate::cli::Args) -> Res {
-    let r = a.positionals.first().ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?.clone();
+    let r = a
+        .positionals
+        .first()
+        .ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?
+        .clone();
     let settings = ctx.control.settings.clone();
     let id = crate::util::new_id();
     let dir = ctx.store.snapshot_dir(&id);
@@ -94,12 +120,17 @@ fn save(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         if e.reconciled().state != "running" {
             return Err(Fail::new(format!("vm {vm_id}: VM not running")));
         }
-        let name = a.get("name").map(str::to_string).unwrap_or_else(|| format!("snapshot-{}", &id[..8]));
+        let name = a
+            .get("name")
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("snapshot-{}", &id[..8]));
         if !valid_name(&name) {
             return Err(Fail::new(format!("invalid snapshot name {name:?}")));
         }
         if let Some(holder) = name_holder(s, &name) {
-            return Err(Fail::new(format!("snapshot name \"{name}\" already in use by {holder}")));
+            return Err(Fail::new(format!(
+                "snapshot name \"{name}\" already in use by {holder}"
+            )));
         }
         let vm = &e.vm;
         let digest = vm.config.image_digest.trim_start_matches("sha256:").to_string();
@@ -116,7 +147,11 @@ fn save(ctx: &Ctx, a: &crate::cli::Args) -> Res {
             id: id.clone(),
             name,
             description: a.get("description").unwrap_or("").into(),
-            image_blob_ids: if digest.is_empty() { Default::default() } else { [(digest, Empty {})].into() },
+            image_blob_ids: if digest.is_empty() {
+                Default::default()
+            } else {
+                [(digest, Empty {})].into()
+            },
             hypervisor: vm.hypervisor.clone(),
             nics: vm.network_configs.len() as i64,
         };
@@ -124,7 +159,10 @@ fn save(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         s.snapshots.insert(
             id.clone(),
             SnapshotEntry {
-                record: SnapshotRecord { config: config.clone(), created_at: now_rfc3339() },
+                record: SnapshotRecord {
+                    config: config.clone(),
+                    created_at: now_rfc3339(),
+                },
                 pending: true,
                 data_dir: dir.display().to_string(),
                 seq,
@@ -142,10 +180,18 @@ fn save(ctx: &Ctx, a: &crate::cli::Args) -> Res {
             write_dense(&dir.join("mem"), settings.snapshot_memory_bytes, seed)?;
         } else {
             std::fs::write(dir.join("config.json"), &cfg)?;
-            std::fs::write(dir.join("state.json"), format!("{{\"vm\":\"{vm_name}\",\"saved_at\":\"{}\"}}\n", now_rfc3339()))?;
+            std::fs::write(
+                dir.join("state.json"),
+                format!("{{\"vm\":\"{vm_name}\",\"saved_at\":\"{}\"}}\n", now_rfc3339()),
+            )?;
             write_dense(&dir.join("memory-ranges"), settings.snapshot_memory_bytes, seed)?;
         }
-        write_sparse(&dir.join("cow.raw"), settings.snapshot_cow_bytes, settings.snapshot_cow_data_bytes, seed ^ 0xC0)?;
+        write_sparse(
+            &dir.join("cow.raw"),
+            settings.snapshot_cow_bytes,
+            settings.snapshot_cow_data_bytes,
+            seed ^ 0xC0,
+        )?;
         std::fs::write(
             dir.join("cocoon.json"),
             b"{\"storage_configs\":[{\"path\":\"cow.raw\",\"ro\":false,\"serial\":\"cocoon-cow\",\"role\":\"cow\"}],\"boot_config\":{}}\n",
@@ -193,7 +239,14 @@ fn list(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         })
     })??;
     if snaps.is_empty() {
-        println!("{}", if vm.is_some() { "No snapshots found for VM." } else { "No snapshots found." });
+        println!(
+            "{}",
+            if vm.is_some() {
+                "No snapshots found for VM."
+            } else {
+                "No snapshots found."
+            }
+        );
         return Ok(());
     }
     if a.get("format") == Some("json") {
@@ -201,13 +254,19 @@ fn list(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     }
     println!("ID\tNAME\tIMAGE\tCREATED");
     for x in snaps {
-        println!("{}\t{}\t{}\t{}", x.config.id, x.config.name, x.config.image, x.created_at);
+        println!(
+            "{}\t{}\t{}\t{}",
+            x.config.id, x.config.name, x.config.image, x.created_at
+        );
     }
     Ok(())
 }
 
 fn inspect(ctx: &Ctx, a: &crate::cli::Args) -> Res {
-    let r = a.positionals.first().ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?;
+    let r = a
+        .positionals
+        .first()
+        .ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?;
     let rec = ctx.store.read(|s| match resolve_snap(s, r) {
         Resolved::Found(id) => Ok(s.snapshots[&id].record.clone()),
         Resolved::NotFound => Err(Fail::new("inspect: snapshot not found")),
@@ -227,7 +286,11 @@ fn rm(ctx: &Ctx, a: &crate::cli::Args) -> Res {
                 Resolved::NotFound => return Err(Fail::new(format!("rm: resolve \"{r}\": snapshot not found"))),
                 Resolved::Ambiguous => return Err(Fail::new(format!("rm: ambiguous ref \"{r}\": multiple matches"))),
             };
-            let lease = OpenOptions::new().create(true).truncate(false).write(true).open(lease_path(ctx, &id))?;
+            let lease = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(lease_path(ctx, &id))?;
             if lease.try_lock().is_err() {
                 return Err(Fail::new(format!("rm: snapshot {id} is in use by an active export")));
             }
@@ -269,14 +332,20 @@ impl<W: Write> Write for DieAfter<W> {
 }
 
 fn export(ctx: &Ctx, a: &crate::cli::Args) -> Res {
-    let r = a.positionals.first().ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?;
+    let r = a
+        .positionals
+        .first()
+        .ok_or_else(|| Fail::new("accepts 1 arg(s), received 0"))?;
     let (entry, name) = ctx.store.read(|s| match resolve_snap(s, r) {
         Resolved::Found(id) => Ok((s.snapshots[&id].clone(), s.snapshots[&id].record.config.name.clone())),
         Resolved::NotFound => Err(Fail::new(format!("export: resolve \"{r}\": snapshot not found"))),
         Resolved::Ambiguous => Err(Fail::new(format!("export: ambiguous ref \"{r}\": multiple matches"))),
     })??;
     let _lease = take_lease(ctx, &entry.record.config.id)?;
-    let envelope = Envelope { config: entry.record.config.clone(), version: 1 };
+    let envelope = Envelope {
+        config: entry.record.config.clone(),
+        version: 1,
+    };
     let dir = Path::new(&entry.data_dir);
     if let Some(target) = a.get("to-dir") {
         if a.get("output").is_some() || a.has("gzip") {
@@ -293,12 +362,27 @@ fn export(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     if a.has("gzip") {
         return Err(Fail::new("export: --gzip is not supported by cocoon-sim"));
     }
-    let out = a.get("output").map(str::to_string).unwrap_or_else(|| format!("{}.tar", if name.is_empty() { &entry.record.config.id } else { &name }));
+    let out = a.get("output").map(str::to_string).unwrap_or_else(|| {
+        format!(
+            "{}.tar",
+            if name.is_empty() {
+                &entry.record.config.id
+            } else {
+                &name
+            }
+        )
+    });
     let result = if out == "-" {
-        let w = DieAfter { inner: std::io::stdout().lock(), left: ctx.die_after };
+        let w = DieAfter {
+            inner: std::io::stdout().lock(),
+            left: ctx.die_after,
+        };
         crate::tarfmt::export(&envelope, dir, w).and_then(|mut w| w.flush())
     } else {
-        let w = DieAfter { inner: std::io::BufWriter::new(File::create(&out)?), left: ctx.die_after };
+        let w = DieAfter {
+            inner: std::io::BufWriter::new(File::create(&out)?),
+            left: ctx.die_after,
+        };
         crate::tarfmt::export(&envelope, dir, w).and_then(|mut w| w.flush())
     };
     result.map_err(|e| Fail::new(format!("export: {e}")))
@@ -330,12 +414,17 @@ fn import(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         Some(f) if f != "-" => Box::new(File::open(f).map_err(|e| Fail::new(format!("import: open {f}: {e}")))?),
         _ => Box::new(std::io::stdin().lock()),
     };
-    let mut input = std::io::BufReader::new(DieAfterRead { inner: input, left: ctx.die_after });
+    let mut input = std::io::BufReader::new(DieAfterRead {
+        inner: input,
+        left: ctx.die_after,
+    });
     {
         use std::io::BufRead;
         let head = input.fill_buf()?;
         if head.starts_with(&[0x1f, 0x8b]) {
-            return Err(Fail::new("import: gzip-compressed archives are not supported by cocoon-sim"));
+            return Err(Fail::new(
+                "import: gzip-compressed archives are not supported by cocoon-sim",
+            ));
         }
     }
     let id = crate::util::new_id();
@@ -352,14 +441,19 @@ fn import(ctx: &Ctx, a: &crate::cli::Args) -> Res {
             });
         }
     };
-    let name = a.get("name").map(str::to_string).unwrap_or(envelope.config.name.clone());
+    let name = a
+        .get("name")
+        .map(str::to_string)
+        .unwrap_or(envelope.config.name.clone());
     let final_dir = ctx.store.snapshot_dir(&id);
     let registered = ctx.store.update(|s| -> Result<(), Fail> {
         if !valid_name(&name) {
             return Err(Fail::new(format!("invalid snapshot name {name:?}")));
         }
         if let Some(holder) = name_holder(s, &name) {
-            return Err(Fail::new(format!("snapshot name \"{name}\" already in use by {holder}")));
+            return Err(Fail::new(format!(
+                "snapshot name \"{name}\" already in use by {holder}"
+            )));
         }
         std::fs::rename(&staging, &final_dir)?;
         let mut config = envelope.config.clone();
@@ -371,7 +465,15 @@ fn import(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         let seq = s.next_seq();
         s.snapshots.insert(
             id.clone(),
-            SnapshotEntry { record: SnapshotRecord { config, created_at: now_rfc3339() }, pending: false, data_dir: final_dir.display().to_string(), seq },
+            SnapshotEntry {
+                record: SnapshotRecord {
+                    config,
+                    created_at: now_rfc3339(),
+                },
+                pending: false,
+                data_dir: final_dir.display().to_string(),
+                seq,
+            },
         );
         Ok(())
     });

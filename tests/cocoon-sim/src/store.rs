@@ -47,7 +47,9 @@ impl Store {
 
     /// Root from `COCOON_SIM_ROOT`, else `--root-dir`-less default `/tmp/cocoon-sim`.
     pub fn from_env() -> Self {
-        let root = std::env::var_os("COCOON_SIM_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp/cocoon-sim"));
+        let root = std::env::var_os("COCOON_SIM_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/tmp/cocoon-sim"));
         Store::new(root)
     }
 
@@ -65,7 +67,12 @@ impl Store {
     /// Takes the exclusive lock on `state.lock` (blocking).
     pub fn lock(&self) -> std::io::Result<Locked> {
         self.ensure_dirs()?;
-        let file = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(self.path("state.lock"))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(self.path("state.lock"))?;
         file.lock()?;
         Ok(Locked { _file: file })
     }
@@ -80,7 +87,10 @@ impl Store {
     }
 
     fn save_unlocked(&self, state: &State) -> std::io::Result<()> {
-        write_atomic(&self.path("state.json"), &serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?)
+        write_atomic(
+            &self.path("state.json"),
+            &serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?,
+        )
     }
 
     /// Reads the state under the lock.
@@ -115,7 +125,10 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).map_err(std::io::Error::other)).collect()
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).map_err(std::io::Error::other))
+            .collect()
     }
 
     pub fn snapshot_dir(&self, id: &str) -> PathBuf {

@@ -40,7 +40,10 @@ pub fn data_segments(file: &File) -> std::io::Result<Vec<Segment>> {
         }
         let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
         let hole = if hole < 0 { size as i64 } else { hole };
-        segs.push(Segment { offset: data as u64, len: (hole - data) as u64 });
+        segs.push(Segment {
+            offset: data as u64,
+            len: (hole - data) as u64,
+        });
         pos = hole;
     }
     // lseek moved the shared file position; callers read the file sequentially afterwards.
@@ -70,7 +73,10 @@ impl Read for SegmentReader<'_> {
             let want = buf.len().min(left as usize);
             let n = self.file.read_at(&mut buf[..want], seg.offset + self.done_in_seg)?;
             if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank during export"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "file shrank during export",
+                ));
             }
             self.done_in_seg += n as u64;
             return Ok(n);
@@ -112,7 +118,12 @@ pub fn export<W: Write>(envelope: &Envelope, dir: &Path, out: W) -> std::io::Res
             let size_s = size.to_string();
             b.append_pax_extensions([(SPARSE_MAP, map.as_slice()), (SPARSE_SIZE, size_s.as_bytes())])?;
             let total: u64 = segs.iter().map(|s| s.len).sum();
-            let reader = SegmentReader { file: &file, segs: &segs, idx: 0, done_in_seg: 0 };
+            let reader = SegmentReader {
+                file: &file,
+                segs: &segs,
+                idx: 0,
+                done_in_seg: 0,
+            };
             b.append_data(&mut header(total, 0o640), &name, reader)?;
         }
     }
@@ -122,7 +133,10 @@ pub fn export<W: Write>(envelope: &Envelope, dir: &Path, out: W) -> std::io::Res
 /// Copies `dir` into `target` (the `--to-dir` format): data files keep their holes; `snapshot.json` is written last.
 pub fn export_to_dir(envelope: &Envelope, dir: &Path, target: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(target)?;
-    let mut names: Vec<_> = std::fs::read_dir(dir)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    let mut names: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
     names.sort();
     for name in names {
         let src = File::open(dir.join(&name))?;
@@ -133,7 +147,10 @@ pub fn export_to_dir(envelope: &Envelope, dir: &Path, target: &Path) -> std::io:
         }
         dst.set_len(size)?;
     }
-    std::fs::write(target.join("snapshot.json"), serde_json::to_vec_pretty(envelope).map_err(std::io::Error::other)?)
+    std::fs::write(
+        target.join("snapshot.json"),
+        serde_json::to_vec_pretty(envelope).map_err(std::io::Error::other)?,
+    )
 }
 
 fn copy_range(src: &File, dst: &mut File, seg: Segment) -> std::io::Result<()> {
@@ -174,7 +191,10 @@ pub fn import<R: Read>(input: R, target: &Path) -> Result<Envelope, ImportError>
         let path = entry.path()?.into_owned();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
         if name.is_empty() || path.components().count() != 1 || name == ".." {
-            return Err(ImportError::Invalid(format!("invalid snapshot archive: unexpected entry {}", path.display())));
+            return Err(ImportError::Invalid(format!(
+                "invalid snapshot archive: unexpected entry {}",
+                path.display()
+            )));
         }
         if !entry.header().entry_type().is_file() {
             continue;
@@ -186,10 +206,14 @@ pub fn import<R: Read>(input: R, target: &Path) -> Result<Envelope, ImportError>
                 let ext = ext?;
                 match ext.key() {
                     Ok(SPARSE_MAP) => {
-                        map = Some(serde_json::from_slice::<Vec<Segment>>(ext.value_bytes()).map_err(|e| ImportError::Invalid(format!("invalid snapshot archive: {name}: bad {SPARSE_MAP}: {e}")))?)
+                        map = Some(serde_json::from_slice::<Vec<Segment>>(ext.value_bytes()).map_err(|e| {
+                            ImportError::Invalid(format!("invalid snapshot archive: {name}: bad {SPARSE_MAP}: {e}"))
+                        })?)
                     }
                     Ok(SPARSE_SIZE) => {
-                        apparent = Some(ext.value().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| ImportError::Invalid(format!("invalid snapshot archive: {name}: bad {SPARSE_SIZE}")))?)
+                        apparent = Some(ext.value().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(
+                            || ImportError::Invalid(format!("invalid snapshot archive: {name}: bad {SPARSE_SIZE}")),
+                        )?)
                     }
                     _ => {}
                 }
@@ -198,7 +222,10 @@ pub fn import<R: Read>(input: R, target: &Path) -> Result<Envelope, ImportError>
         if name == "snapshot.json" {
             let mut bytes = Vec::new();
             entry.read_to_end(&mut bytes)?;
-            envelope = Some(serde_json::from_slice::<Envelope>(&bytes).map_err(|e| ImportError::Invalid(format!("invalid snapshot archive: snapshot.json: {e}")))?);
+            envelope = Some(
+                serde_json::from_slice::<Envelope>(&bytes)
+                    .map_err(|e| ImportError::Invalid(format!("invalid snapshot archive: snapshot.json: {e}")))?,
+            );
             continue;
         }
         let mut out = File::create(target.join(&name))?;
@@ -207,24 +234,36 @@ pub fn import<R: Read>(input: R, target: &Path) -> Result<Envelope, ImportError>
                 std::io::copy(&mut entry, &mut out)?;
             }
             Some(segs) => {
-                let size = apparent.ok_or_else(|| ImportError::Invalid(format!("invalid snapshot archive: {name}: {SPARSE_MAP} without {SPARSE_SIZE}")))?;
+                let size = apparent.ok_or_else(|| {
+                    ImportError::Invalid(format!(
+                        "invalid snapshot archive: {name}: {SPARSE_MAP} without {SPARSE_SIZE}"
+                    ))
+                })?;
                 out.set_len(size)?;
                 for seg in segs {
                     if seg.offset + seg.len > size {
-                        return Err(ImportError::Invalid(format!("invalid snapshot archive: {name}: segment beyond apparent size")));
+                        return Err(ImportError::Invalid(format!(
+                            "invalid snapshot archive: {name}: segment beyond apparent size"
+                        )));
                     }
                     out.seek(SeekFrom::Start(seg.offset))?;
                     let n = std::io::copy(&mut (&mut entry).take(seg.len), &mut out)?;
                     if n != seg.len {
-                        return Err(ImportError::Invalid(format!("invalid snapshot archive: {name}: truncated sparse data")));
+                        return Err(ImportError::Invalid(format!(
+                            "invalid snapshot archive: {name}: truncated sparse data"
+                        )));
                     }
                 }
             }
         }
     }
-    let env = envelope.ok_or_else(|| ImportError::Invalid("invalid snapshot archive: snapshot.json not found".into()))?;
+    let env =
+        envelope.ok_or_else(|| ImportError::Invalid("invalid snapshot archive: snapshot.json not found".into()))?;
     if env.version != 1 {
-        return Err(ImportError::Invalid(format!("unsupported snapshot archive version {}", env.version)));
+        return Err(ImportError::Invalid(format!(
+            "unsupported snapshot archive version {}",
+            env.version
+        )));
     }
     Ok(env)
 }
@@ -246,9 +285,20 @@ mod tests {
             f.write_all_at(&[7u8; 8192], 0).unwrap();
             f.write_all_at(&[9u8; 8192], 32 << 20).unwrap();
         }
-        let env = Envelope { config: SnapshotConfig { name: "s".into(), hypervisor: "cloud-hypervisor".into(), ..Default::default() }, version: 1 };
+        let env = Envelope {
+            config: SnapshotConfig {
+                name: "s".into(),
+                hypervisor: "cloud-hypervisor".into(),
+                ..Default::default()
+            },
+            version: 1,
+        };
         let tar_bytes = export(&env, src.path(), Vec::new()).unwrap();
-        assert!(tar_bytes.len() < 1 << 20, "sparse file must not be expanded in the tar: {}", tar_bytes.len());
+        assert!(
+            tar_bytes.len() < 1 << 20,
+            "sparse file must not be expanded in the tar: {}",
+            tar_bytes.len()
+        );
         // snapshot.json is the first entry.
         let mut a = tar::Archive::new(tar_bytes.as_slice());
         let first = a.entries().unwrap().next().unwrap().unwrap();

@@ -10,7 +10,10 @@ pub fn new_id() -> String {
     let mut bytes = [0u8; 26];
     let filled = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
     if filled.is_err() {
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let mut x = (nanos as u64) ^ ((std::process::id() as u64) << 32) | 1;
         for b in bytes.iter_mut() {
             x = xorshift(x);
@@ -94,7 +97,9 @@ pub fn fill_block(buf: &mut [u8], seed: u64, block: u64) {
 }
 
 pub fn seed_of(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 #[cfg(test)]

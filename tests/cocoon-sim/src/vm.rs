@@ -1,9 +1,9 @@
 //! `vm …` verbs.
 
-use crate::cli::{log, parse, print_json, Ctx, Fail, FlagSpec, Kind, Res};
+use crate::cli::{Ctx, Fail, FlagSpec, Kind, Res, log, parse, print_json};
 use crate::control::Control;
 use crate::model::{Nic, NicNetwork, StorageConfig, Vm, VmConfig, VmEntry};
-use crate::store::{resolve, Resolved, State};
+use crate::store::{Resolved, State, resolve};
 use crate::util::{now_rfc3339, ram_in_bytes, seed_of};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -60,11 +60,20 @@ const NONE: FlagSpec = &[];
 const LIST: FlagSpec = &[("format", Some('o'), Value)];
 const RM: FlagSpec = &[("force", None, Bool), ("output", Some('o'), Value)];
 const START: FlagSpec = &[("output", Some('o'), Value)];
-const STOP: FlagSpec = &[("force", None, Bool), ("timeout", None, Value), ("output", Some('o'), Value)];
+const STOP: FlagSpec = &[
+    ("force", None, Bool),
+    ("timeout", None, Value),
+    ("output", Some('o'), Value),
+];
 const NET: FlagSpec = &[("nics", None, Value), ("output", Some('o'), Value)];
 const EXEC: FlagSpec = &[("interactive", Some('i'), Bool), ("env", Some('e'), Repeat)];
 const LOGS: FlagSpec = &[("tail", None, Value), ("follow", Some('f'), Bool)];
-const STATUS: FlagSpec = &[("event", None, Bool), ("watch", Some('w'), Bool), ("format", None, Value), ("interval", Some('n'), Value)];
+const STATUS: FlagSpec = &[
+    ("event", None, Bool),
+    ("watch", Some('w'), Bool),
+    ("format", None, Value),
+    ("interval", Some('n'), Value),
+];
 
 pub fn dispatch(ctx: &Ctx, verb: &str, rest: &[String]) -> Res {
     match verb {
@@ -95,7 +104,10 @@ pub fn dispatch(ctx: &Ctx, verb: &str, rest: &[String]) -> Res {
 }
 
 pub fn resolve_vm(state: &State, reference: &str) -> Result<String, Fail> {
-    match resolve(reference, state.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
+    match resolve(
+        reference,
+        state.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str())),
+    ) {
         Resolved::Found(id) => Ok(id),
         Resolved::NotFound => Err(Fail::new(format!("vm {reference}: VM not found"))),
         Resolved::Ambiguous => Err(Fail::new(format!("ambiguous ref \"{reference}\": multiple matches"))),
@@ -130,7 +142,9 @@ fn cpu_policy(a: &crate::cli::Args) -> Result<CpuPolicy, Fail> {
         return Err(Fail::new(format!("--cpu-weight must be 1..10000, got {weight}")));
     }
     if period != 0 && !(1000..=1_000_000).contains(&period) {
-        return Err(Fail::new(format!("--cpu-period-us must be 1000..1000000, got {period}")));
+        return Err(Fail::new(format!(
+            "--cpu-period-us must be 1000..1000000, got {period}"
+        )));
     }
     if quota != 0 && quota < 1000 {
         return Err(Fail::new(format!("--cpu-quota-us must be at least 1000, got {quota}")));
@@ -158,7 +172,11 @@ fn make_nics(state: &mut State, id: &str, count: i64, network: &str, mac_seed: u
             } else {
                 state.next_ip += 1;
                 let n = state.next_ip + 1;
-                Some(NicNetwork { ip: format!("{subnet}.{}.{}", n / 250, n % 250 + 2), gateway: format!("{subnet}.0.1"), prefix: 16 })
+                Some(NicNetwork {
+                    ip: format!("{subnet}.{}.{}", n / 250, n % 250 + 2),
+                    gateway: format!("{subnet}.0.1"),
+                    prefix: 16,
+                })
             };
             Nic {
                 tap: format!("tap{}-{i}", &id[..8]),
@@ -186,24 +204,55 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
     let now = now_rfc3339();
     let id = ctx.store.update(|state| -> Result<String, Fail> {
         if let Some(holder) = state.vms.values().find(|e| e.vm.config.name == new.name) {
-            return Err(Fail::new(format!("vm name \"{}\" already exists (held by {})", new.name, holder.vm.id)));
+            return Err(Fail::new(format!(
+                "vm name \"{}\" already exists (held by {})",
+                new.name, holder.vm.id
+            )));
         }
         let id = crate::util::new_id();
         let seq = state.next_seq();
-        let nics = make_nics(state, &id, new.nics, &new.config.network, seed_of(&id), &ctx.control.settings.static_subnet);
-        let backend_dir = if new.hypervisor == "firecracker" { "firecracker" } else { "cloudhypervisor" };
+        let nics = make_nics(
+            state,
+            &id,
+            new.nics,
+            &new.config.network,
+            seed_of(&id),
+            &ctx.control.settings.static_subnet,
+        );
+        let backend_dir = if new.hypervisor == "firecracker" {
+            "firecracker"
+        } else {
+            "cloudhypervisor"
+        };
         let vm = Vm {
             id: id.clone(),
             hypervisor: new.hypervisor.clone(),
             state: "creating".into(),
-            config: VmConfig { name: new.name.clone(), ..new.config.clone() },
+            config: VmConfig {
+                name: new.name.clone(),
+                ..new.config.clone()
+            },
             pid: 0,
             net_backend: if nics.is_empty() { String::new() } else { "cni".into() },
-            netns_path: if nics.is_empty() { String::new() } else { format!("/var/run/netns/cocoon-{id}") },
+            netns_path: if nics.is_empty() {
+                String::new()
+            } else {
+                format!("/var/run/netns/cocoon-{id}")
+            },
             network_configs: nics,
             storage_configs: vec![
-                StorageConfig { path: format!("/var/lib/cocoon/oci/blobs/{}.erofs", &id[..8]), ro: true, serial: "cocoon-layer0".into(), role: "layer".into() },
-                StorageConfig { path: format!("/var/lib/cocoon/run/{backend_dir}/{id}/cow.raw"), ro: false, serial: "cocoon-cow".into(), role: "cow".into() },
+                StorageConfig {
+                    path: format!("/var/lib/cocoon/oci/blobs/{}.erofs", &id[..8]),
+                    ro: true,
+                    serial: "cocoon-layer0".into(),
+                    role: "layer".into(),
+                },
+                StorageConfig {
+                    path: format!("/var/lib/cocoon/run/{backend_dir}/{id}/cow.raw"),
+                    ro: false,
+                    serial: "cocoon-cow".into(),
+                    role: "cow".into(),
+                },
             ],
             transition_generation: 1,
             last_transition_reason: "create".into(),
@@ -212,7 +261,16 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
             updated_at: now.clone(),
             ..Vm::default()
         };
-        state.vms.insert(id.clone(), VmEntry { vm, stale: false, creator_pid: std::process::id(), seq, log: vec![format!("{now} creating vm {id}")] });
+        state.vms.insert(
+            id.clone(),
+            VmEntry {
+                vm,
+                stale: false,
+                creator_pid: std::process::id(),
+                seq,
+                log: vec![format!("{now} creating vm {id}")],
+            },
+        );
         Ok(id)
     })?;
     ctx.die_here();
@@ -221,7 +279,10 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
     }
     let vm = ctx.store.update(|state| -> Result<Vm, Fail> {
         let seq = state.seq + 1;
-        let e = state.vms.get_mut(&id).ok_or_else(|| Fail::new(format!("vm {id}: VM not found (removed while creating)")))?;
+        let e = state
+            .vms
+            .get_mut(&id)
+            .ok_or_else(|| Fail::new(format!("vm {id}: VM not found (removed while creating)")))?;
         let now = now_rfc3339();
         e.creator_pid = 0;
         if start {
@@ -241,7 +302,11 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
 }
 
 fn boot(e: &mut VmEntry, now: &str, reason: &str, seq: u64) {
-    let backend_dir = if e.vm.hypervisor == "firecracker" { "firecracker" } else { "cloudhypervisor" };
+    let backend_dir = if e.vm.hypervisor == "firecracker" {
+        "firecracker"
+    } else {
+        "cloudhypervisor"
+    };
     e.vm.state = "running".into();
     e.vm.pid = 200_000 + (seq % 100_000) as i64;
     e.vm.socket_path = format!("/var/lib/cocoon/run/{backend_dir}/{}/api.sock", e.vm.id);
@@ -317,14 +382,25 @@ fn clone(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         (Some(_), [_, ..]) => return Err(Fail::new("cannot use both a SNAPSHOT argument and --from-dir")),
         (Some(dir), []) => {
             let dir = std::path::Path::new(dir);
-            let bytes = std::fs::read(dir.join("snapshot.json"))
-                .map_err(|e| Fail::new(format!("clone --from-dir: read {}: {e}", dir.join("snapshot.json").display())))?;
-            let env: crate::model::Envelope = serde_json::from_slice(&bytes).map_err(|e| Fail::new(format!("clone --from-dir: decode snapshot.json: {e}")))?;
+            let bytes = std::fs::read(dir.join("snapshot.json")).map_err(|e| {
+                Fail::new(format!(
+                    "clone --from-dir: read {}: {e}",
+                    dir.join("snapshot.json").display()
+                ))
+            })?;
+            let env: crate::model::Envelope = serde_json::from_slice(&bytes)
+                .map_err(|e| Fail::new(format!("clone --from-dir: decode snapshot.json: {e}")))?;
             if env.version != 1 {
-                return Err(Fail::new(format!("unsupported snapshot archive version {}", env.version)));
+                return Err(Fail::new(format!(
+                    "unsupported snapshot archive version {}",
+                    env.version
+                )));
             }
             if !dir.join("cow.raw").exists() && !dir.join("overlay.qcow2").exists() {
-                return Err(Fail::new(format!("clone --from-dir: COW file missing in {}", dir.display())));
+                return Err(Fail::new(format!(
+                    "clone --from-dir: COW file missing in {}",
+                    dir.display()
+                )));
             }
             env.config
         }
@@ -342,7 +418,9 @@ fn clone(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let fc = snap.hypervisor == "firecracker";
     if let Some(mode) = a.get("restore-mode") {
         if !["copy", "ondemand", "mmap"].contains(&mode) {
-            return Err(Fail::new(format!("invalid --restore-mode {mode:?}: must be copy, ondemand or mmap")));
+            return Err(Fail::new(format!(
+                "invalid --restore-mode {mode:?}: must be copy, ondemand or mmap"
+            )));
         }
         if fc {
             return Err(Fail::new("--restore-mode is only supported by cloud-hypervisor"));
@@ -362,13 +440,23 @@ fn clone(ctx: &Ctx, a: &crate::cli::Args) -> Res {
                     Ok(())
                 })?;
             } else {
-                return Err(Fail::new(format!("image \"{}\" not resolved: not found in any backend", snap.image)));
+                return Err(Fail::new(format!(
+                    "image \"{}\" not resolved: not found in any backend",
+                    snap.image
+                )));
             }
         }
     }
     let new = NewVm {
-        name: a.get("name").map(str::to_string).unwrap_or_else(|| format!("cocoon-clone-{}", &crate::util::new_id()[..8])),
-        hypervisor: if snap.hypervisor.is_empty() { "cloud-hypervisor".into() } else { snap.hypervisor.clone() },
+        name: a
+            .get("name")
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("cocoon-clone-{}", &crate::util::new_id()[..8])),
+        hypervisor: if snap.hypervisor.is_empty() {
+            "cloud-hypervisor".into()
+        } else {
+            snap.hypervisor.clone()
+        },
         config: VmConfig {
             cpu: snap.cpu,
             memory: snap.memory,
@@ -392,7 +480,10 @@ fn clone(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 
 fn inspect(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let r = one_positional(a)?;
-    let vm = ctx.store.read(|s| resolve_vm(s, r).map(|id| s.vms[&id].reconciled()))?.map_err(|f| Fail::new(format!("inspect: {}", f.msg)))?;
+    let vm = ctx
+        .store
+        .read(|s| resolve_vm(s, r).map(|id| s.vms[&id].reconciled()))?
+        .map_err(|f| Fail::new(format!("inspect: {}", f.msg)))?;
     print_json(&vm)
 }
 
@@ -401,7 +492,9 @@ fn list(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 }
 
 fn list_out(ctx: &Ctx, json: bool) -> Res {
-    let vms: Vec<Vm> = ctx.store.read(|s| sorted_vms(s).into_iter().map(VmEntry::reconciled).collect())?;
+    let vms: Vec<Vm> = ctx
+        .store
+        .read(|s| sorted_vms(s).into_iter().map(VmEntry::reconciled).collect())?;
     if vms.is_empty() && (!json || ctx.control.settings.legacy_empty_list) {
         println!("No VMs found.");
         return Ok(());
@@ -412,8 +505,25 @@ fn list_out(ctx: &Ctx, json: bool) -> Res {
     let mut out = std::io::stdout().lock();
     writeln!(out, "ID\tNAME\tSTATE\tCPU\tMEMORY\tSTORAGE\tIP\tIMAGE\tCREATED")?;
     for v in vms {
-        let ip = v.network_configs.iter().filter_map(|n| n.network.as_ref().map(|x| x.ip.clone())).collect::<Vec<_>>().join(",");
-        writeln!(out, "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}", v.id, v.config.name, v.state, v.config.cpu, v.config.memory, v.config.storage, ip, v.config.image, v.created_at)?;
+        let ip = v
+            .network_configs
+            .iter()
+            .filter_map(|n| n.network.as_ref().map(|x| x.ip.clone()))
+            .collect::<Vec<_>>()
+            .join(",");
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            v.id,
+            v.config.name,
+            v.state,
+            v.config.cpu,
+            v.config.memory,
+            v.config.storage,
+            ip,
+            v.config.image,
+            v.created_at
+        )?;
     }
     Ok(())
 }
@@ -438,7 +548,9 @@ fn rm(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         for id in &ids {
             let e = &s.vms[id];
             if e.vm.state == "running" && !e.stale && !force {
-                return Err(Fail::new(format!("vm {id}: VM is running, stop it first or use --force")));
+                return Err(Fail::new(format!(
+                    "vm {id}: VM is running, stop it first or use --force"
+                )));
             }
         }
         for id in &ids {
@@ -523,7 +635,12 @@ fn reconcile_stale_create(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let out = ctx.store.update(|s| -> Result<Outcome, Fail> {
         let id = match resolve_vm(s, r) {
             Ok(id) => id,
-            Err(_) => return Ok(Outcome { id: None, outcome: "not-found".into() }),
+            Err(_) => {
+                return Ok(Outcome {
+                    id: None,
+                    outcome: "not-found".into(),
+                });
+            }
         };
         let e = &s.vms[&id];
         let outcome = if e.vm.state != "creating" {
@@ -534,7 +651,10 @@ fn reconcile_stale_create(ctx: &Ctx, a: &crate::cli::Args) -> Res {
             s.vms.remove(&id);
             "collected"
         };
-        Ok(Outcome { id: Some(id), outcome: outcome.into() })
+        Ok(Outcome {
+            id: Some(id),
+            outcome: outcome.into(),
+        })
     })?;
     if a.get("output") == Some("json") {
         print_json(&out)
@@ -546,17 +666,28 @@ fn reconcile_stale_create(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 
 fn net(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let r = one_positional(a)?;
-    let n = a.int("nics")?.ok_or_else(|| Fail::new("required flag(s) \"nics\" not set"))?;
+    let n = a
+        .int("nics")?
+        .ok_or_else(|| Fail::new("required flag(s) \"nics\" not set"))?;
     if n < 0 {
         return Err(Fail::new(format!("--nics must be >= 0, got {n}")));
     }
     let id = ctx.store.update(|s| -> Result<String, Fail> {
         let id = resolve_vm(s, r)?;
         if s.vms[&id].vm.hypervisor == "firecracker" {
-            return Err(Fail::new(format!("vm {id}: NIC resize is not supported by firecracker")));
+            return Err(Fail::new(format!(
+                "vm {id}: NIC resize is not supported by firecracker"
+            )));
         }
-        let (network, have) = (s.vms[&id].vm.config.network.clone(), s.vms[&id].vm.network_configs.len() as i64);
-        let extra = if n > have { make_nics(s, &id, n, &network, seed_of(&id), &ctx.control.settings.static_subnet).split_off(have as usize) } else { Vec::new() };
+        let (network, have) = (
+            s.vms[&id].vm.config.network.clone(),
+            s.vms[&id].vm.network_configs.len() as i64,
+        );
+        let extra = if n > have {
+            make_nics(s, &id, n, &network, seed_of(&id), &ctx.control.settings.static_subnet).split_off(have as usize)
+        } else {
+            Vec::new()
+        };
         let e = s.vms.get_mut(&id).expect("resolved");
         e.vm.network_configs.truncate(n as usize);
         e.vm.network_configs.extend(extra);
@@ -570,7 +701,10 @@ fn net(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 }
 
 fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
-    let r = a.positionals.first().ok_or_else(|| Fail::new("exec: requires a VM argument"))?;
+    let r = a
+        .positionals
+        .first()
+        .ok_or_else(|| Fail::new("exec: requires a VM argument"))?;
     let mut argv: Vec<String> = a.positionals[1..].to_vec();
     argv.extend(a.rest.iter().cloned());
     if argv.is_empty() {
@@ -583,7 +717,15 @@ fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         }
         env.push(kv);
     }
-    let (id, name, running) = ctx.store.read(|s| resolve_vm(s, r).map(|id| (id.clone(), s.vms[&id].vm.config.name.clone(), s.vms[&id].reconciled().state == "running")))??;
+    let (id, name, running) = ctx.store.read(|s| {
+        resolve_vm(s, r).map(|id| {
+            (
+                id.clone(),
+                s.vms[&id].vm.config.name.clone(),
+                s.vms[&id].reconciled().state == "running",
+            )
+        })
+    })??;
     if !running {
         return Err(Fail::new(format!("exec: vm {id}: VM not running")));
     }
@@ -618,8 +760,14 @@ fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 
 fn logs(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let r = one_positional(a)?;
-    let lines = ctx.store.read(|s| resolve_vm(s, r).map(|id| s.vms[&id].log.clone()))??;
-    let tail = a.int("tail")?.filter(|t| *t >= 0).map(|t| t as usize).unwrap_or(lines.len());
+    let lines = ctx
+        .store
+        .read(|s| resolve_vm(s, r).map(|id| s.vms[&id].log.clone()))??;
+    let tail = a
+        .int("tail")?
+        .filter(|t| *t >= 0)
+        .map(|t| t as usize)
+        .unwrap_or(lines.len());
     let mut out = std::io::stdout().lock();
     for l in &lines[lines.len().saturating_sub(tail)..] {
         writeln!(out, "{l}")?;

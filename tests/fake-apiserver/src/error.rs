@@ -21,7 +21,14 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: String) -> Self {
-        Self { code, reason, message, name: None, kind: None, group: None }
+        Self {
+            code,
+            reason,
+            message,
+            name: None,
+            kind: None,
+            group: None,
+        }
     }
 
     fn about(mut self, group: &str, plural: &str, name: &str) -> Self {
@@ -35,17 +42,31 @@ impl ApiError {
 
     /// `pods "x" not found`.
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(group, plural))).about(group, plural, name)
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(group, plural)),
+        )
+        .about(group, plural, name)
     }
 
     /// The path names no resource this server serves.
     pub fn no_such_resource() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource".into())
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource".into(),
+        )
     }
 
     /// `pods "x" already exists`.
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(group, plural))).about(group, plural, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", qualified(group, plural)),
+        )
+        .about(group, plural, name)
     }
 
     /// The optimistic-lock conflict of an update with a stale `metadata.resourceVersion`.
@@ -66,14 +87,21 @@ impl ApiError {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} \"{name}\": {detail}", qualified(group, plural)),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {detail}",
+                qualified(group, plural)
+            ),
         )
         .about(group, plural, name)
     }
 
     /// 410 Gone for a watch from a resourceVersion older than the retained history.
     pub fn expired(requested: u64, oldest: u64) -> Self {
-        Self::new(410, "Expired", format!("too old resource version: {requested} ({oldest})"))
+        Self::new(
+            410,
+            "Expired",
+            format!("too old resource version: {requested} ({oldest})"),
+        )
     }
 
     /// 400 Bad Request.
@@ -93,7 +121,13 @@ impl ApiError {
 
     /// 415 Unsupported Media Type.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type:?})"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type:?})"
+            ),
+        )
     }
 
     /// An injected fault with an arbitrary code.
@@ -143,7 +177,11 @@ impl ApiError {
 }
 
 fn qualified(group: &str, plural: &str) -> String {
-    if group.is_empty() { plural.to_string() } else { format!("{plural}.{group}") }
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
 }
 
 impl std::fmt::Display for ApiError {

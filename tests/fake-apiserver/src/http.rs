@@ -59,7 +59,10 @@ fn json_response(code: StatusCode, body: &Value) -> Response {
 }
 
 fn error_response(err: &ApiError) -> Response {
-    json_response(StatusCode::from_u16(err.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &err.to_status())
+    json_response(
+        StatusCode::from_u16(err.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &err.to_status(),
+    )
 }
 
 /// Where a request points.
@@ -94,14 +97,19 @@ fn route(path: &str) -> Result<Route, ApiError> {
     if rt.namespaced && name.is_some() && namespace.is_none() {
         return Err(ApiError::no_such_resource());
     }
-    Ok(Route { rt, namespace, name, target })
+    Ok(Route {
+        rt,
+        namespace,
+        name,
+        target,
+    })
 }
 
 fn take_fault(shared: &Shared, method: &Method, path: &str) -> Option<u16> {
     let mut faults = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
-    let idx = faults
-        .iter()
-        .position(|f| f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && path.contains(&f.path_contains))?;
+    let idx = faults.iter().position(|f| {
+        f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && path.contains(&f.path_contains)
+    })?;
     faults[idx].times -= 1;
     let status = faults[idx].status;
     if faults[idx].times == 0 {
@@ -111,20 +119,32 @@ fn take_fault(shared: &Shared, method: &Method, path: &str) -> Option<u16> {
 }
 
 /// The single handler behind the router's fallback.
-pub(crate) async fn handle(State(app): State<AppState>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+pub(crate) async fn handle(
+    State(app): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = uri.path().to_string();
     let query = uri.query().unwrap_or("").to_string();
     let response = match take_fault(&app.shared, &method, &path) {
         Some(code) => error_response(&ApiError::injected(code)),
-        None => dispatch(&app, &method, &uri, &headers, &body).await.unwrap_or_else(|e| error_response(&e)),
+        None => dispatch(&app, &method, &uri, &headers, &body)
+            .await
+            .unwrap_or_else(|e| error_response(&e)),
     };
     tracing::debug!(%method, %path, %query, status = response.status().as_u16(), "fake apiserver request");
-    app.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).push(RequestRecord {
-        method: method.to_string(),
-        path,
-        query,
-        status: response.status().as_u16(),
-    });
+    app.shared
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(RequestRecord {
+            method: method.to_string(),
+            path,
+            query,
+            status: response.status().as_u16(),
+        });
     response
 }
 
@@ -132,7 +152,13 @@ fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
-async fn dispatch(app: &AppState, method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+async fn dispatch(
+    app: &AppState,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let route = route(uri.path())?;
     let params: HashMap<String, String> = Query::try_from_uri(uri).map(|Query(q)| q).unwrap_or_default();
     let store = &app.shared.store;
@@ -174,7 +200,10 @@ async fn dispatch(app: &AppState, method: &Method, uri: &Uri, headers: &HeaderMa
             Ok(json_response(StatusCode::OK, &obj))
         }
         (Some(name), &Method::PATCH) => {
-            let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
             let kind = match content_type.split(';').next().unwrap_or("").trim() {
                 "application/json-patch+json" => PatchKind::Json,
                 "application/merge-patch+json" => PatchKind::Merge,
@@ -189,7 +218,10 @@ async fn dispatch(app: &AppState, method: &Method, uri: &Uri, headers: &HeaderMa
             let obj = store.delete(rt, ns, name, &opts)?;
             Ok(json_response(StatusCode::OK, &obj))
         }
-        _ => Err(ApiError::method_not_allowed(format!("{method} is not supported on {}", uri.path()))),
+        _ => Err(ApiError::method_not_allowed(format!(
+            "{method} is not supported on {}",
+            uri.path()
+        ))),
     }
 }
 
@@ -240,7 +272,10 @@ impl WatchStream {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        line("BOOKMARK", &json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta}))
+        line(
+            "BOOKMARK",
+            &json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta}),
+        )
     }
 
     async fn next_line(&mut self) -> Option<Bytes> {
@@ -289,12 +324,23 @@ impl WatchStream {
     }
 }
 
-fn watch(app: &AppState, rt: ResourceType, filter: Filter, params: &HashMap<String, String>) -> Result<Response, ApiError> {
+fn watch(
+    app: &AppState,
+    rt: ResourceType,
+    filter: Filter,
+    params: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
     let since = match params.get("resourceVersion").map(String::as_str) {
         None | Some("") => None,
-        Some(s) => Some(s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}: must be an integer")))?),
+        Some(s) => Some(
+            s.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}: must be an integer")))?,
+        ),
     };
-    let timeout = params.get("timeoutSeconds").and_then(|s| s.parse::<u64>().ok()).unwrap_or(1800);
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(1800);
     let bookmarks = params.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let send_initial = params.get("sendInitialEvents").is_some_and(|v| v == "true");
     // sendInitialEvents=true: the initial state as ADDED events, then a bookmark marking its end.
@@ -316,8 +362,15 @@ fn watch(app: &AppState, rt: ResourceType, filter: Filter, params: &HashMap<Stri
         shutdown: app.shutdown.clone(),
         done: false,
     };
-    let body = futures::stream::unfold(stream, |mut s| async move { s.next_line().await.map(|l| (Ok::<_, std::io::Error>(l), s)) });
-    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], Body::from_stream(body)).into_response())
+    let body = futures::stream::unfold(stream, |mut s| async move {
+        s.next_line().await.map(|l| (Ok::<_, std::io::Error>(l), s))
+    });
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(body),
+    )
+        .into_response())
 }
 
 impl Shared {

@@ -54,7 +54,10 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { history_capacity: 1000, bookmark_interval: Some(Duration::from_secs(1)) }
+        Self {
+            history_capacity: 1000,
+            bookmark_interval: Some(Duration::from_secs(1)),
+        }
     }
 }
 
@@ -85,16 +88,28 @@ impl FakeApiServer {
             requests: Mutex::new(Vec::new()),
             faults: Mutex::new(Vec::new()),
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port for the fake apiserver");
-        let addr = listener.local_addr().expect("local address of the fake apiserver listener");
-        let mut server = Self { shared, options, addr, running: None };
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the fake apiserver");
+        let addr = listener
+            .local_addr()
+            .expect("local address of the fake apiserver listener");
+        let mut server = Self {
+            shared,
+            options,
+            addr,
+            running: None,
+        };
         server.serve(listener);
         server
     }
 
     fn serve(&mut self, listener: TcpListener) {
         let shutdown = CancellationToken::new();
-        let state = AppState { shared: self.shared.clone(), shutdown: shutdown.clone() };
+        let state = AppState {
+            shared: self.shared.clone(),
+            shutdown: shutdown.clone(),
+        };
         let app = axum::Router::new().fallback(http::handle).with_state(state);
         let signal = shutdown.clone();
         let store = self.shared.store.clone();
@@ -112,7 +127,9 @@ impl FakeApiServer {
                     }
                 });
             }
-            let result = axum::serve(listener, app).with_graceful_shutdown(async move { signal.cancelled().await }).await;
+            let result = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { signal.cancelled().await })
+                .await;
             if let Err(err) = result {
                 tracing::warn!(%err, "fake apiserver stopped with an error");
             }
@@ -182,8 +199,12 @@ impl FakeApiServer {
     /// Stop, then serve on a new free port with the same store (clients must be rebuilt).
     pub async fn restart_on_new_port(&mut self) {
         self.stop().await;
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port for the fake apiserver");
-        self.addr = listener.local_addr().expect("local address of the fake apiserver listener");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the fake apiserver");
+        self.addr = listener
+            .local_addr()
+            .expect("local address of the fake apiserver listener");
         self.serve(listener);
     }
 
@@ -200,12 +221,16 @@ impl FakeApiServer {
     /// Makes the next `times` requests with this method whose path contains `path_contains` fail
     /// with `status` (a `Status` body with the matching reason).
     pub fn inject_fault(&self, method: Option<Method>, path_contains: &str, status: u16, times: usize) {
-        self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()).push(Fault {
-            method,
-            path_contains: path_contains.to_string(),
-            status,
-            times,
-        });
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Fault {
+                method,
+                path_contains: path_contains.to_string(),
+                status,
+                times,
+            });
     }
 }
 

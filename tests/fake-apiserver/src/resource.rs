@@ -16,12 +16,18 @@ pub struct ResourceType {
 impl ResourceType {
     /// `v1` or `group/version`.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     /// Looks a served resource up by its URL coordinates.
     pub fn lookup(group: &str, version: &str, plural: &str) -> Option<ResourceType> {
-        ALL.iter().copied().find(|r| r.group == group && r.version == version && r.plural == plural)
+        ALL.iter()
+            .copied()
+            .find(|r| r.group == group && r.version == version && r.plural == plural)
     }
 
     /// The served resource for a kube `Resource` type, if any.

@@ -36,7 +36,8 @@ fn split_eq(term: &str) -> Option<(String, String, bool)> {
     if let Some((k, v)) = term.split_once("==") {
         return Some((k.trim().into(), v.trim().into(), true));
     }
-    term.split_once('=').map(|(k, v)| (k.trim().into(), v.trim().into(), true))
+    term.split_once('=')
+        .map(|(k, v)| (k.trim().into(), v.trim().into(), true))
 }
 
 impl FieldSelector {
@@ -44,8 +45,11 @@ impl FieldSelector {
     pub fn parse(s: &str) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-            let (k, v, eq) = split_eq(term)
-                .ok_or_else(|| ApiError::bad_request(format!("invalid field selector term {term:?}: expected key=value or key!=value")))?;
+            let (k, v, eq) = split_eq(term).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "invalid field selector term {term:?}: expected key=value or key!=value"
+                ))
+            })?;
             if !SUPPORTED_FIELDS.contains(&k.as_str()) {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {k} (supported: {})",
@@ -61,7 +65,11 @@ impl FieldSelector {
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|r| {
             let get = |path: &str| {
-                path.split('.').try_fold(obj, |v, seg| v.get(seg)).and_then(Value::as_str).unwrap_or("").to_string()
+                path.split('.')
+                    .try_fold(obj, |v, seg| v.get(seg))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
             };
             match r {
                 Req::Eq(k, v) => get(k) == *v,
@@ -95,8 +103,14 @@ fn parse_set(rest: &str, term: &str) -> Result<Vec<String>, ApiError> {
     let inner = rest
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("invalid label selector term {term:?}: expected a (v1,v2) set")))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("invalid label selector term {term:?}: expected a (v1,v2) set"))
+        })?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -192,7 +206,11 @@ mod tests {
             ("app=web,env in (dev)", false),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&obj), want, "selector {sel:?}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&obj),
+                want,
+                "selector {sel:?}"
+            );
         }
     }
 }

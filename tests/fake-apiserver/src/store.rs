@@ -75,10 +75,14 @@ impl DeleteOptions {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::default());
         }
-        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions body: {e}")))?;
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions body: {e}")))?;
         Ok(Self {
             grace_period_seconds: v.get("gracePeriodSeconds").and_then(Value::as_i64),
-            precondition_uid: v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string),
+            precondition_uid: v
+                .pointer("/preconditions/uid")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             precondition_resource_version: v
                 .pointer("/preconditions/resourceVersion")
                 .and_then(Value::as_str)
@@ -129,7 +133,10 @@ fn meta(obj: &Value) -> Option<&Map<String, Value>> {
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    meta(obj).and_then(|m| m.get(field)).and_then(Value::as_str).filter(|s| !s.is_empty())
+    meta(obj)
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
@@ -140,7 +147,10 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
 }
 
 fn has_finalizers(obj: &Value) -> bool {
-    meta(obj).and_then(|m| m.get("finalizers")).and_then(Value::as_array).is_some_and(|f| !f.is_empty())
+    meta(obj)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
 }
 
 impl Store {
@@ -211,7 +221,14 @@ impl Store {
         )
     }
 
-    fn commit(&self, inner: &mut Inner, rt: ResourceType, kind: ChangeKind, mut object: Value, previous: Option<Value>) -> Value {
+    fn commit(
+        &self,
+        inner: &mut Inner,
+        rt: ResourceType,
+        kind: ChangeKind,
+        mut object: Value,
+        previous: Option<Value>,
+    ) -> Value {
         inner.rv += 1;
         let rv = inner.rv;
         meta_mut(&mut object).insert("resourceVersion".into(), json!(rv.to_string()));
@@ -226,7 +243,13 @@ impl Store {
                 inner.objects.insert(key, object.clone());
             }
         }
-        let change = Arc::new(Change { resource: rt, kind, rv, object: object.clone(), previous });
+        let change = Arc::new(Change {
+            resource: rt,
+            kind,
+            rv,
+            object: object.clone(),
+            previous,
+        });
         inner.history.push_back(change.clone());
         while inner.history.len() > inner.capacity {
             if let Some(evicted) = inner.history.pop_front() {
@@ -238,7 +261,15 @@ impl Store {
     }
 
     fn key(rt: ResourceType, ns: Option<&str>, name: &str) -> Key {
-        (rt, if rt.namespaced { ns.unwrap_or("").to_string() } else { String::new() }, name.to_string())
+        (
+            rt,
+            if rt.namespaced {
+                ns.unwrap_or("").to_string()
+            } else {
+                String::new()
+            },
+            name.to_string(),
+        )
     }
 
     /// One object.
@@ -274,11 +305,23 @@ impl Store {
             Some(n) => n.to_string(),
             None => match m.get("generateName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
                 Some(prefix) => format!("{prefix}{:05x}", (self.uid_salt as u32 ^ seq as u32) & 0xfffff),
-                None => return Err(ApiError::invalid(rt.group, rt.plural, "", "metadata.name: Required value: name or generateName is required")),
+                None => {
+                    return Err(ApiError::invalid(
+                        rt.group,
+                        rt.plural,
+                        "",
+                        "metadata.name: Required value: name or generateName is required",
+                    ));
+                }
             },
         };
         if rt.namespaced {
-            let path_ns = ns.ok_or_else(|| ApiError::bad_request(format!("{} is namespaced: POST to /namespaces/<ns>/{}", rt.plural, rt.plural)))?;
+            let path_ns = ns.ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{} is namespaced: POST to /namespaces/<ns>/{}",
+                    rt.plural, rt.plural
+                ))
+            })?;
             match m.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty()) {
                 Some(body_ns) if body_ns != path_ns => {
                     return Err(ApiError::bad_request(format!(
@@ -313,31 +356,68 @@ impl Store {
     }
 
     /// PUT: replaces the object (or only its status), with optimistic concurrency on `metadata.resourceVersion`.
-    pub fn update(&self, rt: ResourceType, ns: Option<&str>, name: &str, target: Target, body: Value) -> Result<Value, ApiError> {
+    pub fn update(
+        &self,
+        rt: ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        target: Target,
+        body: Value,
+    ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
-        let current = inner.objects.get(&Self::key(rt, ns, name)).cloned().ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
+        let current = inner
+            .objects
+            .get(&Self::key(rt, ns, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
         self.write(&mut inner, rt, name, target, current, body)
     }
 
     /// PATCH: applies a patch to the current object (or its status).
-    pub fn patch(&self, rt: ResourceType, ns: Option<&str>, name: &str, target: Target, kind: PatchKind, patch: Value) -> Result<Value, ApiError> {
+    pub fn patch(
+        &self,
+        rt: ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        target: Target,
+        kind: PatchKind,
+        patch: Value,
+    ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
-        let current = inner.objects.get(&Self::key(rt, ns, name)).cloned().ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
+        let current = inner
+            .objects
+            .get(&Self::key(rt, ns, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
         let mut doc = current.clone();
         match kind {
             PatchKind::Merge | PatchKind::Strategic => json_patch::merge(&mut doc, &patch),
             PatchKind::Json => {
                 let ops: json_patch::Patch = serde_json::from_value(patch)
                     .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-                json_patch::patch(&mut doc, &ops)
-                    .map_err(|e| ApiError::invalid(rt.group, rt.plural, name, format!("the JSON patch could not be applied: {e}")))?;
+                json_patch::patch(&mut doc, &ops).map_err(|e| {
+                    ApiError::invalid(
+                        rt.group,
+                        rt.plural,
+                        name,
+                        format!("the JSON patch could not be applied: {e}"),
+                    )
+                })?;
             }
         }
         self.write(&mut inner, rt, name, target, current, doc)
     }
 
     /// The common write path of update and patch.
-    fn write(&self, inner: &mut Inner, rt: ResourceType, name: &str, target: Target, current: Value, mut new: Value) -> Result<Value, ApiError> {
+    fn write(
+        &self,
+        inner: &mut Inner,
+        rt: ResourceType,
+        name: &str,
+        target: Target,
+        current: Value,
+        mut new: Value,
+    ) -> Result<Value, ApiError> {
         if !new.is_object() {
             return Err(ApiError::bad_request("the request body must be a JSON object"));
         }
@@ -392,7 +472,15 @@ impl Store {
         // System-owned metadata stays as stored.
         let cur_meta = meta(&current).cloned().unwrap_or_default();
         let m = meta_mut(&mut new);
-        for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "name", "generation"] {
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "namespace",
+            "name",
+            "generation",
+        ] {
             match cur_meta.get(field) {
                 Some(v) => {
                     m.insert(field.into(), v.clone());
@@ -413,7 +501,11 @@ impl Store {
         // An object being deleted goes away once its last finalizer is removed.
         if meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp"))
             && !has_finalizers(&new)
-            && (!rt.is_pod() || new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64) == Some(0))
+            && (!rt.is_pod()
+                || new
+                    .pointer("/metadata/deletionGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    == Some(0))
         {
             return Ok(self.commit(inner, rt, ChangeKind::Deleted, new, Some(current)));
         }
@@ -426,9 +518,19 @@ impl Store {
     /// `terminationGracePeriodSeconds`, else 30) only gets `deletionTimestamp` /
     /// `deletionGracePeriodSeconds`; a later delete with grace 0 (what the kubelet sends) removes it.
     /// Objects with finalizers get a `deletionTimestamp` and stay until the finalizers are gone.
-    pub fn delete(&self, rt: ResourceType, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+    pub fn delete(
+        &self,
+        rt: ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
-        let current = inner.objects.get(&Self::key(rt, ns, name)).cloned().ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
+        let current = inner
+            .objects
+            .get(&Self::key(rt, ns, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
         let cur_uid = meta_str(&current, "uid").unwrap_or("").to_string();
         let cur_rv = meta_str(&current, "resourceVersion").unwrap_or("").to_string();
         if let Some(uid) = &opts.precondition_uid
@@ -448,18 +550,30 @@ impl Store {
                 rt.group,
                 rt.plural,
                 name,
-                format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {cur_rv}"),
+                format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {cur_rv}"
+                ),
             ));
         }
 
         let grace = if rt.is_pod() {
-            let bound = current.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-            let terminal = matches!(current.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+            let bound = current
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            let terminal = matches!(
+                current.pointer("/status/phase").and_then(Value::as_str),
+                Some("Succeeded" | "Failed")
+            );
             if !bound || terminal {
                 0
             } else {
                 opts.grace_period_seconds
-                    .or_else(|| current.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+                    .or_else(|| {
+                        current
+                            .pointer("/spec/terminationGracePeriodSeconds")
+                            .and_then(Value::as_i64)
+                    })
                     .unwrap_or(30)
                     .max(0)
             }
@@ -467,7 +581,9 @@ impl Store {
             0
         };
 
-        let existing_grace = current.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64);
+        let existing_grace = current
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64);
         let already_deleting = current.pointer("/metadata/deletionTimestamp").is_some();
         if grace > 0 || has_finalizers(&current) {
             if already_deleting && existing_grace.is_some_and(|g| g <= grace) {
@@ -476,7 +592,10 @@ impl Store {
             }
             let mut new = current.clone();
             let m = meta_mut(&mut new);
-            m.insert("deletionTimestamp".into(), json!(fmt_time(now() + SignedDuration::from_secs(grace))));
+            m.insert(
+                "deletionTimestamp".into(),
+                json!(fmt_time(now() + SignedDuration::from_secs(grace))),
+            );
             m.insert("deletionGracePeriodSeconds".into(), json!(grace));
             return Ok(self.commit(&mut inner, rt, ChangeKind::Modified, new, Some(current)));
         }
@@ -507,20 +626,35 @@ impl Store {
                         Arc::new(Change {
                             resource: rt,
                             kind: ChangeKind::Added,
-                            rv: meta_str(obj, "resourceVersion").and_then(|s| s.parse().ok()).unwrap_or(0),
+                            rv: meta_str(obj, "resourceVersion")
+                                .and_then(|s| s.parse().ok())
+                                .unwrap_or(0),
                             object: obj.clone(),
                             previous: None,
                         })
                     })
                     .collect();
-                Ok(WatchStart { initial, initial_rv: inner.rv, live })
+                Ok(WatchStart {
+                    initial,
+                    initial_rv: inner.rv,
+                    live,
+                })
             }
             Some(n) => {
                 if n < inner.floor {
                     return Err(ApiError::expired(n, inner.floor));
                 }
-                let initial = inner.history.iter().filter(|c| c.rv > n && c.resource == rt).cloned().collect();
-                Ok(WatchStart { initial, initial_rv: inner.rv.max(n), live })
+                let initial = inner
+                    .history
+                    .iter()
+                    .filter(|c| c.rv > n && c.resource == rt)
+                    .cloned()
+                    .collect();
+                Ok(WatchStart {
+                    initial,
+                    initial_rv: inner.rv.max(n),
+                    live,
+                })
             }
         }
     }
@@ -528,19 +662,32 @@ impl Store {
     // ---- typed helpers for tests ----
 
     /// The object as a typed value, if present.
-    pub fn get_as<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(&self, ns: Option<&str>, name: &str) -> Option<K> {
+    pub fn get_as<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Option<K> {
         let rt = ResourceType::of::<K>().expect("resource type served by the fake apiserver");
-        self.get(rt, ns, name).ok().map(|v| serde_json::from_value(v).expect("stored object deserialises"))
+        self.get(rt, ns, name)
+            .ok()
+            .map(|v| serde_json::from_value(v).expect("stored object deserialises"))
     }
 
     /// Every stored object of a type.
     pub fn list_as<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(&self) -> Vec<K> {
         let rt = ResourceType::of::<K>().expect("resource type served by the fake apiserver");
-        self.list(rt, &Filter::default()).0.into_iter().map(|v| serde_json::from_value(v).expect("stored object deserialises")).collect()
+        self.list(rt, &Filter::default())
+            .0
+            .into_iter()
+            .map(|v| serde_json::from_value(v).expect("stored object deserialises"))
+            .collect()
     }
 
     /// Creates an object directly (with create semantics and a watch event); returns the stored object.
-    pub fn seed<K: kube::Resource<DynamicType = ()> + serde::Serialize + DeserializeOwned>(&self, obj: &K) -> Result<K, ApiError> {
+    pub fn seed<K: kube::Resource<DynamicType = ()> + serde::Serialize + DeserializeOwned>(
+        &self,
+        obj: &K,
+    ) -> Result<K, ApiError> {
         let rt = ResourceType::of::<K>().expect("resource type served by the fake apiserver");
         let v = serde_json::to_value(obj).expect("object serialises");
         let ns = meta_str(&v, "namespace").map(str::to_string);

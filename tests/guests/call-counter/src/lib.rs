@@ -14,7 +14,11 @@ struct Counter;
 impl Guest for Counter {
     fn decide(_facts: Facts) -> Decision {
         let served = SERVED.fetch_add(1, Ordering::Relaxed) + 1;
-        Decision { verdict: Verdict::Admit, reason: "counted".into(), message: alloc::format!("decision {served} of this instance") }
+        Decision {
+            verdict: Verdict::Admit,
+            reason: "counted".into(),
+            message: alloc::format!("decision {served} of this instance"),
+        }
     }
 }
 #[cfg(target_arch = "wasm32")]

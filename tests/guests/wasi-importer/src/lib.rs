@@ -10,7 +10,11 @@ impl Guest for Importer {
     fn decide(_facts: Facts) -> Decision {
         let now = std::time::SystemTime::now();
         let mood = std::env::var("POLICY_MOOD").unwrap_or_default();
-        Decision { verdict: Verdict::Admit, reason: "wasi".into(), message: format!("{mood} {now:?}") }
+        Decision {
+            verdict: Verdict::Admit,
+            reason: "wasi".into(),
+            message: format!("{mood} {now:?}"),
+        }
     }
 }
 #[cfg(target_arch = "wasm32")]
