@@ -36,6 +36,7 @@ use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProbeTimings, ProviderConfig, Timings};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
 
+#[allow(unused_imports)]
 pub use kubelet_support::{NODE, eventually};
 #[allow(unused_imports)]
 pub use vk_cocoon::provider::ports::SnapshotRegistry as _;
@@ -551,9 +552,13 @@ pub async fn vm_named(env: &Env, name: &str) -> Option<vk_cocoon::runtime::VmRec
 
 /// A local snapshot `name` taken from a throwaway VM booted from `image`.
 pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
-    env.runtime.image_pull(image, false).await.unwrap();
-    let vm = env
-        .runtime
+    seed_snapshot_on(&env.runtime, name, image).await;
+}
+
+/// [`seed_snapshot`] through any cocoon runtime (the real-apiserver tests have no [`Env`]).
+pub async fn seed_snapshot_on(runtime: &CocoonCli, name: &str, image: &str) {
+    runtime.image_pull(image, false).await.unwrap();
+    let vm = runtime
         .run(&RunSpec {
             name: Some(format!("seed-{}", name.replace([':', '/'], "-"))),
             image: image.into(),
@@ -561,8 +566,8 @@ pub async fn seed_snapshot(env: &Env, name: &str, image: &str) {
         })
         .await
         .unwrap();
-    env.runtime.snapshot_save(name, &vm.id).await.unwrap();
-    env.runtime.remove(&vm.id).await.unwrap();
+    runtime.snapshot_save(name, &vm.id).await.unwrap();
+    runtime.remove(&vm.id).await.unwrap();
 }
 
 /// A local Windows snapshot `name` (a cloud image booted with `--windows`, then saved).

@@ -1,0 +1,316 @@
+//! The pieces of one node machine for the real-apiserver scenarios: a cocoon simulator with its
+//! state, cocoon's root directory, cocoon-net's lease file, optionally a real OCI registry —
+//! and `vk-cocoon run` as a child process against them. Plus waits on pods through the API.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cocoon_sim::Sim;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+
+use crate::kube_support::{self, KubeCluster};
+use crate::provider_support::registry_support::TestRegistry;
+use crate::provider_support::runtime_support;
+use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, VmRecord};
+
+pub const LIFECYCLE: &str = "vm.cocoonstack.io/lifecycle-state";
+pub const LIFECYCLE_MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
+pub const VM_ID: &str = "vm.cocoonstack.io/id";
+pub const IMAGE: &str = "cocoonset.cocoonstack.io/image";
+
+/// One machine the daemon runs on.
+pub struct Machine {
+    /// `VK_NODE_NAME`, unique in the test binary.
+    pub node: String,
+    pub dir: tempfile::TempDir,
+    pub sim: Sim,
+    /// The same CLI client the daemon uses, for setting up and inspecting VMs and snapshots.
+    pub runtime: Arc<CocoonCli>,
+    pub leases: PathBuf,
+    pub registry: Option<TestRegistry>,
+}
+
+impl Machine {
+    pub fn new(node_prefix: &str) -> Machine {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Sim::new(dir.path().join("sim")).unwrap();
+        // Static guest addresses on loopback: the daemon's real probes reach the "guests".
+        sim.set_settings(|s| s.static_subnet = "127.88".into()).unwrap();
+        let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
+        let leases = dir.path().join("leases.json");
+        std::fs::write(&leases, "null").unwrap();
+        Machine {
+            node: kube_support::unique(node_prefix),
+            dir,
+            sim,
+            runtime,
+            leases,
+            registry: None,
+        }
+    }
+
+    /// Gives the machine a real registry (Debian's docker-registry on loopback): `OCI_REGISTRY`.
+    pub fn with_registry(mut self) -> Machine {
+        self.registry = Some(TestRegistry::start());
+        self
+    }
+
+    /// Every VM cocoon knows on this machine.
+    pub async fn vms(&self) -> Vec<VmRecord> {
+        self.runtime.list().await.unwrap()
+    }
+
+    /// The VMs named `name` (a converged node has at most one).
+    pub async fn vms_named(&self, name: &str) -> Vec<VmRecord> {
+        self.vms().await.into_iter().filter(|v| v.name() == name).collect()
+    }
+
+    /// The daemon's client for the registry (to look at tags as the daemon would).
+    pub fn registry_client(&self) -> vk_cocoon::registry::Registry {
+        self.registry
+            .as_ref()
+            .expect("a machine with a registry")
+            .client("", &self.node)
+    }
+
+    /// `vk-cocoon run` under the daemon identity of `deploy/rbac.yaml`.
+    pub fn start_daemon(&self, cluster: &KubeCluster) -> DaemonProcess {
+        self.start_daemon_as(&cluster.daemon_kubeconfig_path())
+    }
+
+    /// `vk-cocoon run` with `KUBECONFIG=kubeconfig` and this machine's environment only.
+    pub fn start_daemon_as(&self, kubeconfig: &Path) -> DaemonProcess {
+        let metrics_port = free_port();
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let log = self.dir.path().join(format!("daemon-{n}.log"));
+        let (sim_key, sim_root) = self.sim.env();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"));
+        command
+            .arg("run")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("KUBECONFIG", kubeconfig)
+            .env("VK_NODE_NAME", &self.node)
+            .env("VK_NODE_IP", "127.0.0.1")
+            .env("COCOON_ROOT_DIR", self.dir.path())
+            .env("VK_COCOON_BIN", runtime_support::sim_bin())
+            .env(sim_key, sim_root)
+            .env("VK_POLICY_CACHE_DIR", self.dir.path().join("policy-cache"))
+            .env("VK_LEASES_PATH", &self.leases)
+            .env("VK_COCOON_NET_CONTROL_SOCKET", "")
+            .env("VK_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
+            .env("VK_LOG_LEVEL", "info,vk_cocoon=debug");
+        if let Some(registry) = &self.registry {
+            command
+                .env("OCI_REGISTRY", registry.host())
+                .env("VK_REGISTRY_SPOOL_DIR", self.dir.path().join("spool"));
+        }
+        let out = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn vk-cocoon run");
+        DaemonProcess {
+            child: Some(child),
+            log,
+            metrics_port,
+        }
+    }
+}
+
+/// A running `vk-cocoon run`. Dropping it kills it (SIGKILL); a panicking test prints its log.
+pub struct DaemonProcess {
+    child: Option<Child>,
+    log: PathBuf,
+    pub metrics_port: u16,
+}
+
+impl DaemonProcess {
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// Everything it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `secs` for it to exit by itself.
+    pub async fn exited(&mut self, secs: u64) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not exit within {secs} s; its log:\n{}",
+                kube_support::tail(&self.log, 40)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub async fn terminate(&mut self) -> ExitStatus {
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        self.exited(30).await
+    }
+
+    /// `kill -9`: no cleanup of anything in flight.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// One `GET /metrics` (HTTP/1.0, the whole answer), `None` while it does not listen.
+    pub fn scrape_metrics(&self) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- vk-cocoon run log ({}) ---\n{}",
+                self.log.display(),
+                kube_support::tail(&self.log, 60)
+            );
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// ---- pods through the API ------------------------------------------------------------------
+
+/// A managed agent pod for VM `vm`, bound to `node` in namespace `ns` (no scheduler: the test binds).
+pub fn managed_pod(ns: &str, node: &str, name: &str, vm: &str, extra: &[(&str, &str)]) -> Pod {
+    let mut pod = crate::provider_support::managed(name, vm, extra);
+    pod.metadata.namespace = Some(ns.into());
+    pod.spec.as_mut().unwrap().node_name = Some(node.into());
+    pod
+}
+
+pub async fn create_pod(client: &kube::Client, pod: &Pod) -> Pod {
+    let ns = pod.metadata.namespace.as_deref().unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating pod {ns}/{:?}: {e}", pod.metadata.name))
+}
+
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+pub fn lifecycle(pod: &Pod) -> Option<&str> {
+    annotation(pod, LIFECYCLE)
+}
+
+/// The Ready condition is True.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Lifecycle `ready` and the Ready condition True.
+pub fn is_up(pod: &Pod) -> bool {
+    lifecycle(pod) == Some("ready") && is_ready(pod)
+}
+
+/// Waits (on a watch, not by polling) until pod `ns/name` satisfies `cond`; returns it
+/// (`None` when the condition was met by its absence).
+pub async fn wait_pod(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    secs: u64,
+    what: &str,
+    cond: impl Fn(Option<&Pod>) -> bool,
+) -> Option<Pod> {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    match tokio::time::timeout(Duration::from_secs(secs), await_condition(api.clone(), name, cond)).await {
+        Ok(result) => result.unwrap_or_else(|e| panic!("watching pod {ns}/{name}: {e}")),
+        Err(_) => {
+            let now = api.get_opt(name).await.ok().flatten();
+            panic!(
+                "timed out after {secs} s waiting for pod {ns}/{name}: {what}; it is now: {}",
+                now.map(|p| format!("annotations {:?}, status {:?}", p.metadata.annotations, p.status))
+                    .unwrap_or_else(|| "gone".into())
+            )
+        }
+    }
+}
+
+/// Waits until the pod is up (lifecycle `ready` ∧ Ready).
+pub async fn wait_up(client: &kube::Client, ns: &str, name: &str) -> Pod {
+    wait_pod(client, ns, name, 90, "lifecycle ready and Ready=True", |p| {
+        p.is_some_and(is_up)
+    })
+    .await
+    .expect("the pod exists")
+}
+
+/// Polls `cond` every 100 ms until it holds or `secs` pass (for state outside the API: VMs,
+/// registry tags).
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// (type, reason, note) of the events.k8s.io Events about pod `name` in `ns`.
+pub async fn events_about(client: &kube::Client, ns: &str, name: &str) -> Vec<(String, String, String)> {
+    let api = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns);
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
+}

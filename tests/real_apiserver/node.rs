@@ -1,0 +1,88 @@
+//! `vk-cocoon run` as a process on the real server, under the `deploy/rbac.yaml` identity: it
+//! registers its Node, renews its Lease, brings a pod to Ready, serves `/metrics` and stops
+//! cleanly on SIGTERM. (Real server: RBAC, the Node and Lease validation and the pod status
+//! strategy are what is being tried here; nothing needs a fault the fake alone can inject.)
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+
+use crate::daemon::*;
+use crate::kube_support;
+use crate::provider_support::seed_snapshot_on;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemon_registers_renews_its_lease_runs_a_pod_serves_metrics_and_stops_on_sigterm() {
+    let Some(cluster) = kube_support::shared().await else {
+        return;
+    };
+    let admin = cluster.admin_client().await;
+    let ns = cluster.namespace("daemon").await;
+    let machine = Machine::new("vk-daemon");
+    seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
+    let mut daemon = machine.start_daemon(cluster);
+
+    // Registration: the Node with our identity, Ready.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let node_name = machine.node.clone();
+    eventually(60, "node registered and Ready", || {
+        let nodes = nodes.clone();
+        let name = node_name.clone();
+        async move {
+            nodes.get_opt(&name).await.unwrap().is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+        }
+    })
+    .await;
+
+    // A pod bound to it comes up, and Ready lands through the real pods/status.
+    let pod = managed_pod(&ns, &machine.node, "d-0", "vm-daemon", &[(IMAGE, "base")]);
+    create_pod(&admin, &pod).await;
+    let up = wait_up(&admin, &ns, "d-0").await;
+    let vms = machine.vms_named("vm-daemon").await;
+    assert_eq!(vms.len(), 1, "one VM for the pod: {vms:?}");
+    assert_eq!(annotation(&up, VM_ID), Some(vms[0].id.as_str()));
+    assert_eq!(
+        up.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Running"),
+        "{:?}",
+        up.status
+    );
+
+    // The Lease is renewed (every 10 s by default): its renewTime moves.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let renew_time = |l: Option<Lease>| l.and_then(|l| l.spec).and_then(|s| s.renew_time).map(|t| t.0);
+    let first = renew_time(leases.get_opt(&machine.node).await.unwrap()).expect("a Lease with a renewTime");
+    eventually(40, "the Lease renewed", || {
+        let leases = leases.clone();
+        let name = machine.node.clone();
+        async move { renew_time(leases.get_opt(&name).await.unwrap()).is_some_and(|t| t > first) }
+    })
+    .await;
+    let lease = leases.get(&machine.node).await.unwrap();
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
+        Some(machine.node.as_str())
+    );
+
+    let text = daemon.scrape_metrics().expect("/metrics answers");
+    assert!(
+        text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="",result="ok"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("cocoon_vk_vm_boot_duration_seconds_count"), "{text}");
+    assert!(
+        text.contains("cocoon_vk_policy_decision_seconds"),
+        "policy metrics are served too: {text}"
+    );
+
+    let status = daemon.terminate().await;
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}\n{}", daemon.log());
+    assert!(
+        machine.vms_named("vm-daemon").await.len() == 1,
+        "stopping the daemon leaves the VMs running"
+    );
+}
