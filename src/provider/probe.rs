@@ -142,17 +142,24 @@ pub async fn probe(prober: &dyn Prober, target: &Target, timeout: Duration) -> (
 }
 
 /// The production prober: `connect(2)` for TCP, one ICMPv4 echo (identifier = pid & 0xffff,
-/// sequence 1, payload `vk-cocoon`) through an unprivileged ICMP socket or a raw one. When the
-/// host allows neither (no CAP_NET_RAW and `net.ipv4.ping_group_range` excludes us) it says so
-/// once and treats ICMP-probed guests as reachable, as vk-cocoon always has.
+/// payload `vk-cocoon`) through an unprivileged ICMP socket or a raw one. When the host allows
+/// neither (no CAP_NET_RAW and `net.ipv4.ping_group_range` excludes us) it says so once and
+/// treats ICMP-probed guests as reachable, as vk-cocoon always has.
+///
+/// Every echo gets the next sequence number: the ICMP client matches a reply to its request by
+/// (address, identifier, sequence) and refuses a second request with the same three while the
+/// first is in flight, which two agents of one address (a pod's startup agent and the one its
+/// CreatePod starts) would otherwise send.
 pub struct NetProber {
     icmp: tokio::sync::OnceCell<Option<surge_ping::Client>>,
+    sequence: std::sync::atomic::AtomicU16,
 }
 
 impl Default for NetProber {
     fn default() -> Self {
         Self {
             icmp: tokio::sync::OnceCell::new(),
+            sequence: std::sync::atomic::AtomicU16::new(1),
         }
     }
 }
@@ -194,7 +201,10 @@ impl Prober for NetProber {
         let mut pinger = client.pinger(IpAddr::V4(ip), ident).await;
         pinger.timeout(timeout);
         pinger
-            .ping(surge_ping::PingSequence(1), PING_PAYLOAD)
+            .ping(
+                surge_ping::PingSequence(self.sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+                PING_PAYLOAD,
+            )
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -388,6 +398,21 @@ mod tests {
         assert!(matches!(target(true, "10.0.0.1", "ssh"), Target::Unready(m) if m.contains("not a port number")));
         assert!(matches!(target(true, "10.0.0.1", "0"), Target::Unready(_)));
         assert!(matches!(target(true, "fe80::1", ""), Target::Unready(m) if m.contains("IPv6")));
+    }
+
+    #[tokio::test]
+    async fn concurrent_pings_of_one_address_do_not_collide() {
+        // Two agents of one guest ping it at once (startup's and CreatePod's): with one
+        // sequence number for every echo the ICMP client refused the second as a duplicate.
+        let prober = NetProber::default();
+        let ip: Ipv4Addr = "127.0.0.1".parse().unwrap();
+        let t = Duration::from_secs(5);
+        let (a, b, c) = tokio::join!(prober.ping(ip, t), prober.ping(ip, t), prober.ping(ip, t));
+        assert_eq!(
+            (a.clone(), b.clone(), c.clone()),
+            (Ok(()), Ok(()), Ok(())),
+            "{a:?} {b:?} {c:?}"
+        );
     }
 
     struct Flaky {
