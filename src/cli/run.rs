@@ -19,7 +19,8 @@ use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
 use vk_cocoon::provider::cocoon_net::{ControlSocket, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH, LeaseFile};
 use vk_cocoon::provider::metrics::{self, ProviderMetrics};
 use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
-use vk_cocoon::provider::probe::NetProber;
+use vk_cocoon::provider::probe::{NetProber, Prober};
+use vk_cocoon::provider::probe_scope::{ProbeNetworks, ScopedProber};
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
 use vk_cocoon::registry::{Registry, RegistryConfig};
 use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig};
@@ -91,6 +92,14 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         Some(v) => Some(Arc::new(ControlSocket::new(PathBuf::from(v)))),
         None => Some(Arc::new(ControlSocket::new(DEFAULT_CONTROL_SOCKET))),
     };
+    // VK_PROBE_NETWORKS: probes reach only the listed networks (unset: any address).
+    let prober: Arc<dyn Prober> = match ProbeNetworks::from_lookup(env).map_err(|e| anyhow!(e))? {
+        Some(networks) => {
+            tracing::info!(%networks, "readiness probes are limited to these networks");
+            Arc::new(ScopedProber::new(Arc::new(NetProber::default()), networks))
+        }
+        None => Arc::new(NetProber::default()),
+    };
     let ports = Ports {
         runtime,
         registry,
@@ -98,7 +107,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         releaser,
         patcher: Arc::new(KubePodPatcher::new(client.clone())),
         events: Arc::new(EventSink::new(client.clone(), &kubelet.node_name)),
-        prober: Arc::new(NetProber::default()),
+        prober,
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
     let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics);

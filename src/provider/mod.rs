@@ -8,7 +8,7 @@
 //!   [`gone`] (what a VM event means), [`retry`] (owed-retry delays), the probe [`probe::Schedule`],
 //!   [`status`] (the pod status from what the provider knows);
 //! * tables: [`state`]; ports: [`ports`] (`SnapshotRegistry`, `LeaseSource`, `LeaseReleaser`,
-//!   `PodPatcher`, `EventRecorder`), [`probe::Prober`]; adapters: [`cocoon_net`],
+//!   `PodPatcher`, `EventRecorder`), [`probe::Prober`] (scoped by [`probe_scope`]); adapters: [`cocoon_net`],
 //!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`);
 //! * executors: `create`, `update` (with `hibernate` and `wake`), `delete`, `startup` (with
 //!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod plan;
 pub mod ports;
 pub mod probe;
+pub mod probe_scope;
 mod publish;
 pub mod reconcile;
 mod registry_adapter;
