@@ -34,7 +34,7 @@ async fn node_is_registered_with_measured_capacity_labels_and_taint() {
         ("VK_NODE_PODS", "100"),
         ("VK_RESERVE_PERCENT", "25"),
         ("VK_KUBELET_PORT", "10255"),
-        ("VK_NODE_IP", "192.0.2.7"),
+        ("VK_NODE_IP", "127.0.0.7"),
     ]);
     cfg.timings = fast_timings();
     let host = measure_host(root.path()).unwrap();
@@ -107,7 +107,7 @@ async fn node_is_registered_with_measured_capacity_labels_and_taint() {
             .as_ref()
             .unwrap()
             .iter()
-            .any(|a| a.type_ == "InternalIP" && a.address == "192.0.2.7")
+            .any(|a| a.type_ == "InternalIP" && a.address == "127.0.0.7")
     );
     let ready = st
         .conditions

@@ -230,7 +230,7 @@ async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
             &[
                 ("vm.cocoonstack.io/name", "win"),
                 ("vm.cocoonstack.io/id", "ext-1"),
-                ("vm.cocoonstack.io/ip", "10.1.2.3"),
+                ("vm.cocoonstack.io/ip", "127.1.2.3"),
             ],
         ),
     )
@@ -239,7 +239,7 @@ async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
     assert!(calls(&env, "vm run").is_empty() && calls(&env, "vm clone").is_empty());
     assert_eq!(
         get(&env, "win-0").unwrap().status.unwrap().pod_ip.as_deref(),
-        Some("10.1.2.3")
+        Some("127.1.2.3")
     );
     d.kill().await;
 }

@@ -33,7 +33,7 @@ async fn the_ip_comes_from_the_lease_file_and_leases_are_released_after_the_dele
     std::fs::write(
         &env.leases,
         format!(
-            r#"[{{"mac":"{}","ip":"172.22.0.17","expiry":"2999-01-01T00:00:00Z"}}]"#,
+            r#"[{{"mac":"{}","ip":"127.22.0.17","expiry":"2999-01-01T00:00:00Z"}}]"#,
             mac.to_ascii_uppercase()
         ),
     )
@@ -65,14 +65,14 @@ async fn the_ip_comes_from_the_lease_file_and_leases_are_released_after_the_dele
     .await;
     assert_eq!(
         annotation(&env, "dhcp-0", "vm.cocoonstack.io/ip").as_deref(),
-        Some("172.22.0.17")
+        Some("127.22.0.17")
     );
     eventually(20, "pod IP published", || {
         get(&env, "dhcp-0")
             .and_then(|p| p.status)
             .and_then(|s| s.pod_ip)
             .as_deref()
-            == Some("172.22.0.17")
+            == Some("127.22.0.17")
     })
     .await;
 

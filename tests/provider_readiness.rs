@@ -17,11 +17,18 @@ const PROBE_PORT: &str = "vm.cocoonstack.io/probe-port";
 const POST_CLONE_STATE: &str = "vm.cocoonstack.io/post-clone-state";
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind(("0.0.0.0", 0))
+    std::net::TcpListener::bind(("127.0.0.1", 0))
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Starts answering TCP on the guest's own (loopback) address, as the guest's service would.
+async fn listen_as_guest(env: &Env, vm: &str, port: u16) -> tokio::net::TcpListener {
+    let vm = vm_named(env, vm).await.expect("the guest's VM");
+    let ip = vm.primary_ip().expect("the simulator gives a static address");
+    tokio::net::TcpListener::bind((ip, port)).await.unwrap()
 }
 
 fn ready_is(env: &Env, name: &str, status: &str, message_has: &str) -> bool {
@@ -58,7 +65,7 @@ async fn ready_needs_both_the_probe_and_the_lifecycle_and_flips_follow_the_guest
     assert_eq!(phase(&env, "agent-0").as_deref(), Some("Running"));
 
     // The guest starts answering: the probe flips and the status follows.
-    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.unwrap();
+    let listener = listen_as_guest(&env, "vm-tcp", port).await;
     eventually(20, "ready once the guest answers", || {
         ready_is(&env, "agent-0", "True", "tcp ok")
     })
@@ -75,7 +82,7 @@ async fn ready_needs_both_the_probe_and_the_lifecycle_and_flips_follow_the_guest
         Some("ready"),
         "a probe flip is not a lifecycle change"
     );
-    let _listener = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.unwrap();
+    let _listener = listen_as_guest(&env, "vm-tcp", port).await;
     eventually(20, "ready again", || ready_is(&env, "agent-0", "True", "tcp ok")).await;
     d.kill().await;
 }
@@ -363,4 +370,85 @@ async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
         1
     );
     d.kill().await;
+}
+
+/// What reached "the network" beneath the loopback guard (and answers every probe).
+#[derive(Default)]
+struct NetworkRecorder(std::sync::Mutex<Vec<std::net::IpAddr>>);
+
+#[async_trait::async_trait]
+impl vk_cocoon::provider::probe::Prober for NetworkRecorder {
+    async fn tcp(&self, addr: std::net::SocketAddr, _: Duration) -> Result<(), String> {
+        self.0.lock().unwrap().push(addr.ip());
+        Ok(())
+    }
+    async fn ping(&self, ip: std::net::Ipv4Addr, _: Duration) -> Result<(), String> {
+        self.0.lock().unwrap().push(ip.into());
+        Ok(())
+    }
+}
+
+fn preassigned(name: &str, ip: &str, probe_port: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut a = vec![
+        ("vm.cocoonstack.io/name", name),
+        ("vm.cocoonstack.io/id", "ext-1"),
+        ("vm.cocoonstack.io/ip", ip),
+    ];
+    if !probe_port.is_empty() {
+        a.push((PROBE_PORT, probe_port));
+    }
+    agent_pod(name, &a)
+}
+
+/// The suite's loopback guard (tests/provider_support/loopback.rs): a probe at a private
+/// address is refused before it reaches the network, the pod shows the refusal, and the test
+/// that let the daemon try fails with a message naming the address.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_loopback_guard_refuses_private_addresses_and_fails_the_test_naming_them() {
+    let env = env(false).await;
+    let network = std::sync::Arc::new(NetworkRecorder::default());
+    let d = start(
+        &env,
+        Options {
+            prober: Some(network.clone()),
+            ..Default::default()
+        },
+    );
+    create(&env, &preassigned("lan-icmp", "10.1.2.3", "")).await;
+    create(&env, &preassigned("lan-tcp", "192.168.7.7", "6379")).await;
+    create(&env, &preassigned("local", "127.1.2.3", "")).await;
+
+    eventually(30, "the loopback guest is probed and ready", || ready(&env, "local")).await;
+    eventually(
+        30,
+        "both private addresses refused, with the reason on the pods",
+        || {
+            ready_is(&env, "lan-icmp", "False", "refused to ping 10.1.2.3")
+                && ready_is(
+                    &env,
+                    "lan-tcp",
+                    "False",
+                    "refused to TCP-probe port 6379 of 192.168.7.7",
+                )
+        },
+    )
+    .await;
+    let reached = network.0.lock().unwrap().clone();
+    assert!(
+        reached.iter().all(|ip| ip.is_loopback()) && !reached.is_empty(),
+        "only loopback reached the network: {reached:?}"
+    );
+    d.kill().await;
+
+    let refused = env.refused.list();
+    let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(env)))
+        .expect_err("a test whose daemon tried a private address fails");
+    let message = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_else(|| format!("{refused:?}"));
+    assert!(
+        message.contains("10.1.2.3") && message.contains("192.168.7.7") && !message.contains("127.1.2.3"),
+        "the failure names the refused addresses: {message}"
+    );
 }

@@ -35,7 +35,6 @@ use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
 use vk_cocoon::provider::ports::{KubePodPatcher, SnapshotRegistry};
-use vk_cocoon::provider::probe::NetProber;
 use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig, Timings};
 use vk_cocoon::runtime::{
@@ -224,7 +223,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         releaser: None,
         patcher: Arc::new(KubePodPatcher::new(env.server.client())),
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
-        prober: Arc::new(NetProber::default()),
+        prober: guarded_prober(env, None),
     };
     CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered())
 }

@@ -71,7 +71,7 @@ impl RecordingProvider {
 
     /// The IP the provider reports for a running pod.
     pub fn ip_of(&self, uid: &str) -> Option<String> {
-        self.running.lock().unwrap().get(uid).map(|n| format!("10.88.0.{n}"))
+        self.running.lock().unwrap().get(uid).map(|n| format!("127.88.0.{n}"))
     }
 }
 
@@ -194,7 +194,7 @@ pub fn start_node(server: &FakeApiServer, cfg: KubeletConfig, provider: Arc<Reco
         server.client(),
         cfg,
         fixed_host(),
-        "10.0.0.9".parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
         provider,
     );
     let shutdown = CancellationToken::new();

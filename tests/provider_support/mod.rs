@@ -5,6 +5,7 @@
 
 #[path = "../kubelet_support/mod.rs"]
 pub mod kubelet_support;
+pub mod loopback;
 #[path = "../registry_support/mod.rs"]
 pub mod registry_support;
 #[path = "../runtime_support/mod.rs"]
@@ -31,7 +32,7 @@ use vk_cocoon::provider::metrics::ProviderMetrics;
 use vk_cocoon::provider::ports::{
     Artifact, CloudImageResult, KubePodPatcher, RegistryFailure, SnapshotMeta, SnapshotRegistry,
 };
-use vk_cocoon::provider::probe::NetProber;
+use vk_cocoon::provider::probe::{NetProber, Prober};
 use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProbeTimings, ProviderConfig, Timings};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
@@ -217,6 +218,17 @@ pub struct Env {
     pub oci: Option<Oci>,
     pub policies: Arc<Policies>,
     pub leases: std::path::PathBuf,
+    /// What the loopback guard refused during this test (checked when the Env is dropped).
+    pub refused: loopback::Refusals,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // A test that already failed keeps its own message (a second panic would abort).
+        if !std::thread::panicking() {
+            self.refused.assert_none();
+        }
+    }
 }
 
 pub async fn env(with_registry: bool) -> Env {
@@ -228,9 +240,9 @@ pub async fn env(with_registry: bool) -> Env {
     }
     let server = FakeApiServer::start().await;
     let sim_dir = tempfile::tempdir().unwrap();
+    // The simulator's static guest addresses are on loopback (127.88.x.y) by default: the
+    // daemon's real TCP and ICMP probes reach them without leaving the machine.
     let sim = Sim::new(sim_dir.path()).unwrap();
-    // Static guest addresses on loopback: the daemon's real TCP and ICMP probes reach them.
-    sim.set_settings(|s| s.static_subnet = "127.88".into()).unwrap();
     let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
     // A generous decision deadline: these tests share two cores with builds, and a policy
     // timeout (fail-safe refusal, retried) is not what they are about.
@@ -251,6 +263,7 @@ pub async fn env(with_registry: bool) -> Env {
         oci: None,
         policies,
         leases,
+        refused: loopback::Refusals::default(),
     }
 }
 
@@ -317,6 +330,8 @@ pub struct Options {
     pub releaser: Option<Arc<dyn vk_cocoon::provider::ports::LeaseReleaser>>,
     pub timings: Timings,
     pub root_dir: Option<std::path::PathBuf>,
+    /// What the loopback guard passes probes to (default: the daemon's real `NetProber`).
+    pub prober: Option<Arc<dyn Prober>>,
 }
 
 impl Default for Options {
@@ -327,6 +342,7 @@ impl Default for Options {
             releaser: None,
             timings: fast_timings(),
             root_dir: None,
+            prober: None,
         }
     }
 }
@@ -409,9 +425,16 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         releaser: opts.releaser.clone(),
         patcher: Arc::new(KubePodPatcher::new(env.server.client())),
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
-        prober: Arc::new(NetProber::default()),
+        prober: guarded_prober(env, opts.prober.clone()),
     };
     CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered())
+}
+
+/// The prober every test daemon gets: `inner` (default: the real `NetProber`) behind the
+/// loopback guard, which refuses and reports any target off this machine.
+pub fn guarded_prober(env: &Env, inner: Option<Arc<dyn Prober>>) -> Arc<dyn Prober> {
+    let inner = inner.unwrap_or_else(|| Arc::new(NetProber::default()));
+    Arc::new(loopback::LoopbackGuard::new(inner, env.refused.clone()))
 }
 
 pub fn start(env: &Env, opts: Options) -> Daemon {
@@ -427,7 +450,7 @@ pub fn start(env: &Env, opts: Options) -> Daemon {
         env.server.client(),
         kubelet_config(&opts.node_class),
         kubelet_support::fixed_host(),
-        "10.0.0.9".parse().unwrap(),
+        "127.0.0.1".parse().unwrap(),
         provider.clone(),
     );
     provider.set_notifier(Arc::new(node.notifier()));

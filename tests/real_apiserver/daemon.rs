@@ -14,6 +14,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 
 use crate::kube_support::{self, KubeCluster};
+use crate::provider_support::loopback;
 use crate::provider_support::registry_support::TestRegistry;
 use crate::provider_support::runtime_support;
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, VmRecord};
@@ -38,9 +39,9 @@ pub struct Machine {
 impl Machine {
     pub fn new(node_prefix: &str) -> Machine {
         let dir = tempfile::tempdir().unwrap();
+        // The simulator's static guest addresses are on loopback (127.88.x.y) by default: the
+        // daemon's real probes reach the "guests" without leaving the machine.
         let sim = Sim::new(dir.path().join("sim")).unwrap();
-        // Static guest addresses on loopback: the daemon's real probes reach the "guests".
-        sim.set_settings(|s| s.static_subnet = "127.88".into()).unwrap();
         let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
         let leases = dir.path().join("leases.json");
         std::fs::write(&leases, "null").unwrap();
@@ -105,7 +106,10 @@ impl Machine {
             .env("VK_LEASES_PATH", &self.leases)
             .env("VK_COCOON_NET_CONTROL_SOCKET", "")
             .env("VK_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
-            .env("VK_LOG_LEVEL", "info,vk_cocoon=debug");
+            .env("VK_LOG_LEVEL", "info,vk_cocoon=debug")
+            // The suite's loopback rule, kept by the daemon itself: a probe off the machine is
+            // refused and logged, and the test fails when the DaemonProcess goes.
+            .env("VK_PROBE_NETWORKS", loopback::DAEMON_PROBE_NETWORKS);
         if let Some(registry) = &self.registry {
             command
                 .env("OCI_REGISTRY", registry.host())
@@ -122,15 +126,20 @@ impl Machine {
             child: Some(child),
             log,
             metrics_port,
+            acknowledged_refusals: 0,
         }
     }
 }
 
-/// A running `vk-cocoon run`. Dropping it kills it (SIGKILL); a panicking test prints its log.
+/// A running `vk-cocoon run`. Dropping it kills it (SIGKILL); a panicking test prints its log;
+/// a probe it refused (an address off loopback, see [`loopback::DAEMON_PROBE_NETWORKS`]) that
+/// the test did not provoke on purpose fails the test.
 pub struct DaemonProcess {
     child: Option<Child>,
     log: PathBuf,
     pub metrics_port: u16,
+    /// How many `probe refused` lines the test provoked on purpose.
+    acknowledged_refusals: usize,
 }
 
 impl DaemonProcess {
@@ -141,6 +150,19 @@ impl DaemonProcess {
     /// Everything it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its `probe refused` lines so far (each names the address it would not probe).
+    pub fn probe_refusals(&self) -> Vec<String> {
+        loopback::probe_refusals(&self.log())
+    }
+
+    /// Takes the refusals so far as provoked on purpose: they no longer fail the test.
+    pub fn acknowledge_probe_refusals(&mut self) -> Vec<String> {
+        let all = self.probe_refusals();
+        let new = all[self.acknowledged_refusals.min(all.len())..].to_vec();
+        self.acknowledged_refusals = all.len();
+        new
     }
 
     /// Waits up to `secs` for it to exit by itself.
@@ -195,7 +217,14 @@ impl Drop for DaemonProcess {
                 self.log.display(),
                 kube_support::tail(&self.log, 60)
             );
+            return;
         }
+        let unexpected = self.acknowledge_probe_refusals();
+        assert!(
+            unexpected.is_empty(),
+            "vk-cocoon run tried to probe addresses outside loopback (tests may only use 127.0.0.0/8 and ::1):\n{}",
+            unexpected.join("\n")
+        );
     }
 }
 

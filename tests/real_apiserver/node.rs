@@ -52,6 +52,42 @@ async fn the_daemon_registers_renews_its_lease_runs_a_pod_serves_metrics_and_sto
         up.status
     );
 
+    // Its probe scope (VK_PROBE_NETWORKS, loopback in every test): a pod whose pre-assigned
+    // address is off the machine is not probed; the pod says why and the log names the address.
+    let mut lan = managed_pod(&ns, &machine.node, "lan-0", "lan", &[]);
+    lan.metadata.annotations = Some(
+        [
+            ("vm.cocoonstack.io/name", "lan"),
+            ("vm.cocoonstack.io/id", "ext-1"),
+            ("vm.cocoonstack.io/ip", "10.1.2.3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    create_pod(&admin, &lan).await;
+    let ready_condition = |p: &k8s_openapi::api::core::v1::Pod| {
+        let c = p
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")?;
+        Some((c.status.clone(), c.message.clone().unwrap_or_default()))
+    };
+    let why = "Ready=False naming the refused address";
+    wait_pod(&admin, &ns, "lan-0", 60, why, |p| {
+        p.and_then(ready_condition)
+            .is_some_and(|(s, m)| s == "False" && m.contains("10.1.2.3 is outside VK_PROBE_NETWORKS"))
+    })
+    .await;
+    let refused = daemon.acknowledge_probe_refusals();
+    assert!(
+        refused.len() == 1 && refused[0].contains("10.1.2.3"),
+        "one refusal, naming the address: {refused:?}"
+    );
+
     // The Lease is renewed (every 10 s by default): its renewTime moves.
     let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
     let renew_time = |l: Option<Lease>| l.and_then(|l| l.spec).and_then(|s| s.renew_time).map(|t| t.0);

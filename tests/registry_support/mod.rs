@@ -58,6 +58,10 @@ impl TestRegistry {
             format!("{}/{}", self.host(), prefix)
         };
         let mut cfg = RegistryConfig::parse(&value).expect("config").expect("some");
+        // The suite's loopback rule for the registry port: the client only ever talks to cfg.host.
+        let host = cfg.host.rsplit_once(':').map_or(cfg.host.as_str(), |(h, _)| h);
+        let ip: std::net::IpAddr = host.trim_matches(['[', ']']).parse().expect("an IP host");
+        assert!(ip.is_loopback(), "test registries live on loopback, not {}", cfg.host);
         cfg.spool_dir = self.dir.path().join("spool");
         std::fs::create_dir_all(&cfg.spool_dir).unwrap();
         Registry::new(cfg, node.to_string()).expect("registry client")

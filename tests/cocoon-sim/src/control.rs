@@ -88,8 +88,9 @@ pub struct Settings {
     /// Bytes of real data in the COW disk (two extents: at 0 and in the middle).
     #[serde(default = "default_cow_data")]
     pub snapshot_cow_data_bytes: u64,
-    /// First two octets of the static NIC addresses (`<subnet>.x.y/16`). Tests use a loopback
-    /// subnet such as `127.88` so a daemon's real TCP and ICMP probes reach "the guest".
+    /// First two octets of the static NIC addresses (`<subnet>.x.y/16`). On loopback by default
+    /// (`127.88`): a daemon's real TCP and ICMP probes reach "the guest" and never leave the
+    /// machine. Anything else only when a test or a user sets it.
     #[serde(default = "default_subnet")]
     pub static_subnet: String,
 }
@@ -107,7 +108,7 @@ fn default_cow_data() -> u64 {
     128 * 1024
 }
 fn default_subnet() -> String {
-    "10.88".into()
+    "127.88".into()
 }
 
 impl Default for Settings {
