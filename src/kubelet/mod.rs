@@ -6,10 +6,11 @@
 //! * [`capacity`]: host measurement; [`node`]: the Node object (pure); [`registration`]: its I/O;
 //! * [`lease`]: the Lease; [`status`]: pod status construction and uid-conditioned writes;
 //! * [`pods`]: the pod controller's sans-I/O core; `controller`: its driver;
-//! * [`provider`]: the trait the cocoon provider implements.
+//! * [`preflight`]: the RBAC check at startup; [`provider`]: the trait the cocoon provider implements.
 //!
-//! Startup order ([`VirtualNode::run`]): list this node's pods → [`Provider::reconcile`] (an error
-//! is fatal: the node never registers) → register the node → lease + status loops → pod watch.
+//! Startup order ([`VirtualNode::run`]): RBAC preflight (a missing permission is fatal) → list this
+//! node's pods → [`Provider::reconcile`] (an error is fatal: the node never registers) → register
+//! the node → lease + status loops → pod watch.
 
 pub mod capacity;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod events;
 pub mod lease;
 pub mod node;
 pub mod pods;
+pub mod preflight;
 pub mod provider;
 pub mod quantity;
 pub mod registration;
@@ -41,6 +43,8 @@ use tokio_util::sync::CancellationToken;
 /// Why the virtual node stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
+    #[error(transparent)]
+    Preflight(#[from] preflight::PreflightError),
     #[error(
         "startup: listing the pods bound to node {node}: {source}; check the apiserver connection and RBAC (pods list)"
     )]
@@ -105,11 +109,14 @@ impl<P: Provider> VirtualNode<P> {
         )
     }
 
-    /// Startup reconcile, node registration, then lease, status refresh and the pod controller
-    /// until `shutdown`. Returns an error only for fatal startup failures.
+    /// RBAC preflight, startup reconcile, node registration, then lease, status refresh and the pod
+    /// controller until `shutdown`. Returns an error only for fatal startup failures.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), KubeletError> {
         let node_name = self.config.node_name.clone();
         let timings = self.config.timings.clone();
+
+        // 0. Every permission granted, before anything is written.
+        preflight::check(&self.client, &node_name).await?;
 
         // 1. Startup reconcile, before the node exists or is renewed.
         let pods: Api<Pod> = Api::all(self.client.clone());

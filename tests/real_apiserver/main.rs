@@ -20,3 +20,4 @@ mod provider_support;
 
 mod daemon;
 mod node;
+mod preflight;

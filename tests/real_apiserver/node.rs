@@ -115,6 +115,10 @@ async fn the_daemon_registers_renews_its_lease_runs_a_pod_serves_metrics_and_sto
         "policy metrics are served too: {text}"
     );
 
+    assert!(
+        daemon.log().contains("every permission the daemon needs is granted"),
+        "the RBAC preflight passed for deploy/rbac.yaml's identity"
+    );
     let status = daemon.terminate().await;
     assert!(status.success(), "clean exit on SIGTERM: {status:?}\n{}", daemon.log());
     assert!(

@@ -159,6 +159,9 @@ async fn dispatch(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ApiError> {
+    if let Some(review) = crate::review::answer(method, uri.path(), body) {
+        return Ok(json_response(StatusCode::CREATED, &review?));
+    }
     let route = route(uri.path())?;
     let params: HashMap<String, String> = Query::try_from_uri(uri).map(|Query(q)| q).unwrap_or_default();
     let store = &app.shared.store;

@@ -17,7 +17,9 @@
 //!   (force it with [`Store::compact_history`]); `BOOKMARK` events when `allowWatchBookmarks=true`;
 //!   `sendInitialEvents=true` streaming lists;
 //! * graceful pod deletion: a delete with grace > 0 of a pod bound to a node sets
-//!   `deletionTimestamp` and leaves the object, grace 0 removes it; finalizers hold objects.
+//!   `deletionTimestamp` and leaves the object, grace 0 removes it; finalizers hold objects;
+//! * `SelfSubjectAccessReview` / `SelfSubjectReview` (the daemon's RBAC preflight): every caller is
+//!   an administrator, so every review is allowed.
 //!
 //! Strategic merge patch is approximated as a JSON merge patch (see [`store::PatchKind`]);
 //! server-side apply is not supported (415). Lists ignore `limit` and return one page.
@@ -25,6 +27,7 @@
 pub mod error;
 mod http;
 pub mod resource;
+mod review;
 pub mod selector;
 pub mod store;
 
