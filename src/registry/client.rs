@@ -92,6 +92,14 @@ impl Registry {
             .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| RegistryError::InvalidRequest(format!("building the HTTP client for {}: {e}", cfg.host)))?;
+        // Pushes spool one tar entry at a time into this directory: make it now, so a path that
+        // does not exist yet is created (or refused) at startup rather than failing every push.
+        std::fs::create_dir_all(&cfg.spool_dir).map_err(|e| {
+            RegistryError::InvalidRequest(format!(
+                "creating the push spool directory {} (VK_REGISTRY_SPOOL_DIR): {e}",
+                cfg.spool_dir.display()
+            ))
+        })?;
         let auth = docker_auth(&cfg.host);
         tracing::info!(registry = %cfg.host, prefix = %cfg.prefix, plain_http = cfg.plain_http, auth = auth_kind(&auth), "registry client ready");
         Ok(Registry {

@@ -71,6 +71,36 @@ impl Machine {
         self.vms().await.into_iter().filter(|v| v.name() == name).collect()
     }
 
+    /// The argv of every `verb` (e.g. "vm clone") cocoon ran here, joined by spaces.
+    pub fn calls(&self, verb: &str) -> Vec<String> {
+        self.sim
+            .calls()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.verb == verb)
+            .map(|c| c.argv.join(" "))
+            .collect()
+    }
+
+    /// Waits until a `verb` invocation of cocoon is running here (`true`) or none is (`false`).
+    pub async fn wait_cocoon_running(&self, verb: &str, running: bool) {
+        let what = format!("cocoon {verb} {}", if running { "running" } else { "finished" });
+        eventually(60, &what, || async {
+            self.sim.pids_of(verb).unwrap().is_empty() != running
+        })
+        .await;
+    }
+
+    /// Waits until this machine's Node is registered.
+    pub async fn wait_registered(&self, cluster: &KubeCluster) {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.admin_client().await);
+        eventually(60, "node registered", || {
+            let nodes = nodes.clone();
+            async move { nodes.get_opt(&self.node).await.unwrap().is_some() }
+        })
+        .await;
+    }
+
     /// The daemon's client for the registry (to look at tags as the daemon would).
     pub fn registry_client(&self) -> vk_cocoon::registry::Registry {
         self.registry

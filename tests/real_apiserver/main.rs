@@ -19,5 +19,8 @@ mod kube_support;
 mod provider_support;
 
 mod daemon;
+mod hibernate;
+mod lifecycle;
 mod node;
 mod preflight;
+mod restart;

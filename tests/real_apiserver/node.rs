@@ -104,6 +104,14 @@ async fn the_daemon_registers_renews_its_lease_runs_a_pod_serves_metrics_and_sto
         Some(machine.node.as_str())
     );
 
+    // The status reconciler compares the stored status with its own view (first 10 s after the
+    // start, about when the Lease renews): what the real server stores is what the daemon wrote,
+    // so it never republishes.
+    assert!(
+        !daemon.log().contains("pod status drifted"),
+        "the real server keeps the published status as written"
+    );
+
     let text = daemon.scrape_metrics().expect("/metrics answers");
     assert!(
         text.contains(r#"cocoon_vk_pod_lifecycle_total{op="create",reason="",result="ok"} 1"#),
