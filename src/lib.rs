@@ -7,8 +7,10 @@
 
 pub mod backoff;
 pub mod kubelet;
+pub mod kubelet_api;
 pub mod model;
 pub mod policy;
 pub mod provider;
 pub mod registry;
 pub mod runtime;
+pub mod stats;

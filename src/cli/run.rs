@@ -13,6 +13,9 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
+use vk_cocoon::kubelet_api::auth::Auth;
+use vk_cocoon::kubelet_api::tls::manager::CertTimings;
+use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
 use vk_cocoon::policy::config::PolicyConfig;
 use vk_cocoon::policy::reload::PolicyReloader;
 use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
@@ -23,7 +26,10 @@ use vk_cocoon::provider::probe::{NetProber, Prober};
 use vk_cocoon::provider::probe_scope::{ProbeNetworks, ScopedProber};
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
 use vk_cocoon::registry::{Registry, RegistryConfig};
-use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig};
+use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig, CocoonRuntime};
+use vk_cocoon::stats::collector::VmCollector;
+use vk_cocoon::stats::sample::SAMPLE_TTL;
+use vk_cocoon::stats::{HostPaths, Sampler};
 
 /// `vk-cocoon run` takes no flags: everything comes from the environment.
 #[derive(Debug, Args)]
@@ -46,6 +52,8 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     let kubelet = KubeletConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+    let api_cfg = ApiConfig::from_env(kubelet.kubelet_port).map_err(|e| anyhow!("{e}"))?;
+    let paths = HostPaths::from_env();
     let provider_cfg = ProviderConfig::from_env().map_err(|e| anyhow!("{e}"))?;
     let prometheus = prometheus::Registry::new();
 
@@ -74,7 +82,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let client = kube::Client::try_default()
         .await
         .context("building the Kubernetes client (KUBECONFIG or in-cluster)")?;
-    let runtime = Arc::new(CocoonCli::new(CocoonCliConfig::from_env()));
+    let runtime: Arc<dyn CocoonRuntime> = Arc::new(CocoonCli::new(CocoonCliConfig::from_env()));
     let registry: Option<Arc<dyn SnapshotRegistry>> = match RegistryConfig::from_env().map_err(|e| anyhow!("{e}"))? {
         Some(cfg) => Some(Arc::new(
             Registry::new(cfg, kubelet.node_name.clone()).map_err(|e| anyhow!("registry: {e}"))?,
@@ -101,7 +109,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         None => Arc::new(NetProber::default()),
     };
     let ports = Ports {
-        runtime,
+        runtime: runtime.clone(),
         registry,
         leases: Arc::new(LeaseFile::new(leases)),
         releaser,
@@ -111,10 +119,37 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
     let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics);
-    let node = VirtualNode::measured(client, kubelet, provider.clone()).map_err(|e| anyhow!("{e}"))?;
+    let node_name = kubelet.node_name.clone();
+    let node = VirtualNode::measured(client.clone(), kubelet, provider.clone()).map_err(|e| anyhow!("{e}"))?;
     provider.set_notifier(Arc::new(node.notifier()));
 
+    // One stats sample (cached 2 s) serves /metrics (cocoon_vk_vm_*), /stats/summary and
+    // /metrics/resource.
+    let sampler = Sampler::new(paths.clone(), provider.clone(), SAMPLE_TTL);
+    prometheus
+        .register(Box::new(
+            VmCollector::new(sampler.clone()).context("the VM stats collector")?,
+        ))
+        .context("registering the VM stats collector")?;
     let shutdown = CancellationToken::new();
+    let api = KubeletApi {
+        config: api_cfg,
+        node_ip: node.node_ip(),
+        client: client.clone(),
+        state: Arc::new(ApiState {
+            node_name: node_name.clone(),
+            pods: provider.clone(),
+            runtime,
+            sampler,
+            paths,
+            metrics: ApiMetrics::register(&prometheus).context("registering the kubelet API metrics")?,
+            shutdown: shutdown.clone(),
+        }),
+        auth: Arc::new(Auth::kube(&node_name, client)),
+        cert_timings: CertTimings::default(),
+    };
+    let kubelet_api = api.start(shutdown.clone()).await.map_err(|e| anyhow!("{e}"))?;
+    tracing::info!(addr = %kubelet_api.addr, "kubelet API listening (serving once its certificate is ready)");
     let addr = metrics::parse_listen_addr(&env("VK_METRICS_ADDR").unwrap_or_else(|| ":9091".into()))
         .map_err(|e| anyhow!(e))?;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -129,6 +164,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let result = node.run(shutdown.clone()).await;
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), metrics_server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(12), kubelet_api.task).await;
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(anyhow!("{e}")),

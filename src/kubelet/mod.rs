@@ -94,6 +94,11 @@ impl<P: Provider> VirtualNode<P> {
         Ok(Self::new(client, config, host, node_ip, provider))
     }
 
+    /// The node's address (`InternalIP`; the kubelet API binds to it by default).
+    pub fn node_ip(&self) -> IpAddr {
+        self.node_ip
+    }
+
     /// The handle the provider uses to push status changes.
     pub fn notifier(&self) -> Notifier {
         self.notifier.clone()

@@ -225,7 +225,8 @@ pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
         .map_err(|e| format!("VK_METRICS_ADDR={value:?} is not host:port or :port ({e})"))
 }
 
-/// Serves `GET /metrics` until `shutdown`.
+/// Serves `GET /metrics` until `shutdown`. Gathering runs off the async workers: collectors
+/// such as the VM stats read files.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     registry: Registry,
@@ -237,10 +238,10 @@ pub async fn serve(
         get(move || {
             let registry = registry.clone();
             async move {
-                (
-                    [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    render(&registry),
-                )
+                let text = tokio::task::spawn_blocking(move || render(&registry))
+                    .await
+                    .unwrap_or_default();
+                ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
             }
         }),
     );

@@ -37,6 +37,7 @@ pub mod reconcile;
 mod registry_adapter;
 mod resume;
 pub mod retry;
+mod serving;
 mod startup;
 pub mod state;
 pub mod status;

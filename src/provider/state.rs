@@ -415,6 +415,14 @@ impl State {
         self.lock().pods.keys().cloned().collect()
     }
 
+    /// Calls `f` for every tracked pod under the table's lock (readers copy only what they
+    /// need: the stats sampler reads 1,000 rows per scrape).
+    pub fn for_each_tracked(&self, mut f: impl FnMut(&str, &Tracked)) {
+        for (key, t) in &self.lock().pods {
+            f(key, t);
+        }
+    }
+
     /// Stages an intent under the §3.8 rules; the caller flushes it.
     pub fn stage_intent(&self, key: &str, mut intent: Intent, pod: Option<&Pod>) -> Result<Intent, Dropped> {
         let mut s = self.lock();

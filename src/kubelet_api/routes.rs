@@ -1,0 +1,93 @@
+//! The routes of the kubelet API and the layers every one of them sits behind
+//! (authentication and authorization, request counting).
+//!
+//! Adding an endpoint (the streaming exec / attach / port-forward of the next issue): add its
+//! route to [`endpoints`] — the [`auth::guard`] layer and the attribute mapping
+//! ([`auth::attributes`], which already maps `/exec`, `/attach`, `/portForward` to
+//! `nodes/proxy`) cover it with no further change; the server already serves HTTP/1.1
+//! upgrades.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use super::auth::{self, Auth};
+use super::state::ApiState;
+use super::{logs, resource_metrics, summary};
+use crate::stats::families;
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn pods(State(api): State<Arc<ApiState>>) -> Response {
+    let list = k8s_openapi::List {
+        items: api.pods.pods(),
+        metadata: Default::default(),
+    };
+    axum::Json(list).into_response()
+}
+
+async fn stats_summary(State(api): State<Arc<ApiState>>) -> Response {
+    let sample = api.sampler.sample().await;
+    axum::Json(summary::build(&sample, &api.node_name)).into_response()
+}
+
+async fn metrics_resource(State(api): State<Arc<ApiState>>) -> Response {
+    let sample = api.sampler.sample().await;
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        families::encode(&resource_metrics::families(&sample)),
+    )
+        .into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("404 page not found: {} is not served by vk-cocoon\n", req.uri().path()),
+    )
+        .into_response()
+}
+
+/// The endpoints, without their layers.
+fn endpoints() -> Router<Arc<ApiState>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/pods", get(pods))
+        .route("/stats/summary", get(stats_summary))
+        .route("/metrics/resource", get(metrics_resource))
+        .route(
+            "/containerLogs/{namespace}/{pod}/{container}",
+            get(logs::container_logs),
+        )
+}
+
+async fn count(State(api): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let response = next.run(req).await;
+    api.metrics
+        .requests
+        .with_label_values(&[&endpoint, response.status().as_str()])
+        .inc();
+    response
+}
+
+/// The whole API: every request — an unknown path too — is authenticated and authorized
+/// first, so nothing answers an anonymous caller but 401.
+pub fn router(api: Arc<ApiState>, authn: Arc<Auth>) -> Router {
+    endpoints()
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(authn, auth::guard))
+        .layer(middleware::from_fn_with_state(api.clone(), count))
+        .with_state(api)
+}

@@ -1,0 +1,147 @@
+//! Where the stats and log files of the host and of cocoon's VMs are. Every root is
+//! configurable so tests can point the daemon at a simulator's tree (the defaults are a real
+//! host's).
+
+use std::path::{Path, PathBuf};
+
+/// The host's and cocoon's directories the daemon reads directly (contracts A.9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    /// `VK_PROC_ROOT` (default `/proc`): `stat`, `meminfo`, `<pid>/{status,stat,net/dev}`.
+    pub proc_root: PathBuf,
+    /// `VK_CGROUP_ROOT` (default `/sys/fs/cgroup`, cgroup v2).
+    pub cgroup_root: PathBuf,
+    /// `COCOON_CGROUP_PARENT` (default `cocoon.slice`): the slice holding `vm-<id>.scope`.
+    pub cgroup_parent: String,
+    /// `COCOON_ROOT_DIR` (default `/var/lib/cocoon`): the node's filesystem stats.
+    pub root_dir: PathBuf,
+    /// `COCOON_RUN_DIR` (default `<COCOON_ROOT_DIR>/run`): `<backend>/<id>/{cow.raw,overlay.qcow2}`.
+    pub run_dir: PathBuf,
+    /// `COCOON_LOG_DIR` (default `/var/log/cocoon`): `<backend>/<id>/<hypervisor>.log`.
+    pub log_dir: PathBuf,
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        Self::from_lookup(|_| None)
+    }
+}
+
+/// cocoon's directory name of a backend (`cloudhypervisor`, `firecracker`).
+pub fn backend_dir(hypervisor: &str) -> &'static str {
+    if hypervisor == "firecracker" {
+        "firecracker"
+    } else {
+        "cloudhypervisor"
+    }
+}
+
+impl HostPaths {
+    /// Reads the variables through `lookup` (a variable set to "" counts as unset).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let root_dir = PathBuf::from(get("COCOON_ROOT_DIR").unwrap_or_else(|| "/var/lib/cocoon".into()));
+        Self {
+            proc_root: PathBuf::from(get("VK_PROC_ROOT").unwrap_or_else(|| "/proc".into())),
+            cgroup_root: PathBuf::from(get("VK_CGROUP_ROOT").unwrap_or_else(|| "/sys/fs/cgroup".into())),
+            cgroup_parent: get("COCOON_CGROUP_PARENT").unwrap_or_else(|| "cocoon.slice".into()),
+            run_dir: get("COCOON_RUN_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root_dir.join("run")),
+            log_dir: PathBuf::from(get("COCOON_LOG_DIR").unwrap_or_else(|| "/var/log/cocoon".into())),
+            root_dir,
+        }
+    }
+
+    pub fn from_env() -> Self {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// `<cgroup root>/<parent>/vm-<id>.scope/cpu.stat`.
+    pub fn cpu_stat(&self, vm_id: &str) -> PathBuf {
+        self.cgroup_root
+            .join(&self.cgroup_parent)
+            .join(format!("vm-{vm_id}.scope"))
+            .join("cpu.stat")
+    }
+
+    /// `<proc root>/<pid>/<file>`.
+    pub fn pid_file(&self, pid: i64, file: &str) -> PathBuf {
+        self.proc_root.join(pid.to_string()).join(file)
+    }
+
+    pub fn proc_file(&self, file: &str) -> PathBuf {
+        self.proc_root.join(file)
+    }
+
+    /// The VM's run directory.
+    pub fn vm_run_dir(&self, hypervisor: &str, vm_id: &str) -> PathBuf {
+        self.run_dir.join(backend_dir(hypervisor)).join(vm_id)
+    }
+
+    /// The COW disk candidates, in cocoon's order: a cloud image's `overlay.qcow2` (not on
+    /// firecracker), else the OCI boot's `cow.raw`.
+    pub fn cow_candidates(&self, hypervisor: &str, vm_id: &str) -> Vec<PathBuf> {
+        let dir = self.vm_run_dir(hypervisor, vm_id);
+        if hypervisor == "firecracker" {
+            vec![dir.join("cow.raw")]
+        } else {
+            vec![dir.join("overlay.qcow2"), dir.join("cow.raw")]
+        }
+    }
+
+    /// The hypervisor's log file (`cocoon vm logs` reads the same file):
+    /// `<log dir>/<backend>/<id>/{cloud-hypervisor,firecracker}.log`.
+    pub fn vm_log_file(&self, hypervisor: &str, vm_id: &str) -> PathBuf {
+        let file = if hypervisor == "firecracker" {
+            "firecracker.log"
+        } else {
+            "cloud-hypervisor.log"
+        };
+        self.log_dir.join(backend_dir(hypervisor)).join(vm_id).join(file)
+    }
+
+    pub fn root_dir(&self) -> &Path {
+        &self.root_dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_a_real_hosts_and_every_root_moves() {
+        let d = HostPaths::default();
+        assert_eq!(
+            d.cpu_stat("K7Q"),
+            PathBuf::from("/sys/fs/cgroup/cocoon.slice/vm-K7Q.scope/cpu.stat")
+        );
+        assert_eq!(d.pid_file(42, "net/dev"), PathBuf::from("/proc/42/net/dev"));
+        assert_eq!(
+            d.cow_candidates("cloud-hypervisor", "K7Q"),
+            vec![
+                PathBuf::from("/var/lib/cocoon/run/cloudhypervisor/K7Q/overlay.qcow2"),
+                PathBuf::from("/var/lib/cocoon/run/cloudhypervisor/K7Q/cow.raw")
+            ]
+        );
+        assert_eq!(
+            d.vm_log_file("firecracker", "K7Q"),
+            PathBuf::from("/var/log/cocoon/firecracker/K7Q/firecracker.log")
+        );
+        let t = HostPaths::from_lookup(|k| match k {
+            "VK_PROC_ROOT" => Some("/t/proc".into()),
+            "VK_CGROUP_ROOT" => Some("/t/cg".into()),
+            "COCOON_CGROUP_PARENT" => Some("x.slice".into()),
+            "COCOON_ROOT_DIR" => Some("/t/root".into()),
+            "COCOON_LOG_DIR" => Some("/t/log".into()),
+            _ => None,
+        });
+        assert_eq!(t.cpu_stat("A"), PathBuf::from("/t/cg/x.slice/vm-A.scope/cpu.stat"));
+        assert_eq!(t.run_dir, PathBuf::from("/t/root/run"), "the run dir follows the root");
+        assert_eq!(
+            t.vm_log_file("cloud-hypervisor", "A"),
+            PathBuf::from("/t/log/cloudhypervisor/A/cloud-hypervisor.log")
+        );
+    }
+}
