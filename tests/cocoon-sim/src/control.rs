@@ -93,6 +93,20 @@ pub struct Settings {
     /// machine. Anything else only when a test or a user sets it.
     #[serde(default = "default_subnet")]
     pub static_subnet: String,
+    /// Memory each running VM's VMM process touches (its real RSS grows by it).
+    #[serde(default)]
+    pub vm_rss_bytes: u64,
+    /// Bytes of data written at the start of a new VM's COW disk (its allocated size).
+    #[serde(default = "default_vm_cow_data")]
+    pub vm_cow_data_bytes: u64,
+    /// Bytes of frames a VMM sends on its TAP at start (root only: the TAP lives in a network
+    /// namespace of the VMM's own).
+    #[serde(default)]
+    pub vm_net_tx_bytes: u64,
+}
+
+fn default_vm_cow_data() -> u64 {
+    64 * 1024
 }
 
 fn default_poll() -> u64 {
@@ -121,6 +135,9 @@ impl Default for Settings {
             snapshot_cow_bytes: default_cow(),
             snapshot_cow_data_bytes: default_cow_data(),
             static_subnet: default_subnet(),
+            vm_rss_bytes: 0,
+            vm_cow_data_bytes: default_vm_cow_data(),
+            vm_net_tx_bytes: 0,
         }
     }
 }
@@ -130,7 +147,7 @@ impl Control {
         store.path("control.json")
     }
 
-    fn load_unlocked(store: &Store) -> std::io::Result<Control> {
+    pub(crate) fn load_unlocked(store: &Store) -> std::io::Result<Control> {
         match std::fs::read(Self::path(store)) {
             Ok(b) if b.is_empty() => Ok(Control::default()),
             Ok(b) => serde_json::from_slice(&b).map_err(|e| std::io::Error::other(format!("control.json: {e}"))),

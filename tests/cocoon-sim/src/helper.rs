@@ -151,30 +151,109 @@ impl Sim {
                     ));
                 }
             };
-            let seq = s.next_seq();
+            let root = self.root.clone();
+            let settings = Control::load_unlocked(&self.store())
+                .map(|c| c.settings)
+                .unwrap_or_default();
             match flip {
                 Flip::Deleted => {
-                    s.vms.remove(&id);
+                    if let Some(e) = s.vms.remove(&id) {
+                        crate::vmm::stop(&root, &id, e.vm.pid, e.files.as_ref(), true);
+                    }
                 }
-                Flip::Stopped => crate::vm::mark_stopped(s.vms.get_mut(&id).expect("resolved"), "unexpected-exit"),
+                Flip::Stopped => {
+                    crate::vm::mark_stopped(&root, s.vms.get_mut(&id).expect("resolved"), "unexpected-exit")
+                }
                 Flip::Error => {
                     let e = s.vms.get_mut(&id).expect("resolved");
-                    crate::vm::mark_stopped(e, "error");
+                    crate::vm::mark_stopped(&root, e, "error");
                     e.vm.state = "error".into();
                 }
                 Flip::Stale => {
+                    // The VMM dies; the record still says running.
                     let e = s.vms.get_mut(&id).expect("resolved");
+                    crate::vmm::stop(&root, &id, e.vm.pid, e.files.as_ref(), false);
                     e.vm.state = "running".into();
                     e.stale = true;
                 }
                 Flip::Running => {
                     let e = s.vms.get_mut(&id).expect("resolved");
-                    e.vm.state = "running".into();
-                    e.vm.pid = 200_000 + (seq % 100_000) as i64;
-                    e.stale = false;
+                    crate::vm::boot(&root, &settings, e, &crate::util::now_rfc3339(), "restart")
+                        .map_err(|f| std::io::Error::other(f.msg))?;
                 }
             }
             Ok(())
+        })
+    }
+
+    fn vm_files(&self, reference: &str) -> std::io::Result<(String, String, String, i64, crate::vmm::VmFiles)> {
+        self.store()
+            .read(|s| {
+                match crate::store::resolve(reference, s.vms.iter().map(|(id, e)| (id, e.vm.config.name.as_str()))) {
+                    Resolved::Found(id) => {
+                        let e = &s.vms[&id];
+                        e.files.clone().map(|f| {
+                            (
+                                id.clone(),
+                                e.vm.hypervisor.clone(),
+                                e.vm.config.name.clone(),
+                                e.vm.pid,
+                                f,
+                            )
+                        })
+                    }
+                    _ => None,
+                }
+            })?
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no booted VM {reference:?} in {}", self.root.display()),
+                )
+            })
+    }
+
+    /// Appends `msg` to the VM's hypervisor log, in the backend's line format (what the
+    /// hypervisor would log now).
+    pub fn append_vm_log(&self, reference: &str, msg: &str) -> std::io::Result<()> {
+        let (_, hypervisor, name, _, files) = self.vm_files(reference)?;
+        crate::vmm::append_log(&files, &crate::vmm::log_line(&hypervisor, &name, files.started_ns, msg))
+    }
+
+    /// Appends raw text to the VM's hypervisor log.
+    pub fn append_vm_log_raw(&self, reference: &str, text: &str) -> std::io::Result<()> {
+        let (_, _, _, _, files) = self.vm_files(reference)?;
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&files.log_file)?
+            .write_all(text.as_bytes())
+    }
+
+    /// Sets the VM scope's CPU accounting (what the kernel would count).
+    pub fn set_cpu_stat(
+        &self,
+        reference: &str,
+        usage_usec: u64,
+        throttled_usec: u64,
+        nr_throttled: u64,
+    ) -> std::io::Result<()> {
+        let (_, _, _, _, files) = self.vm_files(reference)?;
+        crate::vmm::write_cpu_stat(&files, usage_usec, throttled_usec, nr_throttled)
+    }
+
+    /// The VM's files (run dir, log file, cgroup scope) and its VMM's pid.
+    pub fn vm_files_of(&self, reference: &str) -> std::io::Result<(crate::vmm::VmFiles, i64)> {
+        self.vm_files(reference).map(|(_, _, _, pid, f)| (f, pid))
+    }
+
+    /// Kills the VMM of every VM in this root (the test is over).
+    pub fn stop_all_vmms(&self) -> std::io::Result<()> {
+        let root = self.root.clone();
+        self.store().read(|s| {
+            for (id, e) in &s.vms {
+                crate::vmm::stop(&root, id, e.vm.pid, e.files.as_ref(), false);
+            }
         })
     }
 

@@ -18,6 +18,7 @@ pub mod store;
 pub mod tarfmt;
 pub mod util;
 pub mod vm;
+pub mod vmm;
 
 pub use control::{Control, ExecRule, Fault, FaultAction, Settings};
 pub use helper::{CallRecord, ExecRecord, Flip, Sim};

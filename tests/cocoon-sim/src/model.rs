@@ -122,15 +122,18 @@ pub struct VmEntry {
     pub creator_pid: u32,
     #[serde(default)]
     pub seq: u64,
-    #[serde(default)]
-    pub log: Vec<String>,
+    /// Where the VM's files are (set at its first boot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<crate::vmm::VmFiles>,
 }
 
 impl VmEntry {
     /// The record as cocoon prints it: `state` reconciled.
     pub fn reconciled(&self) -> Vm {
         let mut vm = self.vm.clone();
-        if self.stale && vm.state == "running" {
+        // cocoon checks the PID: a `running` record whose VMM died is stale.
+        let dead = self.vm.pid > 0 && !crate::vmm::alive(self.vm.pid, &self.vm.id);
+        if (self.stale || dead) && vm.state == "running" {
             vm.state = "stopped (stale)".into();
         }
         vm

@@ -268,7 +268,7 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
                 stale: false,
                 creator_pid: std::process::id(),
                 seq,
-                log: vec![format!("{now} creating vm {id}")],
+                files: None,
             },
         );
         Ok(id)
@@ -278,7 +278,6 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
         std::thread::sleep(std::time::Duration::from_millis(ctx.control.settings.create_delay_ms));
     }
     let vm = ctx.store.update(|state| -> Result<Vm, Fail> {
-        let seq = state.seq + 1;
         let e = state
             .vms
             .get_mut(&id)
@@ -286,7 +285,7 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
         let now = now_rfc3339();
         e.creator_pid = 0;
         if start {
-            boot(e, &now, new.reason, seq);
+            boot(&ctx.store.root, &ctx.control.settings, e, &now, new.reason)?;
         } else {
             e.vm.state = "created".into();
             e.vm.updated_at = now;
@@ -301,15 +300,53 @@ fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
     }
 }
 
-fn boot(e: &mut VmEntry, now: &str, reason: &str, seq: u64) {
+/// Starts the VM's VMM (a real process) and records it `running`.
+pub fn boot(
+    sim_root: &std::path::Path,
+    settings: &crate::control::Settings,
+    e: &mut VmEntry,
+    now: &str,
+    reason: &str,
+) -> Result<(), Fail> {
+    // A VMM left over from an earlier boot (a flip) goes first.
+    crate::vmm::stop(sim_root, &e.vm.id, e.vm.pid, e.files.as_ref(), false);
+    let tap = e.vm.network_configs.first().map(|n| n.tap.clone()).unwrap_or_default();
+    let layout = crate::vmm::Layout::from_env(sim_root);
+    let (pid, files) = crate::vmm::start(
+        &crate::vmm::Boot {
+            sim_root,
+            id: &e.vm.id,
+            name: &e.vm.config.name,
+            hypervisor: &e.vm.hypervisor,
+            cloudimg: e.vm.config.image_type == "cloudimg",
+            storage: e.vm.config.storage,
+            tap: &tap,
+            rss_bytes: settings.vm_rss_bytes,
+            cow_data_bytes: settings.vm_cow_data_bytes,
+            net_tx_bytes: settings.vm_net_tx_bytes,
+        },
+        &layout,
+    )
+    .map_err(|err| Fail::new(format!("start VM {}: launch hypervisor: {err}", e.vm.id)))?;
     let backend_dir = if e.vm.hypervisor == "firecracker" {
         "firecracker"
     } else {
         "cloudhypervisor"
     };
     e.vm.state = "running".into();
-    e.vm.pid = 200_000 + (seq % 100_000) as i64;
-    e.vm.socket_path = format!("/var/lib/cocoon/run/{backend_dir}/{}/api.sock", e.vm.id);
+    e.vm.pid = pid;
+    e.vm.socket_path = files.run_dir.join("api.sock").display().to_string();
+    for sc in &mut e.vm.storage_configs {
+        if sc.role == "cow" {
+            let cow = if e.vm.config.image_type == "cloudimg" && backend_dir != "firecracker" {
+                "overlay.qcow2"
+            } else {
+                "cow.raw"
+            };
+            sc.path = files.run_dir.join(cow).display().to_string();
+        }
+    }
+    e.files = Some(files);
     e.vm.first_booted = true;
     e.vm.started_at = Some(now.to_string());
     e.vm.stopped_at = None;
@@ -318,7 +355,7 @@ fn boot(e: &mut VmEntry, now: &str, reason: &str, seq: u64) {
     e.vm.last_transition_reason = reason.into();
     e.vm.last_transition_at = now.to_string();
     e.stale = false;
-    e.log.push(format!("{now} vm {} running ({reason})", e.vm.id));
+    Ok(())
 }
 
 fn run(ctx: &Ctx, verb: &str, a: &crate::cli::Args) -> Res {
@@ -554,7 +591,9 @@ fn rm(ctx: &Ctx, a: &crate::cli::Args) -> Res {
             }
         }
         for id in &ids {
-            s.vms.remove(id);
+            if let Some(e) = s.vms.remove(id) {
+                crate::vmm::stop(&ctx.store.root, id, e.vm.pid, e.files.as_ref(), true);
+            }
         }
         Ok(ids)
     })?;
@@ -572,13 +611,12 @@ fn start(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let ids = ctx.store.update(|s| -> Result<Vec<String>, Fail> {
         let ids = refs.iter().map(|r| resolve_vm(s, r)).collect::<Result<Vec<_>, _>>()?;
         for id in &ids {
-            let seq = s.next_seq();
             let e = s.vms.get_mut(id).expect("resolved");
             if e.vm.state == "creating" {
                 return Err(Fail::new(format!("vm {id}: VM is still being created")));
             }
-            if e.vm.state != "running" || e.stale {
-                boot(e, &now_rfc3339(), "restart", seq);
+            if e.reconciled().state != "running" {
+                boot(&ctx.store.root, &ctx.control.settings, e, &now_rfc3339(), "restart")?;
             }
         }
         Ok(ids)
@@ -595,7 +633,7 @@ fn stop(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         let ids = refs.iter().map(|r| resolve_vm(s, r)).collect::<Result<Vec<_>, _>>()?;
         for id in &ids {
             let e = s.vms.get_mut(id).expect("resolved");
-            mark_stopped(e, "stop-user");
+            mark_stopped(&ctx.store.root, e, "stop-user");
         }
         Ok(ids)
     })?;
@@ -605,7 +643,9 @@ fn stop(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     Ok(())
 }
 
-pub fn mark_stopped(e: &mut VmEntry, reason: &str) {
+/// Stops the VM's VMM and records it `stopped`.
+pub fn mark_stopped(sim_root: &std::path::Path, e: &mut VmEntry, reason: &str) {
+    crate::vmm::stop(sim_root, &e.vm.id, e.vm.pid, e.files.as_ref(), false);
     let now = now_rfc3339();
     e.vm.state = "stopped".into();
     e.vm.pid = 0;
@@ -616,7 +656,6 @@ pub fn mark_stopped(e: &mut VmEntry, reason: &str) {
     e.vm.last_transition_reason = reason.into();
     e.vm.last_transition_at = now.clone();
     e.stale = false;
-    e.log.push(format!("{now} vm {} stopped ({reason})", e.vm.id));
 }
 
 #[derive(Serialize, Deserialize)]
@@ -760,17 +799,67 @@ fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
 
 fn logs(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     let r = one_positional(a)?;
-    let lines = ctx
-        .store
-        .read(|s| resolve_vm(s, r).map(|id| s.vms[&id].log.clone()))??;
-    let tail = a
-        .int("tail")?
-        .filter(|t| *t >= 0)
-        .map(|t| t as usize)
-        .unwrap_or(lines.len());
+    let (id, hypervisor, files) = ctx.store.read(|s| {
+        resolve_vm(s, r).map(|id| {
+            let e = &s.vms[&id];
+            (id.clone(), e.vm.hypervisor.clone(), e.files.clone())
+        })
+    })??;
+    let path = files.map(|f| f.log_file).unwrap_or_else(|| {
+        crate::vmm::Layout::from_env(&ctx.store.root)
+            .files(&hypervisor, &id)
+            .log_file
+    });
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Fail::new(format!(
+                "open log {}: VM may not have been started yet",
+                path.display()
+            )));
+        }
+        Err(e) => return Err(Fail::new(format!("open log: {e}"))),
+    };
+    let tail = a.int("tail")?.filter(|t| *t > 0).map(|t| t as usize);
+    let start = match tail {
+        Some(n) => tail_start(&text, n),
+        None => 0,
+    };
     let mut out = std::io::stdout().lock();
-    for l in &lines[lines.len().saturating_sub(tail)..] {
-        writeln!(out, "{l}")?;
+    out.write_all(&text[start..])?;
+    out.flush()?;
+    if a.has("follow") {
+        let mut offset = text.len();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let Ok(now) = std::fs::read(&path) else { return Ok(()) };
+            if now.len() < offset {
+                offset = 0;
+            }
+            out.write_all(&now[offset..])?;
+            out.flush()?;
+            offset = now.len();
+        }
     }
     Ok(())
+}
+
+/// Where the last `n` lines start; a final `\n` does not count as a separator (cocoon's
+/// `seekToLastNLines`).
+fn tail_start(text: &[u8], n: usize) -> usize {
+    let end = if text.ends_with(b"\n") {
+        text.len() - 1
+    } else {
+        text.len()
+    };
+    let mut found = 0;
+    for i in (0..end).rev() {
+        if text[i] == b'\n' {
+            found += 1;
+            if found == n {
+                return i + 1;
+            }
+        }
+    }
+    0
 }

@@ -1,0 +1,348 @@
+//! The "hypervisor" of a running VM: a real process per running VM (so its pid, `/proc/<pid>`
+//! and RSS are real), plus the files cocoon and the kernel keep for it (contracts A.9): the run
+//! directory with the COW disk and pid file, the hypervisor log `cocoon vm logs` reads, and a
+//! cgroup-like `vm-<id>.scope/cpu.stat`. As root, the process also gets its own network
+//! namespace with the VM's TAP device and sends `settings.vm_net_tx_bytes` of frames on it, so
+//! `/proc/<pid>/net/dev` counts real traffic.
+//!
+//! The process is `cocoon-sim __vmm <sim root> <vm id> <rss bytes> <tap> <tx bytes>`; it exits
+//! when its marker `<sim root>/vmm/<id>.pid` no longer names it (the VM was stopped or removed,
+//! or the simulator root was deleted by a finished test).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Where a VM's files are (decided once, at its boot, from the environment cocoon reads).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct VmFiles {
+    pub run_dir: PathBuf,
+    pub log_file: PathBuf,
+    pub scope_dir: PathBuf,
+    /// Wall-clock start of the current VMM, nanoseconds since the epoch.
+    #[serde(default)]
+    pub started_ns: u128,
+}
+
+/// The directory layout: cocoon's `COCOON_ROOT_DIR` / `COCOON_RUN_DIR` / `COCOON_LOG_DIR` and
+/// `COCOON_CGROUP_PARENT`, with simulator-local defaults (never the host's real directories);
+/// `COCOON_SIM_CGROUP_ROOT` stands in for `/sys/fs/cgroup`.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub run_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub cgroup_root: PathBuf,
+    pub cgroup_parent: String,
+}
+
+fn env_path(k: &str) -> Option<PathBuf> {
+    std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+impl Layout {
+    pub fn from_env(sim_root: &Path) -> Self {
+        let root = env_path("COCOON_ROOT_DIR").unwrap_or_else(|| sim_root.join("root"));
+        Self {
+            run_dir: env_path("COCOON_RUN_DIR").unwrap_or_else(|| root.join("run")),
+            log_dir: env_path("COCOON_LOG_DIR").unwrap_or_else(|| sim_root.join("log")),
+            cgroup_root: env_path("COCOON_SIM_CGROUP_ROOT").unwrap_or_else(|| sim_root.join("cgroup")),
+            cgroup_parent: std::env::var("COCOON_CGROUP_PARENT")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "cocoon.slice".into()),
+        }
+    }
+
+    pub fn files(&self, hypervisor: &str, id: &str) -> VmFiles {
+        let (dir, log) = if hypervisor == "firecracker" {
+            ("firecracker", "firecracker.log")
+        } else {
+            ("cloudhypervisor", "cloud-hypervisor.log")
+        };
+        VmFiles {
+            run_dir: self.run_dir.join(dir).join(id),
+            log_file: self.log_dir.join(dir).join(id).join(log),
+            scope_dir: self
+                .cgroup_root
+                .join(&self.cgroup_parent)
+                .join(format!("vm-{id}.scope")),
+            started_ns: 0,
+        }
+    }
+}
+
+/// What a VMM needs to start.
+pub struct Boot<'a> {
+    pub sim_root: &'a Path,
+    pub id: &'a str,
+    pub name: &'a str,
+    pub hypervisor: &'a str,
+    pub cloudimg: bool,
+    pub storage: u64,
+    pub tap: &'a str,
+    pub rss_bytes: u64,
+    pub cow_data_bytes: u64,
+    pub net_tx_bytes: u64,
+}
+
+fn marker(sim_root: &Path, id: &str) -> PathBuf {
+    sim_root.join("vmm").join(format!("{id}.pid"))
+}
+
+pub fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// A line of the hypervisor's log as the backend writes it: cloud-hypervisor prefixes the
+/// time since the VMM started, firecracker the wall-clock time (UTC).
+pub fn log_line(hypervisor: &str, name: &str, started_ns: u128, msg: &str) -> String {
+    let now = now_ns();
+    if hypervisor == "firecracker" {
+        let secs = (now / 1_000_000_000) as i64;
+        let nanos = (now % 1_000_000_000) as u32;
+        let stamp = crate::util::format_rfc3339(secs, nanos);
+        let naive = stamp
+            .trim_end_matches('Z')
+            .split('+')
+            .next()
+            .unwrap_or(&stamp)
+            .to_string();
+        format!("{naive} [{name}:main] {msg}")
+    } else {
+        let elapsed = Duration::from_nanos(now.saturating_sub(started_ns) as u64);
+        format!("cloud-hypervisor: {elapsed:.6?}: <vmm> INFO:vmm/src/lib.rs:1 -- {msg}")
+    }
+}
+
+pub fn append_log(files: &VmFiles, line: &str) -> std::io::Result<()> {
+    if let Some(dir) = files.log_file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&files.log_file)?;
+    writeln!(f, "{line}")
+}
+
+/// Writes the cgroup scope's `cpu.stat` (what the kernel's accounting would show).
+pub fn write_cpu_stat(files: &VmFiles, usage_usec: u64, throttled_usec: u64, nr_throttled: u64) -> std::io::Result<()> {
+    std::fs::create_dir_all(&files.scope_dir)?;
+    let text = format!(
+        "usage_usec {usage_usec}\nuser_usec {}\nsystem_usec {}\nnr_periods {nr_throttled}\nnr_throttled {nr_throttled}\nthrottled_usec {throttled_usec}\n",
+        usage_usec / 2,
+        usage_usec - usage_usec / 2
+    );
+    let tmp = files.scope_dir.join("cpu.stat.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, files.scope_dir.join("cpu.stat"))
+}
+
+fn write_cow(b: &Boot<'_>, run_dir: &Path) -> std::io::Result<()> {
+    let (name, magic): (&str, &[u8]) = if b.cloudimg && b.hypervisor != "firecracker" {
+        ("overlay.qcow2", b"QFI\xfb")
+    } else {
+        ("cow.raw", b"")
+    };
+    let path = run_dir.join(name);
+    if path.exists() {
+        return Ok(());
+    }
+    let f = std::fs::File::create(&path)?;
+    f.set_len(b.storage.max(b.cow_data_bytes))?;
+    let mut data = vec![0x5a_u8; b.cow_data_bytes as usize];
+    let n = magic.len().min(data.len());
+    data[..n].copy_from_slice(&magic[..n]);
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&data, 0)?;
+    Ok(())
+}
+
+/// Starts the VMM of a VM and lays out its files; returns its pid and the files.
+pub fn start(b: &Boot<'_>, layout: &Layout) -> std::io::Result<(i64, VmFiles)> {
+    use std::os::unix::process::CommandExt;
+    let mut files = layout.files(b.hypervisor, b.id);
+    std::fs::create_dir_all(&files.run_dir)?;
+    std::fs::create_dir_all(b.sim_root.join("vmm"))?;
+    write_cow(b, &files.run_dir)?;
+    let exe = std::env::current_exe()?;
+    let child = std::process::Command::new(exe)
+        .args([
+            "__vmm",
+            &b.sim_root.display().to_string(),
+            b.id,
+            &b.rss_bytes.to_string(),
+            b.tap,
+            &b.net_tx_bytes.to_string(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        // Its own process group: a client killing the `vm run` invocation's group must not take
+        // the VM with it (a real VMM is daemonized too).
+        .process_group(0)
+        .spawn()?;
+    let pid = child.id();
+    // Not waited for: the VMM outlives this invocation (its parent becomes init).
+    std::mem::forget(child);
+    // Until the child has exec'd, /proc shows this process's command line; callers judge
+    // liveness by it, so return only once the VMM is itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !alive(i64::from(pid), b.id) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    files.started_ns = now_ns();
+    std::fs::write(marker(b.sim_root, b.id), pid.to_string())?;
+    let pid_file = if b.hypervisor == "firecracker" {
+        "fc.pid"
+    } else {
+        "ch.pid"
+    };
+    std::fs::write(files.run_dir.join(pid_file), pid.to_string())?;
+    write_cpu_stat(&files, 0, 0, 0)?;
+    for msg in [
+        format!("{} VMM started (pid {pid})", b.hypervisor),
+        format!("VM {} booted: running", b.name),
+    ] {
+        append_log(&files, &log_line(b.hypervisor, b.name, files.started_ns, &msg))?;
+    }
+    Ok((i64::from(pid), files))
+}
+
+/// Whether `pid` is this VM's live VMM (not a reused pid, not a zombie).
+pub fn alive(pid: i64, id: &str) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let ours = args.get(1) == Some(&&b"__vmm"[..]) && args.get(3) == Some(&id.as_bytes());
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .unwrap_or(true);
+    ours && !zombie
+}
+
+/// Stops the VMM (SIGKILL: the simulator has no guest to shut down) and removes its cgroup
+/// scope; `remove` also deletes the run and log directories (`vm rm`).
+pub fn stop(sim_root: &Path, id: &str, pid: i64, files: Option<&VmFiles>, remove: bool) {
+    if alive(pid, id) {
+        // SAFETY: kill has no memory preconditions; the pid was checked to be this VM's VMM.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+    let _ = std::fs::remove_file(marker(sim_root, id));
+    if let Some(f) = files {
+        let _ = std::fs::remove_dir_all(&f.scope_dir);
+        let _ = std::fs::remove_file(f.run_dir.join("ch.pid"));
+        let _ = std::fs::remove_file(f.run_dir.join("fc.pid"));
+        if remove {
+            let _ = std::fs::remove_dir_all(&f.run_dir);
+            if let Some(dir) = f.log_file.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+/// The body of the VMM process.
+pub fn main(args: &[String]) -> i32 {
+    let [root, id, rss, tap, tx] = args else {
+        eprintln!("usage: cocoon-sim __vmm SIM_ROOT VM_ID RSS_BYTES TAP TX_BYTES");
+        return 2;
+    };
+    let marker = marker(Path::new(root), id);
+    let me = std::process::id().to_string();
+    // Guest memory: touched, so it is resident.
+    let rss: usize = rss.parse().unwrap_or(0);
+    let mut memory = vec![0u8; rss];
+    for i in (0..memory.len()).step_by(4096) {
+        memory[i] = 1;
+    }
+    let _tap = net::tap_with_traffic(tap, tx.parse().unwrap_or(0));
+    // The marker is written right after the spawn: give the writer a moment before the
+    // first check counts its absence.
+    let mut seen = false;
+    for round in 0u64.. {
+        std::hint::black_box(&memory);
+        std::thread::sleep(Duration::from_millis(if seen { 1000 } else { 50 }));
+        match std::fs::read_to_string(&marker) {
+            Ok(v) if v == me => seen = true,
+            Ok(_) => return 0,
+            Err(_) if seen || round > 100 => return 0,
+            Err(_) => {}
+        }
+    }
+    0
+}
+
+mod net {
+    //! The VM's TAP in a network namespace of its own (root only; otherwise no TAP).
+
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+    pub fn tap_with_traffic(name: &str, tx_bytes: u64) -> Option<OwnedFd> {
+        if name.is_empty() || name == "-" || name.len() >= libc::IFNAMSIZ {
+            return None;
+        }
+        // SAFETY: plain syscalls on values owned here; every return code is checked.
+        unsafe {
+            if libc::geteuid() != 0 || libc::unshare(libc::CLONE_NEWNET) != 0 {
+                return None;
+            }
+            let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if fd < 0 {
+                return None;
+            }
+            let tap = OwnedFd::from_raw_fd(fd);
+            let mut ifr: libc::ifreq = std::mem::zeroed();
+            for (i, b) in name.bytes().enumerate() {
+                ifr.ifr_name[i] = b as libc::c_char;
+            }
+            ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+            if libc::ioctl(fd, TUNSETIFF as _, &mut ifr) != 0 {
+                return None;
+            }
+            let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+            if sock < 0 {
+                return None;
+            }
+            let sock = OwnedFd::from_raw_fd(sock);
+            ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::SIOCSIFFLAGS as _,
+                &mut ifr,
+            ) != 0
+            {
+                return None;
+            }
+            // Frames "from the guest": broadcast, a local experimental EtherType, 1000 bytes
+            // each (the last one shorter), so the host side counts exactly `tx_bytes` received.
+            let mut left = tx_bytes;
+            while left > 0 {
+                let len = left.clamp(60, 1000) as usize;
+                let mut frame = vec![0u8; len];
+                frame[..6].copy_from_slice(&[0xff; 6]);
+                frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+                frame[12..14].copy_from_slice(&[0x88, 0xb5]);
+                if libc::write(fd, frame.as_ptr().cast(), len) != len as isize {
+                    break;
+                }
+                left = left.saturating_sub(len as u64);
+            }
+            Some(tap)
+        }
+    }
+}
