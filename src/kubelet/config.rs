@@ -72,6 +72,9 @@ pub struct KubeletConfig {
     pub snapshot_cpu_class: Option<String>,
     /// `VK_PROVIDER_ID` → `spec.providerID`.
     pub provider_id: Option<String>,
+    /// `VK_NODE_HOSTNAME` (default: the node name): the node's `Hostname` address, which the
+    /// apiserver dials first to reach the kubelet API (the kubelet's `--hostname-override`).
+    pub hostname: String,
     /// `VK_NODE_IP`; `None` = detect the first non-loopback IPv4 at startup.
     pub node_ip: Option<IpAddr>,
     /// `VK_KUBELET_PORT` (default 10250) → `status.daemonEndpoints.kubeletEndpoint.Port`.
@@ -170,6 +173,15 @@ impl KubeletConfig {
             ));
         }
         let provider_id = get("VK_PROVIDER_ID");
+        let hostname = get("VK_NODE_HOSTNAME").unwrap_or_else(|| node_name.clone());
+        if !is_dns_subdomain(&hostname) {
+            return Err(bad(
+                "VK_NODE_HOSTNAME",
+                &hostname,
+                "not a host name".into(),
+                DNS_SUBDOMAIN_RULE,
+            ));
+        }
         let node_ip = match get("VK_NODE_IP") {
             None => None,
             Some(v) => Some(v.parse::<IpAddr>().map_err(|e| {
@@ -251,6 +263,7 @@ impl KubeletConfig {
             node_pool,
             snapshot_cpu_class,
             provider_id,
+            hostname,
             node_ip,
             kubelet_port,
             reserve_percent,
@@ -285,6 +298,10 @@ mod tests {
         assert_eq!(c.root_dir, PathBuf::from("/var/lib/cocoon"));
         assert_eq!(c.overrides, ResourceOverrides::default());
         assert_eq!(c.node_ip, None);
+        assert_eq!(
+            c.hostname, "cocoon-pool",
+            "the Hostname address defaults to the node name"
+        );
     }
 
     #[test]
@@ -295,6 +312,7 @@ mod tests {
             ("VK_SNAPSHOT_CPU_CLASS", "sapphire-rapids.v1"),
             ("VK_PROVIDER_ID", "gce://p/z/vk-a"),
             ("VK_NODE_IP", "10.1.2.3"),
+            ("VK_NODE_HOSTNAME", "host-a.example"),
             ("VK_KUBELET_PORT", "10255"),
             ("VK_RESERVE_PERCENT", "0"),
             ("VK_NODE_CPU", "7500m"),
@@ -306,6 +324,7 @@ mod tests {
         assert_eq!(c.node_name, "vk-a");
         assert_eq!(c.snapshot_cpu_class.as_deref(), Some("sapphire-rapids.v1"));
         assert_eq!(c.node_ip, Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(c.hostname, "host-a.example");
         assert_eq!(c.kubelet_port, 10255);
         assert_eq!(c.reserve_percent, 0);
         assert_eq!(c.overrides.cpu, Some(Quantity::from_millis(7500)));
@@ -327,6 +346,7 @@ mod tests {
             ("VK_SNAPSHOT_CPU_CLASS", "-leading", "label value"),
             ("VK_NODE_POOL", &"x".repeat(64), "label value"),
             ("VK_NODE_NAME", "Upper_Case", "DNS subdomain"),
+            ("VK_NODE_HOSTNAME", "no spaces", "DNS subdomain"),
             ("VK_NODE_IP", "10.0.0", "IPv4 or IPv6"),
             ("VK_KUBELET_PORT", "0", "1 to 65535"),
             ("VK_KUBELET_PORT", "70000", "1 to 65535"),

@@ -182,7 +182,7 @@ pub fn node_status(
             },
             NodeAddress {
                 type_: "Hostname".into(),
-                address: cfg.node_name.clone(),
+                address: cfg.hostname.clone(),
             },
         ]),
         daemon_endpoints: Some(NodeDaemonEndpoints {

@@ -150,6 +150,37 @@ pub fn required(node: &str) -> Vec<Permission> {
             "Events about pods",
         ));
     }
+    // The kubelet API (src/kubelet_api): who a caller is, what it may do, and the serving
+    // certificate signed by the cluster.
+    list.push(perm(
+        "create",
+        "authentication.k8s.io",
+        "tokenreviews",
+        None,
+        None,
+        None,
+        "kubelet API: authenticating bearer tokens",
+    ));
+    list.push(perm(
+        "create",
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        None,
+        None,
+        None,
+        "kubelet API: authorizing requests",
+    ));
+    for verb in ["create", "get", "list", "watch"] {
+        list.push(perm(
+            verb,
+            "certificates.k8s.io",
+            "certificatesigningrequests",
+            None,
+            None,
+            None,
+            "kubelet API: the serving certificate (kubernetes.io/kubelet-serving)",
+        ));
+    }
     list
 }
 
