@@ -109,14 +109,26 @@ impl Machine {
             .client("", &self.node)
     }
 
-    /// `vk-cocoon run` under the daemon identity of `deploy/rbac.yaml`.
+    /// `vk-cocoon run` under the daemon identity of `deploy/rbac.yaml`; its kubelet API accepts
+    /// the apiserver's kubelet-client certificate (signed by the cluster CA).
     pub fn start_daemon(&self, cluster: &KubeCluster) -> DaemonProcess {
-        self.start_daemon_as(&cluster.daemon_kubeconfig_path())
+        self.start_daemon_with(&cluster.daemon_kubeconfig_path(), Some(&cluster.ca_cert_path()))
     }
 
     /// `vk-cocoon run` with `KUBECONFIG=kubeconfig` and this machine's environment only.
     pub fn start_daemon_as(&self, kubeconfig: &Path) -> DaemonProcess {
+        self.start_daemon_with(kubeconfig, None)
+    }
+
+    /// The simulator's stand-in for `/sys/fs/cgroup` (the daemon reads the VM scopes there).
+    pub fn cgroup_root(&self) -> PathBuf {
+        self.sim.root().join("cgroup")
+    }
+
+    /// `vk-cocoon run`; `client_ca` = `VK_CLIENT_CA_FILE` of its kubelet API.
+    pub fn start_daemon_with(&self, kubeconfig: &Path, client_ca: Option<&Path>) -> DaemonProcess {
         let metrics_port = free_port();
+        let kubelet_port = free_port();
         static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
@@ -139,7 +151,21 @@ impl Machine {
             .env("VK_LOG_LEVEL", "info,vk_cocoon=debug")
             // The suite's loopback rule, kept by the daemon itself: a probe off the machine is
             // refused and logged, and the test fails when the DaemonProcess goes.
-            .env("VK_PROBE_NETWORKS", loopback::DAEMON_PROBE_NETWORKS);
+            .env("VK_PROBE_NETWORKS", loopback::DAEMON_PROBE_NETWORKS)
+            // The kubelet API on loopback. The apiserver dials the node's Hostname address
+            // first: `localhost` resolves to loopback on every machine. Its serving certificate
+            // comes from a CSR (signed in tests by kube_support::signer), stored under the
+            // machine's directory; cocoon's log and cgroup trees are the simulator's.
+            .env("VK_KUBELET_ADDRESS", "127.0.0.1")
+            .env("VK_KUBELET_PORT", kubelet_port.to_string())
+            .env("VK_NODE_HOSTNAME", "localhost")
+            .env("VK_TLS_CERT_DIR", self.dir.path().join("pki"))
+            .env("COCOON_LOG_DIR", self.dir.path().join("log"))
+            .env("VK_CGROUP_ROOT", self.cgroup_root())
+            .env("COCOON_SIM_CGROUP_ROOT", self.cgroup_root());
+        if let Some(ca) = client_ca {
+            command.env("VK_CLIENT_CA_FILE", ca);
+        }
         if let Some(registry) = &self.registry {
             command
                 .env("OCI_REGISTRY", registry.host())
@@ -156,6 +182,7 @@ impl Machine {
             child: Some(child),
             log,
             metrics_port,
+            kubelet_port,
             acknowledged_refusals: 0,
         }
     }
@@ -168,6 +195,8 @@ pub struct DaemonProcess {
     child: Option<Child>,
     log: PathBuf,
     pub metrics_port: u16,
+    /// `VK_KUBELET_PORT` (on 127.0.0.1).
+    pub kubelet_port: u16,
     /// How many `probe refused` lines the test provoked on purpose.
     acknowledged_refusals: usize,
 }

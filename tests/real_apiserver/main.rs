@@ -17,9 +17,12 @@
 mod kube_support;
 #[path = "../provider_support/mod.rs"]
 mod provider_support;
+#[path = "../kube_support/signer.rs"]
+mod signer;
 
 mod daemon;
 mod hibernate;
+mod kubelet_api;
 mod lifecycle;
 mod node;
 mod preflight;
