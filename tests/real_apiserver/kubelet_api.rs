@@ -63,25 +63,44 @@ impl Node {
         self.cluster.kubectl(args)
     }
 
-    /// `kubectl get --raw` through the nodes proxy: (success, stdout, stderr).
-    fn raw(&self, path: &str) -> (bool, String, String) {
-        let out = self.kubectl(&[
-            "get",
-            "--raw",
-            &format!("/api/v1/nodes/{}/proxy{path}", self.machine.node),
-        ]);
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+    /// GET `path` on the kubelet port as the apiserver does: with its kubelet-client
+    /// certificate (`--kubelet-client-certificate`, CN=kube-apiserver-kubelet-client).
+    ///
+    /// Not through `/api/v1/nodes/NODE/proxy/…`: the apiserver refuses to proxy to a node
+    /// whose address is loopback ("address not allowed"), and every address here is loopback.
+    /// `kubectl logs` (pods/log) has no such check and goes through the apiserver below.
+    async fn as_apiserver(&self, path: &str) -> (u16, String) {
+        let mut pem = std::fs::read(self.cluster.kubelet_client_cert_path()).unwrap();
+        pem.extend(std::fs::read(self.cluster.kubelet_client_key_path()).unwrap());
+        let client = self
+            .client_builder()
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .build()
+            .unwrap();
+        let r = client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("the kubelet API answers");
+        (r.status().as_u16(), r.text().await.unwrap())
     }
 
     async fn wait_serving(&self) {
-        eventually(60, "the kubelet API serves /healthz through the apiserver", || async {
-            self.raw("/healthz").1 == "ok"
-        })
-        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let client = self.direct();
+            if let Ok(r) = client.get(self.url("/healthz")).send().await {
+                // Up: the TLS handshake worked with a certificate the cluster CA signed.
+                assert_eq!(r.status(), 401, "an anonymous /healthz");
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the kubelet API does not serve a cluster-signed certificate\n--- daemon log ---\n{}",
+                self.daemon.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     fn logs(&self, extra: &[&str]) -> String {
@@ -105,13 +124,14 @@ impl Node {
             .and_then(|v| v.parse().ok())
     }
 
+    fn client_builder(&self) -> reqwest::ClientBuilder {
+        let ca = std::fs::read(self.cluster.ca_cert_path()).unwrap();
+        reqwest::Client::builder().tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+    }
+
     /// An HTTPS client of the kubelet port that verifies it against the cluster CA.
     fn direct(&self) -> reqwest::Client {
-        let ca = std::fs::read(self.cluster.ca_cert_path()).unwrap();
-        reqwest::Client::builder()
-            .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
-            .build()
-            .unwrap()
+        self.client_builder().build().unwrap()
     }
 
     fn url(&self, path: &str) -> String {
@@ -300,17 +320,17 @@ async fn stats_summary_and_resource_metrics_through_the_nodes_proxy() {
         .await
         .unwrap();
     // The sample is cached for 2 s: wait for one taken after the write.
-    let mut summary = None;
-    eventually(30, "a summary with the VM's CPU", || {
-        let (ok, body, err) = node.raw("/stats/summary");
-        assert!(ok, "{err}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let (status, body) = node.as_apiserver("/stats/summary").await;
+        assert_eq!(status, 200, "{body}");
         let s: Summary = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        let hit = s.pods.iter().any(|p| p.cpu.usage_core_nano_seconds == 2_500_000_000);
-        summary = Some(s);
-        async move { hit }
-    })
-    .await;
-    let s = summary.unwrap();
+        if s.pods.iter().any(|p| p.cpu.usage_core_nano_seconds == 2_500_000_000) {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the VM's CPU never shows: {body}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     assert_eq!(s.node.node_name, node.machine.node);
     assert!(s.node.cpu.usage_core_nano_seconds > 0 && s.node.memory.working_set_bytes > 0);
     assert!(s.node.fs.capacity_bytes.unwrap_or(0) > 0);
@@ -347,8 +367,8 @@ async fn stats_summary_and_resource_metrics_through_the_nodes_proxy() {
         );
     }
 
-    let (ok, text, err) = node.raw("/metrics/resource");
-    assert!(ok, "{err}");
+    let (status, text) = node.as_apiserver("/metrics/resource").await;
+    assert_eq!(status, 200, "{text}");
     let series = |name: &str| -> Vec<(String, f64, i64)> {
         text.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
@@ -525,20 +545,39 @@ async fn anonymous_and_unauthorized_callers_are_refused_and_bad_queries_get_a_cl
         .unwrap();
     assert_eq!(r.status(), 403);
 
-    // Bad queries through the apiserver's nodes proxy reach the kubelet API as they are.
-    let (ok, _, err) = node.raw(&format!("/containerLogs/{}/web-0/agent?tailLines=-1", node.ns));
-    assert!(!ok && err.contains("BadRequest") && err.contains("tailLines"), "{err}");
-    let (ok, _, err) = node.raw(&format!("/containerLogs/{}/nope/agent", node.ns));
-    assert!(!ok && err.contains("NotFound"), "{err}");
-    let (ok, _, err) = node.raw(&format!("/containerLogs/{}/web-0/other", node.ns));
-    assert!(!ok && err.contains("NotFound") && err.contains("agent"), "{err}");
-    let (ok, _, err) = node.raw(&format!(
-        "/containerLogs/{}/web-0/agent?sinceSeconds=5&sinceTime=2026-01-01T00:00:00Z",
-        node.ns
-    ));
-    assert!(!ok && err.contains("BadRequest"), "{err}");
-    // …and the daemon is still serving.
-    assert_eq!(node.raw("/healthz").1, "ok");
+    // Bad queries get a 4xx that says what is wrong (and the daemon goes on serving).
+    for (path, status, fragment) in [
+        (
+            format!("/containerLogs/{}/web-0/agent?tailLines=-1", node.ns),
+            400,
+            "tailLines",
+        ),
+        (
+            format!("/containerLogs/{}/web-0/agent?limitBytes=0", node.ns),
+            400,
+            "limitBytes",
+        ),
+        (
+            format!(
+                "/containerLogs/{}/web-0/agent?sinceSeconds=5&sinceTime=2026-01-01T00:00:00Z",
+                node.ns
+            ),
+            400,
+            "at most one of sinceTime or sinceSeconds",
+        ),
+        (format!("/containerLogs/{}/nope/agent", node.ns), 404, "does not exist"),
+        (
+            format!("/containerLogs/{}/web-0/other", node.ns),
+            404,
+            "containers: agent",
+        ),
+        ("/no/such/endpoint".to_string(), 404, "not served"),
+    ] {
+        let (got, body) = node.as_apiserver(&path).await;
+        assert_eq!(got, status, "{path}: {body}");
+        assert!(body.contains(fragment), "{path}: {body}");
+    }
+    assert_eq!(node.as_apiserver("/healthz").await, (200, "ok".to_string()));
 }
 
 /// The certificate the kubelet port presents: (serial, notAfter).
@@ -600,7 +639,7 @@ async fn the_serving_certificate_comes_from_a_csr_and_is_renewed_at_80_percent_o
         mine(csrs.list(&Default::default()).await.unwrap().items) >= 2,
         "a new CSR per renewal"
     );
-    // Still serving through the apiserver with the new one.
-    assert_eq!(node.raw("/healthz").1, "ok");
+    // Still serving, with the new one.
+    assert_eq!(node.as_apiserver("/healthz").await, (200, "ok".to_string()));
     assert!(node.daemon.log().contains("renewing the serving certificate"));
 }
