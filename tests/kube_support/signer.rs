@@ -136,8 +136,20 @@ async fn approve_and_sign(
     Ok(name)
 }
 
-/// Starts signing every pending kubelet-serving CSR (issued for `lifetime`) as `admin`.
-pub fn start(admin: kube::Client, ca_dir: &Path, lifetime: Duration) -> Signer {
+/// The node a CSR asks a certificate for (its subject's `system:node:<name>`).
+fn node_of(csr: &CertificateSigningRequest) -> Option<String> {
+    let pem = String::from_utf8(csr.spec.request.0.clone()).ok()?;
+    let params = CertificateSigningRequestParams::from_pem(&pem).ok()?;
+    params.params.distinguished_name.iter().find_map(|(t, v)| match (t, v) {
+        (DnType::CommonName, DnValue::Utf8String(s)) => s.strip_prefix("system:node:").map(str::to_string),
+        _ => None,
+    })
+}
+
+/// Starts signing the pending kubelet-serving CSRs of node `node` (issued for `lifetime`) as
+/// `admin`. Tests share one cluster: each signs only its own node's requests.
+pub fn start(admin: kube::Client, ca_dir: &Path, lifetime: Duration, node: &str) -> Signer {
+    let node = node.to_string();
     let ca_cert = std::fs::read_to_string(ca_dir.join("ca.crt")).expect("the cluster CA certificate");
     let ca_key = std::fs::read_to_string(ca_dir.join("ca.key")).expect("the cluster CA key");
     let signed = Arc::new(Mutex::new(Vec::new()));
@@ -150,7 +162,7 @@ pub fn start(admin: kube::Client, ca_dir: &Path, lifetime: Duration) -> Signer {
                 Ok(watcher::Event::Apply(c)) | Ok(watcher::Event::InitApply(c)) => c,
                 _ => continue,
             };
-            if !pending(&csr) {
+            if !pending(&csr) || node_of(&csr).as_deref() != Some(node.as_str()) {
                 continue;
             }
             match approve_and_sign(&api, &csr, &ca_cert, &ca_key, lifetime).await {

@@ -31,9 +31,9 @@ struct Node {
 async fn node_with_pod(prefix: &str, lifetime: Duration) -> Option<Node> {
     let cluster = kube_support::shared().await?;
     let admin = cluster.admin_client().await;
-    let signer = signer::start(admin.clone(), &cluster.state_dir().join("pki"), lifetime);
     let ns = cluster.namespace(prefix).await;
     let machine = Machine::new(prefix);
+    let signer = signer::start(admin.clone(), &cluster.state_dir().join("pki"), lifetime, &machine.node);
     machine
         .sim
         .set_settings(|s| {
