@@ -94,7 +94,7 @@ impl CertManager {
         Ok(())
     }
 
-    async fn from_cluster(&self, dir: &Path, shutdown: &CancellationToken) -> Result<ServingCert, TlsError> {
+    async fn signed_by_cluster(&self, dir: &Path, shutdown: &CancellationToken) -> Result<ServingCert, TlsError> {
         let cert = csr::request(
             self.client.clone(),
             &self.node_name,
@@ -155,7 +155,7 @@ impl CertManager {
                 }
                 None => {
                     self.until_ok("requesting the serving certificate failed", shutdown, || {
-                        self.from_cluster(dir, shutdown)
+                        self.signed_by_cluster(dir, shutdown)
                     })
                     .await?
                 }
@@ -179,7 +179,7 @@ impl CertManager {
                 let next = match &source {
                     TlsSource::Csr { dir } => {
                         self.until_ok("renewing the serving certificate failed", &shutdown, || {
-                            self.from_cluster(dir, &shutdown)
+                            self.signed_by_cluster(dir, &shutdown)
                         })
                         .await
                     }
