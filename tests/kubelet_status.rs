@@ -37,13 +37,15 @@ async fn writes_for_a_stale_uid_are_rejected_and_leave_the_new_incarnation_alone
         &Time(Timestamp::now()),
     );
     match publish_status(&pods, &old, &failed).await.unwrap() {
-        WriteOutcome::Superseded { code, .. } => assert_eq!(code, 409),
+        // 422 Invalid (metadata.uid is immutable), as a real apiserver answers the uid-as-precondition
+        // idiom (pinned on both servers by the fake apiserver's semantics tests).
+        WriteOutcome::Superseded { code, .. } => assert_eq!(code, 422),
         other => panic!("expected superseded, got {other:?}"),
     }
     let changes = BTreeMap::from([("vm.cocoonstack.io/id".to_string(), Some("vm-1".to_string()))]);
     assert!(matches!(
         patch_annotations(&pods, &old, &changes).await.unwrap(),
-        WriteOutcome::Superseded { code: 409, .. }
+        WriteOutcome::Superseded { code: 422, .. }
     ));
 
     let stored = pods.get("p").await.unwrap();
@@ -134,7 +136,7 @@ async fn the_controller_drops_a_status_for_a_replaced_pod_and_serves_the_new_one
     let rejected = server
         .requests()
         .iter()
-        .filter(|r| r.method == "PATCH" && r.path.ends_with("/pods/p/status") && r.status == 409)
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/pods/p/status") && r.status == 422)
         .count();
     assert_eq!(rejected, 1, "the stale write was rejected once and not retried");
     assert_eq!(

@@ -151,8 +151,8 @@ pub fn matches(current: Option<&PodStatus>, s: &ProviderPodStatus) -> bool {
 pub enum WriteOutcome {
     /// Written; the object as the apiserver returned it.
     Applied(Box<Pod>),
-    /// The incarnation we wrote for is gone: the apiserver answered NotFound, Conflict (uid
-    /// precondition) or Invalid. Not retried.
+    /// The incarnation we wrote for is gone: the apiserver answered NotFound, Invalid (the body's
+    /// `metadata.uid` names another incarnation: the field is immutable) or Conflict. Not retried.
     Superseded { code: u16, message: String },
 }
 

@@ -82,17 +82,26 @@ impl ApiError {
         .about(group, plural, name)
     }
 
-    /// A failed `metadata.uid` / `resourceVersion` precondition (delete options, or a body that names another uid).
-    pub fn precondition_failed(group: &str, plural: &str, name: &str, detail: String) -> Self {
+    /// A failed `uid` / `resourceVersion` precondition of a delete (409, worded as the apiserver
+    /// does: `the UID in the precondition (a) does not match the UID in record (b). …`).
+    pub fn precondition_failed(group: &str, plural: &str, kind: &str, name: &str, detail: String) -> Self {
         Self::new(
             409,
             "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": {detail}",
-                qualified(group, plural)
-            ),
+            format!("Operation cannot be fulfilled on {kind} \"{name}\": {detail}"),
         )
         .about(group, plural, name)
+    }
+
+    /// A write whose body names another `metadata.uid` (the uid-as-precondition idiom): the
+    /// apiserver rejects the immutable field with 422 Invalid, not 409.
+    pub fn immutable_uid(group: &str, plural: &str, kind: &str, name: &str, uid: &str) -> Self {
+        Self::invalid(
+            group,
+            plural,
+            name,
+            format!("{kind} \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"),
+        )
     }
 
     /// 410 Gone for a watch from a resourceVersion older than the retained history.

@@ -1,7 +1,7 @@
 //! The HTTP surface: URL routing, list/watch/get/create/update/patch/delete, watch streaming.
 
 use crate::error::ApiError;
-use crate::resource::ResourceType;
+use crate::resource::{CORE_EVENTS, EVENTS_V1, ResourceType};
 use crate::selector::{FieldSelector, Filter, LabelSelector};
 use crate::store::{Broadcast, Change, ChangeKind, DeleteOptions, PatchKind, Store, Target};
 use axum::body::{Body, Bytes};
@@ -167,19 +167,27 @@ async fn dispatch(
     let store = &app.shared.store;
     let ns = route.namespace.as_deref();
     let rt = route.rt;
+    // core/v1 Events are a read-only view of the stored events.k8s.io/v1 ones.
+    let view = View::of(rt);
+    if view.converts() && method != Method::GET {
+        return Err(ApiError::method_not_allowed(format!(
+            "{method} of core/v1 Events: the fake apiserver stores Events as events.k8s.io/v1 and serves core/v1 Events read-only; write events.k8s.io/v1"
+        )));
+    }
     match (&route.name, method) {
         (None, &Method::GET) => {
             let filter = Filter {
                 namespace: route.namespace.clone(),
-                fields: FieldSelector::parse(params.get("fieldSelector").map(String::as_str).unwrap_or(""))?,
+                fields: FieldSelector::parse(rt, params.get("fieldSelector").map(String::as_str).unwrap_or(""))?,
                 labels: LabelSelector::parse(params.get("labelSelector").map(String::as_str).unwrap_or(""))?,
             };
             if matches!(params.get("watch").map(String::as_str), Some("true" | "1")) {
-                return watch(app, rt, filter, &params);
+                return watch(app, view, filter, &params);
             }
             // `limit`/`continue` are ignored: the whole list comes in one page, as the real
             // apiserver does when serving resourceVersion=0 from its watch cache.
-            let (items, rv) = store.list(rt, &filter);
+            let (items, rv) = store.list(view.stored, &filter);
+            let items: Vec<Value> = items.iter().map(|o| view.show(o)).collect();
             Ok(json_response(
                 StatusCode::OK,
                 &json!({
@@ -195,8 +203,8 @@ async fn dispatch(
             Ok(json_response(StatusCode::CREATED, &created))
         }
         (Some(name), &Method::GET) => {
-            let obj = store.get(rt, ns, name)?;
-            Ok(json_response(StatusCode::OK, &obj))
+            let obj = store.get(view.stored, ns, name)?;
+            Ok(json_response(StatusCode::OK, &view.show(&obj)))
         }
         (Some(name), &Method::PUT) => {
             let obj = store.update(rt, ns, name, route.target, parse_json(body)?)?;
@@ -228,8 +236,36 @@ async fn dispatch(
     }
 }
 
+/// What a request for a resource type reads from the store, and how objects are shown.
+#[derive(Clone, Copy)]
+struct View {
+    /// The type the client asked for.
+    served: ResourceType,
+    /// The type stored.
+    stored: ResourceType,
+}
+
+impl View {
+    fn of(rt: ResourceType) -> View {
+        let stored = if rt == CORE_EVENTS { EVENTS_V1 } else { rt };
+        View { served: rt, stored }
+    }
+
+    fn converts(&self) -> bool {
+        self.served != self.stored
+    }
+
+    fn show(&self, obj: &Value) -> Value {
+        if self.converts() {
+            crate::events::to_core(obj)
+        } else {
+            obj.clone()
+        }
+    }
+}
+
 struct WatchStream {
-    rt: ResourceType,
+    view: View,
     filter: Filter,
     initial: VecDeque<Arc<Change>>,
     live: broadcast::Receiver<Broadcast>,
@@ -252,7 +288,7 @@ impl WatchStream {
     /// The watch event a change becomes for this watcher, honouring selector transitions
     /// (an object leaving the selection is a DELETED, one entering it an ADDED).
     fn render(&self, change: &Change) -> Option<Bytes> {
-        if change.resource != self.rt {
+        if change.resource != self.view.stored {
             return None;
         }
         let now = self.filter.matches(&change.object);
@@ -267,7 +303,7 @@ impl WatchStream {
                 (false, false) => None,
             },
         }?;
-        Some(line(kind, &change.object))
+        Some(line(kind, &self.view.show(&change.object)))
     }
 
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
@@ -277,7 +313,7 @@ impl WatchStream {
         }
         line(
             "BOOKMARK",
-            &json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta}),
+            &json!({"kind": self.view.served.kind, "apiVersion": self.view.served.api_version(), "metadata": meta}),
         )
     }
 
@@ -327,12 +363,7 @@ impl WatchStream {
     }
 }
 
-fn watch(
-    app: &AppState,
-    rt: ResourceType,
-    filter: Filter,
-    params: &HashMap<String, String>,
-) -> Result<Response, ApiError> {
+fn watch(app: &AppState, view: View, filter: Filter, params: &HashMap<String, String>) -> Result<Response, ApiError> {
     let since = match params.get("resourceVersion").map(String::as_str) {
         None | Some("") => None,
         Some(s) => Some(
@@ -348,12 +379,12 @@ fn watch(
     let send_initial = params.get("sendInitialEvents").is_some_and(|v| v == "true");
     // sendInitialEvents=true: the initial state as ADDED events, then a bookmark marking its end.
     let since_for_store = if send_initial { None } else { since };
-    let (initial, initial_rv, live, error) = match app.shared.store.watch(rt, &filter, since_for_store) {
+    let (initial, initial_rv, live, error) = match app.shared.store.watch(view.stored, &filter, since_for_store) {
         Ok(start) => (start.initial.into(), start.initial_rv, start.live, None),
         Err(err) => (VecDeque::new(), 0, app.shared.store_subscribe(), Some(err)),
     };
     let stream = WatchStream {
-        rt,
+        view,
         filter,
         initial,
         live,

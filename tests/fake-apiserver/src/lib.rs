@@ -7,29 +7,37 @@
 //!
 //! * one increasing resourceVersion counter for every write; `metadata.uid` and
 //!   `creationTimestamp` set on create; no-op writes do not bump it;
-//! * 409 `Conflict` for a stale `metadata.resourceVersion` on update/patch, for a body whose
-//!   `metadata.uid` differs from the stored one (the uid-as-precondition idiom of status patches),
-//!   and for failed delete preconditions; 409 `AlreadyExists` on create; 404 `NotFound` with a
-//!   proper `Status` body;
-//! * list and watch with `fieldSelector` (`spec.nodeName`, `metadata.name`, `metadata.namespace`,
-//!   `status.phase`) and `labelSelector`; watches from a resourceVersion replay the bounded history
-//!   and answer an `ERROR` event with a 410 `Expired` `Status` when it is older than the history
-//!   (force it with [`Store::compact_history`]); `BOOKMARK` events when `allowWatchBookmarks=true`;
-//!   `sendInitialEvents=true` streaming lists;
+//! * 409 `Conflict` for a stale `metadata.resourceVersion` on update/patch and for failed delete
+//!   preconditions; 422 `Invalid` for a body whose `metadata.uid` differs from the stored one (the
+//!   uid-as-precondition idiom of status patches: the field is immutable); 409 `AlreadyExists` on
+//!   create; 404 `NotFound` with a proper `Status` body — each worded as the real apiserver words it;
+//! * `/status` writes take the status and metadata but keep the spec (a pod also keeps its owner
+//!   references); writes to the main resource keep the status;
+//! * strategic merge patch with patch-merge keys, set-merged finalizers and `$patch` directives
+//!   ([`strategic`]); JSON merge patch; JSON patch;
+//! * list and watch with `fieldSelector` (each type's own field labels; anything else is a 400) and
+//!   `labelSelector`; watches from a resourceVersion replay the bounded history and answer an
+//!   `ERROR` event with a 410 `Expired` `Status` when it is older than the history (force it with
+//!   [`Store::compact_history`]); `BOOKMARK` events when `allowWatchBookmarks=true`;
+//!   `sendInitialEvents=true` streaming lists ending with the `k8s.io/initial-events-end` bookmark;
 //! * graceful pod deletion: a delete with grace > 0 of a pod bound to a node sets
 //!   `deletionTimestamp` and leaves the object, grace 0 removes it; finalizers hold objects;
+//! * Events stored as `events.k8s.io/v1` and readable through core/v1 too, converted;
 //! * `SelfSubjectAccessReview` / `SelfSubjectReview` (the daemon's RBAC preflight): every caller is
 //!   an administrator, so every review is allowed.
 //!
-//! Strategic merge patch is approximated as a JSON merge patch (see [`store::PatchKind`]);
-//! server-side apply is not supported (415). Lists ignore `limit` and return one page.
+//! `tests/semantics` runs the shared behaviour against this server and a real kube-apiserver;
+//! the README lists what the fake does not model. Server-side apply is not supported (415).
+//! Lists ignore `limit` and return one page.
 
 pub mod error;
+mod events;
 mod http;
 pub mod resource;
 mod review;
 pub mod selector;
 pub mod store;
+pub mod strategic;
 
 pub use error::ApiError;
 pub use http::{Fault, RequestRecord};

@@ -35,6 +35,42 @@ impl ResourceType {
         Self::lookup(&K::group(&()), &K::version(&()), &K::plural(&()))
     }
 
+    /// The field labels a field selector may name for this type (the apiserver's own table).
+    pub fn field_labels(&self) -> &'static [&'static str] {
+        match (self.group, self.plural) {
+            ("", "pods") => &[
+                "metadata.name",
+                "metadata.namespace",
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.nominatedNodeName",
+            ],
+            ("", "nodes") => &["metadata.name", "spec.unschedulable"],
+            ("", "namespaces") => &["metadata.name", "status.phase"],
+            (_, "events") => &[
+                "metadata.name",
+                "metadata.namespace",
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+            _ => &["metadata.name", "metadata.namespace"],
+        }
+    }
+
     pub(crate) fn is_pod(&self) -> bool {
         *self == PODS
     }

@@ -1,12 +1,15 @@
 //! Field and label selectors, the subset the apiserver supports for the served resources.
 //!
-//! Field selectors: `a=b`, `a==b`, `a!=b`, comma-joined (conjunction), on `metadata.name`,
-//! `metadata.namespace`, `spec.nodeName`, `status.phase` — any other field is a 400, as for the
-//! real apiserver ("field label not supported").
+//! Field selectors: `a=b`, `a==b`, `a!=b`, comma-joined (conjunction), on the field labels the
+//! real apiserver supports for each served type ([`ResourceType::field_labels`]) — any other
+//! field is a 400 `field label not supported: <field>`, as there. Events are selected on their
+//! core/v1 form (`involvedObject.name`…) whichever API lists them, as the apiserver's internal
+//! Event type is.
 //! Label selectors: equality (`k=v`, `k==v`, `k!=v`), existence (`k`, `!k`) and set
 //! (`k in (a,b)`, `k notin (a,b)`).
 
 use crate::error::ApiError;
+use crate::resource::ResourceType;
 use serde_json::Value;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +30,6 @@ pub struct FieldSelector(Vec<Req>);
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector(Vec<Req>);
 
-const SUPPORTED_FIELDS: &[&str] = &["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"];
-
 fn split_eq(term: &str) -> Option<(String, String, bool)> {
     if let Some((k, v)) = term.split_once("!=") {
         return Some((k.trim().into(), v.trim().into(), false));
@@ -41,8 +42,8 @@ fn split_eq(term: &str) -> Option<(String, String, bool)> {
 }
 
 impl FieldSelector {
-    /// Parses `spec.nodeName=node-a,metadata.namespace!=kube-system`.
-    pub fn parse(s: &str) -> Result<Self, ApiError> {
+    /// Parses `spec.nodeName=node-a,metadata.namespace!=kube-system` for resource `rt`.
+    pub fn parse(rt: ResourceType, s: &str) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let (k, v, eq) = split_eq(term).ok_or_else(|| {
@@ -50,26 +51,36 @@ impl FieldSelector {
                     "invalid field selector term {term:?}: expected key=value or key!=value"
                 ))
             })?;
-            if !SUPPORTED_FIELDS.contains(&k.as_str()) {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {k} (supported: {})",
-                    SUPPORTED_FIELDS.join(", ")
-                )));
+            if !rt.field_labels().contains(&k.as_str()) {
+                return Err(ApiError::bad_request(format!("field label not supported: {k}")));
             }
             reqs.push(if eq { Req::Eq(k, v) } else { Req::NotEq(k, v) });
         }
         Ok(Self(reqs))
     }
 
-    /// Whether the object satisfies every term. A missing field reads as "".
+    /// Whether the object satisfies every term. A missing field reads as ""; booleans and
+    /// numbers as their JSON text (`spec.unschedulable=true`).
     pub fn matches(&self, obj: &Value) -> bool {
+        if self.0.is_empty() {
+            return true;
+        }
+        let core_event;
+        let obj = if obj.get("apiVersion").and_then(Value::as_str) == Some("events.k8s.io/v1") {
+            core_event = crate::events::to_core(obj);
+            &core_event
+        } else {
+            obj
+        };
         self.0.iter().all(|r| {
-            let get = |path: &str| {
-                path.split('.')
-                    .try_fold(obj, |v, seg| v.get(seg))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
+            // `source` selects on the reporting component, as the apiserver's Event field table does.
+            let get = |path: &str| match (if path == "source" { "source.component" } else { path })
+                .split('.')
+                .try_fold(obj, |v, seg| v.get(seg))
+            {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Null) | None => String::new(),
+                Some(other) => other.to_string(),
             };
             match r {
                 Req::Eq(k, v) => get(k) == *v,
@@ -171,24 +182,28 @@ impl Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resource::{NODES, PODS};
     use serde_json::json;
 
     #[test]
     fn field_selector_on_node_name() {
-        let sel = FieldSelector::parse("spec.nodeName=node-a").unwrap();
+        let sel = FieldSelector::parse(PODS, "spec.nodeName=node-a").unwrap();
         assert!(sel.matches(&json!({"spec": {"nodeName": "node-a"}})));
         assert!(!sel.matches(&json!({"spec": {"nodeName": "node-b"}})));
         assert!(!sel.matches(&json!({"spec": {}})));
-        let neg = FieldSelector::parse("spec.nodeName!=").unwrap();
+        let neg = FieldSelector::parse(PODS, "spec.nodeName!=").unwrap();
         assert!(neg.matches(&json!({"spec": {"nodeName": "x"}})));
         assert!(!neg.matches(&json!({"spec": {}})));
     }
 
     #[test]
     fn unsupported_field_is_a_bad_request() {
-        let err = FieldSelector::parse("spec.hostname=x").unwrap_err();
+        let err = FieldSelector::parse(PODS, "spec.hostname=x").unwrap_err();
         assert_eq!(err.code, 400);
-        assert!(err.message.contains("spec.hostname"), "{}", err.message);
+        assert_eq!(err.message, "field label not supported: spec.hostname");
+        // Each type has its own labels.
+        assert!(FieldSelector::parse(NODES, "spec.unschedulable=true").is_ok());
+        assert!(FieldSelector::parse(NODES, "spec.nodeName=x").is_err());
     }
 
     #[test]

@@ -54,10 +54,9 @@ pub enum PatchKind {
     Json,
     /// RFC 7386 `application/merge-patch+json`.
     Merge,
-    /// `application/strategic-merge-patch+json`, **approximated as a JSON merge patch**: lists are
-    /// replaced wholesale instead of merged by their patch-merge key, and `$patch` directives are
-    /// not interpreted. Exact for the fields the daemon patches (annotations, status with its full
-    /// condition and container-status lists).
+    /// `application/strategic-merge-patch+json`: keyed lists merge by their patch-merge key,
+    /// `finalizers` is a union, `$patch` and `$deleteFromPrimitiveList` directives apply (see
+    /// [`crate::strategic`] for what is modelled).
     Strategic,
 }
 
@@ -391,7 +390,8 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
         let mut doc = current.clone();
         match kind {
-            PatchKind::Merge | PatchKind::Strategic => json_patch::merge(&mut doc, &patch),
+            PatchKind::Merge => json_patch::merge(&mut doc, &patch),
+            PatchKind::Strategic => crate::strategic::merge(&mut doc, &patch),
             PatchKind::Json => {
                 let ops: json_patch::Patch = serde_json::from_value(patch)
                     .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
@@ -433,12 +433,7 @@ impl Store {
         if let Some(uid) = meta_str(&new, "uid")
             && uid != cur_uid
         {
-            return Err(ApiError::precondition_failed(
-                rt.group,
-                rt.plural,
-                name,
-                format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_uid}"),
-            ));
+            return Err(ApiError::immutable_uid(rt.group, rt.plural, rt.kind, name, uid));
         }
         if let Some(rv) = meta_str(&new, "resourceVersion")
             && rv != cur_rv
@@ -454,14 +449,23 @@ impl Store {
                         new.as_object_mut().expect("object").remove("status");
                     }
                 },
+                // As the apiserver's status strategies: the spec stays as stored, metadata (labels,
+                // annotations, finalizers) may change with the status; a pod keeps its owner
+                // references (old kubelets corrupted them through /status).
                 Target::Status => {
-                    let status = new.get("status").cloned();
-                    new = current.clone();
-                    match status {
-                        Some(s) => new["status"] = s,
+                    match current.get("spec") {
+                        Some(spec) => new["spec"] = spec.clone(),
                         None => {
-                            new.as_object_mut().expect("object").remove("status");
+                            new.as_object_mut().expect("object").remove("spec");
                         }
+                    }
+                    if rt.is_pod() {
+                        let owners = meta(&current).and_then(|m| m.get("ownerReferences")).cloned();
+                        let m = meta_mut(&mut new);
+                        match owners {
+                            Some(o) => m.insert("ownerReferences".into(), o),
+                            None => m.remove("ownerReferences"),
+                        };
                     }
                 }
             }
@@ -539,8 +543,11 @@ impl Store {
             return Err(ApiError::precondition_failed(
                 rt.group,
                 rt.plural,
+                rt.kind,
                 name,
-                format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_uid}"),
+                format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record ({cur_uid}). The object might have been deleted and then recreated"
+                ),
             ));
         }
         if let Some(rv) = &opts.precondition_resource_version
@@ -549,9 +556,10 @@ impl Store {
             return Err(ApiError::precondition_failed(
                 rt.group,
                 rt.plural,
+                rt.kind,
                 name,
                 format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {cur_rv}"
+                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({cur_rv}). The object might have been modified"
                 ),
             ));
         }
