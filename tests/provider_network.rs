@@ -6,28 +6,13 @@ mod provider_support;
 use std::sync::Arc;
 
 use provider_support::*;
-use vk_cocoon::runtime::{CloneSource, CloneSpec, CocoonRuntime};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_ip_comes_from_the_lease_file_and_leases_are_released_after_the_delete() {
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     // A DHCP guest (the simulator gives NICs of `*dhcp*` networks no static address).
-    let vm = env
-        .runtime
-        .clone_vm(&CloneSpec {
-            name: Some("vm-dhcp".into()),
-            network: Some("dhcp-net".into()),
-            no_direct_io: false,
-            pull: true,
-            restore_mode: None,
-            nics: None,
-            cpu_policy: Default::default(),
-            backend: Default::default(),
-            source: CloneSource::Snapshot("base".into()),
-        })
-        .await
-        .unwrap();
+    let vm = clone_direct_on(&env.runtime, "base", "vm-dhcp", Some("dhcp-net")).await;
     assert!(vm.primary_ip().is_none(), "a DHCP NIC has no static address");
     let mac = vm.primary_mac().expect("the NIC has a MAC").to_string();
     std::fs::write(

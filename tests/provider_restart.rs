@@ -7,7 +7,6 @@ mod provider_support;
 use k8s_openapi::api::core::v1::Node;
 use provider_support::*;
 use vk_cocoon::provider::reconcile::OrphanPolicy;
-use vk_cocoon::runtime::{CloneSource, CloneSpec, CocoonRuntime};
 
 async fn wait_ready(env: &Env, name: &str) {
     eventually(60, &format!("{name} ready"), || {
@@ -17,20 +16,7 @@ async fn wait_ready(env: &Env, name: &str) {
 }
 
 async fn clone_direct(env: &Env, snapshot: &str, name: &str) -> vk_cocoon::runtime::VmRecord {
-    env.runtime
-        .clone_vm(&CloneSpec {
-            name: Some(name.into()),
-            network: None,
-            no_direct_io: false,
-            pull: true,
-            restore_mode: None,
-            nics: None,
-            cpu_policy: Default::default(),
-            backend: Default::default(),
-            source: CloneSource::Snapshot(snapshot.into()),
-        })
-        .await
-        .unwrap()
+    clone_direct_on(&env.runtime, snapshot, name, None).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

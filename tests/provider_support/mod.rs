@@ -593,6 +593,30 @@ pub async fn seed_snapshot_on(runtime: &CocoonCli, name: &str, image: &str) {
     runtime.remove(&vm.id).await.unwrap();
 }
 
+/// VM `name` cloned straight from local snapshot `snapshot` (behind the daemon's back), on
+/// network `network` (`None`: the default, static addresses).
+pub async fn clone_direct_on(
+    runtime: &CocoonCli,
+    snapshot: &str,
+    name: &str,
+    network: Option<&str>,
+) -> vk_cocoon::runtime::VmRecord {
+    runtime
+        .clone_vm(&vk_cocoon::runtime::CloneSpec {
+            name: Some(name.into()),
+            network: network.map(str::to_string),
+            no_direct_io: false,
+            pull: true,
+            restore_mode: None,
+            nics: None,
+            cpu_policy: Default::default(),
+            backend: Default::default(),
+            source: vk_cocoon::runtime::CloneSource::Snapshot(snapshot.into()),
+        })
+        .await
+        .unwrap()
+}
+
 /// A local Windows snapshot `name` (a cloud image booted with `--windows`, then saved).
 pub async fn seed_windows_snapshot(env: &Env, name: &str) {
     env.sim.add_image("win11", "cloudimg").unwrap();

@@ -7,11 +7,11 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use vk_cocoon::registry::ManifestLookup;
-use vk_cocoon::runtime::{CloneSource, CloneSpec, CocoonRuntime};
+use vk_cocoon::runtime::CocoonRuntime;
 
 use crate::daemon::*;
 use crate::kube_support;
-use crate::provider_support::seed_snapshot_on;
+use crate::provider_support::{clone_direct_on, seed_snapshot_on};
 
 const CLONE_FROM_DIR: &str = "vm.cocoonstack.io/clone-from-dir";
 const FORK_FROM: &str = "vm.cocoonstack.io/fork-from";
@@ -35,21 +35,7 @@ async fn every_bring_up_path_brings_its_pod_up() {
     machine.wait_registered(cluster).await;
     // A VM already running here under the name a pod will ask for (made after the startup
     // reconcile, which would have removed it as an orphan).
-    let existing = machine
-        .runtime
-        .clone_vm(&CloneSpec {
-            name: Some("vm-adopt".into()),
-            network: None,
-            no_direct_io: false,
-            pull: true,
-            restore_mode: None,
-            nics: None,
-            cpu_policy: Default::default(),
-            backend: Default::default(),
-            source: CloneSource::Snapshot("base".into()),
-        })
-        .await
-        .unwrap();
+    let existing = clone_direct_on(&machine.runtime, "base", "vm-adopt", None).await;
     let clones_before = machine.calls("vm clone").len();
 
     let dir = exported.display().to_string();
