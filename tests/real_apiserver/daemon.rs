@@ -188,6 +188,15 @@ impl Machine {
     }
 }
 
+impl Drop for Machine {
+    fn drop(&mut self) {
+        // A daemon stopped with `kill -9` leaves its cocoon children running, as a real cocoon's
+        // would (the restart scenarios rely on that); its `vm status --event` never ends by
+        // itself. Stop every process started against this machine's simulator.
+        let _ = self.sim.kill_everything();
+    }
+}
+
 /// A running `vk-cocoon run`. Dropping it kills it (SIGKILL); a panicking test prints its log;
 /// a probe it refused (an address off loopback, see [`loopback::DAEMON_PROBE_NETWORKS`]) that
 /// the test did not provoke on purpose fails the test.

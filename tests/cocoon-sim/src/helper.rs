@@ -299,6 +299,12 @@ impl Sim {
 
     /// PIDs of live `cocoon-sim` processes running `verb` (e.g. `"vm status"`).
     pub fn pids_of(&self, verb: &str) -> std::io::Result<Vec<i32>> {
+        self.live_pids(|v| v == verb)
+    }
+
+    /// The live `cocoon-sim` processes of this root whose verb passes `wanted` (stale records
+    /// are cleaned up on the way).
+    fn live_pids(&self, wanted: impl Fn(&str) -> bool) -> std::io::Result<Vec<i32>> {
         let mut pids = Vec::new();
         for e in std::fs::read_dir(self.root.join("procs"))? {
             let e = e?;
@@ -312,11 +318,24 @@ impl Sim {
                 let _ = std::fs::remove_file(e.path());
                 continue;
             }
-            if std::fs::read_to_string(e.path()).map(|v| v == verb).unwrap_or(false) {
+            if std::fs::read_to_string(e.path()).is_ok_and(|v| wanted(&v)) {
                 pids.push(pid);
             }
         }
         Ok(pids)
+    }
+
+    /// SIGKILLs every live `cocoon-sim` process of this root, whatever its verb (for a test's
+    /// cleanup: a client killed with SIGKILL leaves its children, e.g. an endless
+    /// `vm status --event`, running); returns how many.
+    pub fn kill_everything(&self) -> std::io::Result<usize> {
+        let pids = self.live_pids(|_| true)?;
+        for pid in &pids {
+            unsafe {
+                libc::kill(*pid, libc::SIGKILL);
+            }
+        }
+        Ok(pids.len())
     }
 
     /// SIGKILLs every live `cocoon-sim` process running `verb`; returns how many.
