@@ -22,6 +22,7 @@ pub mod routes;
 pub mod server;
 pub mod source;
 pub mod state;
+pub mod streaming;
 pub mod summary;
 pub mod tls;
 
