@@ -1,79 +1,14 @@
 //! The wasmtime engine every policy runs in: component model, pooling allocator, an epoch
-//! ticker for deadlines, and a cap on concurrent decisions (the pool has a fixed size).
+//! clock for deadlines (running only while a decision is in flight), and a cap on concurrent
+//! decisions (the pool has a fixed size). The limits themselves live in [`super::limits`].
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread;
-use std::time::Duration;
 
-use serde::Deserialize;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-/// How often the epoch advances; deadlines are rounded up to whole ticks.
-pub const EPOCH_TICK: Duration = Duration::from_millis(1);
-
-/// Resource limits of one decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct SandboxLimits {
-    /// Linear memory a policy instance may use.
-    #[serde(default = "SandboxLimits::default_memory_bytes")]
-    pub memory_bytes: usize,
-    /// Wall-clock budget of one decision.
-    #[serde(default = "SandboxLimits::default_timeout", with = "millis")]
-    pub timeout: Duration,
-    /// Decisions that may run at once (the instance pool is sized from it).
-    #[serde(default = "SandboxLimits::default_concurrency")]
-    pub max_concurrent: u32,
-}
-
-impl SandboxLimits {
-    fn default_memory_bytes() -> usize {
-        32 << 20
-    }
-    fn default_timeout() -> Duration {
-        Duration::from_millis(100)
-    }
-    fn default_concurrency() -> u32 {
-        32
-    }
-
-    /// Epoch ticks that cover the timeout (at least one whole tick more than asked).
-    pub fn deadline_ticks(&self) -> u64 {
-        let ticks = self.timeout.as_micros().div_ceil(EPOCH_TICK.as_micros());
-        u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)
-    }
-}
-
-impl Default for SandboxLimits {
-    fn default() -> Self {
-        SandboxLimits {
-            memory_bytes: Self::default_memory_bytes(),
-            timeout: Self::default_timeout(),
-            max_concurrent: Self::default_concurrency(),
-        }
-    }
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
-}
-
-/// Instances, memories and tables each decision may create (a component has a few core
-/// instances: its module plus canonical-ABI shims).
-const CORE_INSTANCES_PER_DECISION: u32 = 8;
-const TABLES_PER_DECISION: u32 = 4;
-const MEMORIES_PER_DECISION: u32 = 2;
-const TABLE_ELEMENTS: usize = 10_000;
-/// Bytes of each freed linear memory kept mapped (the guests' 32 KiB stack, data and arena).
-const KEEP_RESIDENT_BYTES: usize = 128 << 10;
-/// Bytes of each freed table kept mapped (2,048 funcref slots: more than any policy uses).
-const TABLE_KEEP_RESIDENT_BYTES: usize = 16 << 10;
+use super::clock::{EpochClock, InFlight};
+pub use super::limits::SandboxLimits;
+use super::limits::{KEEP_RESIDENT_BYTES, PER_DECISION, TABLE_KEEP_RESIDENT_BYTES};
 
 /// The shared engine of all slots.
 #[derive(Clone)]
@@ -81,6 +16,7 @@ pub struct PolicyEngine {
     engine: Engine,
     limits: SandboxLimits,
     permits: Arc<Permits>,
+    clock: Arc<EpochClock>,
 }
 
 impl PolicyEngine {
@@ -91,14 +27,15 @@ impl PolicyEngine {
         config.memory_init_cow(true);
         let mut pool = PoolingAllocationConfig::new();
         let n = limits.max_concurrent.max(1);
+        let shape = &PER_DECISION;
         pool.total_component_instances(n)
-            .total_core_instances(n * CORE_INSTANCES_PER_DECISION)
-            .total_memories(n * MEMORIES_PER_DECISION)
-            .total_tables(n * TABLES_PER_DECISION)
-            .max_memories_per_component(MEMORIES_PER_DECISION)
-            .max_tables_per_component(TABLES_PER_DECISION)
-            .max_core_instances_per_component(CORE_INSTANCES_PER_DECISION)
-            .table_elements(TABLE_ELEMENTS)
+            .total_core_instances(n * shape.core_instances)
+            .total_memories(n * shape.memories)
+            .total_tables(n * shape.tables)
+            .max_memories_per_component(shape.memories)
+            .max_tables_per_component(shape.tables)
+            .max_core_instances_per_component(shape.core_instances)
+            .table_elements(shape.table_elements)
             .max_memory_size(limits.memory_bytes)
             // Reset the first pages of a freed memory with memset instead of unmapping them:
             // the next decision's stack and data reuse them without page faults (each
@@ -110,11 +47,12 @@ impl PolicyEngine {
             .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
-        start_epoch_ticker(&engine);
+        let clock = Arc::new(EpochClock::start(&engine));
         Ok(PolicyEngine {
             engine,
             limits,
             permits: Arc::new(Permits::new(n)),
+            clock,
         })
     }
 
@@ -126,9 +64,24 @@ impl PolicyEngine {
         self.limits
     }
 
-    /// Waits for a free instance slot; the guard gives it back when dropped.
+    /// Waits for a free instance slot and starts the epoch clock; the guard gives both back
+    /// when dropped.
     pub(crate) fn acquire(&self) -> Permit<'_> {
-        self.permits.acquire()
+        let slot = self.permits.acquire();
+        Permit {
+            _clock: self.clock.enter(),
+            _slot: slot,
+        }
+    }
+
+    /// The epoch clock is asleep: no decision is in flight and none ended recently.
+    pub fn clock_parked(&self) -> bool {
+        self.clock.is_parked()
+    }
+
+    /// Epoch ticks so far (the clock's wake-ups).
+    pub fn clock_ticks(&self) -> u64 {
+        self.clock.ticks()
     }
 
     /// A key identifying compiled artifacts this engine can load: same wasmtime build and
@@ -141,24 +94,6 @@ impl PolicyEngine {
         self.engine.precompile_compatibility_hash().hash(&mut hasher);
         format!("wasmtime-48.0.8-{:016x}", hasher.finish())
     }
-}
-
-/// Advances the epoch every tick while the engine lives; the thread holds only a weak
-/// reference, so it ends with the engine.
-fn start_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    thread::Builder::new()
-        .name("policy-epoch".into())
-        .spawn(move || {
-            loop {
-                thread::sleep(EPOCH_TICK);
-                match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
-                    None => break,
-                }
-            }
-        })
-        .expect("spawn the policy epoch ticker thread");
 }
 
 /// A counting semaphore over the instance pool: instantiating past the pool's size fails, so
@@ -176,21 +111,21 @@ impl Permits {
         }
     }
 
-    fn acquire(&self) -> Permit<'_> {
+    fn acquire(&self) -> PoolSlot<'_> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         while *free == 0 {
             free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
         }
         *free -= 1;
-        Permit { permits: self }
+        PoolSlot { permits: self }
     }
 }
 
-pub(crate) struct Permit<'a> {
+struct PoolSlot<'a> {
     permits: &'a Permits,
 }
 
-impl Drop for Permit<'_> {
+impl Drop for PoolSlot<'_> {
     fn drop(&mut self) {
         let mut free = self.permits.free.lock().unwrap_or_else(|p| p.into_inner());
         *free += 1;
@@ -198,29 +133,43 @@ impl Drop for Permit<'_> {
     }
 }
 
+/// One decision's hold on the engine: a pool slot and a running epoch clock.
+pub(crate) struct Permit<'a> {
+    _clock: InFlight<'a>,
+    _slot: PoolSlot<'a>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn deadlines_round_up_to_whole_ticks() {
-        let limits = SandboxLimits {
-            timeout: Duration::from_micros(2500),
-            ..SandboxLimits::default()
-        };
-        assert_eq!(limits.deadline_ticks(), 4);
-        let limits = SandboxLimits {
-            timeout: Duration::from_millis(100),
-            ..SandboxLimits::default()
-        };
-        assert_eq!(limits.deadline_ticks(), 101);
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::yield_now();
+        }
     }
 
     #[test]
-    fn limits_parse_from_yaml_with_defaults() {
-        let limits: SandboxLimits = serde_yaml_ng::from_str("timeout: 20\nmemory-bytes: 1048576").unwrap();
-        assert_eq!(limits.timeout, Duration::from_millis(20));
-        assert_eq!(limits.memory_bytes, 1 << 20);
-        assert_eq!(limits.max_concurrent, 32);
+    fn the_epoch_clock_ticks_only_while_a_decision_is_in_flight() {
+        let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+        wait_for("the idle clock to park", || engine.clock_parked());
+        let parked_at = engine.clock_ticks();
+        {
+            let _permit = engine.acquire();
+            assert!(!engine.clock_parked() || engine.clock_ticks() == parked_at);
+            wait_for("a tick while in flight", || engine.clock_ticks() > parked_at + 2);
+        }
+        wait_for("the clock to park again", || engine.clock_parked());
+        let ticks = engine.clock_ticks();
+        // Asleep means asleep: no tick over twenty tick periods.
+        std::thread::sleep(super::super::limits::EPOCH_TICK * 20);
+        assert_eq!(engine.clock_ticks(), ticks, "a parked clock does not tick");
+        assert!(
+            ticks - parked_at >= u64::from(super::super::limits::EPOCH_LINGER_TICKS),
+            "it lingers after the last decision: {} ticks",
+            ticks - parked_at
+        );
     }
 }

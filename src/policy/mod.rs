@@ -3,7 +3,8 @@
 //!
 //! - [`slot`]: the decision slots and their fail-safe rules.
 //! - [`facts`] / [`decision`]: plain Rust inputs and outputs, converted to and from WIT.
-//! - [`engine`]: the wasmtime engine (pooling allocator, epoch deadlines, concurrency cap).
+//! - [`engine`] and [`limits`]: the wasmtime engine (pooling allocator, an epoch clock that runs
+//!   only while a decision is in flight, concurrency cap) and every limit of the sandbox.
 //! - [`LoadedPolicy`]: a component validated for a slot; one fresh instance per decision.
 //! - [`Policies`]: the live set, swapped atomically on reload.
 //! - [`cases`]: YAML case tables, run inside the sandbox (`vk-cocoon policy test`).
@@ -12,6 +13,7 @@
 mod bindings;
 pub mod cache;
 pub mod cases;
+mod clock;
 mod component;
 pub mod config;
 pub mod decision;
@@ -19,6 +21,7 @@ pub mod engine;
 pub mod error;
 pub mod facts;
 pub mod input;
+pub mod limits;
 mod loaded;
 pub mod metrics;
 pub mod reload;

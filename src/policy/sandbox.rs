@@ -4,9 +4,7 @@
 use wasmtime::{ResourceLimiter, Store};
 
 use super::engine::PolicyEngine;
-
-/// Table elements one instance may grow to.
-const TABLE_ELEMENTS: usize = 10_000;
+use super::limits::PER_DECISION;
 
 /// State of one decision's `Store`.
 pub struct Sandbox {
@@ -41,19 +39,20 @@ impl ResourceLimiter for Sandbox {
     }
 
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= TABLE_ELEMENTS)
+        Ok(desired <= PER_DECISION.table_elements)
     }
 
+    // The same shape the pool reserves per decision (see `limits`).
     fn instances(&self) -> usize {
-        16
+        PER_DECISION.core_instances as usize
     }
 
     fn tables(&self) -> usize {
-        8
+        PER_DECISION.tables as usize
     }
 
     fn memories(&self) -> usize {
-        4
+        PER_DECISION.memories as usize
     }
 }
 
