@@ -83,6 +83,7 @@ fn map_provider(result: Result<(), ProviderError>) -> OpOutcome {
     match result {
         Ok(()) => OpOutcome::Done,
         Err(ProviderError::Rejected { reason, message }) => OpOutcome::Rejected { reason, message },
+        Err(ProviderError::NeedsOperator { reason, message }) => OpOutcome::AwaitingOperator { reason, message },
         Err(e @ (ProviderError::Transient(_) | ProviderError::NotFound(_))) => {
             OpOutcome::Failed { error: e.to_string() }
         }
@@ -200,6 +201,9 @@ impl<P: Provider> PodController<P> {
                         }
                         OpOutcome::Failed { error } => {
                             tracing::warn!(pod = %key, %uid, ?op, %error, "pod operation failed; will retry")
+                        }
+                        OpOutcome::AwaitingOperator { reason, message } => {
+                            tracing::warn!(pod = %key, %uid, ?op, %reason, %message, "pod waits for an operator; re-checked at the slowest retry pace")
                         }
                     }
                     let _ = tx.send(Input::Finished {

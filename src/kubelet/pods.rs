@@ -8,7 +8,9 @@
 //!   first; only when it returned is the terminal status published and the object deleted with
 //!   grace 0 (the `Finalize` action); an object already gone needs no finalize;
 //! * a new incarnation under the same name waits until the old one is fully deleted;
-//! * transient failures retry with exponential backoff; a rejection publishes Failed once.
+//! * transient failures retry with exponential backoff; a rejection publishes Failed once; an
+//!   operation awaiting an operator is re-run at the slowest retry pace, or at once when the
+//!   pod changes (the operator's edit).
 
 use crate::backoff;
 use k8s_openapi::api::core::v1::Pod;
@@ -53,6 +55,12 @@ pub enum OpOutcome {
     /// May work later: retried with backoff.
     Failed {
         error: String,
+    },
+    /// Waits for an operator: a Warning Event of `reason`, re-run after `retry_max` or when the
+    /// pod changes.
+    AwaitingOperator {
+        reason: String,
+        message: String,
     },
     /// The apiserver says this incarnation is gone (404/409/422 on a uid-conditioned write).
     Superseded,
@@ -143,6 +151,8 @@ struct Entry {
     rejected: Option<Rejection>,
     in_flight: Option<OpKind>,
     retry_pending: bool,
+    /// The pending retry waits for an operator: a change of the pod runs it at once.
+    awaiting_operator: bool,
     failures: u32,
     /// The next incarnation under the same name, waiting for this one to be deleted.
     next: Option<Arc<Pod>>,
@@ -163,6 +173,7 @@ impl Entry {
             rejected: None,
             in_flight: None,
             retry_pending: false,
+            awaiting_operator: false,
             failures: 0,
             next: None,
         }
@@ -312,6 +323,11 @@ impl PodState {
                 if pod.metadata.deletion_timestamp.is_some() {
                     e.deleting = true;
                 }
+                if e.awaiting_operator && fingerprint(&pod) != fingerprint(&e.pod) {
+                    // The operator edited the pod: try now rather than at the slow pace.
+                    e.awaiting_operator = false;
+                    e.retry_pending = false;
+                }
                 e.pod = pod;
             }
             Some(e) => {
@@ -330,6 +346,7 @@ impl PodState {
             return;
         }
         e.in_flight = None;
+        e.awaiting_operator = false;
         match outcome {
             OpOutcome::Done => {
                 e.failures = 0;
@@ -376,7 +393,33 @@ impl PodState {
                 self.retry(key, op, format!("{reason}: {message}"), actions);
             }
             OpOutcome::Failed { error } => self.retry(key, op, error, actions),
+            OpOutcome::AwaitingOperator { reason, message } => self.await_operator(key, reason, message, actions),
         }
+    }
+
+    /// Records what the operator must do (on the first wait and every doubling of the count,
+    /// like a retry) and re-runs the operation after `retry_max`.
+    fn await_operator(&mut self, key: &str, reason: String, message: String, actions: &mut Vec<Action>) {
+        let Some(e) = self.entries.get_mut(key) else { return };
+        e.failures += 1;
+        e.retry_pending = true;
+        e.awaiting_operator = true;
+        let delay = self.config.retry_max;
+        if e.failures == 1 || e.failures.is_power_of_two() {
+            actions.push(Action::Record {
+                pod: e.pod.clone(),
+                warning: true,
+                reason,
+                note: format!(
+                    "{message} (waiting for an operator; re-checked every {delay:?} and on any change of the pod)"
+                ),
+            });
+        }
+        actions.push(Action::RetryAfter {
+            key: key.to_string(),
+            uid: e.uid.clone(),
+            delay,
+        });
     }
 
     fn retry(&mut self, key: &str, op: OpKind, error: String, actions: &mut Vec<Action>) {
@@ -597,6 +640,37 @@ mod tests {
         assert_eq!(
             runs(&finish(&mut s, &old, OpKind::Delete, OpOutcome::Done)),
             vec![(OpKind::Create, "u2".into())]
+        );
+    }
+
+    #[test]
+    fn an_operation_awaiting_an_operator_reruns_at_the_slowest_pace_or_when_the_pod_changes() {
+        let mut s = state();
+        let p = pod("a", "u1");
+        s.on_event(Input::Applied(p.clone()));
+        let waiting = || OpOutcome::AwaitingOperator {
+            reason: "HibernateImageConflict".into(),
+            message: "delete the tag".into(),
+        };
+        let acts = finish(&mut s, &p, OpKind::Create, waiting());
+        assert!(acts.contains(&Action::RetryAfter {
+            key: "ns/a".into(),
+            uid: "u1".into(),
+            delay: Duration::from_secs(10)
+        }));
+        assert!(
+            acts.iter().any(
+                |a| matches!(a, Action::Record { reason, warning: true, .. } if reason == "HibernateImageConflict")
+            )
+        );
+        assert!(runs(&acts).is_empty(), "not retried before the delay");
+        // An unrelated re-delivery of the same pod does not hurry it.
+        assert!(runs(&s.on_event(Input::Applied(p.clone()))).is_empty());
+        // The operator's edit does.
+        let edited = annotated(&p, "image");
+        assert_eq!(
+            runs(&s.on_event(Input::Applied(edited))),
+            vec![(OpKind::Create, "u1".to_string())]
         );
     }
 

@@ -18,6 +18,11 @@ pub enum ProviderError {
     /// Anything that may work later (runtime or registry unavailable, ...). Retried with backoff.
     #[error("transient: {0}")]
     Transient(String),
+    /// The pod waits for an operator to act outside it (delete a tag, classify the node): left
+    /// as it is with a Warning Event of this reason, and tried again at the slowest retry pace,
+    /// or at once when the pod changes.
+    #[error("needs an operator ({reason}): {message}")]
+    NeedsOperator { reason: String, message: String },
 }
 
 impl ProviderError {
