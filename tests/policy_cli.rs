@@ -51,14 +51,16 @@ fn a_failing_case_fails_the_run_and_shows_the_decision() {
     let table = dir.path().join("wrong.cases.yaml");
     fs::write(
         &table,
-        "slot: cpu-class-admission\ncases:\n  - name: expects the impossible\n    expect: {verdict: reject}\n",
+        "slot: cpu-class-admission\ncases:\n  - name: expects the impossible\n    expect: {verdict: {Reject: {kind: Permanent}}}\n",
     )
     .unwrap();
     let out = vk_cocoon(&["policy", "test", table.to_str().unwrap()]);
     let text = stdout(&out);
     assert!(!out.status.success());
     assert!(
-        text.contains("FAIL expects the impossible: verdict: expected \"reject\", got \"admit\""),
+        text.contains(
+            "FAIL expects the impossible: verdict: expected {\"Reject\":{\"kind\":\"Permanent\"}}, got \"Admit\""
+        ),
         "{text}"
     );
     assert!(text.contains("decision: {"), "{text}");
@@ -80,7 +82,7 @@ fn a_table_tests_the_component_beside_it() {
     fs::write(dir.path().join("mine.wasm"), hostile::TRAPPER).unwrap();
     fs::write(
         dir.path().join("mine.cases.yaml"),
-        "slot: bring-up\ncases:\n  - name: a panicking policy fails safe\n    expect: {outcome: refuse, reason: policy-failed}\n    message-contains: [unreachable]\n",
+        "slot: bring-up\ncases:\n  - name: a panicking policy fails safe\n    expect: {outcome: {Refuse: {kind: RetryLater, event: BringUpPolicyFailed}}, reason: policy-failed}\n    message-contains: [unreachable]\n",
     )
     .unwrap();
     let out = vk_cocoon(&["policy", "test", dir.path().to_str().unwrap()]);
@@ -101,7 +103,7 @@ pod:
   metadata: {namespace: ns, name: p}
   spec:
     containers: [{name: agent, resources: {requests: {cpu: 500m}, limits: {cpu: "2"}}}]
-host: {path: clone}
+host: {path: Clone}
 "#,
     )
     .unwrap();
@@ -115,9 +117,9 @@ host: {path: clone}
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON document");
-    assert_eq!(json["outcome"], "translated");
-    assert_eq!(json["cpu"]["cpu-weight"], 20);
-    assert_eq!(json["cpu"]["cpu-quota-us"], 200000);
+    let cpu = &json["outcome"]["Translated"]["cpu"];
+    assert_eq!(cpu["cpu-weight"], 20);
+    assert_eq!(cpu["cpu-quota-us"], 200000);
     assert_eq!(json["reason"], "translated");
 }
 
@@ -144,11 +146,11 @@ host: {vm-id: id-1, nics: [{mac: "52:54:00:00:00:01", ip: 10.0.0.2, gateway: 10.
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("stdout is one JSON document");
-    assert_eq!(json["outcome"], "run");
+    let fixup = &json["outcome"]["Run"];
     assert_eq!(json["reason"], "windows");
-    assert_eq!(json["fixup"]["kind"], "windows");
-    assert_eq!(json["fixup"]["argv"][0], "powershell");
-    assert_eq!(json["fixup"]["argv"].as_array().map(Vec::len), Some(4));
+    assert_eq!(fixup["kind"], "Windows");
+    assert_eq!(fixup["argv"][0], "powershell");
+    assert_eq!(fixup["argv"].as_array().map(Vec::len), Some(4));
 }
 
 #[test]
@@ -161,7 +163,9 @@ fn every_default_component_checks_as_exactly_its_own_slot() {
         let text = stdout(&out);
         assert!(out.status.success(), "{slot}: {}", stderr(&out));
         assert!(
-            text.contains(&format!("implements slot {slot} (world {slot}-policy)")),
+            text.contains(&format!(
+                "implements slot {slot} (world {slot}-policy) of contract cocoonstack:vk-policy@0.2.0"
+            )),
             "{text}"
         );
         assert_eq!(
@@ -209,8 +213,41 @@ fn check_accepts_a_policy_and_refuses_hostile_components_with_reasons() {
     let out = vk_cocoon(&["policy", "check", &good, "--slot", "bring-up"]);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.1.0"),
+        stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.2.0"),
         "{}",
         stderr(&out)
     );
+}
+
+#[test]
+fn check_names_the_contract_version_it_found_and_refuses_one_it_does_not_speak() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/v0.1.0/bring-up.wasm");
+    let out = vk_cocoon(&["policy", "check", old.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("exports bring-up of contract cocoonstack:vk-policy@0.1.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("implements slot bring-up (world bring-up-policy) of contract cocoonstack:vk-policy@0.1.0")
+            && text.contains("the host adapts it to cocoonstack:vk-policy@0.2.0"),
+        "{text}"
+    );
+
+    let future = dir.path().join("future.wasm");
+    fs::write(&future, hostile::FUTURE_CONTRACT).unwrap();
+    let out = vk_cocoon(&["policy", "check", future.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stdout(&out).contains(
+            "cpu-class-admission of contract cocoonstack:vk-policy@0.9.0 (a version this daemon does not speak)"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let err = stderr(&out);
+    assert!(err.contains("speaks versions 0.1.0, 0.2.0"), "{err}");
+    assert_eq!(err.lines().count(), 1, "said once, not per slot: {err}");
 }

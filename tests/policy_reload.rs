@@ -10,23 +10,23 @@ use std::time::{Duration, Instant};
 
 use policy_artifacts::hostile;
 use vk_cocoon::policy::config::SlotConfig;
+use vk_cocoon::policy::contract::bring_up::Facts;
 use vk_cocoon::policy::input::{DecisionInput, facts_for};
 use vk_cocoon::policy::reload::PolicyReloader;
-use vk_cocoon::policy::{
-    CompileCache, LoadError, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot, SlotFacts,
-};
+use vk_cocoon::policy::slots::BringUp;
+use vk_cocoon::policy::{CompileCache, LoadError, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot};
 
 fn policies(cache: Option<CompileCache>) -> Arc<Policies> {
     let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
     Arc::new(Policies::with_defaults(engine, cache, PolicyMetrics::unregistered()).unwrap())
 }
 
-fn clone_pod() -> SlotFacts {
+fn clone_pod() -> Facts {
     let input: DecisionInput = serde_yaml_ng::from_str(
         "pod: {metadata: {namespace: ns, name: p, annotations: {vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'snap:v1'}}}",
     )
     .unwrap();
-    facts_for(Slot::BringUp, &input).unwrap()
+    facts_for::<BringUp>(&input).unwrap()
 }
 
 /// Replaces `path` the way deploy tools do: write aside, then rename over it.
@@ -60,34 +60,34 @@ fn a_changed_file_changes_the_next_decision_and_a_bad_one_keeps_the_last_good() 
     let reloader = Arc::new(PolicyReloader::new(policies.clone(), slots));
     reloader.load_all().unwrap();
     let _watcher = reloader.clone().watch().unwrap();
-    assert_eq!(policies.decide(&clone_pod()).reason(), "clone");
+    assert_eq!(policies.decide::<BringUp>(&clone_pod()).reason, "clone");
 
     // A valid component that decides differently (it traps, so bring-up fails safe).
     replace(&path, hostile::TRAPPER);
     wait_until("the new component serves", || {
-        policies.decide(&clone_pod()).reason() == "policy-failed"
+        policies.decide::<BringUp>(&clone_pod()).reason == "policy-failed"
     });
     assert_eq!(policies.metrics().reloads(Slot::BringUp, "ok"), 2);
 
     // A corrupt file is refused; the trapper stays installed.
-    let serving = policies.current(Slot::BringUp).digest().to_string();
+    let serving = policies.digest(Slot::BringUp);
     replace(&path, b"not wasm at all");
     wait_until("the corrupt file is refused", || {
         policies.metrics().reloads(Slot::BringUp, "corrupt") >= 1
     });
-    assert_eq!(policies.current(Slot::BringUp).digest(), serving);
+    assert_eq!(policies.digest(Slot::BringUp), serving);
 
     // A WASI component is refused too.
     replace(&path, hostile::WASI_IMPORTER);
     wait_until("the WASI file is refused", || {
         policies.metrics().reloads(Slot::BringUp, "forbidden_imports") >= 1
     });
-    assert_eq!(policies.current(Slot::BringUp).digest(), serving);
+    assert_eq!(policies.digest(Slot::BringUp), serving);
 
     // And the good default comes back.
     replace(&path, Slot::BringUp.default_component());
     wait_until("the default serves again", || {
-        policies.decide(&clone_pod()).reason() == "clone"
+        policies.decide::<BringUp>(&clone_pod()).reason == "clone"
     });
 }
 
@@ -103,7 +103,7 @@ slot: bring-up
 cases:
   - name: a plain clone
     pod: {metadata: {annotations: {vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: "true", cocoonset.cocoonstack.io/image: "snap:v1"}}}
-    expect: {outcome: proceed, plan: {kind: clone, local-snapshot: "snap:v1"}}
+    expect: {outcome: {Proceed: {Clone: {local-snapshot: "snap:v1"}}}}
 "#,
     )
     .unwrap();
@@ -117,7 +117,7 @@ cases:
     )]);
     let reloader = PolicyReloader::new(policies.clone(), slots);
     reloader.load_all().expect("the default passes its table");
-    let good = policies.current(Slot::BringUp).digest().to_string();
+    let good = policies.digest(Slot::BringUp);
 
     fs::write(&path, hostile::TRAPPER).unwrap();
     let error = reloader.reload(Slot::BringUp).unwrap_err();
@@ -131,12 +131,12 @@ cases:
         other => panic!("expected the table to refuse the swap, got {other}"),
     }
     assert_eq!(
-        policies.current(Slot::BringUp).digest(),
+        policies.digest(Slot::BringUp),
         good,
         "the last good version keeps serving"
     );
     assert_eq!(policies.metrics().reloads(Slot::BringUp, "cases_failed"), 1);
-    assert_eq!(policies.decide(&clone_pod()).reason(), "clone");
+    assert_eq!(policies.decide::<BringUp>(&clone_pod()).reason, "clone");
 }
 
 #[test]
@@ -186,6 +186,6 @@ fn compiled_components_are_cached_by_digest_and_engine() {
     let victim = dir.path().join(&entries[0]);
     fs::write(&victim, b"garbage").unwrap();
     let restarted = policies(Some(cache));
-    assert_eq!(restarted.decide(&clone_pod()).reason(), "clone");
+    assert_eq!(restarted.decide::<BringUp>(&clone_pod()).reason, "clone");
     assert_ne!(fs::read(&victim).unwrap(), b"garbage", "the entry was rewritten");
 }

@@ -352,9 +352,19 @@ async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
     );
     assert!(lifecycle_message(&env, "src-0").contains("explicit clone source"));
     eventually(10, "events", || {
-        has_event(&env, "img-0", "HibernateSnapshotConflict") && has_event(&env, "src-0", "HibernateSnapshotConflict")
+        has_event(&env, "img-0", "HibernateImageConflict") && has_event(&env, "src-0", "HibernateSourceConflict")
     })
     .await;
+    // The bring-up policy says an operator must settle these: the pods wait, they do not fail.
+    for name in ["img-0", "src-0"] {
+        eventually(10, "the wait is explained", || {
+            events(&env, name)
+                .iter()
+                .any(|(_, note)| note.contains("waiting for an operator"))
+        })
+        .await;
+        assert_ne!(phase(&env, name).as_deref(), Some("Failed"), "{name}");
+    }
     assert!(calls(&env, "vm clone").is_empty(), "nothing cloned");
     assert!(vms(&env).await.is_empty(), "nothing booted");
     d.kill().await;
@@ -433,7 +443,7 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
     eventually(10, "events", || {
         has_event(&env, "noname", "MissingVMName")
             && has_event(&env, "classy", "SnapshotCPUClassMismatch")
-            && has_event(&env, "reldir", "CreateBringUpFailed")
+            && has_event(&env, "reldir", "InvalidVMSpec")
             && has_event(&env, "fc", "SnapshotBackendMismatch")
     })
     .await;

@@ -21,7 +21,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("GUEST_FIXUP", "guest-fixup-policy"),
 ];
 
-/// (constant name, package) of each test guest (hostile ones, and a call counter).
+/// (constant name, package) of each test guest (hostile ones, a call counter, a custom
+/// bring-up policy, a component of an unknown contract version).
 const HOSTILE: &[(&str, &str)] = &[
     ("SPIN_FOREVER", "hostile-spin-forever"),
     ("MEMORY_BOMB", "hostile-memory-bomb"),
@@ -29,6 +30,8 @@ const HOSTILE: &[(&str, &str)] = &[
     ("WRONG_SIGNATURE", "hostile-wrong-signature"),
     ("WASI_IMPORTER", "hostile-wasi-importer"),
     ("CALL_COUNTER", "hostile-call-counter"),
+    ("CUSTOM_REFUSER", "test-custom-refuser"),
+    ("FUTURE_CONTRACT", "test-future-contract"),
 ];
 
 const TARGET: &str = "wasm32-wasip2";

@@ -8,9 +8,12 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use vk_cocoon::policy::cases::CaseTable;
+use vk_cocoon::policy::cases::{CaseResult, CaseTable, decision_json};
 use vk_cocoon::policy::input::{DecisionInput, facts_for};
-use vk_cocoon::policy::{LoadError, LoadedPolicy, Origin, PolicyEngine, SandboxLimits, Slot, SlotDecision};
+use vk_cocoon::policy::{
+    ContractVersion, LoadError, LoadedPolicy, Origin, PolicyEngine, PolicySlot, SandboxLimits, Slot, SlotVisitor,
+    with_slot,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
@@ -86,16 +89,40 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn load_component(engine: &PolicyEngine, slot: Slot, path: Option<&Path>) -> Result<LoadedPolicy, LoadError> {
+fn load_component<S: PolicySlot>(engine: &PolicyEngine, path: Option<&Path>) -> Result<LoadedPolicy<S>, LoadError> {
     match path {
-        None => LoadedPolicy::builtin(engine, None, slot),
+        None => LoadedPolicy::builtin(engine, None),
         Some(path) => {
             let bytes = fs::read(path).map_err(|source| LoadError::Read {
                 path: path.to_path_buf(),
                 source,
             })?;
-            LoadedPolicy::load(engine, None, slot, Origin::File(path.to_path_buf()), &bytes)
+            LoadedPolicy::load(engine, None, Origin::File(path.to_path_buf()), &bytes)
         }
+    }
+}
+
+/// One table run against its component: the header line and the results, or why it could not
+/// run.
+struct TableRun<'a> {
+    engine: &'a PolicyEngine,
+    table: &'a CaseTable,
+    component: Option<&'a Path>,
+}
+
+impl SlotVisitor for TableRun<'_> {
+    type Output = Result<(String, Vec<CaseResult>), LoadError>;
+
+    fn visit<S: PolicySlot>(self) -> Self::Output {
+        let policy = load_component::<S>(self.engine, self.component)?;
+        let header = format!(
+            "slot {} on the {} ({}, contract {})",
+            S::SLOT,
+            policy.origin(),
+            &policy.digest()[..12],
+            policy.version()
+        );
+        Ok((header, self.table.run(self.engine, &policy)))
     }
 }
 
@@ -118,21 +145,21 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
             }
         };
         let component = args.component.clone().or_else(|| table.component_path(table_path));
-        let policy = match load_component(&engine, table.slot, component.as_deref()) {
-            Ok(policy) => policy,
+        let run = TableRun {
+            engine: &engine,
+            table: &table,
+            component: component.as_deref(),
+        };
+        let (header, results) = match with_slot(table.slot, run) {
+            Ok(done) => done,
             Err(error) => {
                 println!("FAIL {shown}: {error}");
                 failed += table.cases.len();
                 continue;
             }
         };
-        println!(
-            "# {shown}: slot {} on the {} ({})",
-            table.slot,
-            policy.origin(),
-            &policy.digest()[..12]
-        );
-        for result in table.run(&engine, &policy) {
+        println!("# {shown}: {header}");
+        for result in results {
             match &result.failure {
                 None => {
                     passed += 1;
@@ -196,16 +223,33 @@ fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let text = fs::read_to_string(&args.input).with_context(|| format!("cannot read {}", args.input.display()))?;
     let input: DecisionInput = serde_yaml_ng::from_str(&text)
         .with_context(|| format!("{} is not a decision input (`pod:` and `host:`)", args.input.display()))?;
-    let facts = facts_for(args.slot, &input).map_err(|e| anyhow::anyhow!("{}: {e}", args.input.display()))?;
-    let policy = load_component(&engine, args.slot, args.component.as_deref())?;
-    let (decision, code) = match policy.decide(&engine, &facts) {
-        Ok(decision) => (decision, ExitCode::SUCCESS),
-        Err(error) => {
-            eprintln!("error: {error}; printing the fail-safe decision the daemon would take");
-            (SlotDecision::fail_safe(&facts, &error.to_string()), ExitCode::FAILURE)
+    struct Eval<'a> {
+        engine: &'a PolicyEngine,
+        input: &'a DecisionInput,
+        component: Option<&'a Path>,
+    }
+    impl SlotVisitor for Eval<'_> {
+        type Output = anyhow::Result<serde_json::Value>;
+        fn visit<S: PolicySlot>(self) -> Self::Output {
+            let facts = facts_for::<S>(self.input).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let policy = load_component::<S>(self.engine, self.component)?;
+            Ok(decision_json(self.engine, &policy, &facts))
         }
+    }
+    let eval = Eval {
+        engine: &engine,
+        input: &input,
+        component: args.component.as_deref(),
     };
-    println!("{}", serde_json::to_string_pretty(&decision.to_json())?);
+    let decision = with_slot(args.slot, eval).with_context(|| args.input.display().to_string())?;
+    let code = match decision.get("fail-safe").and_then(|v| v.as_str()) {
+        Some(error) => {
+            eprintln!("error: {error}; printing the fail-safe decision the daemon would take");
+            ExitCode::FAILURE
+        }
+        None => ExitCode::SUCCESS,
+    };
+    println!("{}", serde_json::to_string_pretty(&decision)?);
     Ok(code)
 }
 
@@ -221,18 +265,55 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         Some(slot) => vec![slot],
         None => Slot::ALL.to_vec(),
     };
+    // What the component says it is, before any slot is checked.
+    if let Ok(exports) = vk_cocoon::policy::contract_exports(&engine, &origin, &bytes) {
+        for (interface, version) in &exports {
+            let spoken = if ContractVersion::parse(version).is_some() {
+                ""
+            } else {
+                " (a version this daemon does not speak)"
+            };
+            println!(
+                "{}: exports {interface} of contract {}@{version}{spoken}",
+                args.file.display(),
+                ContractVersion::PACKAGE
+            );
+        }
+    }
+    struct Check<'a> {
+        engine: &'a PolicyEngine,
+        origin: &'a Origin,
+        bytes: &'a [u8],
+    }
+    impl SlotVisitor for Check<'_> {
+        type Output = Result<(String, ContractVersion), LoadError>;
+        fn visit<S: PolicySlot>(self) -> Self::Output {
+            let policy = LoadedPolicy::<S>::load(self.engine, None, self.origin.clone(), self.bytes)?;
+            Ok((policy.digest().to_string(), policy.version()))
+        }
+    }
     let mut errors = Vec::new();
     let mut implemented = Vec::new();
     for slot in slots {
-        match LoadedPolicy::load(&engine, None, slot, origin.clone(), &bytes) {
-            Ok(policy) => implemented.push((slot, policy.digest().to_string())),
+        let check = Check {
+            engine: &engine,
+            origin: &origin,
+            bytes: &bytes,
+        };
+        match with_slot(slot, check) {
+            Ok((digest, version)) => implemented.push((slot, digest, version)),
             Err(error) => errors.push(error),
         }
     }
-    if let Some((slot, digest)) = implemented.first() {
-        for (slot, _) in &implemented {
+    if let Some((slot, digest, _)) = implemented.first() {
+        for (slot, _, version) in &implemented {
+            let adapted = if *version == ContractVersion::CURRENT {
+                String::new()
+            } else {
+                format!("; the host adapts it to {}", ContractVersion::CURRENT)
+            };
             println!(
-                "{}: implements slot {slot} (world {}), imports no functions",
+                "{}: implements slot {slot} (world {}) of contract {version}, imports no functions{adapted}",
                 args.file.display(),
                 slot.world()
             );
@@ -240,11 +321,21 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         println!("sha256 {digest} (first slot {slot})");
         return Ok(ExitCode::SUCCESS);
     }
-    // Slot-independent problems (corrupt, imports) are the same for every slot: say them once.
-    let first = errors.first().expect("at least one slot was checked");
+    // Slot-independent problems (corrupt, imports) are the same for every slot: say them once;
+    // so is a contract version the daemon does not speak (the other slots are not exported).
+    let Some(first) = errors
+        .iter()
+        .find(|e| matches!(e, LoadError::UnsupportedVersion { .. }))
+        .or(errors.first())
+    else {
+        anyhow::bail!("no slot was checked");
+    };
     let slot_independent = matches!(
         first,
-        LoadError::Corrupt { .. } | LoadError::ForbiddenImports { .. } | LoadError::Read { .. }
+        LoadError::Corrupt { .. }
+            | LoadError::ForbiddenImports { .. }
+            | LoadError::Read { .. }
+            | LoadError::UnsupportedVersion { .. }
     );
     if slot_independent || errors.len() == 1 {
         eprintln!("error: {first}");

@@ -1,9 +1,12 @@
-//! Pure domain types decoded from Kubernetes objects: no I/O, no wasm. The policy engine turns
-//! them into WIT facts; the provider reads them directly.
+//! Pure decoders from Kubernetes objects to the contract's typed facts: no I/O, no wasm. The
+//! policies receive what they produce; the provider reads the same values, never the raw
+//! annotations.
 
 pub mod annotations;
 pub mod pod;
+pub mod runtime;
 pub mod vm_spec;
 
-pub use pod::{PodFacts, first_container_resources};
-pub use vm_spec::VmSpec;
+pub use crate::policy::contract::types::{PodFacts, VmSpec};
+pub use pod::{first_container_resources, pod_facts};
+pub use runtime::RuntimeAnnotations;

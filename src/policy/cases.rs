@@ -10,9 +10,11 @@
 //!   - name: classified pod on a matching node
 //!     pod: {spec: {nodeSelector: {cocoonstack.io/snapshot-cpu-class: x}}}
 //!     host: {node-class: x}
-//!     expect: {verdict: admit, reason: class-match}   # a subset of the decision's JSON
+//!     expect: {verdict: Admit, reason: class-match}   # a subset of the decision's JSON
 //!     message-contains: [provides]
 //! ```
+//!
+//! Facts and decisions are written in the contract's JSON shape (see [`super::input`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,11 +22,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::decision::SlotDecision;
 use super::engine::PolicyEngine;
-use super::input::{DecisionInput, facts_for};
+use super::input::{DecisionInput, facts_for, merge_contract, to_contract_json};
 use super::loaded::LoadedPolicy;
-use super::slot::Slot;
+use super::set::fail_safe_message;
+use super::slots::{PolicySlot, Slot};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -87,34 +89,39 @@ impl CaseTable {
         beside.exists().then_some(beside)
     }
 
-    /// Runs every case against `policy` (which must serve the table's slot).
-    pub fn run(&self, engine: &PolicyEngine, policy: &LoadedPolicy) -> Vec<CaseResult> {
+    /// Runs every case against `policy` (the table's slot must be `S`'s; see [`Self::slot`]).
+    pub fn run<S: PolicySlot>(&self, engine: &PolicyEngine, policy: &LoadedPolicy<S>) -> Vec<CaseResult> {
         self.cases
             .iter()
             .map(|case| self.run_case(engine, policy, case))
             .collect()
     }
 
-    fn run_case(&self, engine: &PolicyEngine, policy: &LoadedPolicy, case: &Case) -> CaseResult {
+    fn run_case<S: PolicySlot>(&self, engine: &PolicyEngine, policy: &LoadedPolicy<S>, case: &Case) -> CaseResult {
         let fail = |failure: String, decision: Value| CaseResult {
             name: case.name.clone(),
             failure: Some(failure),
             decision,
         };
+        if self.slot != S::SLOT {
+            return fail(
+                format!("the table is for slot {}, not {}", self.slot, S::SLOT),
+                Value::Null,
+            );
+        }
+        let mut host = self.defaults.host.clone();
+        if !case.host.is_null() {
+            merge_contract(&mut host, &case.host);
+        }
         let input = DecisionInput {
             pod: merged(&self.defaults.pod, &case.pod),
-            host: merged(&self.defaults.host, &case.host),
+            host,
         };
-        let facts = match facts_for(self.slot, &input) {
+        let facts = match facts_for::<S>(&input) {
             Ok(facts) => facts,
             Err(error) => return fail(format!("bad input: {error}"), Value::Null),
         };
-        // A failed policy is judged by the decision the daemon would act on: the fail-safe one.
-        let decision = match policy.decide(engine, &facts) {
-            Ok(decision) => decision,
-            Err(error) => SlotDecision::fail_safe(&facts, &error.to_string()),
-        }
-        .to_json();
+        let decision = decision_json::<S>(engine, policy, &facts);
         if let Some(difference) = subset_difference(&case.expect, &decision, "") {
             return fail(difference, decision);
         }
@@ -130,6 +137,19 @@ impl CaseTable {
             name: case.name.clone(),
             failure: None,
             decision,
+        }
+    }
+}
+
+/// The decision the daemon would act on, as contract JSON: a failed policy's fail-safe
+/// decision, with a `fail-safe` key saying what failed.
+pub fn decision_json<S: PolicySlot>(engine: &PolicyEngine, policy: &LoadedPolicy<S>, facts: &S::Facts) -> Value {
+    match policy.decide(engine, facts) {
+        Ok(decision) => to_contract_json(&decision),
+        Err(error) => {
+            let mut json = to_contract_json(&S::fail_safe(facts, fail_safe_message::<S>(&error)));
+            json["fail-safe"] = Value::String(error.to_string());
+            json
         }
     }
 }
@@ -174,17 +194,18 @@ mod tests {
 
     #[test]
     fn subset_matching_names_the_first_difference() {
-        let actual = json!({"outcome": "proceed", "plan": {"kind": "clone", "tag": "v1"}, "reason": "clone"});
+        let actual =
+            json!({"outcome": {"Proceed": {"Clone": {"tag": "v1", "local-snapshot": "s"}}}, "reason": "clone"});
         assert_eq!(
-            subset_difference(&json!({"plan": {"kind": "clone"}}), &actual, ""),
+            subset_difference(&json!({"outcome": {"Proceed": {"Clone": {"tag": "v1"}}}}), &actual, ""),
             None
         );
         assert_eq!(
-            subset_difference(&json!({"plan": {"tag": "v2"}}), &actual, ""),
-            Some("plan.tag: expected \"v2\", got \"v1\"".into())
+            subset_difference(&json!({"outcome": {"Proceed": {"Clone": {"tag": "v2"}}}}), &actual, ""),
+            Some("outcome.Proceed.Clone.tag: expected \"v2\", got \"v1\"".into())
         );
         assert!(
-            subset_difference(&json!({"verdict": "admit"}), &actual, "")
+            subset_difference(&json!({"verdict": "Admit"}), &actual, "")
                 .unwrap()
                 .contains("no such field")
         );

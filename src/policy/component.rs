@@ -1,18 +1,19 @@
-//! Loading a policy component for a slot: compile (or take it from the cache), check that it
-//! imports nothing and exports the slot's interface with the right types, and pre-resolve it
-//! into an `InstancePre` so each decision only instantiates.
+//! Loading a policy component for a slot: compile (or take it from the cache), find which
+//! contract version it was built against, check that it imports nothing but that version's
+//! `types` and exports the slot's interface with the right types, and pre-resolve it so each
+//! decision only instantiates.
 
 use std::fmt;
 
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, Linker};
 
-use super::bindings::{admission, bring_up, guest_fixup, snapshot, translation};
 use super::cache::{CompileCache, sha256_hex};
+use super::contract::ContractVersion;
 use super::engine::PolicyEngine;
 use super::error::LoadError;
 use super::sandbox::{Sandbox, new_store};
-use super::slot::{Slot, WIT_PACKAGE};
+use super::slots::{PolicySlot, Slot, WorldPre};
 
 /// Where a component came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,27 +33,29 @@ impl fmt::Display for Origin {
     }
 }
 
-/// A pre-resolved component, ready to instantiate for its slot's world.
-pub(crate) enum SlotPre {
-    SnapshotBeforeDestroy(snapshot::SnapshotBeforeDestroyPolicyPre<Sandbox>),
-    BringUp(bring_up::BringUpPolicyPre<Sandbox>),
-    CpuClassAdmission(admission::CpuClassAdmissionPolicyPre<Sandbox>),
-    ResourceTranslation(translation::ResourceTranslationPolicyPre<Sandbox>),
-    GuestFixup(guest_fixup::GuestFixupPolicyPre<Sandbox>),
+/// A component bound to one contract version of its slot's world.
+pub(crate) enum Bound<S: PolicySlot> {
+    Current(S::Pre),
+    V0_1(S::LegacyPre),
 }
 
 /// The component-model layer marker in a binary's header (a core module has version 1).
 const COMPONENT_LAYER: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
 const WASM_MAGIC: [u8; 4] = *b"\0asm";
 
-/// Compiles (or loads from `cache`) and validates `bytes` for `slot`.
-pub(crate) fn load(
+/// A compiled component whose header was checked.
+pub(crate) struct Compiled {
+    pub component: Component,
+    pub digest: String,
+}
+
+/// Compiles (or loads from `cache`) `bytes` after checking they are a component.
+pub(crate) fn compile(
     engine: &PolicyEngine,
     cache: Option<&CompileCache>,
-    slot: Slot,
     origin: &Origin,
     bytes: &[u8],
-) -> Result<(SlotPre, String), LoadError> {
+) -> Result<Compiled, LoadError> {
     let corrupt = |detail: String| LoadError::Corrupt {
         origin: origin.to_string(),
         detail,
@@ -71,21 +74,57 @@ pub(crate) fn load(
         _ => {}
     }
     let digest = sha256_hex(bytes);
-    let component = compile(engine, cache, &digest, bytes).map_err(|e| corrupt(format!("{e:#}")))?;
-    check_imports(engine, &component, origin)?;
-    check_export(engine, &component, slot, origin)?;
-    let mismatch = |e: wasmtime::Error| LoadError::ExportMismatch {
-        origin: origin.to_string(),
-        slot,
-        expected: slot.export_name(),
-        detail: format!("{e:#}"),
-    };
-    let pre = pre_resolve(engine, &component, slot).map_err(mismatch)?;
-    pre.trial_instantiate(engine).map_err(mismatch)?;
-    Ok((pre, digest))
+    let component = compile_cached(engine, cache, &digest, bytes).map_err(|e| corrupt(format!("{e:#}")))?;
+    Ok(Compiled { component, digest })
 }
 
-fn compile(
+/// Validates a compiled component for slot `S` and binds it to the contract version it exports.
+pub(crate) fn bind<S: PolicySlot>(
+    engine: &PolicyEngine,
+    compiled: &Compiled,
+    origin: &Origin,
+) -> Result<(Bound<S>, ContractVersion), LoadError> {
+    let component = &compiled.component;
+    // Imports first: a component that imports WASI is refused for that, whatever it exports.
+    let any_types: Vec<String> = ContractVersion::SPOKEN.map(|v| v.interface("types")).to_vec();
+    check_imports(engine, component, &any_types, origin)?;
+    let version = export_version(engine, component, S::SLOT, origin)?;
+    check_imports(engine, component, &[version.interface("types")], origin)?;
+    let mismatch = |e: wasmtime::Error| LoadError::ExportMismatch {
+        origin: origin.to_string(),
+        slot: S::SLOT,
+        expected: S::SLOT.export_name(version),
+        detail: format!("{e:#}"),
+    };
+    let mut linker = Linker::<Sandbox>::new(engine.wasmtime());
+    // The granted types-only import: an instance with no items satisfies it.
+    linker.instance(&version.interface("types")).map_err(mismatch)?;
+    let pre = linker.instantiate_pre(component).map_err(mismatch)?;
+    // Resolving an export only finds it by name; instantiating type-checks its functions
+    // against the slot's world, so a component with the right names but the wrong signatures
+    // is refused here, not at its first decision.
+    let bound = match version {
+        ContractVersion::V0_2_0 => {
+            let pre = S::Pre::new(pre).map_err(mismatch)?;
+            trial(engine, &pre).map_err(mismatch)?;
+            Bound::Current(pre)
+        }
+        ContractVersion::V0_1_0 => {
+            let pre = S::LegacyPre::new(pre).map_err(mismatch)?;
+            trial(engine, &pre).map_err(mismatch)?;
+            Bound::V0_1(pre)
+        }
+    };
+    Ok((bound, version))
+}
+
+fn trial<P: WorldPre>(engine: &PolicyEngine, pre: &P) -> wasmtime::Result<()> {
+    let _permit = engine.acquire();
+    let mut store = new_store(engine);
+    pre.instantiate(&mut store).map(drop)
+}
+
+fn compile_cached(
     engine: &PolicyEngine,
     cache: Option<&CompileCache>,
     digest: &str,
@@ -110,14 +149,71 @@ fn compile(
     unsafe { Component::deserialize(wasmtime, &compiled) }
 }
 
-/// The contract grants one import and no functions: the `types` interface, which only carries
-/// the shared record types (a component that uses them imports it as an instance of types).
-/// Anything else, a WASI interface or a host function, is refused: a policy can only compute.
-fn check_imports(engine: &PolicyEngine, component: &Component, origin: &Origin) -> Result<(), LoadError> {
-    let ty = component.component_type();
-    let forbidden: Vec<String> = ty
+/// `(interface name, version)` of every `cocoonstack:vk-policy/<name>@<version>` export.
+pub(crate) fn contract_exports(engine: &PolicyEngine, component: &Component) -> Vec<(String, String)> {
+    let prefix = format!("{}/", ContractVersion::PACKAGE);
+    component
+        .component_type()
+        .exports(engine.wasmtime())
+        .filter_map(|(name, _)| {
+            let (iface, version) = name.strip_prefix(&prefix)?.split_once('@')?;
+            Some((iface.to_string(), version.to_string()))
+        })
+        .collect()
+}
+
+/// The contract version of the component's export for `slot`: the newest spoken one if it
+/// exports several; an error naming the versions the host speaks if it exports only others.
+fn export_version(
+    engine: &PolicyEngine,
+    component: &Component,
+    slot: Slot,
+    origin: &Origin,
+) -> Result<ContractVersion, LoadError> {
+    let exports = contract_exports(engine, component);
+    let versions: Vec<&str> = exports
+        .iter()
+        .filter(|(iface, _)| iface == slot.name())
+        .map(|(_, version)| version.as_str())
+        .collect();
+    if let Some(version) = versions.iter().filter_map(|v| ContractVersion::parse(v)).max() {
+        return Ok(version);
+    }
+    if let Some(found) = versions.first() {
+        return Err(LoadError::UnsupportedVersion {
+            origin: origin.to_string(),
+            slot,
+            found: format!("{}@{found}", ContractVersion::PACKAGE),
+            spoken: ContractVersion::spoken_list(),
+        });
+    }
+    Err(LoadError::WrongWorld {
+        origin: origin.to_string(),
+        slot,
+        expected: slot.export_name(ContractVersion::CURRENT),
+        world: slot.world(),
+        found: component
+            .component_type()
+            .exports(engine.wasmtime())
+            .map(|(name, _)| name.to_string())
+            .collect(),
+    })
+}
+
+/// The contract grants one import and no functions: the `types` interface of the component's
+/// own contract version (one of `granted`), which only carries types (a component that uses
+/// them imports it as an instance of types). Anything else, a WASI interface or a host
+/// function, is refused: a policy can only compute.
+fn check_imports(
+    engine: &PolicyEngine,
+    component: &Component,
+    granted: &[String],
+    origin: &Origin,
+) -> Result<(), LoadError> {
+    let forbidden: Vec<String> = component
+        .component_type()
         .imports(engine.wasmtime())
-        .filter(|(name, item)| !(*name == types_import() && is_types_only(engine, &item.ty)))
+        .filter(|(name, item)| !(granted.iter().any(|g| g == name) && is_types_only(engine, &item.ty)))
         .map(|(name, _)| name.to_string())
         .collect();
     if forbidden.is_empty() {
@@ -130,12 +226,6 @@ fn check_imports(engine: &PolicyEngine, component: &Component, origin: &Origin) 
     }
 }
 
-/// `cocoonstack:vk-policy/types@<version>`.
-fn types_import() -> String {
-    let (package, version) = WIT_PACKAGE.split_once('@').expect("package carries a version");
-    format!("{package}/types@{version}")
-}
-
 /// An instance that exports nothing but (non-resource) types.
 fn is_types_only(engine: &PolicyEngine, item: &ComponentItem) -> bool {
     match item {
@@ -144,66 +234,4 @@ fn is_types_only(engine: &PolicyEngine, item: &ComponentItem) -> bool {
             .all(|(_, export)| matches!(export.ty, ComponentItem::Type(_))),
         _ => false,
     }
-}
-
-fn check_export(engine: &PolicyEngine, component: &Component, slot: Slot, origin: &Origin) -> Result<(), LoadError> {
-    let ty = component.component_type();
-    let expected = slot.export_name();
-    let found: Vec<String> = ty
-        .exports(engine.wasmtime())
-        .map(|(name, _)| name.to_string())
-        .collect();
-    if found.iter().any(|name| *name == expected) {
-        Ok(())
-    } else {
-        Err(LoadError::WrongWorld {
-            origin: origin.to_string(),
-            slot,
-            expected,
-            world: slot.world(),
-            found,
-        })
-    }
-}
-
-/// Resolves the (empty) imports and type-checks the slot's exports once, off the hot path.
-fn pre_resolve(engine: &PolicyEngine, component: &Component, slot: Slot) -> wasmtime::Result<SlotPre> {
-    let mut linker = Linker::<Sandbox>::new(engine.wasmtime());
-    // The granted types-only import: an instance with no items satisfies it.
-    linker.instance(&types_import())?;
-    let pre = linker.instantiate_pre(component)?;
-    Ok(match slot {
-        Slot::SnapshotBeforeDestroy => {
-            SlotPre::SnapshotBeforeDestroy(snapshot::SnapshotBeforeDestroyPolicyPre::new(pre)?)
-        }
-        Slot::BringUp => SlotPre::BringUp(bring_up::BringUpPolicyPre::new(pre)?),
-        Slot::CpuClassAdmission => SlotPre::CpuClassAdmission(admission::CpuClassAdmissionPolicyPre::new(pre)?),
-        Slot::ResourceTranslation => SlotPre::ResourceTranslation(translation::ResourceTranslationPolicyPre::new(pre)?),
-        Slot::GuestFixup => SlotPre::GuestFixup(guest_fixup::GuestFixupPolicyPre::new(pre)?),
-    })
-}
-
-impl SlotPre {
-    /// Instantiates once in a sandboxed store. Resolving an export only finds it by name;
-    /// instantiation type-checks its functions against the slot's world, so a component with
-    /// the right names but the wrong signatures is refused at load, not at its first decision.
-    fn trial_instantiate(&self, engine: &PolicyEngine) -> wasmtime::Result<()> {
-        let _permit = engine.acquire();
-        let mut store = new_store(engine);
-        match self {
-            SlotPre::SnapshotBeforeDestroy(pre) => pre.instantiate(&mut store).map(drop),
-            SlotPre::BringUp(pre) => pre.instantiate(&mut store).map(drop),
-            SlotPre::CpuClassAdmission(pre) => pre.instantiate(&mut store).map(drop),
-            SlotPre::ResourceTranslation(pre) => pre.instantiate(&mut store).map(drop),
-            SlotPre::GuestFixup(pre) => pre.instantiate(&mut store).map(drop),
-        }
-    }
-}
-
-/// Which slots a component implements (used by `policy check` without `--slot`).
-pub fn implemented_slots(engine: &PolicyEngine, bytes: &[u8]) -> Vec<Slot> {
-    Slot::ALL
-        .into_iter()
-        .filter(|slot| load(engine, None, *slot, &Origin::Builtin(*slot), bytes).is_ok())
-        .collect()
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::engine::SandboxLimits;
-use super::slot::Slot;
+use super::slots::Slot;
 
 /// Default location of the compiled-policy cache.
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cocoon/vk-policy-cache";

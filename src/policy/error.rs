@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::slot::Slot;
+use super::slots::Slot;
 
 /// Why a component cannot serve a slot. Raised at load, before any decision runs.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,16 @@ pub enum LoadError {
         expected: String,
         world: String,
         found: Vec<String>,
+    },
+
+    #[error(
+        "{origin} implements slot {slot} of contract {found}, which this daemon does not speak; it speaks versions {spoken}: rebuild the policy against one of them (wit/vk-policy.wit is the newest)"
+    )]
+    UnsupportedVersion {
+        origin: String,
+        slot: Slot,
+        found: String,
+        spoken: String,
     },
 
     #[error("{origin} exports {expected} with the wrong types for slot {slot}: {detail}")]
@@ -59,6 +69,7 @@ impl LoadError {
             LoadError::Corrupt { .. } => "corrupt",
             LoadError::ForbiddenImports { .. } => "forbidden_imports",
             LoadError::WrongWorld { .. } => "wrong_world",
+            LoadError::UnsupportedVersion { .. } => "unsupported_version",
             LoadError::ExportMismatch { .. } => "export_mismatch",
             LoadError::CasesFailed { .. } | LoadError::Table { .. } => "cases_failed",
         }

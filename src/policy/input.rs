@@ -1,18 +1,21 @@
 //! One decision's input as policy authors write it (in `policy eval` files and case tables): a
-//! Pod manifest plus the facts the daemon's host side would gather, turned into [`SlotFacts`]
+//! Pod manifest plus the facts the daemon's host side would gather, turned into a slot's facts
 //! exactly as the daemon decodes a live pod.
+//!
+//! The JSON of facts and decisions is the contract's own shape: fields are named as in the WIT
+//! (kebab-case), enum and variant cases as the Rust bindings name them (PascalCase: `Admit`,
+//! `RetryLater`, `CloudHypervisor`), and a variant with a payload is a one-key map
+//! (`{Found: {source: Registry, recorded-image: ""}}`). serde derives it from the bindings;
+//! [`to_contract_json`] only renames the keys (WIT identifiers never hold `_`, so the renaming
+//! is exact both ways).
 
 use k8s_openapi::api::core::v1::Pod;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
-use super::facts::{
-    AdmissionContext, AdmissionFacts, BootOrigin, BootPath, BringUpFacts, ContainerResources, GuestFixupFacts,
-    GuestNic, HibernateEvidence, LocalSnapshot, PreassignedRuntime, SlotFacts, SnapshotFacts, TranslationFacts,
-};
-use super::slot::Slot;
-use crate::model::{PodFacts, VmSpec, first_container_resources};
+use super::slots::{PodInput, PolicySlot};
+use crate::model::{pod_facts, vm_spec};
 
 /// A decision input file: `pod` is a Pod manifest, `host` the slot's host facts.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -24,180 +27,126 @@ pub struct DecisionInput {
     pub host: Value,
 }
 
-/// Host facts of `snapshot-before-destroy`; defaults: a registry and a running VM.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct SnapshotHost {
-    #[serde(default = "yes")]
-    pusher_configured: bool,
-    #[serde(default = "yes")]
-    vm_running: bool,
+/// Renames every object key with `from` → `to` (`_` ↔ `-`), recursively.
+fn rename_keys(value: Value, from: char, to: char) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k.replace(from, &to.to_string()), rename_keys(v, from, to)))
+                .collect::<Map<_, _>>(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(|v| rename_keys(v, from, to)).collect()),
+        other => other,
+    }
 }
 
-/// Host facts of `bring-up`; defaults: no local VM, no hibernate evidence, a registry, no local
-/// snapshots, restore mode `mmap`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct BringUpHost {
-    #[serde(default)]
-    vm_exists_locally: bool,
-    #[serde(default = "no_evidence")]
-    evidence: HibernateEvidence,
-    #[serde(default = "yes")]
-    registry_configured: bool,
-    #[serde(default)]
-    local_snapshots: Vec<LocalSnapshot>,
-    #[serde(default = "mmap")]
-    node_restore_mode: String,
+/// A contract value as JSON with the WIT's field names.
+pub fn to_contract_json(value: &impl Serialize) -> Value {
+    rename_keys(
+        serde_json::to_value(value).expect("contract types serialize to JSON"),
+        '_',
+        '-',
+    )
 }
 
-/// Host facts of `cpu-class-admission`; defaults: CreatePod on node `node`, unclassified.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct AdmissionHost {
-    #[serde(default = "create")]
-    context: AdmissionContext,
-    #[serde(default = "node")]
-    node_name: String,
-    #[serde(default)]
-    node_class: String,
+/// A contract value from JSON with the WIT's field names.
+pub fn from_contract_json<T: DeserializeOwned>(value: Value) -> Result<T, serde_json::Error> {
+    serde_json::from_value(rename_keys(value, '-', '_'))
 }
 
-/// Host facts of `resource-translation`; default: the clone path.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct TranslationHost {
-    #[serde(default = "clone_path")]
-    path: BootPath,
+/// A PascalCase key names a variant case (field names are kebab-case).
+fn is_case(key: &str) -> bool {
+    key.starts_with(|c: char| c.is_ascii_uppercase())
 }
 
-/// Host facts of `guest-fixup`; defaults: a clone with no NICs and no cloud-image overlay, the
-/// VM id from the pod's `vm.cocoonstack.io/id` annotation (the host writes it before any guest
-/// work), and the hypervisor from the pod's backend (cocoon's default, `cloud-hypervisor`, when
-/// unspecified).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct GuestFixupHost {
-    #[serde(default)]
-    vm_id: Option<String>,
-    #[serde(default)]
-    hypervisor: Option<String>,
-    #[serde(default)]
-    nics: Vec<GuestNic>,
-    #[serde(default = "clone_origin")]
-    origin: BootOrigin,
-    #[serde(default)]
-    source_image: String,
-    #[serde(default)]
-    cloudimg_overlay: bool,
+/// The first key of `given` (a path like `nics[1].adress`) that `decoded` lacks: a key serde
+/// ignored, which must not pass silently (a misspelt host fact).
+fn unknown_key(given: &Value, decoded: &Value, path: &str) -> Option<String> {
+    match (given, decoded) {
+        (Value::Object(given), Value::Object(decoded)) => given.iter().find_map(|(key, value)| {
+            let here = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            match decoded.get(key) {
+                Some(inner) => unknown_key(value, inner, &here),
+                None => Some(here),
+            }
+        }),
+        (Value::Array(given), Value::Array(decoded)) => given
+            .iter()
+            .zip(decoded)
+            .enumerate()
+            .find_map(|(i, (g, d))| unknown_key(g, d, &format!("{path}[{i}]"))),
+        _ => None,
+    }
 }
 
-fn yes() -> bool {
-    true
-}
-fn no_evidence() -> HibernateEvidence {
-    HibernateEvidence::None
-}
-fn mmap() -> String {
-    "mmap".into()
-}
-fn create() -> AdmissionContext {
-    AdmissionContext::Create
-}
-fn node() -> String {
-    "node".into()
-}
-fn clone_path() -> BootPath {
-    BootPath::Clone
-}
-fn clone_origin() -> BootOrigin {
-    BootOrigin::Clone
+/// JSON merge patch (RFC 7386) over contract JSON, except that a variant case replaces another
+/// case instead of merging beside it (`{Unavailable: …}` over `{Found: …}` is `{Unavailable: …}`).
+pub fn merge_contract(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Object(b), Value::Object(o)) if !switches_case(b, o) => {
+            for (key, value) in o {
+                if value.is_null() {
+                    b.remove(key);
+                } else {
+                    merge_contract(b.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        (base, overlay) => *base = overlay.clone(),
+    }
 }
 
-fn parse<T: DeserializeOwned>(what: &str, value: &Value) -> Result<T, String> {
-    let value = if value.is_null() {
-        Value::Object(Default::default())
+fn switches_case(base: &Map<String, Value>, overlay: &Map<String, Value>) -> bool {
+    !base.is_empty() && base.keys().all(|k| is_case(k)) && overlay.keys().any(|k| is_case(k) && !base.contains_key(k))
+}
+
+/// A serde error path (`nics[0].recorded_image`) in the WIT's spelling.
+fn rename_keys_in_path(path: &str) -> String {
+    path.replace('_', "-")
+}
+
+/// Builds the facts of slot `S` from a pod manifest and host facts: the pod decoded as the
+/// daemon decodes it, the slot's defaults (see each slot's `default_facts`), then `host:`
+/// merged over them (any fact can be set, a misspelt one is an error naming it).
+pub fn facts_for<S: PolicySlot>(input: &DecisionInput) -> Result<S::Facts, String> {
+    let manifest = if input.pod.is_null() {
+        Value::Object(Map::new())
     } else {
-        value.clone()
+        input.pod.clone()
     };
-    serde_json::from_value(value).map_err(|e| format!("{what}: {e}"))
-}
-
-/// Builds the facts of `slot` from a pod manifest and host facts.
-pub fn facts_for(slot: Slot, input: &DecisionInput) -> Result<SlotFacts, String> {
-    let pod: Pod = parse("pod", &input.pod)?;
-    let pod_facts = PodFacts::from_pod(&pod);
-    let spec = VmSpec::decode(&pod_facts.annotations);
-    let host = &input.host;
-    let what = format!("host facts for slot {slot}");
-    Ok(match slot {
-        Slot::SnapshotBeforeDestroy => {
-            let h: SnapshotHost = parse(&what, host)?;
-            SlotFacts::SnapshotBeforeDestroy(SnapshotFacts {
-                pod: pod_facts,
-                spec,
-                pusher_configured: h.pusher_configured,
-                vm_running: h.vm_running,
-            })
-        }
-        Slot::BringUp => {
-            let h: BringUpHost = parse(&what, host)?;
-            SlotFacts::BringUp(BringUpFacts {
-                preassigned: PreassignedRuntime::from_annotations(&pod_facts.annotations),
-                pod: pod_facts,
-                spec,
-                vm_exists_locally: h.vm_exists_locally,
-                evidence: h.evidence,
-                registry_configured: h.registry_configured,
-                local_snapshots: h.local_snapshots,
-                node_restore_mode: h.node_restore_mode,
-            })
-        }
-        Slot::CpuClassAdmission => {
-            let h: AdmissionHost = parse(&what, host)?;
-            SlotFacts::CpuClassAdmission(AdmissionFacts {
-                pod: pod_facts,
-                context: h.context,
-                node_name: h.node_name,
-                node_class: h.node_class,
-            })
-        }
-        Slot::ResourceTranslation => {
-            let h: TranslationHost = parse(&what, host)?;
-            SlotFacts::ResourceTranslation(TranslationFacts {
-                resources: first_container_resources(&pod)
-                    .map(|(requests, limits)| ContainerResources { requests, limits }),
-                pod: pod_facts,
-                spec,
-                path: h.path,
-            })
-        }
-        Slot::GuestFixup => {
-            let h: GuestFixupHost = parse(&what, host)?;
-            let vm_id = h
-                .vm_id
-                .unwrap_or_else(|| PreassignedRuntime::from_annotations(&pod_facts.annotations).vm_id);
-            let hypervisor = h.hypervisor.unwrap_or_else(|| match spec.backend.as_str() {
-                "" => "cloud-hypervisor".into(),
-                backend => backend.into(),
-            });
-            SlotFacts::GuestFixup(GuestFixupFacts {
-                pod: pod_facts,
-                spec,
-                vm_id,
-                hypervisor,
-                nics: h.nics,
-                origin: h.origin,
-                source_image: h.source_image,
-                cloudimg_overlay: h.cloudimg_overlay,
-            })
-        }
-    })
+    let pod: Pod = serde_json::from_value(manifest).map_err(|e| format!("pod: {e}"))?;
+    let defaults = S::default_facts(PodInput {
+        pod: &pod,
+        facts: pod_facts(&pod),
+        spec: vm_spec::of_pod(&pod),
+    });
+    if input.host.is_null() {
+        return Ok(defaults);
+    }
+    let mut merged = to_contract_json(&defaults);
+    merge_contract(&mut merged, &input.host);
+    let facts: S::Facts = serde_path_to_error::deserialize(rename_keys(merged.clone(), '-', '_')).map_err(|e| {
+        let at = rename_keys_in_path(&e.path().to_string());
+        format!("host facts for slot {}: {} (at {at})", S::SLOT, e.inner())
+    })?;
+    if let Some(key) = unknown_key(&merged, &to_contract_json(&facts), "") {
+        return Err(format!("host facts for slot {}: no fact named {key}", S::SLOT));
+    }
+    Ok(facts)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::contract::bring_up::{EvidenceSource, FoundEvidence, HibernateEvidence};
+    use crate::policy::contract::guest_fixup::{BootOrigin, Nic};
+    use crate::policy::contract::resource_translation::BootPath;
+    use crate::policy::contract::types::Backend;
+    use crate::policy::slots::{BringUp, CpuClassAdmission, GuestFixup, ResourceTranslation};
 
     fn input(yaml: &str) -> DecisionInput {
         serde_yaml_ng::from_str(yaml).unwrap()
@@ -205,10 +154,8 @@ mod tests {
 
     #[test]
     fn a_pod_manifest_decodes_like_a_live_pod() {
-        let facts = facts_for(
-            Slot::ResourceTranslation,
-            &input(
-                r#"
+        let f = facts_for::<ResourceTranslation>(&input(
+            r#"
 pod:
   apiVersion: v1
   kind: Pod
@@ -220,98 +167,84 @@ pod:
     containers:
     - name: agent
       resources: {requests: {cpu: 500m}, limits: {cpu: "2", memory: 4Gi}}
-host: {path: run}
+host: {path: Run}
 "#,
-            ),
-        )
+        ))
         .unwrap();
-        let SlotFacts::ResourceTranslation(f) = facts else {
-            panic!()
-        };
         assert_eq!(f.spec.vm_name, "vm1");
         assert_eq!(f.spec.storage, "10Gi");
         assert_eq!(f.path, BootPath::Run);
         let res = f.resources.unwrap();
-        assert_eq!(res.requests["cpu"], "500m");
-        assert_eq!(res.limits["memory"], "4Gi");
+        assert_eq!(
+            (res.requests[0].key.as_str(), res.requests[0].value.as_str()),
+            ("cpu", "500m")
+        );
+        assert!(res.limits.iter().any(|kv| kv.key == "memory" && kv.value == "4Gi"));
     }
 
     #[test]
     fn unknown_host_facts_are_rejected_by_name() {
-        let err = facts_for(Slot::CpuClassAdmission, &input("host: {node-clas: x}")).unwrap_err();
+        let err = facts_for::<CpuClassAdmission>(&input("host: {node-clas: x}")).unwrap_err();
         assert!(err.contains("node-clas"), "{err}");
+        let err = facts_for::<GuestFixup>(&input(
+            "host: {nics: [{mac: 'aa:bb', ip: '', gateway: '', prefix: 0, adress: 10.0.0.2}]}",
+        ))
+        .unwrap_err();
+        assert!(err.contains("nics[0].adress"), "{err}");
+        let err =
+            facts_for::<GuestFixup>(&input("host: {nics: [{mac: 'aa:bb', gateway: '', prefix: 0}]}")).unwrap_err();
+        assert!(err.contains("missing field `ip`") && err.contains("nics[0]"), "{err}");
     }
 
     #[test]
     fn guest_fixup_host_facts_default_from_the_pod_and_parse_nics() {
-        let facts = facts_for(
-            Slot::GuestFixup,
-            &input(
-                r#"
+        let f = facts_for::<GuestFixup>(&input(
+            r#"
 pod: {metadata: {annotations: {vm.cocoonstack.io/name: vm1, vm.cocoonstack.io/id: id-7, vm.cocoonstack.io/backend: firecracker}}}
 host:
-  origin: clone-from-dir
-  nics: [{mac: "02:fc:00:00:00:01", ip: 10.0.0.2, gateway: 10.0.0.1, prefix: 24}, {mac: "02:fc:00:00:00:02"}]
+  origin: CloneFromDir
+  nics: [{mac: "02:fc:00:00:00:01", ip: 10.0.0.2, gateway: 10.0.0.1, prefix: 24}, {mac: "02:fc:00:00:00:02", ip: "", gateway: "", prefix: 0}]
 "#,
-            ),
-        )
+        ))
         .unwrap();
-        let SlotFacts::GuestFixup(f) = facts else { panic!() };
-        assert_eq!((f.vm_id.as_str(), f.hypervisor.as_str()), ("id-7", "firecracker"));
+        assert_eq!((f.vm_id.as_str(), &f.hypervisor), ("id-7", &Backend::Firecracker));
         assert_eq!(f.origin, BootOrigin::CloneFromDir);
         assert_eq!(
             f.nics[0],
-            GuestNic {
+            Nic {
                 mac: "02:fc:00:00:00:01".into(),
                 ip: "10.0.0.2".into(),
                 gateway: "10.0.0.1".into(),
                 prefix: 24
             }
         );
+        let f = facts_for::<GuestFixup>(&input("host: {vm-id: given}")).unwrap();
         assert_eq!(
-            f.nics[1],
-            GuestNic {
-                mac: "02:fc:00:00:00:02".into(),
-                ..GuestNic::default()
-            },
-            "a NIC without ip is DHCP"
+            (f.vm_id.as_str(), &f.hypervisor, f.origin),
+            ("given", &Backend::CloudHypervisor, BootOrigin::Clone)
         );
-        assert_eq!((f.source_image.as_str(), f.cloudimg_overlay), ("", false));
-
-        let SlotFacts::GuestFixup(f) = facts_for(Slot::GuestFixup, &input("host: {vm-id: given}")).unwrap() else {
-            panic!()
-        };
-        assert_eq!(
-            (f.vm_id.as_str(), f.hypervisor.as_str(), f.origin),
-            ("given", "cloud-hypervisor", BootOrigin::Clone)
-        );
-        assert!(f.nics.is_empty());
     }
 
     #[test]
-    fn a_misspelt_nic_field_is_rejected_by_name() {
-        let err = facts_for(
-            Slot::GuestFixup,
-            &input("host: {nics: [{mac: 'aa:bb', adress: 10.0.0.2}]}"),
-        )
-        .unwrap_err();
-        assert!(err.contains("adress"), "{err}");
-    }
-
-    #[test]
-    fn evidence_is_written_as_a_tagged_map() {
-        let facts = facts_for(
-            Slot::BringUp,
-            &input("host: {evidence: {kind: found, source: registry, recorded-image: 'a:b'}}"),
-        )
+    fn variants_are_one_key_maps_and_may_replace_the_default_case() {
+        let f = facts_for::<BringUp>(&input(
+            "host: {evidence: {Found: {source: Registry, recorded-image: 'a:b'}}}",
+        ))
         .unwrap();
-        let SlotFacts::BringUp(f) = facts else { panic!() };
         assert_eq!(
             f.evidence,
-            HibernateEvidence::Found {
-                source: super::super::facts::EvidenceSource::Registry,
+            HibernateEvidence::Found(FoundEvidence {
+                source: EvidenceSource::Registry,
                 recorded_image: "a:b".into()
-            }
+            })
         );
+        let mut value = serde_json::json!({"evidence": {"Found": {"source": "Registry"}}});
+        merge_contract(&mut value, &serde_json::json!({"evidence": {"Unavailable": "503"}}));
+        assert_eq!(value, serde_json::json!({"evidence": {"Unavailable": "503"}}));
+        let f = facts_for::<BringUp>(&input("host: {evidence: NotChecked}")).unwrap();
+        assert_eq!(f.evidence, HibernateEvidence::NotChecked);
+        let json = to_contract_json(&f);
+        assert_eq!(json["node-restore-mode"], "Mmap");
+        assert_eq!(json["spec"]["snapshot-policy"], "Always");
     }
 }

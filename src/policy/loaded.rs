@@ -1,52 +1,53 @@
 //! A validated policy for one slot, and how a decision runs: a fresh store and instance per
-//! decision, a memory limit and an epoch deadline, traps mapped to typed errors.
+//! decision, a memory limit and an epoch deadline, traps mapped to typed errors, the answer
+//! checked before anyone acts on it.
 
 use std::time::Instant;
 
 use wasmtime::Store;
 
 use super::cache::CompileCache;
-use super::component::{self, Origin, SlotPre};
-use super::decision::SlotDecision;
-use super::engine::{PolicyEngine, SandboxLimits};
+use super::component::{self, Bound, Origin};
+use super::contract::ContractVersion;
+use super::engine::PolicyEngine;
 use super::error::{DecisionError, LoadError};
-use super::facts::SlotFacts;
+use super::limits::SandboxLimits;
 use super::sandbox::{Sandbox, new_store};
-use super::slot::Slot;
+use super::slots::{PolicySlot, Slot, WorldPre, validate};
 
-/// A component validated for a slot.
-pub struct LoadedPolicy {
-    slot: Slot,
+/// A component validated for slot `S`.
+pub struct LoadedPolicy<S: PolicySlot> {
     origin: Origin,
     digest: String,
-    pre: SlotPre,
+    version: ContractVersion,
+    bound: Bound<S>,
 }
 
-impl LoadedPolicy {
-    /// Compiles (or loads from `cache`) and validates `bytes` as the policy of `slot`.
+impl<S: PolicySlot> LoadedPolicy<S> {
+    /// Compiles (or loads from `cache`) and validates `bytes` as the policy of `S`.
     pub fn load(
         engine: &PolicyEngine,
         cache: Option<&CompileCache>,
-        slot: Slot,
         origin: Origin,
         bytes: &[u8],
     ) -> Result<Self, LoadError> {
-        let (pre, digest) = component::load(engine, cache, slot, &origin, bytes)?;
+        let compiled = component::compile(engine, cache, &origin, bytes)?;
+        let (bound, version) = component::bind::<S>(engine, &compiled, &origin)?;
         Ok(LoadedPolicy {
-            slot,
             origin,
-            digest,
-            pre,
+            digest: compiled.digest,
+            version,
+            bound,
         })
     }
 
-    /// The embedded default policy of `slot`.
-    pub fn builtin(engine: &PolicyEngine, cache: Option<&CompileCache>, slot: Slot) -> Result<Self, LoadError> {
-        Self::load(engine, cache, slot, Origin::Builtin(slot), slot.default_component())
+    /// The embedded default policy of `S`.
+    pub fn builtin(engine: &PolicyEngine, cache: Option<&CompileCache>) -> Result<Self, LoadError> {
+        Self::load(engine, cache, Origin::Builtin(S::SLOT), S::default_component())
     }
 
     pub fn slot(&self) -> Slot {
-        self.slot
+        S::SLOT
     }
 
     pub fn origin(&self) -> &Origin {
@@ -58,60 +59,32 @@ impl LoadedPolicy {
         &self.digest
     }
 
+    /// The contract version the component was built against.
+    pub fn version(&self) -> ContractVersion {
+        self.version
+    }
+
     /// Runs one decision in a fresh instance. Errors are typed; the caller picks the fail-safe.
-    pub fn decide(&self, engine: &PolicyEngine, facts: &SlotFacts) -> Result<SlotDecision, DecisionError> {
-        let slot = self.slot;
-        assert_eq!(
-            facts.slot(),
-            slot,
-            "facts for slot {} handed to the {slot} policy",
-            facts.slot()
-        );
+    pub fn decide(&self, engine: &PolicyEngine, facts: &S::Facts) -> Result<S::Decision, DecisionError> {
         let limits = engine.limits();
         let _permit = engine.acquire();
         let mut store = new_store(engine);
-
         let started = Instant::now();
-        let answer = match (&self.pre, facts) {
-            (SlotPre::SnapshotBeforeDestroy(pre), SlotFacts::SnapshotBeforeDestroy(f)) => pre
+        let answer = match &self.bound {
+            Bound::Current(pre) => pre
                 .instantiate(&mut store)
-                .and_then(|p| {
-                    p.cocoonstack_vk_policy_snapshot_before_destroy()
-                        .call_decide(&mut store, &f.to_wit())
-                })
-                .map(SlotDecision::from),
-            (SlotPre::BringUp(pre), SlotFacts::BringUp(f)) => pre
+                .and_then(|world| S::call(&world, &mut store, facts))
+                .map(Ok),
+            Bound::V0_1(pre) => pre
                 .instantiate(&mut store)
-                .and_then(|p| p.cocoonstack_vk_policy_bring_up().call_decide(&mut store, &f.to_wit()))
-                .map(SlotDecision::from),
-            (SlotPre::CpuClassAdmission(pre), SlotFacts::CpuClassAdmission(f)) => pre
-                .instantiate(&mut store)
-                .and_then(|p| {
-                    p.cocoonstack_vk_policy_cpu_class_admission()
-                        .call_decide(&mut store, &f.to_wit())
-                })
-                .map(SlotDecision::from),
-            (SlotPre::ResourceTranslation(pre), SlotFacts::ResourceTranslation(f)) => pre
-                .instantiate(&mut store)
-                .and_then(|p| {
-                    p.cocoonstack_vk_policy_resource_translation()
-                        .call_decide(&mut store, &f.to_wit())
-                })
-                .map(SlotDecision::from),
-            (SlotPre::GuestFixup(pre), SlotFacts::GuestFixup(f)) => pre
-                .instantiate(&mut store)
-                .and_then(|p| {
-                    p.cocoonstack_vk_policy_guest_fixup()
-                        .call_decide(&mut store, &f.to_wit())
-                })
-                .map(SlotDecision::from),
-            _ => unreachable!("a SlotPre always matches its slot's facts (checked above)"),
+                .and_then(|world| S::call_legacy(&world, &mut store, facts)),
         };
-        let decision = answer.map_err(|error| classify(slot, &store, &limits, error))?;
-        tracing::trace!(%slot, elapsed_us = started.elapsed().as_micros() as u64, "policy decided");
-        decision
-            .validate()
-            .map_err(|detail| DecisionError::InvalidDecision { slot, detail })?;
+        let invalid = |detail| DecisionError::InvalidDecision { slot: S::SLOT, detail };
+        let decision = answer
+            .map_err(|error| classify(S::SLOT, &store, &limits, error))?
+            .map_err(invalid)?;
+        tracing::trace!(slot = %S::SLOT, elapsed_us = started.elapsed().as_micros() as u64, "policy decided");
+        validate::<S>(&decision).map_err(invalid)?;
         Ok(decision)
     }
 }

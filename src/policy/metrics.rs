@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::slot::Slot;
+use super::slots::Slot;
 
 /// Decision counts, failures, latency and reloads per slot.
 #[derive(Clone)]
@@ -24,9 +24,9 @@ impl PolicyMetrics {
             decisions: IntCounterVec::new(
                 opts(
                     "policy_decisions_total",
-                    "Policy decisions by slot and reason (fail-safe decisions have reason policy-failed)",
+                    "Policy decisions by slot and outcome (a closed set per slot: admit, reject, refuse, clone, run, ...); fail-safe decisions count under their outcome and in policy_failures_total",
                 ),
-                &["slot", "reason"],
+                &["slot", "outcome"],
             )?,
             failures: IntCounterVec::new(
                 opts(
@@ -73,11 +73,11 @@ impl PolicyMetrics {
         Self::register(&Registry::new()).expect("fresh registry accepts the policy metrics")
     }
 
-    pub(crate) fn count_decision(&self, slot: Slot, reason: &str) {
-        self.decisions.with_label_values(&[slot.name(), reason]).inc();
+    pub(crate) fn count_decision(&self, slot: Slot, outcome: &'static str) {
+        self.decisions.with_label_values(&[slot.name(), outcome]).inc();
     }
 
-    pub(crate) fn count_failure(&self, slot: Slot, error: &str) {
+    pub(crate) fn count_failure(&self, slot: Slot, error: &'static str) {
         self.failures.with_label_values(&[slot.name(), error]).inc();
     }
 
@@ -87,7 +87,7 @@ impl PolicyMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    pub(crate) fn count_reload(&self, slot: Slot, result: &str) {
+    pub(crate) fn count_reload(&self, slot: Slot, result: &'static str) {
         self.reloads.with_label_values(&[slot.name(), result]).inc();
     }
 
@@ -105,9 +105,9 @@ impl PolicyMetrics {
         self.active.with_label_values(&[slot.name(), digest]).set(1);
     }
 
-    /// Count of decisions for (slot, reason), for tests and reports.
-    pub fn decisions(&self, slot: Slot, reason: &str) -> u64 {
-        self.decisions.with_label_values(&[slot.name(), reason]).get()
+    /// Count of decisions for (slot, outcome), for tests and reports.
+    pub fn decisions(&self, slot: Slot, outcome: &str) -> u64 {
+        self.decisions.with_label_values(&[slot.name(), outcome]).get()
     }
 
     /// Count of failures for (slot, error label).

@@ -1,41 +1,50 @@
 //! The policy engine: every decision vk-cocoon takes about a pod's VM runs as a sandboxed
 //! WebAssembly component behind the WIT contract in `wit/vk-policy.wit`.
 //!
-//! - [`slot`]: the decision slots and their fail-safe rules.
-//! - [`facts`] / [`decision`]: plain Rust inputs and outputs, converted to and from WIT.
+//! - [`contract`]: the contract's types (bindgen of the WIT, current and 0.1.0 versions).
+//! - [`slots`]: one [`PolicySlot`] per decision slot — facts, decision, pre-instance, call,
+//!   fail-safe, validation, the 0.1.0 adapter; everything below is generic over it.
 //! - [`engine`] and [`limits`]: the wasmtime engine (pooling allocator, an epoch clock that runs
-//!   only while a decision is in flight, concurrency cap) and every limit of the sandbox.
+//!   only while a decision is in flight, concurrency cap) and every limit in one place.
 //! - [`LoadedPolicy`]: a component validated for a slot; one fresh instance per decision.
 //! - [`Policies`]: the live set, swapped atomically on reload.
-//! - [`cases`]: YAML case tables, run inside the sandbox (`vk-cocoon policy test`).
+//! - [`cases`] / [`input`]: YAML case tables and decision inputs, run inside the sandbox.
 //! - [`config`] / [`reload`]: operator configuration and hot reload of policy files.
 
-mod bindings;
 pub mod cache;
 pub mod cases;
 mod clock;
 mod component;
 pub mod config;
-pub mod decision;
+pub mod contract;
 pub mod engine;
 pub mod error;
-pub mod facts;
 pub mod input;
 pub mod limits;
 mod loaded;
 pub mod metrics;
 pub mod reload;
-mod sandbox;
+pub(crate) mod sandbox;
 mod set;
-pub mod slot;
+pub mod slots;
 
 pub use cache::CompileCache;
-pub use component::{Origin, implemented_slots};
-pub use decision::{Decision, SlotDecision};
+pub use component::Origin;
+pub use contract::ContractVersion;
 pub use engine::{PolicyEngine, SandboxLimits};
 pub use error::{DecisionError, LoadError};
-pub use facts::SlotFacts;
 pub use loaded::LoadedPolicy;
 pub use metrics::PolicyMetrics;
 pub use set::Policies;
-pub use slot::Slot;
+pub use slots::{PolicySlot, Slot, SlotVisitor, with_slot};
+
+/// The contract interfaces a component exports (`(interface, version)`), whatever their
+/// version: what `policy check` reports before validating a slot.
+pub fn contract_exports(
+    engine: &PolicyEngine,
+    origin: &Origin,
+    bytes: &[u8],
+) -> Result<Vec<(String, String)>, LoadError> {
+    let compiled = component::compile(engine, None, origin, bytes)?;
+    Ok(component::contract_exports(engine, &compiled.component))
+}

@@ -22,38 +22,57 @@ use super::config::SlotConfig;
 use super::error::LoadError;
 use super::loaded::LoadedPolicy;
 use super::set::Policies;
-use super::slot::Slot;
+use super::slots::{PolicySlot, Slot, SlotVisitor, with_slot};
 
 /// Events closer together than this are one change (editors and `cp` write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(150);
 
-/// Reads, validates and tests the component at `config.path` for `slot`.
-pub fn load_checked(policies: &Policies, slot: Slot, config: &SlotConfig) -> Result<LoadedPolicy, LoadError> {
+/// Reads, validates and tests the component at `config.path` for `S`.
+pub fn load_checked<S: PolicySlot>(policies: &Policies, config: &SlotConfig) -> Result<LoadedPolicy<S>, LoadError> {
     let bytes = fs::read(&config.path).map_err(|source| LoadError::Read {
         path: config.path.clone(),
         source,
     })?;
     let origin = Origin::File(config.path.clone());
-    let policy = LoadedPolicy::load(policies.engine(), policies.cache(), slot, origin.clone(), &bytes)?;
+    let policy = LoadedPolicy::<S>::load(policies.engine(), policies.cache(), origin.clone(), &bytes)?;
     if let Some(table_path) = config.cases_path() {
         run_guard_table(policies, &policy, &origin, &table_path)?;
     }
     Ok(policy)
 }
 
-fn run_guard_table(policies: &Policies, policy: &LoadedPolicy, origin: &Origin, path: &Path) -> Result<(), LoadError> {
+/// Loads, tests and installs `config`'s component for the slot known at run time.
+fn load_and_install(policies: &Policies, slot: Slot, config: &SlotConfig) -> Result<(), LoadError> {
+    struct Install<'a>(&'a Policies, &'a SlotConfig);
+    impl SlotVisitor for Install<'_> {
+        type Output = Result<(), LoadError>;
+        fn visit<S: PolicySlot>(self) -> Self::Output {
+            let policy = load_checked::<S>(self.0, self.1)?;
+            self.0.install(policy);
+            Ok(())
+        }
+    }
+    with_slot(slot, Install(policies, config))
+}
+
+fn run_guard_table<S: PolicySlot>(
+    policies: &Policies,
+    policy: &LoadedPolicy<S>,
+    origin: &Origin,
+    path: &Path,
+) -> Result<(), LoadError> {
     let table = CaseTable::load(path).map_err(|detail| LoadError::Table {
         origin: origin.to_string(),
         detail,
     })?;
-    if table.slot != policy.slot() {
+    if table.slot != S::SLOT {
         return Err(LoadError::Table {
             origin: origin.to_string(),
             detail: format!(
                 "case table {} is for slot {}, not {}",
                 path.display(),
                 table.slot,
-                policy.slot()
+                S::SLOT
             ),
         });
     }
@@ -86,8 +105,7 @@ impl PolicyReloader {
     /// of an operator's policy, so a bad file is an error the daemon must not start past.
     pub fn load_all(&self) -> Result<(), LoadError> {
         for (slot, config) in &self.slots {
-            let policy = load_checked(&self.policies, *slot, config)?;
-            self.policies.install(policy);
+            load_and_install(&self.policies, *slot, config)?;
             self.policies.metrics().count_reload(*slot, "ok");
         }
         Ok(())
@@ -100,19 +118,18 @@ impl PolicyReloader {
             return Ok(false);
         };
         let metrics = self.policies.metrics();
-        let current = self.policies.current(slot);
+        let current = self.policies.digest(slot);
         match fs::read(&config.path) {
-            Ok(bytes) if super::cache::sha256_hex(&bytes) == current.digest() => return Ok(false),
+            Ok(bytes) if super::cache::sha256_hex(&bytes) == current => return Ok(false),
             _ => {}
         }
-        match load_checked(&self.policies, slot, config) {
-            Ok(policy) => {
-                self.policies.install(policy);
+        match load_and_install(&self.policies, slot, config) {
+            Ok(()) => {
                 metrics.count_reload(slot, "ok");
                 Ok(true)
             }
             Err(error) => {
-                error!(%slot, path = %config.path.display(), %error, kept = current.digest(), "new policy version refused; the last good version keeps serving");
+                error!(%slot, path = %config.path.display(), %error, kept = %current, "new policy version refused; the last good version keeps serving");
                 metrics.count_reload(slot, error.metric_label());
                 Err(error)
             }

@@ -5,33 +5,21 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
 use tracing::{info, warn};
 
 use super::cache::CompileCache;
-use super::decision::{
-    BringUpOutcome, Decision, FixupOutcome, SlotDecision, SnapshotOutcome, TranslationOutcome, Verdict,
-};
 use super::engine::PolicyEngine;
 use super::error::{DecisionError, LoadError};
-use super::facts::{AdmissionFacts, BringUpFacts, GuestFixupFacts, SlotFacts, SnapshotFacts, TranslationFacts};
 use super::loaded::LoadedPolicy;
 use super::metrics::PolicyMetrics;
-use super::slot::Slot;
+use super::slots::{PolicySlot, Slot, SlotCells, SlotVisitor, with_slot};
 
 /// Every slot's current policy, and the engine they run on.
 pub struct Policies {
     engine: PolicyEngine,
     cache: Option<CompileCache>,
-    slots: [ArcSwap<LoadedPolicy>; Slot::ALL.len()],
+    cells: SlotCells,
     metrics: PolicyMetrics,
-}
-
-fn index(slot: Slot) -> usize {
-    Slot::ALL
-        .iter()
-        .position(|s| *s == slot)
-        .expect("every slot is in Slot::ALL")
 }
 
 impl Policies {
@@ -41,23 +29,17 @@ impl Policies {
         cache: Option<CompileCache>,
         metrics: PolicyMetrics,
     ) -> Result<Self, LoadError> {
-        let load = |slot| LoadedPolicy::builtin(&engine, cache.as_ref(), slot).map(ArcSwap::from_pointee);
-        let slots = [
-            load(Slot::ALL[0])?,
-            load(Slot::ALL[1])?,
-            load(Slot::ALL[2])?,
-            load(Slot::ALL[3])?,
-            load(Slot::ALL[4])?,
-        ];
-        for slot in Slot::ALL {
-            metrics.set_active(slot, slots[index(slot)].load().digest());
-        }
-        Ok(Policies {
+        let cells = SlotCells::builtin(&engine, cache.as_ref())?;
+        let policies = Policies {
             engine,
             cache,
-            slots,
+            cells,
             metrics,
-        })
+        };
+        for slot in Slot::ALL {
+            policies.metrics.set_active(slot, &policies.digest(slot));
+        }
+        Ok(policies)
     }
 
     pub fn engine(&self) -> &PolicyEngine {
@@ -72,24 +54,35 @@ impl Policies {
         &self.metrics
     }
 
-    /// The policy currently serving `slot`.
-    pub fn current(&self, slot: Slot) -> Arc<LoadedPolicy> {
-        self.slots[index(slot)].load_full()
+    /// The policy currently serving `S`.
+    pub fn current<S: PolicySlot>(&self) -> Arc<LoadedPolicy<S>> {
+        S::cell(&self.cells).load_full()
+    }
+
+    /// The digest of the component serving `slot`.
+    pub fn digest(&self, slot: Slot) -> String {
+        struct Digest<'a>(&'a Policies);
+        impl SlotVisitor for Digest<'_> {
+            type Output = String;
+            fn visit<S: PolicySlot>(self) -> String {
+                self.0.current::<S>().digest().to_string()
+            }
+        }
+        with_slot(slot, Digest(self))
     }
 
     /// Makes `policy` serve its slot from the next decision on; returns the one it replaces.
-    pub fn install(&self, policy: LoadedPolicy) -> Arc<LoadedPolicy> {
-        let slot = policy.slot();
-        info!(%slot, origin = %policy.origin(), digest = policy.digest(), "policy installed");
-        self.metrics.set_active(slot, policy.digest());
-        self.slots[index(slot)].swap(Arc::new(policy))
+    pub fn install<S: PolicySlot>(&self, policy: LoadedPolicy<S>) -> Arc<LoadedPolicy<S>> {
+        info!(slot = %S::SLOT, origin = %policy.origin(), digest = policy.digest(), contract = %policy.version(), "policy installed");
+        self.metrics.set_active(S::SLOT, policy.digest());
+        S::cell(&self.cells).swap(Arc::new(policy))
     }
 
     /// Runs a decision on the slot's current policy. A failed policy yields the slot's
     /// fail-safe decision (never a permissive one), logged and counted.
-    pub fn decide(&self, facts: &SlotFacts) -> SlotDecision {
-        let slot = facts.slot();
-        let policy = self.current(slot);
+    pub fn decide<S: PolicySlot>(&self, facts: &S::Facts) -> S::Decision {
+        let slot = S::SLOT;
+        let policy = self.current::<S>();
         let started = Instant::now();
         let mut result = policy.decide(&self.engine, facts);
         if let Err(DecisionError::Timeout { .. }) = result {
@@ -101,53 +94,20 @@ impl Policies {
             result = policy.decide(&self.engine, facts);
         }
         self.metrics.observe_latency(slot, started.elapsed());
-        match result {
-            Ok(decision) => {
-                self.metrics.count_decision(slot, decision.reason());
-                decision
-            }
+        let decision = match result {
+            Ok(decision) => decision,
             Err(error) => {
-                warn!(%slot, origin = %policy.origin(), %error, rule = slot.fail_safe_rule(), "policy failed; taking the fail-safe decision");
+                warn!(%slot, origin = %policy.origin(), %error, rule = S::FAIL_SAFE_RULE, "policy failed; taking the fail-safe decision");
                 self.metrics.count_failure(slot, error.metric_label());
-                let decision = SlotDecision::fail_safe(facts, &error.to_string());
-                self.metrics.count_decision(slot, decision.reason());
-                decision
+                S::fail_safe(facts, fail_safe_message::<S>(&error))
             }
-        }
+        };
+        self.metrics.count_decision(slot, S::summary(&decision).outcome);
+        decision
     }
+}
 
-    pub fn snapshot_before_destroy(&self, facts: SnapshotFacts) -> Decision<SnapshotOutcome> {
-        match self.decide(&SlotFacts::SnapshotBeforeDestroy(facts)) {
-            SlotDecision::SnapshotBeforeDestroy(d) => d,
-            other => unreachable!("snapshot-before-destroy answered as {}", other.slot()),
-        }
-    }
-
-    pub fn bring_up(&self, facts: BringUpFacts) -> Decision<BringUpOutcome> {
-        match self.decide(&SlotFacts::BringUp(facts)) {
-            SlotDecision::BringUp(d) => d,
-            other => unreachable!("bring-up answered as {}", other.slot()),
-        }
-    }
-
-    pub fn cpu_class_admission(&self, facts: AdmissionFacts) -> Decision<Verdict> {
-        match self.decide(&SlotFacts::CpuClassAdmission(facts)) {
-            SlotDecision::CpuClassAdmission(d) => d,
-            other => unreachable!("cpu-class-admission answered as {}", other.slot()),
-        }
-    }
-
-    pub fn resource_translation(&self, facts: TranslationFacts) -> Decision<TranslationOutcome> {
-        match self.decide(&SlotFacts::ResourceTranslation(facts)) {
-            SlotDecision::ResourceTranslation(d) => d,
-            other => unreachable!("resource-translation answered as {}", other.slot()),
-        }
-    }
-
-    pub fn guest_fixup(&self, facts: GuestFixupFacts) -> Decision<FixupOutcome> {
-        match self.decide(&SlotFacts::GuestFixup(facts)) {
-            SlotDecision::GuestFixup(d) => d,
-            other => unreachable!("guest-fixup answered as {}", other.slot()),
-        }
-    }
+/// The message of a fail-safe decision: what failed and what the host does instead.
+pub fn fail_safe_message<S: PolicySlot>(error: &DecisionError) -> String {
+    format!("policy {} failed ({error}); fail-safe: {}", S::SLOT, S::FAIL_SAFE_RULE)
 }

@@ -77,14 +77,9 @@ impl CocoonProvider {
     /// The IP annotation follows the VM's resolved IP (cocoon-net may rebind a MAC).
     pub(super) async fn reconcile_endpoint(&self, pod: &k8s_openapi::api::core::v1::Pod, key: &str, vm: &VmRecord) {
         let ip = self.resolve_ip(vm);
-        let annotated = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(crate::model::annotations::IP))
-            .map(String::as_str)
-            .unwrap_or("");
-        if !ip.is_empty() && ip != annotated && super::plan::is_managed_pod(pod) {
+        let annotated = crate::model::RuntimeAnnotations::of_pod(pod).ip;
+        let annotated = annotated.as_str();
+        if !ip.is_empty() && ip != annotated && crate::model::vm_spec::of_pod(pod).managed {
             tracing::info!(pod = %key, vm = %vm.id, from = annotated, to = %ip, "vm ip changed; updating the ip annotation");
             self.write_runtime(pod, key, "", &ip).await;
         }
@@ -115,15 +110,8 @@ impl CocoonProvider {
             let p = me.upgrade()?;
             let t = p.state.tracked_as(&k, &u)?;
             let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
-            let port = t
-                .pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(crate::model::annotations::PROBE_PORT))
-                .cloned()
-                .unwrap_or_default();
-            Some(super::probe::target(t.vm.is_some(), &ip, &port))
+            let probe = crate::model::vm_spec::of_pod(&t.pod).probe;
+            Some(super::probe::target(t.vm.is_some(), &ip, &probe))
         });
         let me = self.me.clone();
         let (k, u) = (key.to_string(), uid.to_string());

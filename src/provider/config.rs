@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::reconcile::OrphanPolicy;
+use crate::policy::contract::types::RestoreMode;
 
 /// Provider settings.
 #[derive(Debug, Clone)]
@@ -12,8 +13,8 @@ pub struct ProviderConfig {
     pub node_name: String,
     /// `VK_SNAPSHOT_CPU_CLASS`; "" = unclassified.
     pub node_class: String,
-    /// `VK_RESTORE_MODE` (`copy` | `ondemand` | `mmap`, default mmap).
-    pub restore_mode: String,
+    /// `VK_RESTORE_MODE` (`copy` | `ondemand` | `mmap`, trimmed, any ASCII case; default mmap).
+    pub restore_mode: RestoreMode,
     /// `VK_ORPHAN_POLICY`.
     pub orphan_policy: OrphanPolicy,
     /// `COCOON_ROOT_DIR`: where cocoon keeps a VM's run dir (the cloud-image overlay is read there).
@@ -23,15 +24,11 @@ pub struct ProviderConfig {
 
 impl ProviderConfig {
     pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let restore_mode = env("VK_RESTORE_MODE")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| "mmap".into());
-        if crate::runtime::RestoreMode::parse(&restore_mode).is_none() {
-            return Err(format!(
-                "VK_RESTORE_MODE={restore_mode:?} is not one of copy, ondemand, mmap"
-            ));
-        }
+        let restore_mode = match env("VK_RESTORE_MODE").filter(|v| !v.trim().is_empty()) {
+            None => RestoreMode::Mmap,
+            Some(text) => crate::model::vm_spec::restore_mode(&text)
+                .ok_or_else(|| format!("VK_RESTORE_MODE={text:?} is not one of copy, ondemand, mmap"))?,
+        };
         Ok(Self {
             node_name: env("VK_NODE_NAME")
                 .filter(|v| !v.is_empty())
@@ -156,8 +153,8 @@ mod tests {
     fn configuration_defaults_and_startup_errors() {
         let c = cfg(&[]).unwrap();
         assert_eq!(
-            (c.node_name.as_str(), c.restore_mode.as_str(), c.orphan_policy),
-            ("cocoon-pool", "mmap", OrphanPolicy::Destroy)
+            (c.node_name.as_str(), c.restore_mode, c.orphan_policy),
+            ("cocoon-pool", RestoreMode::Mmap, OrphanPolicy::Destroy)
         );
         assert_eq!(c.root_dir, PathBuf::from("/var/lib/cocoon"));
         assert_eq!(c.timings.fixup_budget, Duration::from_secs(180));
@@ -172,11 +169,11 @@ mod tests {
         assert_eq!(
             (
                 c.node_name.as_str(),
-                c.restore_mode.as_str(),
+                c.restore_mode,
                 c.orphan_policy,
                 c.node_class.as_str()
             ),
-            ("n1", "ondemand", OrphanPolicy::Keep, "icx")
+            ("n1", RestoreMode::Ondemand, OrphanPolicy::Keep, "icx")
         );
         assert_eq!(c.root_dir, PathBuf::from("/srv/cocoon"));
         assert!(

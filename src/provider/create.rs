@@ -13,18 +13,20 @@ use super::CocoonProvider;
 use super::ensure::{ensure_base_image, ensure_fork_snapshot, ensure_run_image, ensure_snapshot};
 use super::failure::Failure;
 use super::guest::Finish;
+use super::invariants;
 use super::lifecycle::LifecycleState;
 use super::metrics::ProviderMetrics;
 use super::plan;
 use super::reconcile::OwedOp;
 use super::wake::restore;
 use crate::kubelet::ProviderError;
-use crate::model::{PodFacts, VmSpec, first_container_resources};
-use crate::policy::decision::{BringUpOutcome, CloneOptions, GuestResources, Plan, TranslationOutcome};
-use crate::policy::facts::{
-    AdmissionContext, BootOrigin, BootPath, BringUpFacts, ContainerResources, HibernateEvidence, PreassignedRuntime,
-    TranslationFacts,
-};
+use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, first_container_resources, pod_facts, vm_spec};
+use crate::policy::contract::bring_up::{self, CloneOptions, ClonePlan, ForkPlan, HibernateEvidence, Outcome, Plan};
+use crate::policy::contract::cpu_class_admission::AdmissionContext;
+use crate::policy::contract::guest_fixup::BootOrigin;
+use crate::policy::contract::resource_translation::{self as translation, BootPath, GuestResources};
+use crate::policy::contract::types::BootMode;
+use crate::policy::slots::{BringUp, ResourceTranslation};
 use crate::runtime::{CloneSource, RunSpec, VmRecord, VmState};
 
 /// The pod a bring-up is for.
@@ -55,12 +57,12 @@ fn fresh(vm: VmRecord, origin: BootOrigin, source_image: String) -> BroughtUp {
 }
 
 pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
-    let facts = PodFacts::from_pod(pod);
+    let facts = pod_facts(pod);
     let key = facts.key();
     let uid = facts.uid.clone();
 
     // 1. The VM spec.
-    let spec = match VmSpec::from_annotations(&facts.annotations) {
+    let spec = match vm_spec::require_vm_name(vm_spec::of_pod(pod)) {
         Ok(spec) => spec,
         Err(e) => {
             p.metrics.lifecycle("create", "skipped", "missing_vmname");
@@ -76,13 +78,12 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     };
 
     // 2. CPU-class admission.
-    if let Err((reason, message)) = p.admission(&facts, AdmissionContext::Create).await? {
+    if let Err(f) = p.admission(&facts, AdmissionContext::Create).await? {
         p.metrics.lifecycle("create", "failed", "snapshot_cpu_class_mismatch");
         p.state.track(&key, pod, &spec.vm_name);
-        p.fail_op(pod, &key, "SnapshotCPUClassMismatch", "create", &message)
-            .await;
+        p.fail_op(pod, &key, f.reason, "create", &f.message).await;
         p.state.untrack(&key, &uid);
-        return Err(super::admission_error(&reason, message));
+        return Err(f.to_provider_error());
     }
     if p.state.resume_claimed(&key) {
         return Err(ProviderError::Transient(format!(
@@ -97,19 +98,12 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
 
     // 3. Claim the incarnation.
     p.state.track(&key, pod, &spec.vm_name);
-    if spec.managed && plan::hibernate_requested(pod) {
+    if spec.managed && spec.hibernate {
         return stay_hibernated(p, pod, &key, &spec).await;
     }
     p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
 
-    if spec.managed && spec.os.trim().eq_ignore_ascii_case("macos") {
-        let f = Failure::permanent(
-            "MacOSUnsupported",
-            format!(
-                "vm {}: os=macos guests need the cocoon-macos path, which this build does not include",
-                spec.vm_name
-            ),
-        );
+    if let Err(f) = invariants::bootable(&spec) {
         return fail_create(p, &key, pod, false, f).await;
     }
 
@@ -120,7 +114,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         Err((restoring, f)) => return fail_create(p, &key, pod, restoring, f).await,
     };
     let spec = &ctx.spec;
-    let mode = if up.restoring || !spec.mode.eq_ignore_ascii_case("run") {
+    let mode = if up.restoring || spec.mode != BootMode::Run {
         "clone"
     } else {
         "run"
@@ -128,7 +122,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     if !up.adopted {
         p.metrics
             .vm_boot_duration
-            .with_label_values(&[mode, &spec.backend])
+            .with_label_values(&[mode, invariants::backend_label(&spec.backend)])
             .observe(started.elapsed().as_secs_f64());
     }
 
@@ -174,7 +168,7 @@ async fn adopt_tracked(
     vm: VmRecord,
 ) -> Result<(), ProviderError> {
     p.state.refresh(key, pod);
-    if spec.managed && plan::hibernate_requested(pod) {
+    if spec.managed && spec.hibernate {
         p.hibernate_or_owe(pod, key).await;
     } else if p.state.guest_work_running(key) {
         p.notify(key);
@@ -196,7 +190,7 @@ async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish 
         OwedOp::PostClone => Finish::resumed_fixup(),
         OwedOp::ReadyWait => Finish::LeaseWait,
         OwedOp::ClassifyDropNic => match hibernate_evidence(p, &spec.vm_name).await {
-            HibernateEvidence::Found { .. } => Finish::LeaseWait,
+            HibernateEvidence::Found(_) => Finish::LeaseWait,
             _ => Finish::resumed_fixup(),
         },
         OwedOp::None | OwedOp::Hibernate | OwedOp::FinishHibernate => Finish::ReadyNow,
@@ -218,13 +212,13 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
         return Ok(());
     }
     match hibernate_evidence(p, vm).await {
-        HibernateEvidence::Found { .. } => {
+        HibernateEvidence::Found(_) => {
             p.state.mark_hibernated(key, &uid);
             p.set_lifecycle(pod, key, LifecycleState::Hibernated, "").await;
             p.notify(key);
             Ok(())
         }
-        HibernateEvidence::Unavailable { error } => {
+        HibernateEvidence::Unavailable(error) => {
             let f = Failure::transient(
                 "HibernateEvidenceUnavailable",
                 format!("hibernate evidence for {vm}: {error}; retrying"),
@@ -279,54 +273,53 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
     } else {
         hibernate_evidence(p, vm_name).await
     };
-    let local_snapshots =
-        if spec.managed && existing.is_none() && !spec.image.is_empty() && !spec.mode.eq_ignore_ascii_case("run") {
-            let (repo, tag) = plan::parse_ref(&spec.image);
-            match p
-                .ports
-                .runtime
-                .snapshot_inspect(&plan::local_snapshot_name(repo, tag))
-                .await
-            {
-                Ok(s) => vec![plan::local_snapshot_fact(&s)],
-                Err(_) => Vec::new(),
-            }
-        } else {
-            Vec::new()
-        };
-    let facts = BringUpFacts {
+    let local_snapshots = if spec.managed && existing.is_none() && !spec.image.is_empty() && spec.mode != BootMode::Run
+    {
+        let (repo, tag) = plan::parse_ref(&spec.image);
+        match p
+            .ports
+            .runtime
+            .snapshot_inspect(&plan::local_snapshot_name(repo, tag))
+            .await
+        {
+            Ok(s) => vec![plan::local_snapshot_fact(&s)],
+            Err(_) => Vec::new(),
+        }
+    } else {
+        Vec::new()
+    };
+    let preassigned = RuntimeAnnotations::of_pod(ctx.pod);
+    let facts = bring_up::Facts {
         pod: ctx.facts.clone(),
         spec: spec.clone(),
         vm_exists_locally: existing.is_some(),
         evidence,
         registry_configured: p.ports.registry.is_some(),
         local_snapshots,
-        node_restore_mode: p.cfg.restore_mode.clone(),
-        preassigned: PreassignedRuntime::from_annotations(&ctx.facts.annotations),
+        node_restore_mode: p.cfg.restore_mode,
+        preassigned_vm_id: preassigned.vm_id,
+        preassigned_ip: preassigned.ip,
+        preassigned_vnc_port: preassigned.vnc_port,
     };
     let decision = p
-        .decide(move |pol| pol.bring_up(facts))
+        .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await
         .map_err(|e| (false, Failure::transient("PolicyUnavailable", e.to_string())))?;
-    if let Some(verdict) = plan::evidence_verdict(&decision.reason) {
+    if let Some(verdict) = plan::evidence_verdict(&decision.outcome) {
         p.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
     }
-    tracing::info!(pod = %ctx.facts.key(), reason = %decision.reason, message = %decision.message, fail_safe = ?decision.fail_safe, "bring-up decision");
+    tracing::info!(pod = %ctx.facts.key(), reason = %decision.reason, message = %decision.message, "bring-up decision");
     let plan = match decision.outcome {
-        BringUpOutcome::Refuse => {
-            let reason = plan::refusal_event_reason(&decision.reason);
-            let f = Failure {
-                reason,
-                message: decision.message,
-                transient: plan::refusal_is_transient(&decision.reason),
-            };
-            return Err((false, f));
-        }
-        BringUpOutcome::Proceed { plan } => plan,
+        Outcome::Refuse(refusal) => return Err((false, Failure::refused(refusal, decision.message))),
+        Outcome::Proceed(plan) => plan,
+    };
+    let clone_spec = |options: &CloneOptions, source, pull, cpu, nics| {
+        plan::clone_spec(options, source, pull, cpu, nics)
+            .map_err(|m| (false, Failure::permanent("CreateBringUpFailed", m)))
     };
 
     match plan {
-        Plan::AdoptExisting { .. } => {
+        Plan::AdoptExisting(_) => {
             let vm = existing.ok_or_else(|| {
                 (
                     false,
@@ -344,18 +337,14 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
                 finish,
             })
         }
-        Plan::AdoptUnmanaged { vm_id, ip, .. } => Ok(BroughtUp {
-            vm: synthesized(vm_name, &vm_id, &ip),
+        Plan::AdoptUnmanaged(adoption) => Ok(BroughtUp {
+            vm: synthesized(vm_name, &adoption.vm_id, &adoption.ip),
             restoring: false,
             adopted: true,
             finish: Finish::ReadyNow,
         }),
-        Plan::RestoreFromHibernate {
-            options,
-            derived,
-            fresh_nic,
-        } => {
-            if derived {
+        Plan::RestoreFromHibernate(restore_plan) => {
+            if restore_plan.derived {
                 p.ports.events.record(
                     ctx.pod,
                     true,
@@ -363,7 +352,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
                     format!("vm {vm_name} owns a hibernate snapshot: restoring it instead of booting fresh"),
                 );
             }
-            let (vm, label) = restore(p, ctx, &options, fresh_nic).await.map_err(|f| (true, f))?;
+            let (vm, label) = restore(p, ctx, &restore_plan.options).await.map_err(|f| (true, f))?;
             tracing::info!(pod = %ctx.facts.key(), vm = %vm_name, source = %label, "restored from hibernate");
             Ok(BroughtUp {
                 vm,
@@ -372,20 +361,11 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
                 finish: super::wake::restore_finish(spec),
             })
         }
-        Plan::CloneFromDir { options, dir } => {
+        Plan::CloneFromDir(bring_up::CloneFromDirPlan { options, dir }) => {
             drop_own_fork(p, &options).await;
             let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
-            let result = p
-                .ports
-                .runtime
-                .clone_vm(&plan::clone_spec(
-                    &options,
-                    CloneSource::Dir(dir.clone()),
-                    true,
-                    cpu,
-                    None,
-                ))
-                .await;
+            let spec = clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu, None)?;
+            let result = p.ports.runtime.clone_vm(&spec).await;
             ProviderMetrics::count(&p.metrics.clone_from_dir, result.is_ok());
             let vm = result.map_err(|e| {
                 (
@@ -395,42 +375,32 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
             })?;
             Ok(fresh(vm, BootOrigin::CloneFromDir, String::new()))
         }
-        Plan::Fork {
+        Plan::Fork(ForkPlan {
             options,
             source_vm,
             fork_snapshot,
-        } => {
+        }) => {
             drop_own_fork(p, &options).await;
             ensure_fork_snapshot(p, &source_vm, &fork_snapshot)
                 .await
                 .map_err(|f| (false, f))?;
             let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
-            let vm = p
-                .ports
-                .runtime
-                .clone_vm(&plan::clone_spec(
-                    &options,
-                    CloneSource::Snapshot(fork_snapshot.clone()),
+            let spec = clone_spec(&options, CloneSource::Snapshot(fork_snapshot.clone()), false, cpu, None)?;
+            let vm = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
+                (
                     false,
-                    cpu,
-                    None,
-                ))
-                .await
-                .map_err(|e| {
-                    (
-                        false,
-                        Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}")),
-                    )
-                })?;
+                    Failure::transient("CloneFailed", format!("fork vm {vm_name} from {fork_snapshot}: {e}")),
+                )
+            })?;
             Ok(fresh(vm, BootOrigin::Fork, String::new()))
         }
-        Plan::Clone {
+        Plan::Clone(ClonePlan {
             options,
             local_snapshot,
             repository,
             tag,
             expected_backend,
-        } => {
+        }) => {
             drop_own_fork(p, &options).await;
             let snapshot = ensure_snapshot(p, &local_snapshot, &repository, &tag)
                 .await
@@ -440,29 +410,19 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
             ensure_base_image(p, &snapshot).await.map_err(|f| (false, f))?;
             let cpu = translate(p, ctx, BootPath::Clone).await.map_err(|f| (false, f))?.0;
             let pull = !snapshot.image.is_empty();
-            let vm = p
-                .ports
-                .runtime
-                .clone_vm(&plan::clone_spec(
-                    &options,
-                    CloneSource::Snapshot(local_snapshot.clone()),
-                    pull,
-                    cpu,
-                    None,
-                ))
-                .await
-                .map_err(|e| {
-                    (
-                        false,
-                        Failure::transient(
-                            "CloneFailed",
-                            format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"),
-                        ),
-                    )
-                })?;
+            let spec = clone_spec(&options, CloneSource::Snapshot(local_snapshot.clone()), pull, cpu, None)?;
+            let vm = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
+                (
+                    false,
+                    Failure::transient(
+                        "CloneFailed",
+                        format!("clone vm {vm_name} from snapshot {local_snapshot}: {e}"),
+                    ),
+                )
+            })?;
             Ok(fresh(vm, BootOrigin::Clone, snapshot.image.clone()))
         }
-        Plan::Run {
+        Plan::Run(bring_up::RunPlan {
             vm_name: name,
             image,
             force_pull,
@@ -470,7 +430,8 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
             backend,
             windows,
             no_direct_io,
-        } => {
+        }) => {
+            let backend = plan::backend(&backend).map_err(|m| (false, Failure::permanent("CreateBringUpFailed", m)))?;
             drop_fork_of(p, &name).await;
             let local_image = ensure_run_image(p, &image, force_pull).await.map_err(|f| (false, f))?;
             let (cpu, guest) = translate(p, ctx, BootPath::Run).await.map_err(|f| (false, f))?;
@@ -488,7 +449,7 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
                 nics: None,
                 network: (!network.is_empty()).then_some(network),
                 windows,
-                backend: plan::backend(&backend),
+                backend,
                 no_direct_io,
                 image: local_image,
             };
@@ -595,23 +556,19 @@ pub(super) async fn translate(
     ctx: &Ctx<'_>,
     path: BootPath,
 ) -> Result<(crate::runtime::CpuPolicy, Option<GuestResources>), Failure> {
-    let facts = TranslationFacts {
+    let facts = translation::Facts {
         pod: ctx.facts.clone(),
         spec: ctx.spec.clone(),
         path,
-        resources: first_container_resources(ctx.pod).map(|(requests, limits)| ContainerResources { requests, limits }),
+        resources: first_container_resources(ctx.pod),
     };
     let d = p
-        .decide(move |pol| pol.resource_translation(facts))
+        .decide(move |pol| pol.decide::<ResourceTranslation>(&facts))
         .await
         .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
     match d.outcome {
-        TranslationOutcome::Translated { cpu, guest } => Ok((plan::cpu_policy(&cpu), guest)),
-        TranslationOutcome::Refuse => Err(Failure {
-            reason: "ResourceTranslationRefused",
-            message: d.message,
-            transient: d.reason == crate::policy::decision::POLICY_FAILED,
-        }),
+        translation::Outcome::Translated(t) => Ok((plan::cpu_policy(&t.cpu), t.guest)),
+        translation::Outcome::Refuse(refusal) => Err(Failure::refused(refusal, d.message)),
     }
 }
 

@@ -9,15 +9,13 @@ use k8s_openapi::api::core::v1::Pod;
 use super::CocoonProvider;
 use super::plan;
 use crate::kubelet::ProviderError;
-use crate::model::{PodFacts, VmSpec};
-use crate::policy::decision::SnapshotOutcome;
-use crate::policy::facts::SnapshotFacts;
+use crate::model::{PodFacts, pod_facts, vm_spec};
+use crate::policy::contract::snapshot_before_destroy::{Facts, Outcome};
+use crate::policy::slots::SnapshotBeforeDestroy;
 use crate::runtime::VmState;
 
-pub use crate::model::annotations::KEEP_SNAPSHOT_ON_DELETE;
-
 pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
-    let facts = PodFacts::from_pod(pod);
+    let facts = pod_facts(pod);
     let key = facts.key();
     if p.state.resume_claimed(&key) {
         return Err(ProviderError::Transient(format!(
@@ -32,20 +30,20 @@ pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     // A retried hibernate or wake of the same pod runs under this lock too: never both at once.
     let lock = p.state.op_lock(&key);
     let op = lock.lock().await;
-    let result = delete_fenced(p, pod, &facts, &key).await;
+    let result = delete_fenced(p, pod, facts, &key).await;
     drop(op);
     p.state.end_delete(&key);
     result
 }
 
-async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &str) -> Result<(), ProviderError> {
+async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str) -> Result<(), ProviderError> {
     let uid = facts.uid.clone();
     let tracked = p.state.tracked(key);
     if tracked.as_ref().is_some_and(|t| t.uid != uid) {
         tracing::info!(pod = %key, %uid, "delete of a superseded incarnation: nothing to do");
         return Ok(());
     }
-    let spec = VmSpec::decode(&facts.annotations);
+    let spec = vm_spec::of_pod(pod);
     let vm_name = spec.vm_name.clone();
     // Nothing else acts on a pod being deleted: no probe flips, no guest work.
     p.state.stop_guest_work(key);
@@ -58,10 +56,7 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
         p.notify(key);
         return Ok(());
     }
-    let keep = facts
-        .annotations
-        .get(KEEP_SNAPSHOT_ON_DELETE)
-        .is_some_and(|v| v == "true");
+    let keep = spec.keep_snapshot_on_delete;
     let vm = tracked
         .and_then(|t| t.vm)
         .or_else(|| (!vm_name.is_empty()).then(|| p.state.vm_by_name(&vm_name)).flatten());
@@ -91,15 +86,17 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: &PodFacts, key: &st
             ));
         }
     };
-    let sfacts = SnapshotFacts {
-        pod: facts.clone(),
-        spec: spec.clone(),
+    let sfacts = Facts {
+        pod: facts,
+        spec,
         pusher_configured: p.ports.registry.is_some(),
         vm_running: running,
     };
-    let decision = p.decide(move |pol| pol.snapshot_before_destroy(sfacts)).await?;
-    tracing::info!(pod = %key, vm = %vm.id, reason = %decision.reason, fail_safe = ?decision.fail_safe, "snapshot-before-destroy decision");
-    if let SnapshotOutcome::Snapshot { target } = decision.outcome {
+    let decision = p
+        .decide(move |pol| pol.decide::<SnapshotBeforeDestroy>(&sfacts))
+        .await?;
+    tracing::info!(pod = %key, vm = %vm.id, reason = %decision.reason, message = %decision.message, "snapshot-before-destroy decision");
+    if let Outcome::Snapshot(target) = decision.outcome {
         let Some(registry) = &p.ports.registry else {
             return Err(kept(
                 p,

@@ -14,9 +14,11 @@ use super::CocoonProvider;
 use super::lifecycle::{self, LifecycleState};
 use super::metrics::ProviderMetrics;
 use crate::model::annotations as key;
-use crate::model::{PodFacts, VmSpec};
-use crate::policy::decision::{FixupOutcome, GuestFixup};
-use crate::policy::facts::{BootOrigin, GuestFixupFacts, GuestNic};
+use crate::model::{pod_facts, vm_spec};
+use crate::policy::contract::guest_fixup::{BootOrigin, Facts, Fixup, Nic, Outcome};
+use crate::policy::contract::types::RefusalKind;
+use crate::policy::slots::GuestFixup;
+use crate::policy::slots::guest_fixup::kind_label;
 use crate::runtime::{ExecSpec, VmRecord};
 
 /// What a booted VM still needs before Ready.
@@ -88,13 +90,12 @@ impl CocoonProvider {
         self.ready_after_lease(pod, pkey, vm, wake).await;
     }
 
-    fn fixup_facts(&self, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> GuestFixupFacts {
-        let facts = PodFacts::from_pod(pod);
-        let spec = VmSpec::decode(&facts.annotations);
-        let backend_dir = if vm.hypervisor == "firecracker" {
-            "firecracker"
-        } else {
-            "cloudhypervisor"
+    fn fixup_facts(&self, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> Facts {
+        let hypervisor = vm_spec::backend(&vm.hypervisor);
+        // cocoon's run directory per hypervisor (cloud-hypervisor is its default).
+        let backend_dir = match hypervisor {
+            crate::policy::contract::types::Backend::Firecracker => "firecracker",
+            _ => "cloudhypervisor",
         };
         let overlay = self
             .cfg
@@ -103,15 +104,15 @@ impl CocoonProvider {
             .join(backend_dir)
             .join(&vm.id)
             .join("overlay.qcow2");
-        GuestFixupFacts {
-            pod: facts,
-            spec,
+        Facts {
+            pod: pod_facts(pod),
+            spec: vm_spec::of_pod(pod),
             vm_id: vm.id.clone(),
-            hypervisor: vm.hypervisor.clone(),
+            hypervisor,
             nics: vm
                 .network_configs
                 .iter()
-                .map(|n| GuestNic {
+                .map(|n| Nic {
                     mac: n.mac.trim().to_ascii_lowercase(),
                     ip: n.network.as_ref().map(|x| x.ip.clone()).unwrap_or_default(),
                     gateway: n.network.as_ref().map(|x| x.gateway.clone()).unwrap_or_default(),
@@ -124,7 +125,8 @@ impl CocoonProvider {
         }
     }
 
-    /// Asks the guest-fixup policy and runs its answer.
+    /// Asks the guest-fixup policy and runs its answer. A `retry-later` refusal is asked again
+    /// every `fixup_interval` within the fixup budget; any other refusal fails at once.
     async fn fixup(
         &self,
         pod: &Pod,
@@ -135,35 +137,41 @@ impl CocoonProvider {
         wake: bool,
     ) -> Fixed {
         let op = if wake { "wake" } else { "create" };
-        let facts = self.fixup_facts(pod, vm, origin, source_image);
-        let decision = match self.decide(move |p| p.guest_fixup(facts)).await {
-            Ok(d) => d,
-            Err(e) => {
-                self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string())
-                    .await;
-                return Fixed::Failed;
+        let started = Instant::now();
+        loop {
+            let facts = self.fixup_facts(pod, vm, origin, source_image);
+            let decision = match self.decide(move |p| p.decide::<GuestFixup>(&facts)).await {
+                Ok(d) => d,
+                Err(e) => {
+                    self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string())
+                        .await;
+                    return Fixed::Failed;
+                }
+            };
+            tracing::info!(pod = %pkey, vm = %vm.id, reason = %decision.reason, message = %decision.message, "guest-fixup decision");
+            let refusal = match decision.outcome {
+                Outcome::None => return Fixed::Proceed,
+                Outcome::Run(fixup) => return self.run_fixup(pod, pkey, vm, &fixup, op, wake).await,
+                Outcome::Refuse(refusal) => refusal,
+            };
+            let t = &self.cfg.timings;
+            let again =
+                refusal.kind == RefusalKind::RetryLater && started.elapsed() + t.fixup_interval < t.fixup_budget;
+            if again {
+                tracing::info!(pod = %pkey, vm = %vm.id, "guest-fixup policy asks to be asked again later");
+                tokio::time::sleep(t.fixup_interval).await;
+                continue;
             }
-        };
-        tracing::info!(pod = %pkey, vm = %vm.id, reason = %decision.reason, message = %decision.message, fail_safe = ?decision.fail_safe, "guest-fixup decision");
-        match decision.outcome {
-            FixupOutcome::None => Fixed::Proceed,
-            FixupOutcome::Refuse => {
-                self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
-                self.metrics.wake_ended(wake, false);
-                let reason = if decision.reason == crate::policy::decision::POLICY_FAILED {
-                    "PostClonePolicyFailed"
-                } else {
-                    "PostCloneRefused"
-                };
-                self.fail_op(pod, pkey, reason, op, &decision.message).await;
-                Fixed::Failed
-            }
-            FixupOutcome::Run { fixup } => self.run_fixup(pod, pkey, vm, &fixup, op, wake).await,
+            self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
+            self.metrics.wake_ended(wake, false);
+            let f = super::failure::Failure::refused(refusal, decision.message);
+            self.fail_op(pod, pkey, f.reason, op, &f.message).await;
+            return Fixed::Failed;
         }
     }
 
     /// One `vm exec` per attempt, `fixup_interval` apart, within `fixup_budget`.
-    async fn run_fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, fixup: &GuestFixup, op: &str, wake: bool) -> Fixed {
+    async fn run_fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, fixup: &Fixup, op: &str, wake: bool) -> Fixed {
         let t = &self.cfg.timings;
         self.set_post_clone_state(pod, pkey, STATE_RUNNING).await;
         let spec = ExecSpec {
@@ -188,7 +196,10 @@ impl CocoonProvider {
             };
             match result {
                 Ok(()) => {
-                    self.metrics.postclone.with_label_values(&[&fixup.kind, "ok"]).inc();
+                    self.metrics
+                        .postclone
+                        .with_label_values(&[kind_label(fixup.kind), "ok"])
+                        .inc();
                     break;
                 }
                 Err(error) => {
@@ -221,7 +232,7 @@ impl CocoonProvider {
                 pod,
                 false,
                 "PostCloneSucceeded",
-                format!("kind={} attempts={attempt}", fixup.kind),
+                format!("kind={} attempts={attempt}", kind_label(fixup.kind)),
             );
         }
         Fixed::Proceed
@@ -232,13 +243,16 @@ impl CocoonProvider {
         &self,
         pod: &Pod,
         pkey: &str,
-        fixup: &GuestFixup,
+        fixup: &Fixup,
         op: &str,
         wake: bool,
         attempts: u32,
         errors: &[String],
     ) -> Fixed {
-        self.metrics.postclone.with_label_values(&[&fixup.kind, "failed"]).inc();
+        self.metrics
+            .postclone
+            .with_label_values(&[kind_label(fixup.kind), "failed"])
+            .inc();
         self.metrics
             .postclone_retry_attempts
             .with_label_values(&["failed"])
@@ -257,7 +271,7 @@ impl CocoonProvider {
         self.write_annotations(pod, pkey, &changes).await;
         let message = format!(
             "guest fixup ({}) failed {attempts} times within {:?}: {joined}; the commands are in {} (base64); recreate the pod after repairing the guest",
-            fixup.kind,
+            kind_label(fixup.kind),
             self.cfg.timings.fixup_budget,
             key::POST_CLONE_HINT
         );
@@ -291,7 +305,7 @@ impl CocoonProvider {
     async fn ready_after_lease(&self, pod: &Pod, pkey: &str, vm: &VmRecord, wake: bool) {
         let t = &self.cfg.timings;
         let uid = super::state::uid_of(pod);
-        let windows = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new())).os == "windows";
+        let windows = super::invariants::renew_nudge(&vm_spec::of_pod(pod));
         let started = Instant::now();
         let mut nudged = false;
         let ip = loop {
@@ -335,7 +349,7 @@ impl CocoonProvider {
                 let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
                     return;
                 };
-                if tracked.vm.as_ref().is_none_or(|v| v.id != vm.id) || super::plan::hibernate_requested(&tracked.pod) {
+                if tracked.vm.as_ref().is_none_or(|v| v.id != vm.id) || vm_spec::of_pod(&tracked.pod).hibernate {
                     return;
                 }
                 let what = if wake { "wake" } else { "clone" };

@@ -11,10 +11,11 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use super::create::hibernate_evidence;
+use super::invariants;
 use super::lifecycle::LifecycleState;
 use super::plan::{self, ipconfig};
-use crate::model::VmSpec;
-use crate::policy::facts::HibernateEvidence;
+use crate::model::vm_spec;
+use crate::policy::contract::bring_up::HibernateEvidence;
 use crate::runtime::VmRecord;
 
 const OP: &str = "hibernate";
@@ -27,7 +28,7 @@ impl CocoonProvider {
         let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
             return true;
         };
-        let spec = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
+        let spec = vm_spec::of_pod(pod);
         if !spec.managed {
             return true;
         }
@@ -75,7 +76,7 @@ impl CocoonProvider {
             _ => {}
         }
 
-        let drop_nic = plan::drop_nic(&spec);
+        let drop_nic = invariants::nic_less_hibernate(&spec);
         if drop_nic && !self.drop_nic(pod, pkey, &vm).await {
             return false;
         }
@@ -189,11 +190,11 @@ impl CocoonProvider {
     pub(super) async fn settle_vanished(&self, pod: &Pod, pkey: &str, vm: &str) -> bool {
         let uid = super::state::uid_of(pod);
         match hibernate_evidence(self, vm).await {
-            HibernateEvidence::Found { .. } => {
+            HibernateEvidence::Found(_) => {
                 self.finish_hibernated(pod, pkey, &uid).await;
                 true
             }
-            HibernateEvidence::Unavailable { error } => {
+            HibernateEvidence::Unavailable(error) => {
                 self.fail_op(
                     pod,
                     pkey,

@@ -26,6 +26,7 @@ mod failure;
 pub mod gone;
 mod guest;
 mod hibernate;
+mod invariants;
 pub mod lifecycle;
 pub mod metrics;
 pub mod plan;
@@ -238,7 +239,7 @@ impl Provider for CocoonProvider {
     }
 
     async fn pod_status(&self, pod: &Pod) -> Result<Option<ProviderPodStatus>, ProviderError> {
-        let key = PodFacts::from_pod(pod).key();
+        let key = crate::kubelet::pods::pod_key(pod);
         let uid = state::uid_of(pod);
         if let Some(terminal) = self.state.terminal_status(&key, &uid) {
             return Ok(Some(terminal));
@@ -250,36 +251,27 @@ impl Provider for CocoonProvider {
     }
 }
 
-/// The error a CPU-class rejection returns: a failing admission policy is retried; a real
-/// mismatch is final.
-fn admission_error(reason: &str, message: String) -> ProviderError {
-    if reason == crate::policy::decision::POLICY_FAILED {
-        ProviderError::Transient(message)
-    } else {
-        ProviderError::Rejected {
-            reason: "SnapshotCPUClassMismatch".into(),
-            message,
-        }
-    }
-}
-
 impl CocoonProvider {
-    /// The CPU-class admission policy: `Ok(Err((reason, message)))` on a rejection.
+    /// The CPU-class admission policy: `Ok(Err(failure))` on a rejection, which carries the
+    /// policy's refusal (its kind decides what a retry does).
     async fn admission(
         &self,
         facts: &PodFacts,
-        context: crate::policy::facts::AdmissionContext,
-    ) -> Result<Result<(), (String, String)>, ProviderError> {
-        let f = crate::policy::facts::AdmissionFacts {
+        context: crate::policy::contract::cpu_class_admission::AdmissionContext,
+    ) -> Result<Result<(), failure::Failure>, ProviderError> {
+        use crate::policy::contract::cpu_class_admission::{Facts, Verdict};
+        let f = Facts {
             pod: facts.clone(),
             context,
             node_name: self.cfg.node_name.clone(),
             node_class: self.cfg.node_class.clone(),
         };
-        let d = self.decide(move |p| p.cpu_class_admission(f)).await?;
-        Ok(match d.outcome {
-            crate::policy::decision::Verdict::Admit => Ok(()),
-            crate::policy::decision::Verdict::Reject => Err((d.reason, d.message)),
+        let d = self
+            .decide(move |p| p.decide::<crate::policy::slots::CpuClassAdmission>(&f))
+            .await?;
+        Ok(match d.verdict {
+            Verdict::Admit => Ok(()),
+            Verdict::Reject(refusal) => Err(failure::Failure::refused(refusal, d.message)),
         })
     }
 }

@@ -3,8 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::policy::decision::{CloneOptions, CpuPolicy as PolicyCpu};
-use crate::policy::facts::{EvidenceSource, HibernateEvidence, LocalSnapshot};
+use crate::model::vm_spec;
+use crate::policy::contract::bring_up::{
+    CloneOptions, EvidenceSource, FoundEvidence, HibernateEvidence, LocalSnapshot, Outcome, Plan,
+};
+use crate::policy::contract::resource_translation::CpuPolicy as PolicyCpu;
+use crate::policy::contract::types::{self as contract, EventReason, Refusal, RestoreMode as PolicyRestoreMode};
 use crate::runtime::{Backend, CloneSource, CloneSpec, CpuPolicy, RestoreMode, RuntimeError, SnapshotRecord, VmRecord};
 
 pub use vk_policy_support::naming::{
@@ -28,35 +32,6 @@ pub fn hibernate_import_name(vm: &str) -> String {
     format!("{vm}-hibernate-import")
 }
 
-/// `vm.cocoonstack.io/hibernate: "true"` on the pod: the operator wants the guest parked.
-pub fn hibernate_requested(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::model::annotations::HIBERNATE))
-        .is_some_and(|v| v == "true")
-}
-
-/// `cocoonset.cocoonstack.io/managed: "true"`: vk-cocoon owns this pod's VM.
-pub fn is_managed_pod(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::model::annotations::MANAGED))
-        .is_some_and(|v| v == "true")
-}
-
-/// `dropNIC`: a cloud-hypervisor Windows guest hibernates without its NIC and wakes with a
-/// fresh one (exact strings, as cocoon-common compares them).
-pub fn drop_nic(spec: &crate::model::VmSpec) -> bool {
-    spec.backend == "cloud-hypervisor" && spec.os == "windows"
-}
-
-/// `isClonedBoot`: the VM came from a snapshot (an explicit clone source, or any mode but run).
-pub fn is_cloned_boot(spec: &crate::model::VmSpec) -> bool {
-    !spec.clone_from_dir.trim().is_empty() || !spec.fork_from.is_empty() || !spec.mode.eq_ignore_ascii_case("run")
-}
-
 /// `cmd /c ipconfig <verb>` in a Windows guest (`/release` before its NIC goes, `/renew` after).
 pub fn ipconfig(verb: &str) -> crate::runtime::ExecSpec {
     crate::runtime::ExecSpec {
@@ -75,23 +50,23 @@ pub fn registry_evidence<E: std::fmt::Display>(
 ) -> HibernateEvidence {
     match lookup {
         Ok(None) => HibernateEvidence::None,
-        Ok(Some(annotations)) => HibernateEvidence::Found {
+        Ok(Some(annotations)) => HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::Registry,
             recorded_image: annotations.get(BASE_IMAGE_ANNOTATION).cloned().unwrap_or_default(),
-        },
-        Err(e) => HibernateEvidence::Unavailable { error: e.to_string() },
+        }),
+        Err(e) => HibernateEvidence::Unavailable(e.to_string()),
     }
 }
 
 /// Evidence on a registry-less node: a local snapshot named after the VM.
 pub fn local_evidence(lookup: &Result<SnapshotRecord, RuntimeError>) -> HibernateEvidence {
     match lookup {
-        Ok(_) => HibernateEvidence::Found {
+        Ok(_) => HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::LocalSnapshot,
             recorded_image: String::new(),
-        },
+        }),
         Err(e) if e.is_snapshot_not_found() || e.is_not_found() => HibernateEvidence::None,
-        Err(e) => HibernateEvidence::Unavailable { error: e.to_string() },
+        Err(e) => HibernateEvidence::Unavailable(e.to_string()),
     }
 }
 
@@ -101,40 +76,23 @@ pub fn local_snapshot_fact(s: &SnapshotRecord) -> LocalSnapshot {
         id: s.id.clone(),
         image: s.image.clone(),
         image_digest: s.image_digest.clone(),
-        hypervisor: s.hypervisor.clone(),
+        hypervisor: vm_spec::backend(&s.hypervisor),
     }
 }
 
-/// `hibernate_evidence_total{verdict}` for a bring-up decision reason, when it is one.
-pub fn evidence_verdict(reason: &str) -> Option<&'static str> {
-    Some(match reason {
-        "restore-derived" | "restore-explicit" => "restored",
-        "image-conflict" => "image_conflict",
-        "source-conflict" => "source_conflict",
-        "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" => "unavailable",
-        _ => return None,
+/// `hibernate_evidence_total{verdict}` of a bring-up outcome, when it is about hibernate
+/// evidence: read from the typed plan and refusal, never from the reason token.
+pub fn evidence_verdict(outcome: &Outcome) -> Option<&'static str> {
+    Some(match outcome {
+        Outcome::Proceed(Plan::RestoreFromHibernate(_)) => "restored",
+        Outcome::Refuse(Refusal { event, .. }) => match event {
+            EventReason::HibernateImageConflict => "image_conflict",
+            EventReason::HibernateSourceConflict => "source_conflict",
+            EventReason::HibernateEvidenceUnavailable => "unavailable",
+            _ => return None,
+        },
+        Outcome::Proceed(_) => return None,
     })
-}
-
-/// A bring-up refusal that can clear up by itself (registry back, policy fixed): retried.
-/// Everything else needs the operator to change the pod.
-pub fn refusal_is_transient(reason: &str) -> bool {
-    matches!(
-        reason,
-        "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" | "policy-failed" | "snapshot-unavailable"
-    )
-}
-
-/// The Event reason of a bring-up refusal, by the policy's reason token.
-pub fn refusal_event_reason(reason: &str) -> &'static str {
-    match reason {
-        "hibernate-evidence-unavailable" | "hibernate-evidence-not-checked" => "HibernateEvidenceUnavailable",
-        "image-conflict" | "source-conflict" => "HibernateSnapshotConflict",
-        "hibernate-snapshot-missing" => "HibernateSnapshotMissing",
-        "policy-failed" => "BringUpPolicyFailed",
-        "backend-mismatch" => "SnapshotBackendMismatch",
-        _ => "CreateBringUpFailed",
-    }
 }
 
 /// cgroup flags for cocoon from the translation policy's answer.
@@ -146,8 +104,23 @@ pub fn cpu_policy(p: &PolicyCpu) -> CpuPolicy {
     }
 }
 
-pub fn backend(name: &str) -> Backend {
-    Backend::from_hypervisor(name)
+/// The runtime's backend for a decided one: unspecified is cocoon's default (cloud-hypervisor,
+/// no flag). An unknown backend never gets here (the host refuses such a decision as invalid),
+/// but if it did it is an error, not a guess.
+pub fn backend(backend: &contract::Backend) -> Result<Backend, String> {
+    match backend {
+        contract::Backend::Unspecified | contract::Backend::CloudHypervisor => Ok(Backend::CloudHypervisor),
+        contract::Backend::Firecracker => Ok(Backend::Firecracker),
+        contract::Backend::Unknown(raw) => Err(format!("backend {raw:?} is not one this node boots")),
+    }
+}
+
+fn restore_mode(mode: PolicyRestoreMode) -> RestoreMode {
+    match mode {
+        PolicyRestoreMode::Copy => RestoreMode::Copy,
+        PolicyRestoreMode::Ondemand => RestoreMode::OnDemand,
+        PolicyRestoreMode::Mmap => RestoreMode::Mmap,
+    }
 }
 
 /// The `vm clone` invocation of a plan's clone options.
@@ -157,25 +130,36 @@ pub fn clone_spec(
     pull: bool,
     cpu: CpuPolicy,
     nics: Option<u32>,
-) -> CloneSpec {
-    CloneSpec {
+) -> Result<CloneSpec, String> {
+    Ok(CloneSpec {
         name: Some(options.vm_name.clone()),
         network: (!options.network.is_empty()).then(|| options.network.clone()),
         no_direct_io: options.no_direct_io,
         pull,
-        restore_mode: RestoreMode::parse(&options.restore_mode),
+        restore_mode: options.restore_mode.map(restore_mode),
         nics,
         cpu_policy: cpu,
-        backend: backend(&options.backend),
+        backend: backend(&options.backend)?,
         source,
-    }
+    })
 }
 
-/// `assertSnapshotBackend`: a CH snapshot is never cloned onto FC and vice versa.
-pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &str) -> Result<(), String> {
-    if recorded.is_empty() || wanted.is_empty() || recorded == wanted {
+/// `assertSnapshotBackend`: a CH snapshot is never cloned onto FC and vice versa. `recorded` is
+/// what cocoon recorded for the snapshot, decoded as every backend is.
+pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &contract::Backend) -> Result<(), String> {
+    let recorded_backend = vm_spec::backend(recorded);
+    if recorded_backend == contract::Backend::Unspecified
+        || *wanted == contract::Backend::Unspecified
+        || recorded_backend == *wanted
+    {
         Ok(())
     } else {
+        let wanted = match wanted {
+            contract::Backend::CloudHypervisor => "cloud-hypervisor",
+            contract::Backend::Firecracker => "firecracker",
+            contract::Backend::Unknown(raw) => raw.as_str(),
+            contract::Backend::Unspecified => "",
+        };
         Err(format!(
             "snapshot {snapshot} was taken with {recorded} but CocoonSet requests {wanted}"
         ))
@@ -249,21 +233,21 @@ mod tests {
         let a = BTreeMap::from([(BASE_IMAGE_ANNOTATION.to_string(), "img:1".to_string())]);
         assert_eq!(
             registry_evidence::<String>(Ok(Some(&a))),
-            HibernateEvidence::Found {
+            HibernateEvidence::Found(FoundEvidence {
                 source: EvidenceSource::Registry,
                 recorded_image: "img:1".into()
-            }
+            })
         );
         assert_eq!(registry_evidence::<String>(Ok(None)), HibernateEvidence::None);
         let legacy = BTreeMap::new();
         assert_eq!(
             registry_evidence::<String>(Ok(Some(&legacy))),
-            HibernateEvidence::Found {
+            HibernateEvidence::Found(FoundEvidence {
                 source: EvidenceSource::Registry,
                 recorded_image: String::new()
-            }
+            })
         );
-        assert!(matches!(registry_evidence(Err("503")), HibernateEvidence::Unavailable { error } if error == "503"));
+        assert!(matches!(registry_evidence(Err("503")), HibernateEvidence::Unavailable(error) if error == "503"));
     }
 
     #[test]
@@ -279,24 +263,29 @@ mod tests {
             code: Some(1),
             stderr: "db locked".into(),
         });
-        assert!(matches!(local_evidence(&boom), HibernateEvidence::Unavailable { .. }));
+        assert!(matches!(local_evidence(&boom), HibernateEvidence::Unavailable(_)));
         assert!(matches!(
             local_evidence(&Ok(SnapshotRecord::default())),
-            HibernateEvidence::Found { .. }
+            HibernateEvidence::Found(_)
         ));
     }
 
     #[test]
     fn backend_assertion_table() {
-        assert!(assert_backend("s", "", "firecracker").is_ok());
-        assert!(assert_backend("s", "cloud-hypervisor", "").is_ok());
-        assert!(assert_backend("s", "cloud-hypervisor", "cloud-hypervisor").is_ok());
-        let e = assert_backend("s", "cloud-hypervisor", "firecracker").unwrap_err();
+        use contract::Backend as B;
+        assert!(assert_backend("s", "", &B::Firecracker).is_ok());
+        assert!(assert_backend("s", "cloud-hypervisor", &B::Unspecified).is_ok());
+        assert!(assert_backend("s", "cloud-hypervisor", &B::CloudHypervisor).is_ok());
+        let e = assert_backend("s", "cloud-hypervisor", &B::Firecracker).unwrap_err();
         assert_eq!(
             e,
             "snapshot s was taken with cloud-hypervisor but CocoonSet requests firecracker"
         );
-        assert!(assert_backend("s", "firecracker", "cloud-hypervisor").is_err());
+        assert!(assert_backend("s", "firecracker", &B::CloudHypervisor).is_err());
+        assert!(
+            assert_backend("s", "Firecracker", &B::Firecracker).is_ok(),
+            "recorded backends decode by the one rule"
+        );
     }
 
     #[test]
@@ -344,8 +333,8 @@ mod tests {
             vm_name: "vm1".into(),
             network: "".into(),
             no_direct_io: true,
-            backend: "firecracker".into(),
-            restore_mode: "mmap".into(),
+            backend: contract::Backend::Firecracker,
+            restore_mode: Some(PolicyRestoreMode::Mmap),
             drop_own_fork_snapshot: true,
         };
         let cpu = cpu_policy(&PolicyCpu {
@@ -353,7 +342,7 @@ mod tests {
             cpu_quota_us: Some(200_000),
             cpu_period_us: Some(100_000),
         });
-        let spec = clone_spec(&o, CloneSource::Snapshot("snap".into()), true, cpu, None);
+        let spec = clone_spec(&o, CloneSource::Snapshot("snap".into()), true, cpu, None).unwrap();
         assert_eq!(spec.name.as_deref(), Some("vm1"));
         assert_eq!(spec.network, None);
         assert_eq!(spec.backend, Backend::Firecracker);
@@ -396,39 +385,22 @@ mod tests {
     }
 
     #[test]
-    fn nic_drop_and_cloned_boots() {
-        let spec = |backend: &str, os: &str, mode: &str| crate::model::VmSpec {
-            backend: backend.into(),
-            os: os.into(),
-            mode: mode.into(),
-            ..Default::default()
-        };
-        assert!(drop_nic(&spec("cloud-hypervisor", "windows", "")));
-        assert!(!drop_nic(&spec("firecracker", "windows", "")));
-        assert!(
-            !drop_nic(&spec("", "windows", "")),
-            "an unspecified backend never drops a NIC"
-        );
-        assert!(!drop_nic(&spec("cloud-hypervisor", "Windows", "")), "exact strings");
-        assert!(is_cloned_boot(&spec("", "", "")));
-        assert!(!is_cloned_boot(&spec("", "", "RUN")));
-        let fork_run = crate::model::VmSpec {
-            mode: "run".into(),
-            fork_from: "main".into(),
-            ..Default::default()
-        };
-        assert!(is_cloned_boot(&fork_run), "fork-from overrides mode=run");
-    }
-
-    #[test]
     fn naming_helpers() {
         assert_eq!(local_snapshot_name("myvm", "latest"), "myvm");
         assert_eq!(local_snapshot_name("myvm", "v2"), "myvm:v2");
         assert_eq!(parse_ref("repo:v2"), ("repo", "v2"));
         assert_eq!(fork_snapshot_name("vm"), "fork-vm");
         assert_eq!(hibernate_import_name("vm"), "vm-hibernate-import");
-        assert_eq!(evidence_verdict("image-conflict"), Some("image_conflict"));
-        assert!(refusal_is_transient("hibernate-evidence-unavailable"));
-        assert!(!refusal_is_transient("image-conflict"));
+        let refused = |event| {
+            Outcome::Refuse(Refusal {
+                kind: contract::RefusalKind::NeedsOperator,
+                event,
+            })
+        };
+        assert_eq!(
+            evidence_verdict(&refused(EventReason::HibernateImageConflict)),
+            Some("image_conflict")
+        );
+        assert_eq!(evidence_verdict(&refused(EventReason::InvalidVmSpec)), None);
     }
 }

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::config::ProbeTimings;
+use crate::policy::contract::types::ReadinessProbe;
 
 /// The latest verdict of a pod's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +93,7 @@ pub enum Target {
 
 /// The probe of a pod whose VM is `has_vm`, resolved IP `ip` ("" while none) and
 /// `vm.cocoonstack.io/probe-port` annotation `probe_port` ("" for ICMP).
-pub fn target(has_vm: bool, ip: &str, probe_port: &str) -> Target {
+pub fn target(has_vm: bool, ip: &str, probe: &ReadinessProbe) -> Target {
     if !has_vm {
         return Target::Unready("vm gone".into());
     }
@@ -102,14 +103,14 @@ pub fn target(has_vm: bool, ip: &str, probe_port: &str) -> Target {
     let Ok(addr) = ip.parse::<IpAddr>() else {
         return Target::Unready(format!("vm ip {ip:?} is not an IP address"));
     };
-    let port = probe_port.trim();
-    if !port.is_empty() {
-        return match port.parse::<u16>() {
-            Ok(p) if p > 0 => Target::Tcp(SocketAddr::new(addr, p)),
-            _ => Target::Unready(format!(
-                "vm.cocoonstack.io/probe-port {probe_port:?} is not a port number (1-65535)"
-            )),
-        };
+    match probe {
+        ReadinessProbe::Tcp(port) => return Target::Tcp(SocketAddr::new(addr, *port)),
+        ReadinessProbe::Invalid(raw) => {
+            return Target::Unready(format!(
+                "vm.cocoonstack.io/probe-port {raw:?} is not a port number (1-65535)"
+            ));
+        }
+        ReadinessProbe::Icmp => {}
     }
     match addr {
         IpAddr::V4(v4) => Target::Icmp(v4),
@@ -388,6 +389,7 @@ mod tests {
 
     #[test]
     fn targets() {
+        let target = |vm, ip, port: &str| target(vm, ip, &crate::model::vm_spec::probe(port));
         assert_eq!(target(false, "10.0.0.1", ""), Target::Unready("vm gone".into()));
         assert_eq!(target(true, "", "22"), Target::Unready("waiting for dhcp lease".into()));
         assert_eq!(

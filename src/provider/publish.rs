@@ -105,7 +105,7 @@ impl CocoonProvider {
         let Some(t) = self.state.tracked_as(key, uid) else {
             return false;
         };
-        if t.vm.as_ref().is_none_or(|v| v.id != vm_id) || super::plan::hibernate_requested(&t.pod) {
+        if t.vm.as_ref().is_none_or(|v| v.id != vm_id) || crate::model::vm_spec::of_pod(&t.pod).hibernate {
             return false;
         }
         self.publish_ready(&t.pod, key).await;

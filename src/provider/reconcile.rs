@@ -5,8 +5,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
 
-pub use crate::model::annotations::HIBERNATE;
-
 /// What happens to a VM no pod claims (§4g).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrphanPolicy {
@@ -172,23 +170,27 @@ impl OwedOp {
 pub struct OwedFacts<'a> {
     pub deleting: bool,
     pub has_vm: bool,
+    /// The host-written markers (lifecycle state, fixup progress).
     pub annotations: &'a BTreeMap<String, String>,
-    /// `dropNIC(spec)`.
+    /// The pod asks to be hibernated.
+    pub hibernate: bool,
+    /// The guest hibernates without its NIC (a host invariant).
     pub drop_nic: bool,
-    /// `isClonedBoot(spec)`.
+    /// The VM came from a snapshot (a host invariant).
     pub cloned: bool,
 }
 
 /// [`owed_op`] for a pod as the apiserver has it (a VM of it is tracked or not).
 pub fn owed_for(pod: &k8s_openapi::api::core::v1::Pod, has_vm: bool) -> OwedOp {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let spec = crate::model::VmSpec::decode(&annotations);
+    let spec = crate::model::vm_spec::decode(&annotations);
     owed_op(OwedFacts {
         deleting: pod.metadata.deletion_timestamp.is_some(),
         has_vm,
         annotations: &annotations,
-        drop_nic: super::plan::drop_nic(&spec),
-        cloned: super::plan::is_cloned_boot(&spec),
+        hibernate: spec.hibernate,
+        drop_nic: super::invariants::nic_less_hibernate(&spec),
+        cloned: super::invariants::cloned_boot(&spec),
     })
 }
 
@@ -201,7 +203,7 @@ pub fn owed_op(f: OwedFacts<'_>) -> OwedOp {
         .get(super::lifecycle::STATE)
         .map(String::as_str)
         .unwrap_or("");
-    if f.annotations.get(HIBERNATE).is_some_and(|v| v == "true") {
+    if f.hibernate {
         return match (f.has_vm, lifecycle) {
             (true, _) => OwedOp::Hibernate,
             (false, "hibernating") => OwedOp::FinishHibernate,
@@ -304,7 +306,7 @@ mod tests {
 
     #[test]
     fn owed_work() {
-        use crate::model::annotations::POST_CLONE_STATE;
+        use crate::model::annotations::{HIBERNATE, POST_CLONE_STATE};
         use crate::provider::lifecycle::STATE;
         let a = |pairs: &[(&str, &str)]| {
             pairs
@@ -318,6 +320,7 @@ mod tests {
                     deleting,
                     has_vm,
                     annotations,
+                    hibernate: crate::model::vm_spec::decode(annotations).hibernate,
                     drop_nic,
                     cloned,
                 })

@@ -12,8 +12,8 @@ use super::CocoonProvider;
 use super::create::hibernate_evidence;
 use super::guest::Finish;
 use super::reconcile::{OwedOp, owed_for};
-use crate::model::VmSpec;
-use crate::policy::facts::HibernateEvidence;
+use crate::model::{VmSpec, vm_spec};
+use crate::policy::contract::bring_up::HibernateEvidence;
 
 impl CocoonProvider {
     /// Dispatches what the restart owes `pod` (already tracked by the reconcile).
@@ -22,7 +22,7 @@ impl CocoonProvider {
         let Some(tracked) = self.state.tracked_as(key, &uid) else {
             return;
         };
-        let spec = VmSpec::decode(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
+        let spec = vm_spec::of_pod(pod);
         if !spec.managed {
             return;
         }
@@ -86,7 +86,7 @@ impl CocoonProvider {
     async fn finish_interrupted_hibernate(&self, pod: &Pod, key: &str, vm: &str) {
         let settled = self
             .with_evidence_retries(vm, |e| match e {
-                HibernateEvidence::Unavailable { error } => {
+                HibernateEvidence::Unavailable(error) => {
                     tracing::warn!(pod = %key, %vm, %error, "checking the hibernate snapshot of an interrupted hibernate; retrying");
                     None
                 }
@@ -115,9 +115,9 @@ impl CocoonProvider {
         };
         let restored = self
             .with_evidence_retries(&spec.vm_name, |e| match e {
-                HibernateEvidence::Found { .. } => Some(true),
+                HibernateEvidence::Found(_) => Some(true),
                 HibernateEvidence::None | HibernateEvidence::NotChecked => Some(false),
-                HibernateEvidence::Unavailable { .. } => None,
+                HibernateEvidence::Unavailable(_) => None,
             })
             .await;
         match restored {

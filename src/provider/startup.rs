@@ -13,8 +13,9 @@ use super::CocoonProvider;
 use super::lifecycle::Intent;
 use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
 use crate::kubelet::ProviderError;
-use crate::model::{PodFacts, VmSpec};
-use crate::policy::facts::AdmissionContext;
+use crate::model::{RuntimeAnnotations, pod_facts, vm_spec};
+use crate::policy::contract::cpu_class_admission::AdmissionContext;
+use crate::policy::contract::types::PodPhase;
 use crate::runtime::{CocoonRuntime, VmRecord, VmState};
 
 const FAN_OUT: usize = 8;
@@ -36,14 +37,16 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
 
     // 2. CPU class over every non-terminal pod.
     for pod in pods {
-        let facts = PodFacts::from_pod(pod);
-        if matches!(facts.phase.as_str(), "Succeeded" | "Failed") {
+        let facts = pod_facts(pod);
+        if matches!(facts.phase, PodPhase::Succeeded | PodPhase::Failed) {
             continue;
         }
-        if let Err((_, message)) = p.admission(&facts, AdmissionContext::StartupReconcile).await? {
+        // Host invariant: at startup any rejection is fatal, whatever its kind (the node must
+        // not register while it holds a pod it may not run).
+        if let Err(f) = p.admission(&facts, AdmissionContext::StartupReconcile).await? {
             return Err(ProviderError::Rejected {
-                reason: "SnapshotCPUClassMismatch".into(),
-                message: format!("startup compatibility check: {message}"),
+                reason: f.reason.into(),
+                message: format!("startup compatibility check: {}", f.message),
             });
         }
     }
@@ -72,16 +75,11 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
     let views: Vec<PodView> = pods
         .iter()
         .map(|pod| {
-            let facts = PodFacts::from_pod(pod);
-            let spec = VmSpec::decode(&facts.annotations);
+            let spec = vm_spec::of_pod(pod);
             PodView {
-                key: facts.key(),
-                vm_id: facts
-                    .annotations
-                    .get(crate::model::annotations::VM_ID)
-                    .cloned()
-                    .unwrap_or_default(),
-                hibernate: facts.annotations.get(reconcile::HIBERNATE).is_some_and(|v| v == "true"),
+                key: crate::kubelet::pods::pod_key(pod),
+                vm_id: RuntimeAnnotations::of_pod(pod).vm_id,
+                hibernate: spec.hibernate,
                 vm_name: spec.vm_name,
                 managed: spec.managed,
             }

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use super::lifecycle;
-use super::plan;
 use crate::kubelet::ProviderError;
-use crate::model::{PodFacts, VmSpec};
-use crate::policy::facts::AdmissionContext;
+use crate::model::{pod_facts, vm_spec};
+use crate::policy::contract::cpu_class_admission::AdmissionContext;
+use crate::policy::contract::types::RefusalKind;
 
 /// What an update asks of the provider (§3.4 decision table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,15 +45,15 @@ pub fn transition(was: bool, now: bool, has_vm: bool, hibernated: bool) -> Trans
 }
 
 pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
-    let facts = PodFacts::from_pod(pod);
+    let facts = pod_facts(pod);
     let key = facts.key();
     let uid = facts.uid.clone();
-    if let Err((reason, message)) = p.admission(&facts, AdmissionContext::Update).await? {
+    if let Err(f) = p.admission(&facts, AdmissionContext::Update).await? {
         p.metrics.lifecycle("update", "failed", "snapshot_cpu_class_mismatch");
         p.ports
             .events
-            .record(pod, true, "SnapshotCPUClassMismatch", format!("update: {message}"));
-        return Err(super::admission_error(&reason, message));
+            .record(pod, true, f.reason, format!("update: {}", f.message));
+        return Err(f.to_provider_error());
     }
     if p.state.resume_claimed(&key) {
         return Err(ProviderError::Transient(format!(
@@ -65,15 +65,15 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         return Ok(());
     };
     p.state.refresh(&key, pod);
-    let spec = VmSpec::decode(&facts.annotations);
+    let spec = vm_spec::of_pod(pod);
     if !spec.managed {
         // Decision 8: an unmanaged VM is not ours to hibernate.
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(());
     }
     let step = transition(
-        plan::hibernate_requested(&tracked.pod),
-        plan::hibernate_requested(pod),
+        vm_spec::of_pod(&tracked.pod).hibernate,
+        spec.hibernate,
         tracked.vm.is_some(),
         tracked.hibernated,
     );
@@ -93,11 +93,13 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     Ok(())
 }
 
-async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transition) -> bool {
+/// `Err(kind)`: the transition failed (reported on the pod), and `kind` says what a retry can do.
+async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transition) -> Result<(), RefusalKind> {
     match step {
-        Transition::Hibernate => p.hibernate(pod, key).await,
+        // Every hibernate failure is the host's or the runtime's: it may clear by itself.
+        Transition::Hibernate => p.hibernate(pod, key).await.then_some(()).ok_or(RefusalKind::RetryLater),
         Transition::Wake => p.wake(pod, key).await,
-        Transition::BringUp | Transition::Noop => true,
+        Transition::BringUp | Transition::Noop => Ok(()),
     }
 }
 
@@ -120,26 +122,37 @@ impl CocoonProvider {
         let uid = super::state::uid_of(pod);
         let lock = self.state.op_lock(key);
         let _op = lock.lock().await;
-        self.after_transition(key, &uid, self.hibernate(pod, key).await);
+        let result = self
+            .hibernate(pod, key)
+            .await
+            .then_some(())
+            .ok_or(RefusalKind::RetryLater);
+        self.after_transition(key, &uid, result);
     }
 
-    /// After a hibernate or wake: nothing owed once it worked, the next retry owed when it
-    /// failed; the status is republished either way. Returns `ok`.
-    fn after_transition(&self, key: &str, uid: &str, ok: bool) -> bool {
-        if ok {
-            self.state.settle_retry(key, uid);
-        } else {
-            self.owe_retry(key, uid);
+    /// After a hibernate or wake: nothing owed once it worked; when it failed, the retry its
+    /// kind says (backoff, the slowest pace while an operator must act, none when only a
+    /// change of the pod can help). The status is republished either way. Returns whether it
+    /// worked.
+    fn after_transition(&self, key: &str, uid: &str, result: Result<(), RefusalKind>) -> bool {
+        match result {
+            Ok(()) | Err(RefusalKind::Permanent) => self.state.settle_retry(key, uid),
+            Err(kind) => self.owe_retry(key, uid, kind),
         }
         self.notify(key);
-        ok
+        result.is_ok()
     }
 
-    /// Schedules the next retry of the pod's failed transition (decision 10). A due retry
-    /// yields to an operation in flight, and is dropped once the incarnation is forgotten.
-    pub(super) fn owe_retry(&self, key: &str, uid: &str) {
+    /// Schedules the next retry of the pod's failed transition (decision 10): doubling from the
+    /// minimum, or at the cap when an operator must act. A due retry yields to an operation in
+    /// flight, and is dropped once the incarnation is forgotten.
+    pub(super) fn owe_retry(&self, key: &str, uid: &str, kind: RefusalKind) {
         let t = &self.cfg.timings;
-        let (delay, token) = self.state.owe_retry(key, uid, t.op_retry_min, t.op_retry_max);
+        let min = match kind {
+            RefusalKind::NeedsOperator => t.op_retry_max,
+            RefusalKind::RetryLater | RefusalKind::Permanent => t.op_retry_min,
+        };
+        let (delay, token) = self.state.owe_retry(key, uid, min, t.op_retry_max);
         tracing::info!(pod = %key, ?delay, "hibernate/wake failed; retry owed");
         let (p, key, uid) = (self.arc(), key.to_string(), uid.to_string());
         tokio::spawn(async move {
@@ -152,14 +165,14 @@ impl CocoonProvider {
             }
             let lock = p.state.op_lock(&key);
             let Ok(_op) = lock.try_lock() else {
-                p.owe_retry(&key, &uid);
+                p.owe_retry(&key, &uid, kind);
                 return;
             };
             let Some(tracked) = p.state.tracked_as(&key, &uid) else {
                 return;
             };
             let step = owed_step(
-                plan::hibernate_requested(&tracked.pod),
+                vm_spec::of_pod(&tracked.pod).hibernate,
                 tracked.vm.is_some(),
                 tracked.hibernated,
             );
@@ -168,8 +181,8 @@ impl CocoonProvider {
                 return;
             }
             tracing::info!(pod = %key, ?step, "retrying");
-            let ok = run_transition(&p, &tracked.pod, &key, step).await;
-            p.after_transition(&key, &uid, ok);
+            let result = run_transition(&p, &tracked.pod, &key, step).await;
+            p.after_transition(&key, &uid, result);
         });
     }
 }

@@ -13,11 +13,15 @@ use super::create::{Ctx, hibernate_evidence, translate};
 use super::ensure::ensure_base_image;
 use super::failure::Failure;
 use super::guest::Finish;
+use super::invariants;
 use super::lifecycle::LifecycleState;
 use super::plan;
-use crate::model::{PodFacts, VmSpec};
-use crate::policy::decision::{BringUpOutcome, CloneOptions, Plan};
-use crate::policy::facts::{BootOrigin, BootPath, BringUpFacts, PreassignedRuntime};
+use crate::model::{RuntimeAnnotations, VmSpec, pod_facts, vm_spec};
+use crate::policy::contract::bring_up::{self, CloneOptions, Outcome, Plan};
+use crate::policy::contract::guest_fixup::BootOrigin;
+use crate::policy::contract::resource_translation::BootPath;
+use crate::policy::contract::types::RefusalKind;
+use crate::policy::slots::BringUp;
 use crate::runtime::{CloneSource, SnapshotRecord, VmRecord};
 
 /// Where a restore takes the hibernated guest from.
@@ -119,25 +123,26 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
 }
 
 /// Restores the pod's guest: resolves the source, ensures its base image, clones it with the
-/// plan's options, the translation policy's cgroup flags and (CH Windows) a fresh NIC.
+/// plan's options, the translation policy's cgroup flags and, for a guest hibernated without
+/// its NIC (a host invariant), one fresh NIC.
 pub(super) async fn restore(
     p: &CocoonProvider,
     ctx: &Ctx<'_>,
     options: &CloneOptions,
-    fresh_nic: bool,
 ) -> Result<(VmRecord, String), Failure> {
     let vm = ctx.spec.vm_name.as_str();
     let source = wake_source(p, vm).await?;
     ensure_base_image(p, &source.record).await?;
     let cpu = translate(p, ctx, BootPath::Clone).await?.0;
-    let nics = fresh_nic.then_some(1);
+    let nics = invariants::nic_less_hibernate(&ctx.spec).then_some(1);
     let spec = plan::clone_spec(
         options,
         CloneSource::Snapshot(source.snapshot.clone()),
         !source.record.image.is_empty(),
         cpu,
         nics,
-    );
+    )
+    .map_err(|m| Failure::permanent("WakeRefused", m))?;
     let result = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
         Failure::transient(
             "WakeCloneFailed",
@@ -155,9 +160,9 @@ pub(super) async fn restore(
     result.map(|vm| (vm, source.label))
 }
 
-/// How a restored guest finishes its boot (a CH Windows guest only waits for its new NIC's lease).
+/// How a restored guest finishes its boot (one restored with a fresh NIC only waits for its lease).
 pub(super) fn restore_finish(spec: &VmSpec) -> Finish {
-    if plan::drop_nic(spec) {
+    if invariants::nic_less_hibernate(spec) {
         Finish::LeaseWait
     } else {
         Finish::Fixup {
@@ -168,13 +173,13 @@ pub(super) fn restore_finish(spec: &VmSpec) -> Finish {
 }
 
 impl CocoonProvider {
-    /// UpdatePod "true → false" for a pod whose guest is hibernated. Returns false when it
-    /// failed (reported on the pod; a retry is owed by the caller).
-    pub(super) async fn wake(&self, pod: &Pod, pkey: &str) -> bool {
-        let facts = PodFacts::from_pod(pod);
-        let spec = VmSpec::decode(&facts.annotations);
+    /// UpdatePod "true → false" for a pod whose guest is hibernated. `Err(kind)` when it
+    /// failed (reported on the pod): what a retry owed by the caller can do.
+    pub(super) async fn wake(&self, pod: &Pod, pkey: &str) -> Result<(), RefusalKind> {
+        let facts = pod_facts(pod);
+        let spec = vm_spec::of_pod(pod);
         if spec.vm_name.is_empty() {
-            return true;
+            return Ok(());
         }
         self.set_lifecycle(pod, pkey, LifecycleState::Creating, "").await;
         self.clear_runtime(pod, pkey).await;
@@ -184,17 +189,20 @@ impl CocoonProvider {
         let evidence = hibernate_evidence(self, &spec.vm_name).await;
         let mut wake_spec = spec.clone();
         wake_spec.restore_from_hibernate = true;
-        let bring_up = BringUpFacts {
+        let preassigned = RuntimeAnnotations::of_pod(pod);
+        let bring_up = bring_up::Facts {
             pod: facts.clone(),
             spec: wake_spec,
             vm_exists_locally: false,
             evidence,
             registry_configured: self.ports.registry.is_some(),
             local_snapshots: Vec::new(),
-            node_restore_mode: self.cfg.restore_mode.clone(),
-            preassigned: PreassignedRuntime::from_annotations(&facts.annotations),
+            node_restore_mode: self.cfg.restore_mode,
+            preassigned_vm_id: preassigned.vm_id,
+            preassigned_ip: preassigned.ip,
+            preassigned_vnc_port: preassigned.vnc_port,
         };
-        let decision = match self.decide(move |p| p.bring_up(bring_up)).await {
+        let decision = match self.decide(move |p| p.decide::<BringUp>(&bring_up)).await {
             Ok(d) => d,
             Err(e) => {
                 return self
@@ -202,15 +210,14 @@ impl CocoonProvider {
                     .await;
             }
         };
-        if let Some(verdict) = plan::evidence_verdict(&decision.reason) {
+        if let Some(verdict) = plan::evidence_verdict(&decision.outcome) {
             self.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
         }
         tracing::info!(pod = %pkey, reason = %decision.reason, message = %decision.message, "wake decision");
-        let (options, fresh_nic) = match decision.outcome {
-            BringUpOutcome::Proceed {
-                plan: Plan::RestoreFromHibernate { options, fresh_nic, .. },
-            } => (options, fresh_nic),
-            BringUpOutcome::Proceed { plan } => {
+        let options = match decision.outcome {
+            Outcome::Proceed(Plan::RestoreFromHibernate(restore_plan)) => restore_plan.options,
+            // Host invariant: only a restore can wake a hibernated guest, never a fresh boot.
+            Outcome::Proceed(plan) => {
                 let message = format!(
                     "the bring-up policy answered {plan:?} for waking vm {}; only a restore from its hibernate snapshot can wake a hibernated guest",
                     spec.vm_name
@@ -219,13 +226,10 @@ impl CocoonProvider {
                     .wake_failed(pod, pkey, Failure::transient("WakeRefused", message))
                     .await;
             }
-            BringUpOutcome::Refuse => {
-                let f = Failure {
-                    reason: plan::refusal_event_reason(&decision.reason),
-                    message: decision.message,
-                    transient: true,
-                };
-                return self.wake_failed(pod, pkey, f).await;
+            Outcome::Refuse(refusal) => {
+                return self
+                    .wake_failed(pod, pkey, Failure::refused(refusal, decision.message))
+                    .await;
             }
         };
 
@@ -235,18 +239,18 @@ impl CocoonProvider {
             spec: spec.clone(),
         };
         let started = Instant::now();
-        let (vm, label) = match restore(self, &ctx, &options, fresh_nic).await {
+        let (vm, label) = match restore(self, &ctx, &options).await {
             Ok(v) => v,
             Err(f) => return self.wake_failed(pod, pkey, f).await,
         };
         self.metrics
             .vm_boot_duration
-            .with_label_values(&["clone", &spec.backend])
+            .with_label_values(&["clone", invariants::backend_label(&spec.backend)])
             .observe(started.elapsed().as_secs_f64());
         let uid = super::state::uid_of(pod);
         if !self.state.set_vm(pkey, &uid, vm.clone()) {
             tracing::info!(pod = %pkey, "wake finished for a superseded incarnation");
-            return true;
+            return Ok(());
         }
         let ip = self.resolve_ip(&vm);
         self.write_runtime(pod, pkey, &vm.id, &ip).await;
@@ -255,12 +259,12 @@ impl CocoonProvider {
             .events
             .record(pod, false, "Woken", format!("cloned from {label}"));
         self.finish_boot(pod, pkey, &vm, restore_finish(&spec), true).await;
-        true
+        Ok(())
     }
 
-    async fn wake_failed(&self, pod: &Pod, pkey: &str, f: Failure) -> bool {
+    async fn wake_failed(&self, pod: &Pod, pkey: &str, f: Failure) -> Result<(), RefusalKind> {
         self.metrics.wake_ended(true, false);
         self.fail_op(pod, pkey, f.reason, "wake", &f.message).await;
-        false
+        Err(f.kind)
     }
 }

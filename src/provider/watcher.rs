@@ -71,7 +71,7 @@ impl CocoonProvider {
     }
 
     async fn on_vm_gone(&self, key: &str, tracked: &super::state::Tracked, vm: &VmRecord) {
-        if super::plan::hibernate_requested(&tracked.pod) || self.state.is_deleting(key) {
+        if crate::model::vm_spec::of_pod(&tracked.pod).hibernate || self.state.is_deleting(key) {
             tracing::debug!(pod = %key, vm = %vm.id, "vm event ignored: the pod is hibernating or being deleted");
             return;
         }

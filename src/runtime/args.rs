@@ -11,17 +11,6 @@ pub enum Backend {
     Firecracker,
 }
 
-impl Backend {
-    /// From cocoon's `hypervisor` field.
-    pub fn from_hypervisor(s: &str) -> Backend {
-        if s == "firecracker" {
-            Backend::Firecracker
-        } else {
-            Backend::CloudHypervisor
-        }
-    }
-}
-
 /// `vm clone --restore-mode` (cloud-hypervisor only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestoreMode {
@@ -36,15 +25,6 @@ impl RestoreMode {
             RestoreMode::Copy => "copy",
             RestoreMode::OnDemand => "ondemand",
             RestoreMode::Mmap => "mmap",
-        }
-    }
-    /// Trimmed, case-insensitive (`VK_RESTORE_MODE`).
-    pub fn parse(s: &str) -> Option<RestoreMode> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "copy" => Some(RestoreMode::Copy),
-            "ondemand" => Some(RestoreMode::OnDemand),
-            "mmap" => Some(RestoreMode::Mmap),
-            _ => None,
         }
     }
 }
@@ -410,12 +390,5 @@ mod tests {
         assert_eq!(j(image_pull("r", true)), "image pull --force r");
         assert_eq!(j(image_pull("r", false)), "image pull r");
         assert_eq!(j(image_import("n")), "image import n");
-    }
-
-    #[test]
-    fn restore_mode_parse() {
-        assert_eq!(RestoreMode::parse(" MMAP "), Some(RestoreMode::Mmap));
-        assert_eq!(RestoreMode::parse("ondemand"), Some(RestoreMode::OnDemand));
-        assert_eq!(RestoreMode::parse("lazy"), None);
     }
 }

@@ -207,7 +207,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
     let cfg = ProviderConfig {
         node_name: NODE.into(),
         node_class: String::new(),
-        restore_mode: "mmap".into(),
+        restore_mode: vk_cocoon::policy::contract::types::RestoreMode::Mmap,
         orphan_policy: OrphanPolicy::Alert,
         root_dir: env.sim_dir.path().join("cocoon-root"),
         timings: Timings {

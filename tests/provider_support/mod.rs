@@ -407,7 +407,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
     let cfg = ProviderConfig {
         node_name: NODE.into(),
         node_class: opts.node_class.clone(),
-        restore_mode: "mmap".into(),
+        restore_mode: vk_cocoon::policy::contract::types::RestoreMode::Mmap,
         orphan_policy: opts.orphan,
         root_dir: opts
             .root_dir

@@ -158,7 +158,7 @@ async fn a_pod_with_bad_input_gets_a_warning_event_and_a_failed_lifecycle_and_no
 
     for (name, reason, says) in [
         ("noname", "MissingVMName", "missing vm.cocoonstack.io/name"),
-        ("reldir", "CreateBringUpFailed", "absolute"),
+        ("reldir", "InvalidVMSpec", "absolute"),
     ] {
         let pod = wait_pod(&admin, &ns, name, 60, "lifecycle failed and phase Failed", |p| {
             p.is_some_and(|p| {

@@ -14,12 +14,23 @@ extern crate alloc;
 use alloc::format;
 use alloc::string::String;
 
-wit_bindgen::generate!({ world: "bring-up-policy", path: "../../wit" });
+// Natively the bindings also derive serde, so the benchmark can hand this crate the host's
+// facts (same JSON shape: both sides are generated from the same WIT).
+#[cfg(target_arch = "wasm32")]
+wit_bindgen::generate!({ world: "bring-up-policy", path: "../../wit", additional_derives: [PartialEq] });
+#[cfg(not(target_arch = "wasm32"))]
+wit_bindgen::generate!({
+    world: "bring-up-policy",
+    path: "../../wit",
+    additional_derives: [PartialEq, serde::Serialize, serde::Deserialize],
+});
 
-use cocoonstack::vk_policy::types::VmSpec;
+use cocoonstack::vk_policy::types::{
+    Backend, BootMode, EventReason, GuestOs, Refusal, RefusalKind, RestoreMode, VmSpec,
+};
 pub use exports::cocoonstack::vk_policy::bring_up::{
-    CloneFromDirPlan, CloneOptions, ClonePlan, Decision, Facts, ForkPlan, HibernateEvidence, Outcome, Plan,
-    RestorePlan, RunPlan, UnmanagedAdoption,
+    CloneFromDirPlan, CloneOptions, ClonePlan, Decision, EvidenceSource, Facts, ForkPlan, HibernateEvidence, Outcome,
+    Plan, RestorePlan, RunPlan, UnmanagedAdoption,
 };
 use vk_policy_support::naming::{fork_snapshot_name, local_snapshot_name, parse_ref};
 use vk_policy_support::path::is_absolute_and_clean;
@@ -52,12 +63,15 @@ pub fn decide(facts: &Facts) -> Decision {
     }
     let clone_dir = spec.clone_from_dir.trim();
     if !clone_dir.is_empty() && !is_absolute_and_clean(clone_dir) {
-        return refuse(
+        return invalid(
             "invalid-clone-from-dir",
             format!(
                 "vm.cocoonstack.io/clone-from-dir \"{clone_dir}\" must be an absolute, clean path (no trailing slash, `.` or `..`)"
             ),
         );
+    }
+    if let Some(decision) = unsupported(spec) {
+        return decision;
     }
     if let Some(decision) = restore_from_hibernate(facts) {
         return decision;
@@ -65,10 +79,33 @@ pub fn decide(facts: &Facts) -> Decision {
     fresh_boot(facts, clone_dir)
 }
 
+/// A backend or OS value outside the contract's domains: nothing this node can boot right.
+fn unsupported(spec: &VmSpec) -> Option<Decision> {
+    if let Backend::Unknown(raw) = &spec.backend {
+        return Some(invalid(
+            "unknown-backend",
+            format!(
+                "vm.cocoonstack.io/backend \"{raw}\" of vm {} is not a backend this node boots (cloud-hypervisor, firecracker, or unset)",
+                spec.vm_name
+            ),
+        ));
+    }
+    if let GuestOs::Unknown(raw) = &spec.os {
+        return Some(invalid(
+            "unknown-os",
+            format!(
+                "cocoonset.cocoonstack.io/os \"{raw}\" of vm {} is not one of linux, windows, android, macos",
+                spec.vm_name
+            ),
+        ));
+    }
+    None
+}
+
 fn adopt_unmanaged(facts: &Facts) -> Decision {
     let vm = facts.spec.vm_name.as_str();
     if facts.preassigned_vm_id.is_empty() || facts.preassigned_ip.is_empty() {
-        return refuse(
+        return invalid(
             "missing-preassigned-runtime",
             format!(
                 "unmanaged vm {vm} missing pre-assigned IP/VMID: the operator must write vm.cocoonstack.io/id and vm.cocoonstack.io/ip"
@@ -99,18 +136,26 @@ fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
     let found = match &facts.evidence {
         HibernateEvidence::Unavailable(error) => {
             return Some(refuse(
+                RefusalKind::RetryLater,
+                EventReason::HibernateEvidenceUnavailable,
                 "hibernate-evidence-unavailable",
                 format!("hibernate evidence for {vm}: {error} (refusing fresh boot); retry once the registry answers"),
             ));
         }
         HibernateEvidence::NotChecked => {
             return Some(refuse(
+                RefusalKind::RetryLater,
+                EventReason::HibernateEvidenceUnavailable,
                 "hibernate-evidence-not-checked",
                 format!("hibernate evidence for managed vm {vm} was not gathered (refusing fresh boot)"),
             ));
         }
+        // The tag may still arrive (a cross-node wake racing its push), or the operator clears
+        // the marker: either way it is theirs to settle, re-checked until then.
         HibernateEvidence::None if explicit => {
             return Some(refuse(
+                RefusalKind::NeedsOperator,
+                EventReason::HibernateSnapshotMissing,
                 "hibernate-snapshot-missing",
                 format!(
                     "pod asks to restore vm {vm} from hibernate but no hibernate snapshot exists; clear vm.cocoonstack.io/restore-from-hibernate to boot it fresh"
@@ -120,8 +165,11 @@ fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
         HibernateEvidence::None => return None,
         HibernateEvidence::Found(found) => found,
     };
+    // The conflicts need the operator: delete the tag (discarding the guest) or change the pod.
     if !explicit && has_explicit_clone_source(spec) {
         return Some(refuse(
+            RefusalKind::NeedsOperator,
+            EventReason::HibernateSourceConflict,
             "source-conflict",
             format!(
                 "vm {vm} has a hibernate snapshot but the pod requests an explicit clone source; delete the hibernate tag to discard the hibernated state, or drop fork-from / clone-from-dir"
@@ -130,6 +178,8 @@ fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
     }
     if !found.recorded_image.is_empty() && found.recorded_image != spec.image {
         return Some(refuse(
+            RefusalKind::NeedsOperator,
+            EventReason::HibernateImageConflict,
             "image-conflict",
             format!(
                 "vm {vm} was hibernated from image {} but the pod requests {}; delete the hibernate tag to discard the hibernated state, or request the recorded image",
@@ -146,12 +196,14 @@ fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
         Plan::RestoreFromHibernate(RestorePlan {
             options: clone_options(facts, false),
             derived: !explicit,
-            fresh_nic: spec.backend == "cloud-hypervisor" && spec.os == "windows",
         }),
         reason,
         format!(
             "restoring vm {vm} from its hibernate snapshot ({how} via {})",
-            found.source
+            match found.source {
+                EvidenceSource::Registry => "registry",
+                EvidenceSource::LocalSnapshot => "local-snapshot",
+            }
         ),
     ))
 }
@@ -159,16 +211,16 @@ fn restore_from_hibernate(facts: &Facts) -> Option<Decision> {
 fn fresh_boot(facts: &Facts, clone_dir: &str) -> Decision {
     let spec = &facts.spec;
     let vm = spec.vm_name.as_str();
-    let run_mode = spec.mode.eq_ignore_ascii_case("run");
+    let run_mode = spec.mode == BootMode::Run;
     if !clone_dir.is_empty() {
         if run_mode {
-            return refuse(
+            return invalid(
                 "clone-from-dir-conflict",
                 format!("vm.cocoonstack.io/clone-from-dir {clone_dir} is incompatible with mode=run"),
             );
         }
         if !spec.fork_from.is_empty() {
-            return refuse(
+            return invalid(
                 "clone-from-dir-conflict",
                 format!(
                     "vm.cocoonstack.io/clone-from-dir {clone_dir} is incompatible with fork-from {}",
@@ -198,7 +250,7 @@ fn fresh_boot(facts: &Facts, clone_dir: &str) -> Decision {
         );
     }
     if spec.image.is_empty() {
-        return refuse(
+        return invalid(
             "missing-image",
             format!(
                 "vm {vm} names no image: set cocoonset.cocoonstack.io/image to a snapshot (clone) or base image (run)"
@@ -213,7 +265,7 @@ fn fresh_boot(facts: &Facts, clone_dir: &str) -> Decision {
                 force_pull: spec.force_pull,
                 network: spec.network.clone(),
                 backend: spec.backend.clone(),
-                windows: spec.os.eq_ignore_ascii_case("windows"),
+                windows: spec.os == GuestOs::Windows,
                 no_direct_io: spec.no_direct_io,
             }),
             "run",
@@ -229,19 +281,28 @@ fn clone_snapshot(facts: &Facts) -> Decision {
     let (repo, tag) = parse_ref(&spec.image);
     let local = local_snapshot_name(repo, tag);
     match facts.local_snapshots.iter().find(|s| s.name == local) {
-        Some(snapshot) => {
-            if !snapshot.hypervisor.is_empty() && !spec.backend.is_empty() && snapshot.hypervisor != spec.backend {
-                return refuse(
-                    "backend-mismatch",
-                    format!(
-                        "snapshot {local} was taken with {} but CocoonSet requests {}",
-                        snapshot.hypervisor, spec.backend
-                    ),
-                );
-            }
+        Some(snapshot)
+            if snapshot.hypervisor != Backend::Unspecified
+                && spec.backend != Backend::Unspecified
+                && snapshot.hypervisor != spec.backend =>
+        {
+            return refuse(
+                RefusalKind::Permanent,
+                EventReason::SnapshotBackendMismatch,
+                "backend-mismatch",
+                format!(
+                    "snapshot {local} was taken with {} but CocoonSet requests {}",
+                    backend_name(&snapshot.hypervisor),
+                    backend_name(&spec.backend)
+                ),
+            );
         }
+        Some(_) => {}
+        // Someone must bring the snapshot here (or configure a registry): re-checked until then.
         None if !facts.registry_configured => {
             return refuse(
+                RefusalKind::NeedsOperator,
+                EventReason::SnapshotUnavailable,
                 "snapshot-unavailable",
                 format!("snapshot {local} is not on this node and no registry is configured to pull {repo}:{tag} from"),
             );
@@ -268,17 +329,26 @@ fn clone_options(facts: &Facts, fresh: bool) -> CloneOptions {
         network: spec.network.clone(),
         no_direct_io: spec.no_direct_io,
         backend: spec.backend.clone(),
-        restore_mode: restore_mode(spec, &facts.node_restore_mode),
+        restore_mode: Some(restore_mode(spec, facts.node_restore_mode)),
         drop_own_fork_snapshot: fresh,
     }
 }
 
 /// `restoreModeFor`: Windows guests always restore by copy.
-fn restore_mode(spec: &VmSpec, node_mode: &str) -> String {
-    if spec.os.eq_ignore_ascii_case("windows") {
-        "copy".into()
+fn restore_mode(spec: &VmSpec, node_mode: RestoreMode) -> RestoreMode {
+    if spec.os == GuestOs::Windows {
+        RestoreMode::Copy
     } else {
-        node_mode.into()
+        node_mode
+    }
+}
+
+fn backend_name(backend: &Backend) -> &str {
+    match backend {
+        Backend::Unspecified => "an unspecified backend",
+        Backend::CloudHypervisor => "cloud-hypervisor",
+        Backend::Firecracker => "firecracker",
+        Backend::Unknown(raw) => raw,
     }
 }
 
@@ -294,18 +364,23 @@ fn proceed(plan: Plan, reason: &str, message: String) -> Decision {
     }
 }
 
-fn refuse(reason: &str, message: String) -> Decision {
+fn refuse(kind: RefusalKind, event: EventReason, reason: &str, message: String) -> Decision {
     Decision {
-        outcome: Outcome::Refuse,
+        outcome: Outcome::Refuse(Refusal { kind, event }),
         reason: reason.into(),
         message,
     }
 }
 
+/// The pod's annotations describe no VM this node can boot: the pod must change.
+fn invalid(reason: &str, message: String) -> Decision {
+    refuse(RefusalKind::Permanent, EventReason::InvalidVmSpec, reason, message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cocoonstack::vk_policy::types::PodFacts;
+    use cocoonstack::vk_policy::types::{PodFacts, PodPhase, ReadinessProbe, SnapshotPolicy};
     use exports::cocoonstack::vk_policy::bring_up::FoundEvidence;
 
     fn facts() -> Facts {
@@ -314,7 +389,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: "p".into(),
                 uid: "u".into(),
-                phase: "Pending".into(),
+                phase: PodPhase::Pending,
                 annotations: vec![],
                 labels: vec![],
                 node_selector: vec![],
@@ -323,26 +398,28 @@ mod tests {
             spec: VmSpec {
                 vm_name: "vm1".into(),
                 image: "snap:v1".into(),
-                mode: String::new(),
-                os: String::new(),
+                mode: BootMode::Clone,
+                os: GuestOs::Linux,
                 storage: String::new(),
                 network: String::new(),
-                snapshot_policy: String::new(),
+                snapshot_policy: SnapshotPolicy::Always,
                 fork_from: String::new(),
                 clone_from_dir: String::new(),
                 managed: true,
                 force_pull: false,
                 no_direct_io: false,
                 conn_type: String::new(),
-                backend: String::new(),
-                probe_port: String::new(),
+                backend: Backend::Unspecified,
+                probe: ReadinessProbe::Icmp,
                 restore_from_hibernate: false,
+                hibernate: false,
+                keep_snapshot_on_delete: false,
             },
             vm_exists_locally: false,
             evidence: HibernateEvidence::None,
             registry_configured: true,
             local_snapshots: vec![],
-            node_restore_mode: "mmap".into(),
+            node_restore_mode: RestoreMode::Mmap,
             preassigned_vm_id: String::new(),
             preassigned_ip: String::new(),
             preassigned_vnc_port: String::new(),
@@ -351,7 +428,7 @@ mod tests {
 
     fn found(image: &str) -> HibernateEvidence {
         HibernateEvidence::Found(FoundEvidence {
-            source: "registry".into(),
+            source: EvidenceSource::Registry,
             recorded_image: image.into(),
         })
     }
@@ -371,6 +448,50 @@ mod tests {
             ("snap:v1", "snap", "v1")
         );
         assert!(plan.options.drop_own_fork_snapshot);
+        assert_eq!(plan.options.restore_mode, Some(RestoreMode::Mmap));
+    }
+
+    #[test]
+    fn refusals_say_who_can_clear_them() {
+        let mut f = facts();
+        f.evidence = HibernateEvidence::Unavailable("registry down".into());
+        assert!(matches!(
+            decide(&f).outcome,
+            Outcome::Refuse(Refusal {
+                kind: RefusalKind::RetryLater,
+                event: EventReason::HibernateEvidenceUnavailable
+            })
+        ));
+        f.evidence = found("snap:v2");
+        assert!(matches!(
+            decide(&f).outcome,
+            Outcome::Refuse(Refusal {
+                kind: RefusalKind::NeedsOperator,
+                event: EventReason::HibernateImageConflict
+            })
+        ));
+        let mut f = facts();
+        f.spec.backend = Backend::Unknown("qemu".into());
+        let d = decide(&f);
+        assert_eq!(d.reason, "unknown-backend");
+        assert!(matches!(
+            d.outcome,
+            Outcome::Refuse(Refusal {
+                kind: RefusalKind::Permanent,
+                event: EventReason::InvalidVmSpec
+            })
+        ));
+    }
+
+    #[test]
+    fn windows_guests_restore_by_copy() {
+        let mut f = facts();
+        f.spec.os = GuestOs::Windows;
+        f.evidence = found("snap:v1");
+        let Outcome::Proceed(Plan::RestoreFromHibernate(plan)) = decide(&f).outcome else {
+            panic!()
+        };
+        assert_eq!(plan.options.restore_mode, Some(RestoreMode::Copy));
     }
 
     #[test]

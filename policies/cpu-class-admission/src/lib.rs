@@ -10,8 +10,18 @@ extern crate alloc;
 use alloc::format;
 use alloc::string::String;
 
-wit_bindgen::generate!({ world: "cpu-class-admission-policy", path: "../../wit" });
+// Natively the bindings also derive serde, so the benchmark can hand this crate the host's
+// facts (same JSON shape: both sides are generated from the same WIT).
+#[cfg(target_arch = "wasm32")]
+wit_bindgen::generate!({ world: "cpu-class-admission-policy", path: "../../wit", additional_derives: [PartialEq] });
+#[cfg(not(target_arch = "wasm32"))]
+wit_bindgen::generate!({
+    world: "cpu-class-admission-policy",
+    path: "../../wit",
+    additional_derives: [PartialEq, serde::Serialize, serde::Deserialize],
+});
 
+use cocoonstack::vk_policy::types::{EventReason, PodPhase, Refusal, RefusalKind};
 pub use exports::cocoonstack::vk_policy::cpu_class_admission::{AdmissionContext, Decision, Facts, Verdict};
 use vk_policy_support::lookup;
 
@@ -34,10 +44,15 @@ export!(Policy);
 /// The admission table, first matching row wins.
 pub fn decide(facts: &Facts) -> Decision {
     let pod = &facts.pod;
-    if pod.phase == "Succeeded" || pod.phase == "Failed" {
+    if let PodPhase::Succeeded | PodPhase::Failed = pod.phase {
+        let phase = if pod.phase == PodPhase::Succeeded {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
         return admit(
             "terminal-pod",
-            format!("pod {}/{} is {}: no VM to resume", pod.namespace, pod.name, pod.phase),
+            format!("pod {}/{} is {phase}: no VM to resume", pod.namespace, pod.name),
         );
     }
     let selectors = pod.node_selector.iter().map(|kv| (kv.key.as_str(), kv.value.as_str()));
@@ -53,13 +68,19 @@ pub fn decide(facts: &Facts) -> Decision {
         pod.namespace, pod.name, required
     );
     if facts.node_class.is_empty() {
+        // The node can be classified (VK_SNAPSHOT_CPU_CLASS): the pod waits for the operator.
         return reject(
+            RefusalKind::NeedsOperator,
             "node-unclassified",
-            format!("{who} but node {} is unclassified", facts.node_name),
+            format!(
+                "{who} but node {} is unclassified; set VK_SNAPSHOT_CPU_CLASS on the node if it provides that class",
+                facts.node_name
+            ),
         );
     }
     if facts.node_class != required {
         return reject(
+            RefusalKind::Permanent,
             "class-mismatch",
             format!("{who} but node {} provides \"{}\"", facts.node_name, facts.node_class),
         );
@@ -75,9 +96,12 @@ fn admit(reason: &str, message: String) -> Decision {
     }
 }
 
-fn reject(reason: &str, message: String) -> Decision {
+fn reject(kind: RefusalKind, reason: &str, message: String) -> Decision {
     Decision {
-        verdict: Verdict::Reject,
+        verdict: Verdict::Reject(Refusal {
+            kind,
+            event: EventReason::SnapshotCpuClassMismatch,
+        }),
         reason: reason.into(),
         message,
     }
@@ -88,7 +112,7 @@ mod tests {
     use super::*;
     use cocoonstack::vk_policy::types::{KeyValue, PodFacts};
 
-    fn facts(phase: &str, required: &str, node_class: &str) -> Facts {
+    fn facts(phase: PodPhase, required: &str, node_class: &str) -> Facts {
         let node_selector = if required.is_empty() {
             vec![]
         } else {
@@ -102,7 +126,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: "p".into(),
                 uid: "u".into(),
-                phase: phase.into(),
+                phase,
                 annotations: vec![],
                 labels: vec![],
                 node_selector,
@@ -116,36 +140,56 @@ mod tests {
 
     #[test]
     fn every_row_of_the_table() {
+        let reject = |kind| {
+            Verdict::Reject(Refusal {
+                kind,
+                event: EventReason::SnapshotCpuClassMismatch,
+            })
+        };
         let rows = [
-            ("Succeeded", "x", "", Verdict::Admit, "terminal-pod"),
-            ("Failed", "x", "y", Verdict::Admit, "terminal-pod"),
-            ("Running", "", "y", Verdict::Admit, "unclassified-pod"),
-            ("Pending", "", "", Verdict::Admit, "unclassified-pod"),
-            ("Running", "x", "", Verdict::Reject, "node-unclassified"),
-            ("", "x", "y", Verdict::Reject, "class-mismatch"),
-            ("Running", "x", "x", Verdict::Admit, "class-match"),
+            (PodPhase::Succeeded, "x", "", Verdict::Admit, "terminal-pod"),
+            (PodPhase::Failed, "x", "y", Verdict::Admit, "terminal-pod"),
+            (PodPhase::Running, "", "y", Verdict::Admit, "unclassified-pod"),
+            (PodPhase::Pending, "", "", Verdict::Admit, "unclassified-pod"),
+            (
+                PodPhase::Running,
+                "x",
+                "",
+                reject(RefusalKind::NeedsOperator),
+                "node-unclassified",
+            ),
+            (
+                PodPhase::Unset,
+                "x",
+                "y",
+                reject(RefusalKind::Permanent),
+                "class-mismatch",
+            ),
+            (PodPhase::Running, "x", "x", Verdict::Admit, "class-match"),
         ];
         for (phase, required, node, verdict, reason) in rows {
             let d = decide(&facts(phase, required, node));
             assert_eq!(
-                (d.verdict, d.reason.as_str()),
-                (verdict, reason),
-                "{phase} {required} {node}"
+                (&d.verdict, d.reason.as_str()),
+                (&verdict, reason),
+                "{phase:?} {required} {node}"
             );
         }
     }
 
     #[test]
     fn rejections_name_the_pod_and_the_classes() {
-        let d = decide(&facts("Running", "x", "y"));
+        let d = decide(&facts(PodPhase::Running, "x", "y"));
         assert_eq!(
             d.message,
             "pod ns/p requires snapshot compatibility class \"x\" but node n1 provides \"y\""
         );
-        let d = decide(&facts("Running", "x", ""));
-        assert_eq!(
-            d.message,
-            "pod ns/p requires snapshot compatibility class \"x\" but node n1 is unclassified"
+        let d = decide(&facts(PodPhase::Running, "x", ""));
+        assert!(
+            d.message
+                .starts_with("pod ns/p requires snapshot compatibility class \"x\" but node n1 is unclassified"),
+            "{}",
+            d.message
         );
     }
 }

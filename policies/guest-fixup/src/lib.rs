@@ -21,9 +21,19 @@ mod script;
 use alloc::format;
 use alloc::string::String;
 
-wit_bindgen::generate!({ world: "guest-fixup-policy", path: "../../wit" });
+// Natively the bindings also derive serde, so the benchmark can hand this crate the host's
+// facts (same JSON shape: both sides are generated from the same WIT).
+#[cfg(target_arch = "wasm32")]
+wit_bindgen::generate!({ world: "guest-fixup-policy", path: "../../wit", additional_derives: [PartialEq] });
+#[cfg(not(target_arch = "wasm32"))]
+wit_bindgen::generate!({
+    world: "guest-fixup-policy",
+    path: "../../wit",
+    additional_derives: [PartialEq, serde::Serialize, serde::Deserialize],
+});
 
-pub use exports::cocoonstack::vk_policy::guest_fixup::{BootOrigin, Decision, Facts, Fixup, Nic, Outcome};
+use cocoonstack::vk_policy::types::{Backend, EventReason, GuestOs, Refusal, RefusalKind};
+pub use exports::cocoonstack::vk_policy::guest_fixup::{BootOrigin, Decision, Facts, Fixup, FixupKind, Nic, Outcome};
 // The no_std runtime glue (allocator, panic handler, cabi_realloc) lives in the support crate.
 use vk_policy_support as _;
 
@@ -52,11 +62,22 @@ pub enum Kind {
 }
 
 impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Windows, Kind::LinuxFc, Kind::LinuxStatic];
+
     pub fn label(self) -> &'static str {
         match self {
             Kind::Windows => "windows",
             Kind::LinuxFc => "linux_fc",
             Kind::LinuxStatic => "linux_static",
+        }
+    }
+
+    /// The contract's kind (the host's metric label).
+    pub fn wit(self) -> FixupKind {
+        match self {
+            Kind::Windows => FixupKind::Windows,
+            Kind::LinuxFc => FixupKind::LinuxFc,
+            Kind::LinuxStatic => FixupKind::LinuxStatic,
         }
     }
 
@@ -72,9 +93,9 @@ impl Kind {
 
 /// `needed(spec, v)` and the kind, in the spec's precedence; `None` when the guest heals itself.
 pub fn classify(facts: &Facts) -> Option<Kind> {
-    if facts.spec.os == "windows" {
+    if facts.spec.os == GuestOs::Windows {
         Some(Kind::Windows)
-    } else if facts.spec.backend == "firecracker" {
+    } else if facts.spec.backend == Backend::Firecracker {
         Some(Kind::LinuxFc)
     } else if static_nics(facts) > 0 {
         Some(Kind::LinuxStatic)
@@ -190,7 +211,7 @@ fn count(n: usize, noun: &str) -> String {
 fn run(kind: Kind, argv: alloc::vec::Vec<String>, hint: String, message: String) -> Decision {
     Decision {
         outcome: Outcome::Run(Fixup {
-            kind: kind.label().into(),
+            kind: kind.wit(),
             argv,
             hint,
         }),
@@ -207,9 +228,13 @@ fn none(reason: &str, message: String) -> Decision {
     }
 }
 
+/// The values are the pod's and the VM's: nothing changes them but recreating the pod.
 fn refuse(reason: &str, message: String) -> Decision {
     Decision {
-        outcome: Outcome::Refuse,
+        outcome: Outcome::Refuse(Refusal {
+            kind: RefusalKind::Permanent,
+            event: EventReason::PostCloneRefused,
+        }),
         reason: reason.into(),
         message,
     }

@@ -4,7 +4,25 @@ use super::*;
 use alloc::string::ToString;
 use alloc::vec;
 use alloc::vec::Vec;
-use cocoonstack::vk_policy::types::{PodFacts, VmSpec};
+use cocoonstack::vk_policy::types::{BootMode, PodFacts, PodPhase, ReadinessProbe, SnapshotPolicy, VmSpec};
+
+/// The host decodes the annotations; these tests speak its lower-case values.
+fn os_of(text: &str) -> GuestOs {
+    match text {
+        "" | "linux" => GuestOs::Linux,
+        "windows" => GuestOs::Windows,
+        other => GuestOs::Unknown(other.into()),
+    }
+}
+
+fn backend_of(text: &str) -> Backend {
+    match text {
+        "" => Backend::Unspecified,
+        "cloud-hypervisor" => Backend::CloudHypervisor,
+        "firecracker" => Backend::Firecracker,
+        other => Backend::Unknown(other.into()),
+    }
+}
 
 fn facts(os: &str, backend: &str, nics: Vec<Nic>) -> Facts {
     Facts {
@@ -12,7 +30,7 @@ fn facts(os: &str, backend: &str, nics: Vec<Nic>) -> Facts {
             namespace: "ns".into(),
             name: "p".into(),
             uid: "u".into(),
-            phase: "Running".into(),
+            phase: PodPhase::Running,
             annotations: vec![],
             labels: vec![],
             node_selector: vec![],
@@ -21,23 +39,25 @@ fn facts(os: &str, backend: &str, nics: Vec<Nic>) -> Facts {
         spec: VmSpec {
             vm_name: "vm1".into(),
             image: "snap:v1".into(),
-            mode: String::new(),
-            os: os.into(),
+            mode: BootMode::Clone,
+            os: os_of(os),
             storage: String::new(),
             network: String::new(),
-            snapshot_policy: String::new(),
+            snapshot_policy: SnapshotPolicy::Always,
             fork_from: String::new(),
             clone_from_dir: String::new(),
             managed: true,
             force_pull: false,
             no_direct_io: false,
             conn_type: String::new(),
-            backend: backend.into(),
-            probe_port: String::new(),
+            backend: backend_of(backend),
+            probe: ReadinessProbe::Icmp,
             restore_from_hibernate: false,
+            hibernate: false,
+            keep_snapshot_on_delete: false,
         },
         vm_id: "id-1".into(),
-        hypervisor: backend.into(),
+        hypervisor: backend_of(backend),
         nics,
         origin: BootOrigin::Clone,
         source_image: "snap:v1".into(),
@@ -93,15 +113,18 @@ fn needed_and_kind_follow_the_spec_precedence() {
             Some("windows"),
         ),
         ("windows", "", vec![], "windows", Some("windows")),
-        // Exact comparisons, as the spec's.
-        ("Windows", "", vec![], "not-needed", None),
-        ("", "Firecracker", vec![], "not-needed", None),
     ];
     for (os, backend, nics, reason, kind) in rows {
         let d = decide(&facts(os, backend, nics));
         assert_eq!(d.reason, reason, "os {os:?} backend {backend:?}");
         let got = match &d.outcome {
-            Outcome::Run(f) => Some(f.kind.as_str()),
+            Outcome::Run(f) => Some(
+                Kind::ALL
+                    .into_iter()
+                    .find(|k| k.wit() == f.kind)
+                    .map(Kind::label)
+                    .unwrap_or("other"),
+            ),
             _ => None,
         };
         assert_eq!(got, kind, "os {os:?} backend {backend:?}");
@@ -235,14 +258,14 @@ fn hostile_nic_records_and_vm_names_are_refused_not_spliced() {
     ];
     for (nics, reason, named) in hostile {
         let d = decide(&facts("", "firecracker", nics));
-        assert!(matches!(d.outcome, Outcome::Refuse), "{:?}", d.outcome);
+        assert!(matches!(d.outcome, Outcome::Refuse(_)), "{:?}", d.outcome);
         assert_eq!(d.reason, reason, "{}", d.message);
         assert!(d.message.contains(named), "{}", d.message);
     }
     let mut f = facts("", "firecracker", vec![]);
     f.spec.vm_name = "vm1 > /etc/passwd; reboot".into();
     let d = decide(&f);
-    assert!(matches!(d.outcome, Outcome::Refuse), "{:?}", d.outcome);
+    assert!(matches!(d.outcome, Outcome::Refuse(_)), "{:?}", d.outcome);
     assert_eq!(d.reason, "unsafe-vm-name");
     assert!(d.message.contains("\"vm1 > /etc/passwd; reboot\""), "{}", d.message);
 }

@@ -13,9 +13,18 @@ extern crate alloc;
 use alloc::format;
 use alloc::string::String;
 
-wit_bindgen::generate!({ world: "resource-translation-policy", path: "../../wit" });
+// Natively the bindings also derive serde, so the benchmark can hand this crate the host's
+// facts (same JSON shape: both sides are generated from the same WIT).
+#[cfg(target_arch = "wasm32")]
+wit_bindgen::generate!({ world: "resource-translation-policy", path: "../../wit", additional_derives: [PartialEq] });
+#[cfg(not(target_arch = "wasm32"))]
+wit_bindgen::generate!({
+    world: "resource-translation-policy",
+    path: "../../wit",
+    additional_derives: [PartialEq, serde::Serialize, serde::Deserialize],
+});
 
-use cocoonstack::vk_policy::types::KeyValue;
+use cocoonstack::vk_policy::types::{EventReason, KeyValue, Refusal, RefusalKind};
 pub use exports::cocoonstack::vk_policy::resource_translation::{
     BootPath, ContainerResources, CpuPolicy, Decision, Facts, GuestResources, Outcome, Translation,
 };
@@ -51,8 +60,12 @@ pub fn decide(facts: &Facts) -> Decision {
                 message,
             }
         }
+        // The quantities are the pod's: it must change.
         Err(message) => Decision {
-            outcome: Outcome::Refuse,
+            outcome: Outcome::Refuse(Refusal {
+                kind: RefusalKind::Permanent,
+                event: EventReason::ResourceTranslationRefused,
+            }),
             reason: "invalid-quantity".into(),
             message,
         },

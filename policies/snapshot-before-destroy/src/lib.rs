@@ -9,8 +9,18 @@ extern crate alloc;
 use alloc::format;
 use alloc::string::String;
 
-wit_bindgen::generate!({ world: "snapshot-before-destroy-policy", path: "../../wit" });
+// Natively the bindings also derive serde, so the benchmark can hand this crate the host's
+// facts (same JSON shape: both sides are generated from the same WIT).
+#[cfg(target_arch = "wasm32")]
+wit_bindgen::generate!({ world: "snapshot-before-destroy-policy", path: "../../wit", additional_derives: [PartialEq] });
+#[cfg(not(target_arch = "wasm32"))]
+wit_bindgen::generate!({
+    world: "snapshot-before-destroy-policy",
+    path: "../../wit",
+    additional_derives: [PartialEq, serde::Serialize, serde::Deserialize],
+});
 
+use cocoonstack::vk_policy::types::{GuestOs, SnapshotPolicy};
 pub use exports::cocoonstack::vk_policy::snapshot_before_destroy::{Decision, Facts, Outcome, SnapshotTarget};
 use vk_policy_support::naming::DEFAULT_SNAPSHOT_TAG;
 use vk_policy_support::role::{Role, role_for_pod};
@@ -38,15 +48,15 @@ pub fn decide(facts: &Facts) -> Decision {
             format!("vm {vm} is not managed by vk-cocoon: its state is the operator's"),
         );
     }
-    if spec.os.trim().eq_ignore_ascii_case("macos") {
+    if spec.os == GuestOs::Macos {
         return skip("macos", format!("vm {vm} is a macOS guest: it has no live snapshot"));
     }
     if vm.is_empty() {
         return skip("no-vm-name", String::from("the pod names no VM: nothing to snapshot"));
     }
-    match spec.snapshot_policy.as_str() {
-        "never" => return skip("policy-never", format!("snapshot policy of vm {vm} is never")),
-        "main-only" => {
+    match &spec.snapshot_policy {
+        SnapshotPolicy::Never => return skip("policy-never", format!("snapshot policy of vm {vm} is never")),
+        SnapshotPolicy::MainOnly => {
             let owner = cocoonset_owner(facts);
             let role = role_for_pod(&facts.pod.namespace, owner, vm);
             if role != Role::Main {
@@ -59,7 +69,8 @@ pub fn decide(facts: &Facts) -> Decision {
                 );
             }
         }
-        _ => {}
+        // An unknown policy preserves state, as `always` does (cocoon-common's rule).
+        SnapshotPolicy::Always | SnapshotPolicy::Unknown(_) => {}
     }
     if !facts.pusher_configured {
         return skip(
@@ -105,10 +116,12 @@ fn skip(reason: &str, message: String) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cocoonstack::vk_policy::types::{OwnerReference, PodFacts, VmSpec};
+    use cocoonstack::vk_policy::types::{
+        Backend, BootMode, OwnerReference, PodFacts, PodPhase, ReadinessProbe, VmSpec,
+    };
     use vk_policy_support::role::vm_name_for_deployment;
 
-    fn facts(policy: &str, vm_name: &str, owner: Option<&str>) -> Facts {
+    fn facts(policy: SnapshotPolicy, vm_name: &str, owner: Option<&str>) -> Facts {
         let owner_references = owner
             .map(|name| OwnerReference {
                 api_version: "cocoonset.cocoonstack.io/v1".into(),
@@ -124,7 +137,7 @@ mod tests {
                 namespace: "ns".into(),
                 name: "p".into(),
                 uid: "u".into(),
-                phase: "Running".into(),
+                phase: PodPhase::Running,
                 annotations: vec![],
                 labels: vec![],
                 node_selector: vec![],
@@ -133,20 +146,22 @@ mod tests {
             spec: VmSpec {
                 vm_name: vm_name.into(),
                 image: "base:v1".into(),
-                mode: String::new(),
-                os: String::new(),
+                mode: BootMode::Clone,
+                os: GuestOs::Linux,
                 storage: String::new(),
                 network: String::new(),
-                snapshot_policy: policy.into(),
+                snapshot_policy: policy,
                 fork_from: String::new(),
                 clone_from_dir: String::new(),
                 managed: true,
                 force_pull: false,
                 no_direct_io: false,
                 conn_type: String::new(),
-                backend: String::new(),
-                probe_port: String::new(),
+                backend: Backend::Unspecified,
+                probe: ReadinessProbe::Icmp,
                 restore_from_hibernate: false,
+                hibernate: false,
+                keep_snapshot_on_delete: false,
             },
             pusher_configured: true,
             vm_running: true,
@@ -161,18 +176,34 @@ mod tests {
     fn policy_table() {
         let main = vm_name_for_deployment("ns", "demo", 0);
         let sub = vm_name_for_deployment("ns", "demo", 1);
-        assert_eq!(reason(&facts("never", &main, Some("demo"))), "policy-never");
-        assert_eq!(reason(&facts("main-only", &main, Some("demo"))), "snapshot");
-        assert_eq!(reason(&facts("main-only", &sub, Some("demo"))), "not-main-agent");
-        assert_eq!(reason(&facts("main-only", "toolbox-0", None)), "not-main-agent");
-        for policy in ["always", "", "sometimes"] {
-            assert_eq!(reason(&facts(policy, "toolbox-0", None)), "snapshot", "{policy:?}");
+        assert_eq!(
+            reason(&facts(SnapshotPolicy::Never, &main, Some("demo"))),
+            "policy-never"
+        );
+        assert_eq!(
+            reason(&facts(SnapshotPolicy::MainOnly, &main, Some("demo"))),
+            "snapshot"
+        );
+        assert_eq!(
+            reason(&facts(SnapshotPolicy::MainOnly, &sub, Some("demo"))),
+            "not-main-agent"
+        );
+        assert_eq!(
+            reason(&facts(SnapshotPolicy::MainOnly, "toolbox-0", None)),
+            "not-main-agent"
+        );
+        for policy in [SnapshotPolicy::Always, SnapshotPolicy::Unknown("sometimes".into())] {
+            assert_eq!(
+                reason(&facts(policy.clone(), "toolbox-0", None)),
+                "snapshot",
+                "{policy:?}"
+            );
         }
     }
 
     #[test]
     fn snapshot_goes_to_latest_with_the_base_image() {
-        let d = decide(&facts("always", "vm1", None));
+        let d = decide(&facts(SnapshotPolicy::Always, "vm1", None));
         let Outcome::Snapshot(target) = d.outcome else {
             panic!("expected a snapshot")
         };
@@ -188,17 +219,17 @@ mod tests {
 
     #[test]
     fn no_registry_stopped_vm_unmanaged_and_macos_skip() {
-        let mut f = facts("always", "vm1", None);
+        let mut f = facts(SnapshotPolicy::Always, "vm1", None);
         f.pusher_configured = false;
         assert_eq!(reason(&f), "no-registry");
-        let mut f = facts("always", "vm1", None);
+        let mut f = facts(SnapshotPolicy::Always, "vm1", None);
         f.vm_running = false;
         assert_eq!(reason(&f), "vm-not-running");
-        let mut f = facts("always", "vm1", None);
+        let mut f = facts(SnapshotPolicy::Always, "vm1", None);
         f.spec.managed = false;
         assert_eq!(reason(&f), "unmanaged");
-        let mut f = facts("always", "vm1", None);
-        f.spec.os = " MacOS ".into();
+        let mut f = facts(SnapshotPolicy::Always, "vm1", None);
+        f.spec.os = GuestOs::Macos;
         assert_eq!(reason(&f), "macos");
     }
 }

@@ -1,0 +1,247 @@
+//! Slot `guest-fixup`: after a clone, fork, clone-from-dir or wake, which commands must run in
+//! the guest before it is usable?
+
+use wasmtime::Store;
+
+use super::super::contract::guest_fixup::{BootOrigin, Decision, Facts, Fixup, FixupKind, Nic, Outcome, Pre, World};
+use super::super::contract::types::{Backend, EventReason, Refusal, RefusalKind};
+use super::super::contract::v0_1::guest_fixup as v0_1;
+use super::super::limits::{MAX_ARGV_BYTES, MAX_HINT_BYTES, MAX_REASON_LEN};
+use super::super::sandbox::Sandbox;
+use super::{POLICY_FAILED, PodInput, PolicySlot, Slot, Summary, is_token, legacy, world_pre};
+use crate::model::RuntimeAnnotations;
+
+use v0_1::exports::cocoonstack::vk_policy::guest_fixup as old;
+
+pub struct GuestFixup;
+
+world_pre! {
+    Pre<Sandbox> => World,
+    v0_1::GuestFixupPolicyPre<Sandbox> => v0_1::GuestFixupPolicy,
+}
+
+/// `cocoon_vk_postclone_total{kind}`.
+pub fn kind_label(kind: FixupKind) -> &'static str {
+    match kind {
+        FixupKind::Windows => "windows",
+        FixupKind::LinuxFc => "linux_fc",
+        FixupKind::LinuxStatic => "linux_static",
+        FixupKind::Other => "other",
+    }
+}
+
+impl PolicySlot for GuestFixup {
+    const SLOT: Slot = Slot::GuestFixup;
+    const NAME: &'static str = "guest-fixup";
+    const FAIL_SAFE_RULE: &'static str = "run nothing in the guest, mark the lifecycle failed and never publish Ready (the pod stays Running / Not Ready)";
+
+    type Facts = Facts;
+    type Decision = Decision;
+    type Pre = Pre<Sandbox>;
+    type LegacyPre = v0_1::GuestFixupPolicyPre<Sandbox>;
+
+    fn default_component() -> &'static [u8] {
+        policy_artifacts::defaults::GUEST_FIXUP
+    }
+
+    fn call(world: &World, store: &mut Store<Sandbox>, facts: &Facts) -> wasmtime::Result<Decision> {
+        world.cocoonstack_vk_policy_guest_fixup().call_decide(store, facts)
+    }
+
+    /// A 0.1.0 fixup kind was a free `[a-z0-9_-]` token and a metric label: the three the
+    /// default used keep their label, any other valid token counts as `other`, and a malformed
+    /// one is invalid (as it was). A 0.1.0 refusal failed the lifecycle at once: permanent.
+    fn call_legacy(
+        world: &v0_1::GuestFixupPolicy,
+        store: &mut Store<Sandbox>,
+        facts: &Facts,
+    ) -> wasmtime::Result<Result<Decision, String>> {
+        let old_facts = old::Facts {
+            pod: legacy::pod(&facts.pod),
+            spec: legacy::spec(&facts.pod, &facts.spec),
+            vm_id: facts.vm_id.clone(),
+            hypervisor: legacy::backend_text(&facts.hypervisor),
+            nics: facts
+                .nics
+                .iter()
+                .map(|n| old::Nic {
+                    mac: n.mac.clone(),
+                    ip: n.ip.clone(),
+                    gateway: n.gateway.clone(),
+                    prefix: n.prefix,
+                })
+                .collect(),
+            origin: match facts.origin {
+                BootOrigin::Clone => old::BootOrigin::Clone,
+                BootOrigin::Fork => old::BootOrigin::Fork,
+                BootOrigin::CloneFromDir => old::BootOrigin::CloneFromDir,
+                BootOrigin::Wake => old::BootOrigin::Wake,
+            },
+            source_image: facts.source_image.clone(),
+            cloudimg_overlay: facts.cloudimg_overlay,
+        };
+        let d = world
+            .cocoonstack_vk_policy_guest_fixup()
+            .call_decide(store, &old_facts)?;
+        let outcome = match d.outcome {
+            old::Outcome::None => Outcome::None,
+            old::Outcome::Refuse => Outcome::Refuse(Refusal {
+                kind: RefusalKind::Permanent,
+                event: EventReason::PostCloneRefused,
+            }),
+            old::Outcome::Run(f) => {
+                if !is_token(&f.kind, b"_") {
+                    return Ok(Err(format!(
+                        "fixup kind {:?} is not a token of [a-z0-9_-] of at most {MAX_REASON_LEN} bytes",
+                        f.kind
+                    )));
+                }
+                let kind = match f.kind.as_str() {
+                    "windows" => FixupKind::Windows,
+                    "linux_fc" => FixupKind::LinuxFc,
+                    "linux_static" => FixupKind::LinuxStatic,
+                    _ => FixupKind::Other,
+                };
+                Outcome::Run(Fixup {
+                    kind,
+                    argv: f.argv,
+                    hint: f.hint,
+                })
+            }
+        };
+        Ok(Ok(Decision {
+            outcome,
+            reason: d.reason,
+            message: d.message,
+        }))
+    }
+
+    fn fail_safe(_facts: &Facts, message: String) -> Decision {
+        Decision {
+            outcome: Outcome::Refuse(Refusal {
+                kind: RefusalKind::Permanent,
+                event: EventReason::PostClonePolicyFailed,
+            }),
+            reason: POLICY_FAILED.into(),
+            message,
+        }
+    }
+
+    /// A fixup the host can exec: the argv becomes `cocoon vm exec` arguments (a NUL cannot
+    /// pass through exec), the hint an annotation.
+    fn check(decision: &Decision) -> Result<(), String> {
+        let Outcome::Run(fixup) = &decision.outcome else {
+            return Ok(());
+        };
+        if fixup.argv.is_empty() {
+            return Err("a run fixup needs a non-empty argv".into());
+        }
+        if let Some(i) = fixup.argv.iter().position(|arg| arg.contains('\0')) {
+            return Err(format!("fixup argv[{i}] contains a NUL byte"));
+        }
+        let argv_bytes: usize = fixup.argv.iter().map(String::len).sum();
+        if argv_bytes > MAX_ARGV_BYTES {
+            return Err(format!("fixup argv is {argv_bytes} bytes, more than {MAX_ARGV_BYTES}"));
+        }
+        if fixup.hint.len() > MAX_HINT_BYTES {
+            return Err(format!(
+                "fixup hint is {} bytes, more than {MAX_HINT_BYTES}",
+                fixup.hint.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn summary(decision: &Decision) -> Summary<'_> {
+        Summary {
+            reason: &decision.reason,
+            message: &decision.message,
+            outcome: match decision.outcome {
+                Outcome::None => "none",
+                Outcome::Run(_) => "run",
+                Outcome::Refuse(_) => "refuse",
+            },
+        }
+    }
+
+    /// A clone with no NICs and no cloud-image overlay; the VM id from the pod's
+    /// `vm.cocoonstack.io/id` (the host writes it before any guest work); the hypervisor the
+    /// pod's backend names, cloud-hypervisor (cocoon's default) when it names none.
+    fn default_facts(pod: PodInput<'_>) -> Facts {
+        let hypervisor = match &pod.spec.backend {
+            Backend::Unspecified => Backend::CloudHypervisor,
+            other => other.clone(),
+        };
+        Facts {
+            vm_id: RuntimeAnnotations::of_pod(pod.pod).vm_id,
+            pod: pod.facts,
+            spec: pod.spec,
+            hypervisor,
+            nics: Vec::<Nic>::new(),
+            origin: BootOrigin::Clone,
+            source_image: String::new(),
+            cloudimg_overlay: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(argv: &[&str], hint: &str) -> Decision {
+        Decision {
+            outcome: Outcome::Run(Fixup {
+                kind: FixupKind::LinuxStatic,
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+                hint: hint.into(),
+            }),
+            reason: "linux-static".into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn fixups_the_host_cannot_exec_are_invalid() {
+        assert_eq!(GuestFixup::check(&run(&["sh", "-c", "true"], "")), Ok(()));
+        let big = "x".repeat((64 << 10) + 1);
+        let half = "x".repeat(32 << 10);
+        let bad = [
+            (run(&[], ""), "non-empty argv"),
+            (run(&["sh", "-c", "a\0b"], ""), "argv[2] contains a NUL"),
+            (run(&["sh", &half, &half], ""), "more than 65536"),
+            (run(&["sh"], &big), "hint is 65537 bytes"),
+        ];
+        for (decision, expected) in bad {
+            let error = GuestFixup::check(&decision).unwrap_err();
+            assert!(error.contains(expected), "{error} should mention {expected:?}");
+        }
+        let mut bad_reason = run(&["sh"], "");
+        bad_reason.reason = "linux_fc".into();
+        assert!(
+            super::super::validate::<GuestFixup>(&bad_reason)
+                .unwrap_err()
+                .contains("lower-kebab-case")
+        );
+    }
+
+    #[test]
+    fn a_failed_guest_fixup_policy_runs_nothing_and_fails_for_good() {
+        let d = GuestFixup::fail_safe(
+            &GuestFixup::default_facts(PodInput {
+                pod: &Default::default(),
+                facts: crate::model::pod_facts(&Default::default()),
+                spec: crate::model::vm_spec::decode(&Default::default()),
+            }),
+            "policy guest-fixup trapped".into(),
+        );
+        assert_eq!(
+            d.outcome,
+            Outcome::Refuse(Refusal {
+                kind: RefusalKind::Permanent,
+                event: EventReason::PostClonePolicyFailed
+            })
+        );
+        assert_eq!(d.reason, POLICY_FAILED);
+    }
+}
