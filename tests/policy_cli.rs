@@ -251,3 +251,59 @@ fn check_names_the_contract_version_it_found_and_refuses_one_it_does_not_speak()
     assert!(err.contains("speaks versions 0.1.0, 0.2.0"), "{err}");
     assert_eq!(err.lines().count(), 1, "said once, not per slot: {err}");
 }
+
+#[test]
+fn a_scaffolded_policy_of_every_slot_builds_and_passes_its_own_table() {
+    // One target directory for every scaffold, kept between runs (wit-bindgen builds once).
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-new");
+    let lock = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock");
+    let root = tempfile::tempdir().unwrap();
+    for slot in vk_cocoon::policy::Slot::ALL {
+        let dir = root.path().join(format!("my-{slot}"));
+        let out = vk_cocoon(&["policy", "new", slot.name(), dir.to_str().unwrap()]);
+        assert!(out.status.success(), "{slot}: {}", stderr(&out));
+        assert!(
+            stdout(&out).contains("cargo build --release --target wasm32-wasip2"),
+            "{}",
+            stdout(&out)
+        );
+        // The workspace's lock pins wit-bindgen to the version already fetched (hermetic test).
+        fs::copy(&lock, dir.join("Cargo.lock")).unwrap();
+        let build = std::process::Command::new(env!("CARGO"))
+            .current_dir(&dir)
+            .args(["build", "--release", "--offline", "--target", "wasm32-wasip2"])
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .output()
+            .unwrap();
+        assert!(
+            build.status.success(),
+            "{slot}: {}",
+            String::from_utf8_lossy(&build.stderr)
+        );
+        // Where a plain `cargo build` in the crate would have put it (the table points there).
+        let crate_name = format!("my_{}", slot.name().replace('-', "_"));
+        let built = target.join(format!("wasm32-wasip2/release/{crate_name}.wasm"));
+        let release = dir.join("target/wasm32-wasip2/release");
+        fs::create_dir_all(&release).unwrap();
+        fs::copy(&built, release.join(format!("{crate_name}.wasm"))).unwrap();
+
+        let out = vk_cocoon(&["policy", "test", dir.to_str().unwrap()]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{slot}: {text}{}", stderr(&out));
+        assert!(
+            text.contains(&format!("{crate_name}.wasm")),
+            "the table's own component ran: {text}"
+        );
+        assert!(text.contains("contract cocoonstack:vk-policy@0.2.0"), "{text}");
+        assert!(text.trim_end().ends_with("passed, 0 failed"), "{text}");
+    }
+    let again = vk_cocoon(&[
+        "policy",
+        "new",
+        "bring-up",
+        root.path().join("my-bring-up").to_str().unwrap(),
+    ]);
+    assert!(!again.status.success(), "a non-empty directory is never overwritten");
+}

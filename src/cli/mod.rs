@@ -2,6 +2,7 @@
 
 mod policy;
 mod run;
+mod scaffold;
 
 use std::process::ExitCode;
 
@@ -20,7 +21,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Tools for policy authors: test, evaluate and check policy components.
+    /// Tools for policy authors: create, test, evaluate and check policy components.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
     /// Run the node daemon (configuration from the environment).

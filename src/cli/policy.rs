@@ -23,6 +23,16 @@ pub enum PolicyCommand {
     Eval(EvalArgs),
     /// Validate a component: readable, imports nothing, exports a slot's world.
     Check(CheckArgs),
+    /// Create a policy crate for a slot that builds for wasm32-wasip2 and passes its own table.
+    New(NewArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// The slot the policy serves.
+    slot: Slot,
+    /// A new (or empty) directory; the crate is named after it.
+    dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -86,6 +96,11 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Test(args) => test(args),
         PolicyCommand::Eval(args) => eval(args),
         PolicyCommand::Check(args) => check(args),
+        PolicyCommand::New(args) => {
+            let made = super::scaffold::scaffold(args.slot, &args.dir)?;
+            println!("{}", super::scaffold::next_steps(args.slot, &made));
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
