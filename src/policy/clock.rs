@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
 
 use wasmtime::{Engine, EngineWeak};
 
@@ -30,10 +30,10 @@ struct Shared {
     wake: Condvar,
 }
 
-/// Owns the clock thread; dropping it stops the thread.
+/// Owns the clock thread; dropping it stops the thread (without waiting for it: an engine
+/// dropped mid-tick does not wait out the tick).
 pub(crate) struct EpochClock {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
 }
 
 /// A decision in flight: the clock ticks until every guard is dropped.
@@ -57,14 +57,11 @@ impl EpochClock {
             wake: Condvar::new(),
         });
         let (for_thread, weak) = (shared.clone(), engine.weak());
-        let thread = thread::Builder::new()
+        thread::Builder::new()
             .name("policy-epoch".into())
             .spawn(move || tick(&for_thread, &weak))
             .expect("spawn the policy epoch clock thread");
-        EpochClock {
-            shared,
-            thread: Some(thread),
-        }
+        EpochClock { shared }
     }
 
     /// Marks a decision in flight (instantiation included: a component's start function is
@@ -92,14 +89,9 @@ impl EpochClock {
 
 impl Drop for EpochClock {
     fn drop(&mut self) {
-        {
-            let _guard = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.shared.state.store(STOPPING, SeqCst);
-            self.shared.wake.notify_one();
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        let _guard = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.shared.state.store(STOPPING, SeqCst);
+        self.shared.wake.notify_one();
     }
 }
 
