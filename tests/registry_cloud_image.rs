@@ -7,8 +7,9 @@ mod registry_support;
 use registry_support::runtime_support;
 use registry_support::{TestRegistry, push_raw_artifact};
 use sha2::Digest;
+use vk_cocoon::provider::ports::CloudImageResult as CloudImage;
+use vk_cocoon::registry::RegistryError;
 use vk_cocoon::registry::media;
-use vk_cocoon::registry::{CloudImage, RegistryError};
 use vk_cocoon::runtime::CocoonRuntime;
 
 fn qcow_parts() -> (Vec<u8>, Vec<u8>) {
@@ -21,7 +22,7 @@ fn qcow_parts() -> (Vec<u8>, Vec<u8>) {
 #[tokio::test]
 async fn a_cloud_image_is_imported_from_its_disk_layers_in_title_order() {
     let reg = TestRegistry::start();
-    let r = reg.client("cocoon", "n");
+    let r = reg.transfer_client("cocoon", "n");
     let h = runtime_support::harness();
     let (p0, p1) = qcow_parts();
     // Pushed out of order: the title decides.
@@ -46,12 +47,7 @@ async fn a_cloud_image_is_imported_from_its_disk_layers_in_title_order() {
     )
     .await;
     let got = r.ensure_cloud_image(&h.client, "ubuntu:24.04", false).await.unwrap();
-    assert_eq!(
-        got,
-        CloudImage::Imported {
-            local_name: "ubuntu:24.04".into()
-        }
-    );
+    assert_eq!(got, CloudImage::Imported("ubuntu:24.04".into()));
     let img = h.client.image_inspect("ubuntu:24.04").await.unwrap();
     let whole = [p0.as_slice(), p1.as_slice()].concat();
     assert_eq!(
@@ -74,9 +70,7 @@ async fn a_cloud_image_is_imported_from_its_disk_layers_in_title_order() {
     // Present and not forced: nothing imported.
     assert_eq!(
         r.ensure_cloud_image(&h.client, "ubuntu:24.04", false).await.unwrap(),
-        CloudImage::Imported {
-            local_name: "ubuntu:24.04".into()
-        }
+        CloudImage::Imported("ubuntu:24.04".into())
     );
     assert_eq!(imports(), 1);
     // Forced: imported again.
@@ -87,7 +81,7 @@ async fn a_cloud_image_is_imported_from_its_disk_layers_in_title_order() {
 #[tokio::test]
 async fn snapshots_are_refused_and_other_kinds_are_left_to_image_pull() {
     let reg = TestRegistry::start();
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let h = runtime_support::harness();
     push_raw_artifact(
         &reg,
@@ -99,7 +93,10 @@ async fn snapshots_are_refused_and_other_kinds_are_left_to_image_pull() {
     )
     .await;
     let e = r.ensure_cloud_image(&h.client, "snap", false).await.unwrap_err();
-    assert!(matches!(e, RegistryError::SnapshotArtifact { .. }), "{e:?}");
+    assert!(
+        matches!(e.registry(), Some(RegistryError::SnapshotArtifact { .. })),
+        "{e:?}"
+    );
     assert!(
         e.to_string().contains("snap:latest") && e.to_string().contains("use mode=clone"),
         "{e}"
@@ -135,7 +132,8 @@ async fn snapshots_are_refused_and_other_kinds_are_left_to_image_pull() {
     .await;
     let e = r.ensure_cloud_image(&h.client, "weird:1", false).await.unwrap_err();
     assert!(
-        matches!(e, RegistryError::UnsupportedMediaType { .. }) && e.to_string().contains("application/x-iso9660"),
+        matches!(e.registry(), Some(RegistryError::UnsupportedMediaType { .. }))
+            && e.to_string().contains("application/x-iso9660"),
         "{e:?}"
     );
     assert!(h.sim.calls().unwrap().iter().all(|c| c.verb != "image import"));
@@ -144,7 +142,7 @@ async fn snapshots_are_refused_and_other_kinds_are_left_to_image_pull() {
 #[tokio::test]
 async fn a_corrupted_cloud_image_layer_fails_the_import() {
     let reg = TestRegistry::start();
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let h = runtime_support::harness();
     let (p0, _) = qcow_parts();
     let d = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&p0)));
@@ -161,7 +159,7 @@ async fn a_corrupted_cloud_image_layer_fails_the_import() {
     bad[100_000] ^= 1;
     std::fs::write(reg.blob_path(&d), bad).unwrap();
     let e = r.ensure_cloud_image(&h.client, "img:1", false).await.unwrap_err();
-    assert!(matches!(e, RegistryError::Corrupt { .. }), "{e:?}");
+    assert!(matches!(e.registry(), Some(RegistryError::Corrupt { .. })), "{e:?}");
     assert!(
         h.client.image_inspect("img:1").await.is_err(),
         "a corrupt image was registered"

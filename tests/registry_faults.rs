@@ -39,7 +39,7 @@ fn spool_is_empty(reg: &TestRegistry) -> bool {
 #[tokio::test]
 async fn registry_killed_mid_push_leaves_no_tag_and_says_so() {
     let mut reg = TestRegistry::start();
-    let r = reg.client("cocoon", "node-a");
+    let r = reg.transfer_client("cocoon", "node-a");
     let (h, _) = saved_snapshot(192 << 20).await;
     let push = r.push_snapshot(&h.client, "vm", "vk-a", "latest", IMG);
     let killer = async {
@@ -76,7 +76,7 @@ async fn registry_killed_mid_push_leaves_no_tag_and_says_so() {
 #[tokio::test]
 async fn export_dying_mid_push_leaves_no_tag() {
     let reg = TestRegistry::start();
-    let r = reg.client("cocoon", "node-a");
+    let r = reg.transfer_client("cocoon", "node-a");
     let (h, _) = saved_snapshot(8 << 20).await;
     h.sim.die_next("snapshot export", 2 << 20).unwrap();
     let e = r
@@ -97,7 +97,7 @@ async fn export_dying_mid_push_leaves_no_tag() {
 #[tokio::test]
 async fn registry_killed_mid_pull_leaves_no_snapshot_and_says_so() {
     let mut reg = TestRegistry::start();
-    let r = reg.client("cocoon", "node-a");
+    let r = reg.transfer_client("cocoon", "node-a");
     let (h, _) = saved_snapshot(192 << 20).await;
     r.push_snapshot(&h.client, "vm", "vk-c", "hibernate", IMG)
         .await
@@ -130,7 +130,7 @@ async fn registry_killed_mid_pull_leaves_no_snapshot_and_says_so() {
 }
 
 async fn pushed_with_blob(reg: &TestRegistry, h: &Harness, id: &str, repo: &str) -> std::path::PathBuf {
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     r.push_snapshot(&h.client, "vm", repo, "latest", IMG).await.unwrap();
     let mem = std::fs::read(h.dir.path().join("snapshots").join(id).join("memory-ranges")).unwrap();
     let digest = {
@@ -145,7 +145,7 @@ async fn pushed_with_blob(reg: &TestRegistry, h: &Harness, id: &str, repo: &str)
 #[tokio::test]
 async fn a_corrupted_blob_is_detected_on_pull() {
     let reg = TestRegistry::start();
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let (h, id) = saved_snapshot(4 << 20).await;
     let blob = pushed_with_blob(&reg, &h, &id, "vk-d").await;
     let mut bytes = std::fs::read(&blob).unwrap();
@@ -157,7 +157,7 @@ async fn a_corrupted_blob_is_detected_on_pull() {
         .pull_snapshot(&h.client, "vk-d", "latest", "d-restored")
         .await
         .unwrap_err();
-    assert!(matches!(e, RegistryError::Corrupt { .. }), "{e:?}");
+    assert!(matches!(e.registry(), Some(RegistryError::Corrupt { .. })), "{e:?}");
     let msg = e.to_string();
     eprintln!("error: {msg}");
     assert!(
@@ -179,7 +179,7 @@ async fn a_corrupted_blob_is_detected_on_pull() {
 #[tokio::test]
 async fn a_truncated_blob_is_detected_on_pull() {
     let reg = TestRegistry::start();
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let (h, id) = saved_snapshot(4 << 20).await;
     let blob = pushed_with_blob(&reg, &h, &id, "vk-e").await;
     let bytes = std::fs::read(&blob).unwrap();
@@ -190,7 +190,10 @@ async fn a_truncated_blob_is_detected_on_pull() {
         .unwrap_err();
     // Either the registry's short body or our size check: never a silent success.
     assert!(
-        matches!(e, RegistryError::Corrupt { .. } | RegistryError::Unavailable { .. }),
+        matches!(
+            e.registry(),
+            Some(RegistryError::Corrupt { .. } | RegistryError::Unavailable { .. })
+        ),
         "{e:?}"
     );
     assert!(
@@ -205,7 +208,7 @@ async fn a_truncated_blob_is_detected_on_pull() {
 #[tokio::test]
 async fn an_unknown_layer_media_type_is_refused_before_any_import() {
     let reg = TestRegistry::start();
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let h = runtime_support::harness();
     push_raw_artifact(
         &reg,
@@ -224,7 +227,10 @@ async fn an_unknown_layer_media_type_is_refused_before_any_import() {
     )
     .await;
     let e = r.pull_snapshot(&h.client, "odd", "latest", "odd").await.unwrap_err();
-    assert!(matches!(e, RegistryError::UnsupportedMediaType { .. }), "{e:?}");
+    assert!(
+        matches!(e.registry(), Some(RegistryError::UnsupportedMediaType { .. })),
+        "{e:?}"
+    );
     assert!(
         e.to_string().contains("application/vnd.oci.image.layer.v1.tar+gzip") && e.to_string().contains("odd:latest"),
         "{e}"

@@ -1,5 +1,6 @@
 //! Snapshots over a real registry (Debian's docker-registry): typed manifest reads, push → pull round trip
-//! byte for byte, HEAD-before-upload dedupe, shared concurrent pulls, delete with the by-digest fallback.
+//! byte for byte, HEAD-before-upload dedupe, shared concurrent pulls, delete with the by-digest fallback,
+//! and a registry with token auth (push, pull and delete through the token exchange; refusals typed).
 
 mod registry_support;
 
@@ -47,7 +48,7 @@ async fn export_dir(h: &Harness, name: &str) -> std::collections::BTreeMap<Strin
 #[tokio::test]
 async fn manifest_reads_are_typed_absent_or_unavailable() {
     let mut reg = TestRegistry::start();
-    let r = reg.client("cocoon", "node-a");
+    let r = reg.transfer_client("cocoon", "node-a");
     assert_eq!(
         r.manifest("never-pushed", "hibernate").await.unwrap(),
         ManifestLookup::Absent
@@ -81,7 +82,7 @@ async fn manifest_reads_are_typed_absent_or_unavailable() {
 #[tokio::test]
 async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte() {
     let reg = TestRegistry::start();
-    let r = reg.client("cocoon", "node-a");
+    let r = reg.transfer_client("cocoon", "node-a");
     let (h, id) = saved_snapshot(5 << 20).await;
 
     let rep = r
@@ -167,7 +168,7 @@ async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte()
 #[tokio::test]
 async fn concurrent_pulls_of_one_snapshot_share_one_transfer() {
     let reg = TestRegistry::start();
-    let r = reg.client("", "");
+    let r = reg.transfer_client("", "");
     let (h, id) = saved_snapshot(8 << 20).await;
     r.push_snapshot(&h.client, "vm", "vm", "hibernate", IMG).await.unwrap();
     // No node name: no from-node amend.
@@ -199,7 +200,7 @@ async fn concurrent_pulls_of_one_snapshot_share_one_transfer() {
 #[tokio::test]
 async fn delete_manifest_falls_back_to_delete_by_digest_and_treats_404_as_done() {
     let reg = TestRegistry::start();
-    let r = reg.client("cocoon", "node-a");
+    let r = reg.transfer_client("cocoon", "node-a");
     let (h, _) = saved_snapshot(1 << 20).await;
     r.push_snapshot(&h.client, "vm", "vk-x", "hibernate", IMG)
         .await
@@ -221,13 +222,98 @@ async fn delete_manifest_falls_back_to_delete_by_digest_and_treats_404_as_done()
 #[tokio::test]
 async fn pulling_an_absent_tag_says_so() {
     let reg = TestRegistry::start();
-    let r = reg.client("cocoon", "n");
+    let r = reg.transfer_client("cocoon", "n");
     let h = runtime_support::harness();
     let e = r.pull_snapshot(&h.client, "nope", "hibernate", "x").await.unwrap_err();
     assert!(
-        matches!(e, RegistryError::NotFound { .. }) && !e.is_unavailable(),
+        matches!(e.registry(), Some(RegistryError::NotFound { .. })) && !e.is_unavailable(),
         "{e:?}"
     );
     assert!(e.to_string().contains("nope:hibernate"), "{e}");
     assert!(h.sim.calls().unwrap().iter().all(|c| c.verb != "snapshot import"));
+}
+
+#[tokio::test]
+async fn a_registry_with_token_auth_is_pushed_pulled_and_deleted_through_the_token_exchange() {
+    use registry_support::token::User;
+    use vk_cocoon::registry::RegistryAuth;
+    let reg = tokio::task::spawn_blocking(|| {
+        TestRegistry::start_with_token_auth(vec![
+            User {
+                name: "pusher",
+                password: "pw-push",
+                actions: &["pull", "push", "delete"],
+            },
+            User {
+                name: "reader",
+                password: "pw-read",
+                actions: &["pull"],
+            },
+        ])
+    })
+    .await
+    .unwrap();
+    let basic = |u: &str, p: &str| RegistryAuth::Basic(u.into(), p.into());
+    let r = reg.transfer_client_as("cocoon", "node-a", basic("pusher", "pw-push"));
+    let (h, id) = saved_snapshot(2 << 20).await;
+
+    r.push_snapshot(&h.client, "vm", "vk-t", "hibernate", IMG)
+        .await
+        .unwrap();
+    let ManifestLookup::Found(info) = r.manifest("vk-t", "hibernate").await.unwrap() else {
+        panic!("pushed tag absent")
+    };
+    let pulled = r
+        .pull_snapshot(&h.client, "vk-t", "hibernate", "t-restored")
+        .await
+        .unwrap();
+    assert_eq!(pulled.snapshot_id, id);
+
+    // The registry refuses the DELETE a static credential header makes (no token exchange)…
+    let static_basic = {
+        use base64::Engine as _;
+        format!(
+            "Authorization: Basic {}\r\n",
+            base64::engine::general_purpose::STANDARD.encode("pusher:pw-push")
+        )
+    };
+    let path = format!("/v2/cocoon/vk-t/manifests/{}", info.digest);
+    assert_eq!(reg.http_status_with("DELETE", &path, &static_basic), Some(401));
+    // …and the daemon's DELETE answers the challenge with a token for the `delete` action.
+    r.delete_manifest("vk-t", "hibernate").await.unwrap();
+    assert_eq!(r.manifest("vk-t", "hibernate").await.unwrap(), ManifestLookup::Absent);
+    let grants = reg.token.as_ref().unwrap().grants();
+    assert!(
+        grants.iter().any(|(user, scope, granted)| user == "pusher"
+            && scope == "repository:cocoon/vk-t:delete"
+            && granted == &["delete"]),
+        "{grants:?}"
+    );
+
+    // A user who may only pull reads the artifact; its push and delete are refused, typed.
+    r.push_snapshot(&h.client, "vm", "vk-t", "latest", IMG).await.unwrap();
+    let reader = reg.transfer_client_as("cocoon", "node-b", basic("reader", "pw-read"));
+    assert!(matches!(
+        reader.manifest("vk-t", "latest").await.unwrap(),
+        ManifestLookup::Found(_)
+    ));
+    let e = reader
+        .push_snapshot(&h.client, "vm", "vk-t", "other", IMG)
+        .await
+        .unwrap_err();
+    assert!(matches!(e.registry(), Some(RegistryError::Denied { .. })), "{e:?}");
+    assert!(
+        e.to_string().contains("vk-t:other") && e.to_string().contains("credentials"),
+        "{e}"
+    );
+    let e = reader.delete_manifest("vk-t", "latest").await.unwrap_err();
+    assert!(matches!(e, RegistryError::Denied { .. }), "{e:?}");
+    assert!(matches!(
+        r.manifest("vk-t", "latest").await.unwrap(),
+        ManifestLookup::Found(_)
+    ));
+    // Wrong credentials are refused, never taken for an absent tag.
+    let wrong = reg.client_as("cocoon", "n", basic("pusher", "wrong"));
+    let e = wrong.manifest("vk-t", "latest").await.unwrap_err();
+    assert!(matches!(e, RegistryError::Denied { .. }), "{e:?}");
 }

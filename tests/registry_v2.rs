@@ -35,7 +35,7 @@ struct Setup {
 /// A real snapshot `vm` pushed as `vm:latest` (v1), rewritten as `vm:v2` (v2) and wrapped in `vm:idx`.
 async fn setup() -> Setup {
     let reg = TestRegistry::start();
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let h = runtime_support::harness();
     h.sim.set_settings(|s| s.snapshot_memory_bytes = 3 << 20).unwrap();
     h.client.image_pull(IMG, false).await.unwrap();
@@ -124,7 +124,7 @@ async fn setup() -> Setup {
 #[tokio::test]
 async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
     let Setup { reg, h, id, v2_digest } = setup().await;
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let original = {
         let d = h.dir.path().join("orig");
         h.client.snapshot_export_to_dir("vm", &d).await.unwrap();
@@ -153,7 +153,7 @@ async fn v2_chunked_zstd_artifacts_and_indexes_pull_byte_for_byte() {
 #[tokio::test]
 async fn at_most_two_v2_or_index_pulls_run_at_once() {
     let Setup { reg, h, .. } = setup().await;
-    let r = reg.client("", "n");
+    let r = reg.transfer_client("", "n");
     let max_imports = |tag: &'static str| {
         let r = &r;
         let h = &h;

@@ -124,10 +124,7 @@ pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force:
                 "SnapshotAsImage",
                 format!("image {reference} is a snapshot artifact; use mode=clone instead of mode=run"),
             )),
-            ArtifactKind::CloudImage => match registry
-                .ensure_cloud_image(p.ports.runtime.as_ref(), reference, force)
-                .await
-            {
+            ArtifactKind::CloudImage => match p.import_cloud_image(registry.as_ref(), reference, force).await {
                 Ok(CloudImageResult::Imported(name)) => Ok(name),
                 Ok(CloudImageResult::NotACloudImage) => pull().await,
                 Err(e) => Err(Failure::transient(

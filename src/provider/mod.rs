@@ -9,7 +9,8 @@
 //!   [`status`] (the pod status from what the provider knows);
 //! * tables: [`state`]; ports: [`ports`] (`SnapshotRegistry`, `LeaseSource`, `LeaseReleaser`,
 //!   `PodPatcher`, `EventRecorder`), [`probe::Prober`] (scoped by [`probe_scope`]); adapters: [`cocoon_net`],
-//!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`);
+//!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`); [`transfer`] runs
+//!   cocoon's export / import around the registry;
 //! * executors: `create`, `update` (with `hibernate` and `wake`), `delete`, `startup` (with
 //!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
 //!   flush, Ready, failures), `background` (reconciler loops);
@@ -42,7 +43,7 @@ mod serving;
 mod startup;
 pub mod state;
 pub mod status;
-mod transfer;
+pub mod transfer;
 mod update;
 mod wake;
 mod watcher;
@@ -86,6 +87,8 @@ pub struct CocoonProvider {
     metrics: ProviderMetrics,
     probes: Probes,
     notifier: OnceLock<Arc<dyn StatusNotifier>>,
+    /// Snapshot pushes and pulls (the pulls in flight are shared).
+    transfers: transfer::Transfers,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
     /// Cancelled by [`CocoonProvider::close`]: stops background work.
     closing: CancellationToken,
@@ -104,6 +107,7 @@ impl CocoonProvider {
             metrics,
             probes,
             notifier: OnceLock::new(),
+            transfers: transfer::Transfers::new(),
             vm_prefetch: Default::default(),
             closing: CancellationToken::new(),
             me: me.clone(),

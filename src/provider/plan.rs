@@ -16,16 +16,7 @@ pub use vk_policy_support::naming::{
 };
 
 /// Manifest annotation recording the image a snapshot was taken from.
-pub const BASE_IMAGE_ANNOTATION: &str = "cocoonstack.snapshot.baseimage";
-/// Artifact types (behaviour spec §4b).
-pub const CLOUD_IMAGE_TYPES: [&str; 2] = [
-    "application/vnd.cocoonstack.os-image.v1+json",
-    "application/vnd.cocoonstack.windows-image.v1+json",
-];
-pub const SNAPSHOT_TYPES: [&str; 2] = [
-    "application/vnd.cocoonstack.snapshot.v1+json",
-    "application/vnd.cocoonstack.snapshot.v2+json",
-];
+pub use crate::registry::media::ANN_BASEIMAGE as BASE_IMAGE_ANNOTATION;
 
 /// Local name a `:hibernate` pull is imported under.
 pub fn hibernate_import_name(vm: &str) -> String {
@@ -198,13 +189,13 @@ pub enum ArtifactKind {
     Other,
 }
 
+/// By the artifact type alone (behaviour spec §4b), as the registry's classification reads it.
 pub fn artifact_kind(artifact_type: &str) -> ArtifactKind {
-    if CLOUD_IMAGE_TYPES.contains(&artifact_type) {
-        ArtifactKind::CloudImage
-    } else if SNAPSHOT_TYPES.contains(&artifact_type) {
-        ArtifactKind::Snapshot
-    } else {
-        ArtifactKind::Other
+    use crate::registry::media::{self, ArtifactKind as Oci};
+    match media::classify(None, Some(artifact_type), None) {
+        Oci::CloudImage => ArtifactKind::CloudImage,
+        Oci::SnapshotV1 | Oci::SnapshotV2 => ArtifactKind::Snapshot,
+        _ => ArtifactKind::Other,
     }
 }
 

@@ -2,30 +2,14 @@
 //! object-safe traits. Production adapters live next to their systems; tests use in-memory fakes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::kubelet::ProviderPodStatus;
-use crate::runtime::CocoonRuntime;
-
-/// A registry failure. `unavailable` = the registry did not answer definitively (network, 5xx,
-/// auth); anything else is a definitive refusal.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct RegistryFailure {
-    pub message: String,
-    pub unavailable: bool,
-}
-
-impl RegistryFailure {
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            unavailable: true,
-        }
-    }
-}
+use crate::registry::{CloudImageSource, Progress, PullReport, PushReport, RegistryError, SnapshotSource};
 
 /// A manifest's identity: artifact type and annotations.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,38 +36,45 @@ pub enum CloudImageResult {
     NotACloudImage,
 }
 
-/// The OCI registry operations the provider uses (the snapshot repo is the VM name).
+/// The OCI registry operations the provider uses (the snapshot repo is the VM name). A pure adapter:
+/// pushes read a snapshot export from a reader, pulls write an import stream into a writer; running
+/// `cocoon snapshot export / import` is `transfer`'s job. Errors are typed ([`RegistryError`]).
 #[async_trait]
 pub trait SnapshotRegistry: Send + Sync {
     /// `Ok(None)` only for the typed "tag absent".
-    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryFailure>;
+    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryError>;
     /// The config of a snapshot artifact; `Ok(None)` when the tag is absent.
-    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure>;
-    /// Streams `cocoon snapshot export <local>` into `repo:tag`, recording `base_image`.
+    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryError>;
+    /// Uploads the A.6 export tar read from `export` as `repo:tag`, recording `base_image`.
     async fn push_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        local: &str,
+        export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
         base_image: &str,
-    ) -> Result<(), RegistryFailure>;
-    /// Imports `repo:tag` into the local store as `local`.
-    async fn pull_snapshot(
+        progress: Arc<Progress>,
+    ) -> Result<PushReport, RegistryError>;
+    /// Resolves `repo:tag` for a pull, before anything is imported (`NotFound` when the tag is absent).
+    async fn open_snapshot(&self, repo: &str, tag: &str) -> Result<SnapshotSource, RegistryError>;
+    /// Writes the A.6 import tar of `src`, its snapshot named `local_name`, into `sink`.
+    async fn write_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        repo: &str,
-        tag: &str,
-        local: &str,
-    ) -> Result<(), RegistryFailure>;
-    async fn ensure_cloud_image(
+        src: &SnapshotSource,
+        local_name: &str,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<PullReport, RegistryError>;
+    /// Resolves a run image: `None` when it is not a cloud image (pull it the ordinary way).
+    async fn open_cloud_image(&self, reference: &str) -> Result<Option<CloudImageSource>, RegistryError>;
+    /// Writes the disk bytes of `src` into `sink`.
+    async fn write_cloud_image(
         &self,
-        runtime: &dyn CocoonRuntime,
-        reference: &str,
-        force: bool,
-    ) -> Result<CloudImageResult, RegistryFailure>;
+        src: &CloudImageSource,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<u64, RegistryError>;
     /// Deletes the tag `repo:tag` (an absent tag counts as deleted).
-    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure>;
+    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryError>;
 }
 
 /// A cocoon-net lease lookup failure.

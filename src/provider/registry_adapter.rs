@@ -1,22 +1,20 @@
-//! `SnapshotRegistry` over the OCI registry client of `crate::registry` (issue 4).
+//! `SnapshotRegistry` over the OCI registry client of `crate::registry` (issue 4): a thin mapping to the
+//! provider's types; errors pass through typed.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::ports::{Artifact, CloudImageResult, RegistryFailure, SnapshotMeta, SnapshotRegistry};
-use crate::registry::{CloudImage, ManifestLookup, Registry, RegistryError};
-use crate::runtime::CocoonRuntime;
-
-fn failure(e: RegistryError) -> RegistryFailure {
-    RegistryFailure {
-        unavailable: e.is_unavailable(),
-        message: e.to_string(),
-    }
-}
+use super::ports::{Artifact, SnapshotMeta, SnapshotRegistry};
+use crate::registry::{
+    CloudImageSource, ManifestLookup, Progress, PullReport, PushReport, Registry, RegistryError, SnapshotSource,
+};
 
 #[async_trait]
 impl SnapshotRegistry for Registry {
-    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryFailure> {
-        match Registry::manifest(self, repo, tag).await.map_err(failure)? {
+    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryError> {
+        match Registry::manifest(self, repo, tag).await? {
             ManifestLookup::Absent => Ok(None),
             ManifestLookup::Found(a) => Ok(Some(Artifact {
                 digest: a.digest,
@@ -26,60 +24,53 @@ impl SnapshotRegistry for Registry {
         }
     }
 
-    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure> {
-        Ok(Registry::snapshot_config(self, repo, tag)
-            .await
-            .map_err(failure)?
-            .map(|c| SnapshotMeta {
-                snapshot_id: c.snapshot_id,
-                image: c.image,
-                hypervisor: c.hypervisor,
-            }))
+    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryError> {
+        Ok(Registry::snapshot_config(self, repo, tag).await?.map(|c| SnapshotMeta {
+            snapshot_id: c.snapshot_id,
+            image: c.image,
+            hypervisor: c.hypervisor,
+        }))
     }
 
     async fn push_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        local: &str,
+        export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
         base_image: &str,
-    ) -> Result<(), RegistryFailure> {
-        Registry::push_snapshot(self, runtime, local, repo, tag, base_image)
-            .await
-            .map(|_| ())
-            .map_err(failure)
+        progress: Arc<Progress>,
+    ) -> Result<PushReport, RegistryError> {
+        Registry::push_snapshot(self, export, repo, tag, base_image, progress).await
     }
 
-    async fn pull_snapshot(
+    async fn open_snapshot(&self, repo: &str, tag: &str) -> Result<SnapshotSource, RegistryError> {
+        Registry::open_snapshot(self, repo, tag).await
+    }
+
+    async fn write_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        repo: &str,
-        tag: &str,
-        local: &str,
-    ) -> Result<(), RegistryFailure> {
-        Registry::pull_snapshot(self, runtime, repo, tag, local)
-            .await
-            .map(|_| ())
-            .map_err(failure)
+        src: &SnapshotSource,
+        local_name: &str,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<PullReport, RegistryError> {
+        Registry::write_snapshot(self, src, local_name, sink, progress).await
     }
 
-    async fn ensure_cloud_image(
+    async fn open_cloud_image(&self, reference: &str) -> Result<Option<CloudImageSource>, RegistryError> {
+        Registry::open_cloud_image(self, reference).await
+    }
+
+    async fn write_cloud_image(
         &self,
-        runtime: &dyn CocoonRuntime,
-        reference: &str,
-        force: bool,
-    ) -> Result<CloudImageResult, RegistryFailure> {
-        match Registry::ensure_cloud_image(self, runtime, reference, force)
-            .await
-            .map_err(failure)?
-        {
-            CloudImage::Imported { local_name } => Ok(CloudImageResult::Imported(local_name)),
-            CloudImage::NotACloudImage => Ok(CloudImageResult::NotACloudImage),
-        }
+        src: &CloudImageSource,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<u64, RegistryError> {
+        Registry::write_cloud_image(self, src, sink, progress).await
     }
 
-    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure> {
-        Registry::delete_manifest(self, repo, tag).await.map_err(failure)
+    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryError> {
+        Registry::delete_manifest(self, repo, tag).await
     }
 }

@@ -1,10 +1,10 @@
-//! [`Registry`]: the OCI client (oci-client for manifests, blobs and auth; reqwest only for DELETE, which
-//! oci-client does not offer), manifest reads with a typed outcome, config blobs, verified blob streams and
-//! delete with the delete-by-digest fallback.
+//! [`Registry`]: the OCI client — oci-client for manifests, blobs and auth; [`super::auth`] for the requests
+//! oci-client does not make — with manifest reads of a typed outcome, config blobs and verified blob streams.
 
+use super::auth::AuthedHttp;
 use super::config::RegistryConfig;
 use super::errors::RegistryError;
-use super::manifest::{self, RawManifest, SnapshotConfig};
+use super::manifest::{self, OciImageManifest, OciManifest, SnapshotConfig};
 use super::media;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -13,9 +13,8 @@ use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
-use sha2::Digest as _;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -36,12 +35,19 @@ pub struct ArtifactInfo {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// A fetched manifest.
+/// A fetched manifest or index.
 #[derive(Debug, Clone)]
 pub(crate) struct Fetched {
-    pub raw: Bytes,
     pub digest: String,
-    pub manifest: RawManifest,
+    pub manifest: OciManifest,
+}
+
+/// A manifest, reached directly or through an index.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub digest: String,
+    pub manifest: OciImageManifest,
+    pub from_index: bool,
 }
 
 /// A handle on the registry; cheap to share (`Arc<Registry>`).
@@ -49,13 +55,10 @@ pub struct Registry {
     pub(crate) cfg: RegistryConfig,
     pub(crate) node_name: String,
     pub(crate) client: Client,
-    pub(crate) http: reqwest::Client,
+    pub(crate) http: AuthedHttp,
     pub(crate) auth: RegistryAuth,
     /// At most `max_heavy_pulls` pulls of v2 / index artifacts at once.
     pub(crate) heavy_pulls: Arc<Semaphore>,
-    /// Pulls in flight, by key: followers wait for the leader's outcome.
-    pub(crate) flights:
-        Mutex<HashMap<String, tokio::sync::watch::Receiver<Option<Result<super::PullReport, RegistryError>>>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -69,8 +72,14 @@ impl std::fmt::Debug for Registry {
 
 impl Registry {
     /// Builds the client; credentials come from the docker config (`DOCKER_CONFIG` or `~/.docker/config.json`,
-    /// credential helpers included), else anonymous. Bearer-token challenges are answered by oci-client.
+    /// credential helpers included), else anonymous. Token challenges are answered with them.
     pub fn new(cfg: RegistryConfig, node_name: String) -> Result<Registry, RegistryError> {
+        let auth = docker_auth(&cfg.host);
+        Self::with_auth(cfg, node_name, auth)
+    }
+
+    /// Builds the client with explicit credentials.
+    pub fn with_auth(cfg: RegistryConfig, node_name: String, auth: RegistryAuth) -> Result<Registry, RegistryError> {
         let protocol = if cfg.plain_http {
             ClientProtocol::HttpsExcept(vec![cfg.host.clone()])
         } else {
@@ -79,17 +88,15 @@ impl Registry {
         let client = Client::new(ClientConfig {
             protocol,
             connect_timeout: Some(Duration::from_secs(10)),
-            // No read timeout: a long streamed PUT would trip it while the response is pending; stalled
-            // transfers end with cocoon's transfer timeout instead.
+            // No read timeout: a long streamed body would trip it while the response is pending; a
+            // transfer that stops moving bytes is ended by the transfer's stall timeout instead.
             read_timeout: None,
-            // One streamed PUT per blob (size known from the spool file): ~3x faster than 4 MiB PATCHes on
-            // distribution, and still bounded memory.
+            // Small blobs (config, small files) go up in one PUT.
             use_monolithic_push: true,
             ..Default::default()
         });
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| RegistryError::InvalidRequest(format!("building the HTTP client for {}: {e}", cfg.host)))?;
         // Pushes spool one tar entry at a time into this directory: make it now, so a path that
@@ -100,16 +107,14 @@ impl Registry {
                 cfg.spool_dir.display()
             ))
         })?;
-        let auth = docker_auth(&cfg.host);
         tracing::info!(registry = %cfg.host, prefix = %cfg.prefix, plain_http = cfg.plain_http, auth = auth_kind(&auth), "registry client ready");
         Ok(Registry {
             heavy_pulls: Arc::new(Semaphore::new(cfg.max_heavy_pulls.max(1))),
+            http: AuthedHttp::new(http, auth.clone()),
             cfg,
             node_name,
             client,
-            http,
             auth,
-            flights: Mutex::new(HashMap::new()),
         })
     }
 
@@ -134,8 +139,31 @@ impl Registry {
         }
     }
 
+    /// The typed error of a failed oci-client call: refused credentials are `Denied`, the rest `Unavailable`.
+    pub(crate) fn oci_error(&self, op: &str, artifact: &str, e: OciDistributionError) -> RegistryError {
+        if is_denied(&e) {
+            RegistryError::Denied {
+                op: op.to_string(),
+                artifact: artifact.to_string(),
+                registry: self.cfg.host.clone(),
+                detail: e.to_string(),
+            }
+        } else {
+            self.unavailable(op, artifact, e)
+        }
+    }
+
     pub(crate) fn unavailable(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
         RegistryError::Unavailable {
+            op: op.to_string(),
+            artifact: artifact.to_string(),
+            registry: self.cfg.host.clone(),
+            detail: e.to_string(),
+        }
+    }
+
+    pub(crate) fn denied(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
+        RegistryError::Denied {
             op: op.to_string(),
             artifact: artifact.to_string(),
             registry: self.cfg.host.clone(),
@@ -153,7 +181,7 @@ impl Registry {
             .auth(r, &self.auth, op)
             .await
             .map(|_| ())
-            .map_err(|e| self.unavailable("authenticating for", artifact, e))
+            .map_err(|e| self.oci_error("authenticating for", artifact, e))
     }
 
     /// Reads the manifest of `repo:tag`. A 404 is `Absent`; anything else that is not a manifest is an error.
@@ -162,8 +190,8 @@ impl Registry {
             None => ManifestLookup::Absent,
             Some(f) => ManifestLookup::Found(ArtifactInfo {
                 digest: f.digest,
-                artifact_type: f.manifest.artifact_type.clone(),
-                annotations: f.manifest.annotations.clone(),
+                artifact_type: manifest::artifact_type(&f.manifest).map(str::to_string),
+                annotations: manifest::annotations(&f.manifest),
             }),
         })
     }
@@ -183,7 +211,7 @@ impl Registry {
                 tracing::debug!(%artifact, "manifest absent");
                 return Ok(None);
             }
-            Err(e) => return Err(self.unavailable("reading the manifest of", &artifact, e)),
+            Err(e) => return Err(self.oci_error("reading the manifest of", &artifact, e)),
         };
         let computed = manifest::sha256_digest(&raw);
         if reference.contains(':') && computed != reference {
@@ -194,38 +222,51 @@ impl Registry {
                 detail: format!("its bytes hash to {computed}"),
             });
         }
-        let m = RawManifest::parse(&raw).map_err(|detail| RegistryError::InvalidArtifact {
+        let m = manifest::parse_manifest(&raw).map_err(|detail| RegistryError::InvalidArtifact {
             artifact: artifact.clone(),
             detail,
         })?;
         let digest = if digest.is_empty() { computed } else { digest };
-        Ok(Some(Fetched {
-            raw,
-            digest,
-            manifest: m,
-        }))
+        Ok(Some(Fetched { digest, manifest: m }))
     }
 
     /// Resolves an index to its `linux/amd64` child; a manifest is returned as is. `None`: tag absent.
-    pub(crate) async fn fetch_resolved(&self, repo: &str, tag: &str) -> Result<Option<(Fetched, bool)>, RegistryError> {
+    pub(crate) async fn fetch_resolved(&self, repo: &str, tag: &str) -> Result<Option<Resolved>, RegistryError> {
         let Some(top) = self.fetch_manifest(repo, tag).await? else {
             return Ok(None);
         };
-        if !top.manifest.is_index() {
-            return Ok(Some((top, false)));
-        }
-        let child = manifest::resolve_index(&top.manifest).ok_or_else(|| RegistryError::InvalidArtifact {
+        let index = match top.manifest {
+            OciManifest::Image(m) => {
+                return Ok(Some(Resolved {
+                    digest: top.digest,
+                    manifest: m,
+                    from_index: false,
+                }));
+            }
+            OciManifest::ImageIndex(i) => i,
+        };
+        let child = manifest::resolve_index(&index).ok_or_else(|| RegistryError::InvalidArtifact {
             artifact: format!("{repo}:{tag}"),
             detail: "the image index has no linux/amd64 (or other known-architecture) manifest".into(),
         })?;
         let digest = child.digest.clone();
         tracing::debug!(repo, tag, child = %digest, "resolved image index");
         match self.fetch_manifest(repo, &digest).await? {
-            Some(c) if c.manifest.is_index() => Err(RegistryError::InvalidArtifact {
+            Some(Fetched {
+                manifest: OciManifest::ImageIndex(_),
+                ..
+            }) => Err(RegistryError::InvalidArtifact {
                 artifact: format!("{repo}:{tag}"),
                 detail: "nested image indexes are not supported".into(),
             }),
-            Some(c) => Ok(Some((c, true))),
+            Some(Fetched {
+                digest,
+                manifest: OciManifest::Image(m),
+            }) => Ok(Some(Resolved {
+                digest,
+                manifest: m,
+                from_index: true,
+            })),
             None => Err(RegistryError::NotFound {
                 artifact: format!("{repo}@{digest}"),
                 registry: self.cfg.host.clone(),
@@ -236,20 +277,20 @@ impl Registry {
 
     /// The config blob of the snapshot at `repo:tag` (`None` = tag absent).
     pub async fn snapshot_config(&self, repo: &str, tag: &str) -> Result<Option<SnapshotConfig>, RegistryError> {
-        let Some((f, _)) = self.fetch_resolved(repo, tag).await? else {
+        let Some(r) = self.fetch_resolved(repo, tag).await? else {
             return Ok(None);
         };
-        Ok(Some(self.fetch_snapshot_config(repo, tag, &f.manifest).await?))
+        Ok(Some(self.fetch_snapshot_config(repo, tag, &r.manifest).await?))
     }
 
     pub(crate) async fn fetch_snapshot_config(
         &self,
         repo: &str,
         tag: &str,
-        m: &RawManifest,
+        m: &OciImageManifest,
     ) -> Result<SnapshotConfig, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let kind = m.kind();
+        let kind = manifest::image_kind(m);
         if !kind.is_snapshot() {
             return Err(RegistryError::WrongKind {
                 artifact,
@@ -257,10 +298,7 @@ impl Registry {
                 expected: "snapshot".into(),
             });
         }
-        let desc = m.config.as_ref().ok_or_else(|| RegistryError::InvalidArtifact {
-            artifact: artifact.clone(),
-            detail: "the manifest has no config".into(),
-        })?;
+        let desc = &m.config;
         if desc.size < 0 || desc.size as u64 > manifest::MAX_CONFIG_BYTES {
             return Err(RegistryError::InvalidArtifact {
                 artifact,
@@ -298,7 +336,8 @@ impl Registry {
     }
 
     /// A blob as a stream of chunks, verified: more bytes than `size` fail at once, and at the end the size
-    /// and the sha256 must match, else [`RegistryError::Corrupt`]. Transport failures are `Unavailable`.
+    /// and the sha256 must match, else [`RegistryError::Corrupt`]. The digest is checked by oci-client's
+    /// verifying stream (one SHA-256 pass); the size here. Transport failures are `Unavailable`.
     pub(crate) async fn blob_stream(
         &self,
         repo: &str,
@@ -308,14 +347,13 @@ impl Registry {
         what: &str,
     ) -> Result<impl Stream<Item = Result<Bytes, RegistryError>> + Send + 'static, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let expected_hex = digest
+        digest
             .strip_prefix("sha256:")
             .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail: format!("{what}: unsupported digest {digest:?} (only sha256 is read)"),
-            })?
-            .to_ascii_lowercase();
+            })?;
         let r = self.reference(repo, tag);
         let desc = OciDescriptor {
             digest: digest.to_string(),
@@ -331,22 +369,22 @@ impl Registry {
                     detail: format!(": blob {digest} ({what}) is missing"),
                 });
             }
-            Err(e) => return Err(self.unavailable(&format!("downloading blob {digest} ({what}) of"), &artifact, e)),
+            Err(e) => return Err(self.oci_error(&format!("downloading blob {digest} ({what}) of"), &artifact, e)),
         };
         let registry = self.cfg.host.clone();
         let digest = digest.to_string();
         let what = what.to_string();
         let mut inner = sized.stream;
         Ok(async_stream::try_stream! {
-            let mut hasher = sha2::Sha256::new();
             let mut seen = 0u64;
             let corrupt = |detail: String| RegistryError::Corrupt { artifact: artifact.clone(), digest: digest.clone(), what: what.clone(), detail };
             while let Some(chunk) = inner.next().await {
                 let chunk = chunk.map_err(|e| {
-                    // oci-client's own digest check surfaces as an I/O error.
+                    // oci-client's digest check ends the stream with its `DigestError` (a private type:
+                    // recognised by its text, "Invalid digest. Expected …, got …").
                     let text = e.to_string();
-                    if text.contains("Invalid digest") {
-                        corrupt(text)
+                    if text.starts_with("Invalid digest") {
+                        if seen == size { corrupt(text) } else { corrupt(format!("{seen} bytes instead of the {size} of its descriptor ({text})")) }
                     } else {
                         RegistryError::Unavailable { op: format!("downloading blob {digest} ({what}) of"), artifact: artifact.clone(), registry: registry.clone(), detail: text }
                     }
@@ -355,109 +393,27 @@ impl Registry {
                 if seen > size {
                     Err::<(), _>(corrupt(format!("more than the {size} bytes of its descriptor")))?;
                 }
-                hasher.update(&chunk);
                 yield chunk;
             }
             if seen != size {
                 Err::<(), _>(corrupt(format!("{seen} bytes instead of the {size} of its descriptor")))?;
             }
-            let got = hex::encode(hasher.finalize());
-            if got != expected_hex {
-                Err::<(), _>(corrupt(format!("its bytes hash to sha256:{got}")))?;
-            }
-        })
-    }
-
-    /// Deletes the manifest `repo:tag` (hibernate compensation). Tries DELETE by tag; where the registry
-    /// refuses that (distribution 2.x: 400 `DIGEST_INVALID`, 405 `UNSUPPORTED`, any 4xx but 404) it resolves
-    /// the tag's digest and deletes by digest. 404 at any step counts as done.
-    pub async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryError> {
-        let artifact = format!("{repo}:{tag}");
-        let r = self.reference(repo, tag);
-        self.authenticate(&r, RegistryOperation::Push, &artifact).await?;
-        match self.delete_ref(repo, tag, &artifact).await? {
-            DeleteOutcome::Deleted => {
-                tracing::info!(%artifact, "deleted manifest by tag");
-                return Ok(());
-            }
-            DeleteOutcome::Absent => {
-                tracing::info!(%artifact, "manifest already absent");
-                return Ok(());
-            }
-            DeleteOutcome::Refused(why) => {
-                tracing::debug!(%artifact, %why, "delete by tag refused; deleting by digest")
-            }
-        }
-        let digest = match self.client.fetch_manifest_digest(&r, &self.auth).await {
-            Ok(d) => d,
-            Err(e) if is_not_found(&e) => return Ok(()),
-            Err(e) => return Err(self.unavailable("resolving the digest (to delete) of", &artifact, e)),
-        };
-        match self.delete_ref(repo, &digest, &artifact).await? {
-            DeleteOutcome::Deleted => {
-                tracing::info!(%artifact, %digest, "deleted manifest by digest");
-                Ok(())
-            }
-            DeleteOutcome::Absent => Ok(()),
-            DeleteOutcome::Refused(why) => Err(RegistryError::Unavailable {
-                op: "deleting".into(),
-                artifact,
-                registry: self.cfg.host.clone(),
-                detail: format!(
-                    "{why} (by digest {digest}); enable deletes on the registry (storage.delete.enabled: true / REGISTRY_STORAGE_DELETE_ENABLED=true)"
-                ),
-            }),
-        }
-    }
-
-    async fn delete_ref(&self, repo: &str, reference: &str, artifact: &str) -> Result<DeleteOutcome, RegistryError> {
-        let url = format!(
-            "{}/v2/{}/manifests/{}",
-            self.cfg.base_url(),
-            self.cfg.repository(repo),
-            reference
-        );
-        let mut req = self.http.delete(&url);
-        match &self.auth {
-            RegistryAuth::Basic(u, p) => req = req.basic_auth(u, Some(p)),
-            RegistryAuth::Bearer(t) => req = req.bearer_auth(t),
-            RegistryAuth::Anonymous => {}
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| self.unavailable("deleting", artifact, e))?;
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        Ok(match status.as_u16() {
-            200..=299 => DeleteOutcome::Deleted,
-            404 => DeleteOutcome::Absent,
-            401 | 403 => {
-                return Err(self.unavailable(
-                    "deleting",
-                    artifact,
-                    format!(
-                        "DELETE {url} answered {status} (credentials lack delete rights): {}",
-                        body.trim()
-                    ),
-                ));
-            }
-            400..=499 => DeleteOutcome::Refused(format!("DELETE {url} answered {status}: {}", body.trim())),
-            _ => {
-                return Err(self.unavailable(
-                    "deleting",
-                    artifact,
-                    format!("DELETE {url} answered {status}: {}", body.trim()),
-                ));
-            }
         })
     }
 }
 
-enum DeleteOutcome {
-    Deleted,
-    Absent,
-    Refused(String),
+/// Refused credentials or rights: 401 / 403 in any of oci-client's shapes.
+pub(crate) fn is_denied(e: &OciDistributionError) -> bool {
+    match e {
+        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => true,
+        OciDistributionError::ServerError { code, .. } => *code == 401 || *code == 403,
+        OciDistributionError::RegistryError { envelope, .. } => envelope
+            .errors
+            .iter()
+            .any(|x| matches!(x.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)),
+        OciDistributionError::RequestError(r) => matches!(r.status().map(|s| s.as_u16()), Some(401 | 403)),
+        _ => false,
+    }
 }
 
 /// A 404-like answer: `ManifestUnknown`, `NameUnknown`, `BlobUnknown`, `NotFound`, or a plain 404.

@@ -1,34 +1,37 @@
-//! Cloud images for mode=run (contracts B.4, behaviour §4b "ensure run image" / §6.4): classify the
-//! artifact; a cloud image's disk layers, sorted by title, are streamed verified and concatenated into
-//! `cocoon image import <repo:tag>`. A snapshot artifact is refused ("use mode=clone").
+//! Cloud images for mode=run (contracts B.4, behaviour §4b "ensure run image" / §6.4):
+//! [`Registry::open_cloud_image`] classifies the artifact (a snapshot is refused: "use mode=clone"), and
+//! [`Registry::write_cloud_image`] streams its disk layers, sorted by title, verified and concatenated.
 
 use super::client::Registry;
 use super::errors::RegistryError;
+use super::manifest::{self, OciManifest};
 use super::media::{self, ArtifactKind};
-use super::pull::{is_import_stopped, receiver_stream, send};
-use crate::runtime::CocoonRuntime;
-use bytes::Bytes;
+use super::progress::Progress;
+use super::pull::TarOut;
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::io::AsyncWrite;
 
-/// Outcome of [`Registry::ensure_cloud_image`].
+/// A cloud image resolved for an import.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloudImage {
-    /// The image is available locally under `local_name` (`repo:tag`): imported now, or already present.
-    Imported { local_name: String },
-    /// Not a cloud image (container image, index, unknown, or no such tag): use `cocoon image pull <ref>`.
-    NotACloudImage,
+pub struct CloudImageSource {
+    pub repo: String,
+    pub tag: String,
+    /// The name `cocoon image import` gets (`repo:tag`).
+    pub local_name: String,
+    /// (title, digest, size), sorted by title.
+    disks: Vec<(String, String, u64)>,
+}
+
+impl CloudImageSource {
+    pub fn total_bytes(&self) -> u64 {
+        self.disks.iter().map(|d| d.2).sum()
+    }
 }
 
 impl Registry {
-    /// Ensures the cloud image `reference` (`repo[:tag]`, registry-relative) is imported. Registry errors
-    /// come back as errors (the behaviour spec's caller falls back to `cocoon image pull` on them).
-    pub async fn ensure_cloud_image(
-        &self,
-        runtime: &dyn CocoonRuntime,
-        reference: &str,
-        force: bool,
-    ) -> Result<CloudImage, RegistryError> {
+    /// Resolves `reference` (`repo[:tag]`, registry-relative). `None`: not a cloud image (container image,
+    /// index, unknown, or no such tag) — use `cocoon image pull <ref>`. A snapshot is an error.
+    pub async fn open_cloud_image(&self, reference: &str) -> Result<Option<CloudImageSource>, RegistryError> {
         if reference.is_empty() {
             return Err(RegistryError::InvalidRequest("empty image reference".into()));
         }
@@ -36,35 +39,26 @@ impl Registry {
         let artifact = format!("{repo}:{tag}");
         let Some(f) = self.fetch_manifest(&repo, &tag).await? else {
             tracing::info!(%artifact, "no such tag in the registry; not a cloud image");
-            return Ok(CloudImage::NotACloudImage);
+            return Ok(None);
         };
-        match f.manifest.kind() {
-            ArtifactKind::CloudImage => {}
-            k if k.is_snapshot() => return Err(RegistryError::SnapshotArtifact { artifact }),
-            k => {
+        let m = match (manifest::kind(&f.manifest), f.manifest) {
+            (ArtifactKind::CloudImage, OciManifest::Image(m)) => m,
+            (k, _) if k.is_snapshot() => return Err(RegistryError::SnapshotArtifact { artifact }),
+            (k, _) => {
                 tracing::info!(%artifact, kind = k.name(), "not a cloud image");
-                return Ok(CloudImage::NotACloudImage);
+                return Ok(None);
             }
-        }
-        let local_name = artifact.clone();
-        if !force && runtime.image_inspect(&local_name).await.is_ok() {
-            tracing::debug!(%artifact, "cloud image already present");
-            return Ok(CloudImage::Imported { local_name });
-        }
+        };
         let mut disks = Vec::new();
-        for l in &f.manifest.layers {
-            let title = l
-                .annotations
-                .get(media::ANN_TITLE)
-                .filter(|t| !t.is_empty())
-                .ok_or_else(|| RegistryError::InvalidArtifact {
-                    artifact: artifact.clone(),
-                    detail: format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE),
-                })?;
+        for l in &m.layers {
+            let title = manifest::title(l).ok_or_else(|| RegistryError::InvalidArtifact {
+                artifact: artifact.clone(),
+                detail: format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE),
+            })?;
             if !media::is_cloud_disk_layer(&l.media_type) {
                 return Err(RegistryError::UnsupportedMediaType {
                     artifact: artifact.clone(),
-                    title: title.clone(),
+                    title: title.to_string(),
                     media_type: l.media_type.clone(),
                 });
             }
@@ -74,7 +68,7 @@ impl Registry {
                     detail: format!("layer {title:?} has a negative size"),
                 });
             }
-            disks.push((title.clone(), l.digest.clone(), l.size as u64));
+            disks.push((title.to_string(), l.digest.clone(), l.size as u64));
         }
         if disks.is_empty() {
             return Err(RegistryError::InvalidArtifact {
@@ -83,45 +77,38 @@ impl Registry {
             });
         }
         disks.sort_by(|a, b| a.0.cmp(&b.0));
-        let total: u64 = disks.iter().map(|d| d.2).sum();
-        tracing::info!(%artifact, layers = disks.len(), bytes = total, "importing cloud image");
+        Ok(Some(CloudImageSource {
+            local_name: artifact,
+            repo,
+            tag,
+            disks,
+        }))
+    }
 
-        let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(4);
-        let producer = async {
-            let r: Result<u64, RegistryError> = async {
-                let mut n = 0u64;
-                for (title, digest, size) in &disks {
-                    let mut s = std::pin::pin!(self.blob_stream(&repo, &tag, digest, *size, title).await?);
-                    while let Some(chunk) = s.next().await {
-                        n += send(&tx, chunk?).await?;
-                    }
-                }
-                Ok(n)
-            }
-            .await;
-            if let Err(e) = &r {
-                let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-            }
-            drop(tx);
-            r
+    /// Streams the disk layers of `src` into `sink`; returns the bytes written. On an error the caller
+    /// must discard what was written.
+    pub async fn write_cloud_image(
+        &self,
+        src: &CloudImageSource,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<u64, RegistryError> {
+        progress.set_total(src.total_bytes());
+        tracing::info!(artifact = %src.local_name, layers = src.disks.len(), bytes = src.total_bytes(), "importing cloud image");
+        let mut out = TarOut {
+            sink,
+            artifact: &src.local_name,
+            sent: 0,
         };
-        let import = async {
-            let mut input = tokio_util::io::StreamReader::new(receiver_stream(rx));
-            runtime.image_import(&local_name, &mut input).await
-        };
-        let (produced, imported) = tokio::join!(producer, import);
-        match (produced, imported) {
-            (Ok(n), Ok(())) => {
-                tracing::info!(%artifact, bytes = n, "cloud image imported");
-                Ok(CloudImage::Imported { local_name })
+        for (title, digest, size) in &src.disks {
+            let mut s = std::pin::pin!(self.blob_stream(&src.repo, &src.tag, digest, *size, title).await?);
+            while let Some(chunk) = s.next().await {
+                let chunk = chunk?;
+                out.write(&chunk).await?;
+                progress.advance(chunk.len() as u64);
             }
-            (Err(e), _) if !is_import_stopped(&e) => Err(e),
-            (_, Err(e)) => Err(RegistryError::runtime(
-                &artifact,
-                &format!("image import {local_name}"),
-                &e,
-            )),
-            (Err(e), Ok(())) => Err(e),
         }
+        out.flush().await?;
+        Ok(out.sent)
     }
 }

@@ -1,23 +1,37 @@
 //! Typed registry errors. Every message names the artifact (`repo:tag`), what failed and what to do.
 
-use crate::runtime::RuntimeError;
-
-/// Errors of `OCI_REGISTRY` configuration.
+/// Errors of `OCI_REGISTRY` / `SNAPSHOT_*` configuration.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("OCI_REGISTRY={value:?} is invalid: {reason}; expected host[:port][/prefix], e.g. localhost:5000/cocoon")]
     Invalid { value: String, reason: String },
+    #[error("{name}={value:?} is invalid: {reason}")]
+    Setting {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// Errors of registry operations. `Clone` so that concurrent pulls of one snapshot can share one outcome.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum RegistryError {
-    /// The registry could not be reached or answered something other than a definite answer (5xx, timeout,
-    /// connection reset, 401/403...). Retry later; nothing was decided.
+    /// The registry could not be reached or gave no definite answer (5xx, timeout, connection reset).
+    /// Retry later; nothing was decided.
     #[error(
-        "registry unavailable while {op} {artifact}: {detail}; check that the registry at {registry} is up and reachable (and the credentials in the docker config), then retry"
+        "registry unavailable while {op} {artifact}: {detail}; check that the registry at {registry} is up and reachable, then retry"
     )]
     Unavailable {
+        op: String,
+        artifact: String,
+        registry: String,
+        detail: String,
+    },
+    /// The registry refused the credentials or their rights (401 / 403, also after the token exchange).
+    #[error(
+        "registry {registry} refused {op} {artifact}: {detail}; check the credentials for {registry} in the docker config (DOCKER_CONFIG or ~/.docker/config.json) and their rights on the repository"
+    )]
+    Denied {
         op: String,
         artifact: String,
         registry: String,
@@ -62,14 +76,13 @@ pub enum RegistryError {
         kind: String,
         expected: String,
     },
-    /// The cocoon CLI failed (export, import, inspect).
-    #[error("{artifact}: cocoon {step} failed: {detail}")]
-    Runtime {
-        artifact: String,
-        step: String,
-        detail: String,
-    },
-    /// Reading the export stream / spooling to disk failed.
+    /// Reading the snapshot stream handed to a push failed, or it is not a cocoon export.
+    #[error("{artifact}: reading the snapshot stream failed: {detail}; nothing was tagged — retry the push")]
+    Source { artifact: String, detail: String },
+    /// The writer a pull streams into stopped accepting bytes (the importer quit; its own error says why).
+    #[error("{artifact}: the import stopped reading: {detail}")]
+    Sink { artifact: String, detail: String },
+    /// Local I/O of a transfer failed.
     #[error("{artifact}: {step} failed: {detail}")]
     Io {
         artifact: String,
@@ -85,13 +98,5 @@ impl RegistryError {
     /// True when the registry could not give an authoritative answer (retry later; never treat as absent).
     pub fn is_unavailable(&self) -> bool {
         matches!(self, RegistryError::Unavailable { .. })
-    }
-
-    pub(crate) fn runtime(artifact: &str, step: &str, e: &RuntimeError) -> Self {
-        RegistryError::Runtime {
-            artifact: artifact.to_string(),
-            step: step.to_string(),
-            detail: e.to_string(),
-        }
     }
 }

@@ -1,8 +1,9 @@
-//! Pure manifest logic: parsing (manifest or index), the camelCase snapshot config blob, the pull plan
-//! (which blobs make which tar entry, validated against the allowlist), index resolution, the v1 manifest
-//! a push writes and the raw `from-node` amend.
+//! Pure manifest logic on oci-client's manifest, index and descriptor types: parsing (manifest or index),
+//! classification, index resolution, the camelCase snapshot config blob, the pull plan (which blobs make
+//! which tar entry, validated against the allowlist) and the snapshot manifest a push writes.
 
 use super::media::{self, ArtifactKind, LayerEncoding};
+pub use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageIndex, OciImageManifest, OciManifest};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -12,93 +13,93 @@ pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// The biggest manifest we accept.
 pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Descriptor {
-    #[serde(default)]
-    pub media_type: String,
-    pub digest: String,
-    pub size: i64,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub platform: Option<Platform>,
+/// Parses a manifest or an index. Which one is decided by the media type (or, without one, by the
+/// presence of `manifests` without `config`), so a malformed document gets the error of its own kind.
+pub fn parse_manifest(bytes: &[u8]) -> Result<OciManifest, String> {
+    if bytes.len() > MAX_MANIFEST_BYTES {
+        return Err(format!(
+            "manifest is {} bytes, more than the {} allowed",
+            bytes.len(),
+            MAX_MANIFEST_BYTES
+        ));
+    }
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
+    let version = v.get("schemaVersion").and_then(Value::as_i64).unwrap_or(0);
+    if version != 2 {
+        return Err(format!("unsupported manifest schemaVersion {version}"));
+    }
+    let media_type = v.get("mediaType").and_then(Value::as_str);
+    let is_index = matches!(media_type, Some(media::OCI_INDEX) | Some(media::DOCKER_MANIFEST_LIST))
+        || (media_type.is_none() && v.get("manifests").is_some() && v.get("config").is_none());
+    if is_index {
+        serde_json::from_value(v)
+            .map(OciManifest::ImageIndex)
+            .map_err(|e| format!("image index is malformed: {e}"))
+    } else {
+        serde_json::from_value(v)
+            .map(OciManifest::Image)
+            .map_err(|e| format!("manifest is malformed: {e}"))
+    }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Platform {
-    #[serde(default)]
-    pub architecture: String,
-    #[serde(default)]
-    pub os: String,
+/// What an artifact is (an index is always an image index).
+pub fn kind(m: &OciManifest) -> ArtifactKind {
+    match m {
+        OciManifest::ImageIndex(_) => ArtifactKind::ImageIndex,
+        OciManifest::Image(m) => image_kind(m),
+    }
 }
 
-/// A manifest or an index (whichever fields are present).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RawManifest {
-    #[serde(default)]
-    pub schema_version: i64,
-    #[serde(default)]
-    pub media_type: Option<String>,
-    #[serde(default)]
-    pub artifact_type: Option<String>,
-    #[serde(default)]
-    pub config: Option<Descriptor>,
-    #[serde(default)]
-    pub layers: Vec<Descriptor>,
-    #[serde(default)]
-    pub manifests: Vec<Descriptor>,
-    #[serde(default)]
-    pub annotations: BTreeMap<String, String>,
+pub fn image_kind(m: &OciImageManifest) -> ArtifactKind {
+    media::classify(
+        m.media_type.as_deref(),
+        m.artifact_type.as_deref(),
+        Some(m.config.media_type.as_str()),
+    )
 }
 
-impl RawManifest {
-    pub fn parse(bytes: &[u8]) -> Result<RawManifest, String> {
-        if bytes.len() > MAX_MANIFEST_BYTES {
-            return Err(format!(
-                "manifest is {} bytes, more than the {} allowed",
-                bytes.len(),
-                MAX_MANIFEST_BYTES
-            ));
-        }
-        let m: RawManifest = serde_json::from_slice(bytes).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
-        if m.schema_version != 2 {
-            return Err(format!("unsupported manifest schemaVersion {}", m.schema_version));
-        }
-        Ok(m)
+pub fn artifact_type(m: &OciManifest) -> Option<&str> {
+    match m {
+        OciManifest::Image(m) => m.artifact_type.as_deref(),
+        OciManifest::ImageIndex(i) => i.artifact_type.as_deref(),
     }
+}
 
-    pub fn is_index(&self) -> bool {
-        matches!(
-            self.media_type.as_deref(),
-            Some(media::OCI_INDEX) | Some(media::DOCKER_MANIFEST_LIST)
-        ) || (self.config.is_none() && !self.manifests.is_empty())
+pub fn annotations(m: &OciManifest) -> BTreeMap<String, String> {
+    match m {
+        OciManifest::Image(m) => m.annotations.clone(),
+        OciManifest::ImageIndex(i) => i.annotations.clone(),
     }
+    .unwrap_or_default()
+}
 
-    pub fn kind(&self) -> ArtifactKind {
-        if self.is_index() {
-            return ArtifactKind::ImageIndex;
-        }
-        media::classify(
-            self.media_type.as_deref(),
-            self.artifact_type.as_deref(),
-            self.config.as_ref().map(|c| c.media_type.as_str()),
-        )
-    }
+/// The `org.opencontainers.image.title` of a layer, when set and non-empty.
+pub fn title(d: &OciDescriptor) -> Option<&str> {
+    d.annotations
+        .as_ref()
+        .and_then(|a| a.get(media::ANN_TITLE))
+        .map(String::as_str)
+        .filter(|t| !t.is_empty())
+}
+
+fn annotation<'a>(d: &'a OciDescriptor, key: &str) -> Option<&'a str> {
+    d.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
 }
 
 /// The child of an index to use: `linux/amd64`, else the first whose architecture is not `unknown`.
-pub fn resolve_index(index: &RawManifest) -> Option<&Descriptor> {
-    let plat = |d: &&Descriptor| d.platform.clone().unwrap_or_default();
+pub fn resolve_index(index: &OciImageIndex) -> Option<&ImageIndexEntry> {
+    let arch = |d: &ImageIndexEntry| d.platform.as_ref().map(|p| p.architecture.to_string());
+    let os = |d: &ImageIndexEntry| d.platform.as_ref().map(|p| p.os.to_string());
     index
         .manifests
         .iter()
-        .find(|d| {
-            let p = plat(d);
-            p.os == "linux" && p.architecture == "amd64"
+        .find(|d| os(d).as_deref() == Some("linux") && arch(d).as_deref() == Some("amd64"))
+        .or_else(|| {
+            index
+                .manifests
+                .iter()
+                .find(|d| arch(d).as_deref().unwrap_or_default() != "unknown")
         })
-        .or_else(|| index.manifests.iter().find(|d| plat(d).architecture != "unknown"))
 }
 
 /// One file of the snapshot in the config blob.
@@ -209,7 +210,7 @@ impl SnapshotConfig {
                 let mut m = Map::new();
                 let mut put = |k: &str, v: Value| {
                     let empty = matches!(&v, Value::String(s) if s.is_empty())
-                        || v == Value::from(0)
+                        || v == 0
                         || v == Value::Bool(false);
                     if !empty {
                         m.insert(k.to_string(), v);
@@ -270,8 +271,8 @@ impl FilePlan {
 /// Validates a snapshot manifest against its config and returns the tar entries in layer order.
 /// Errors are plain texts (the caller wraps them with the artifact name); unknown media types come back as
 /// `Err(PlanError::MediaType)` so the caller can type them.
-pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePlan>, PlanError> {
-    let v2 = match m.kind() {
+pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePlan>, PlanError> {
+    let v2 = match image_kind(m) {
         ArtifactKind::SnapshotV1 => false,
         ArtifactKind::SnapshotV2 => true,
         k => {
@@ -282,24 +283,22 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
         }
     };
     let mut order: Vec<String> = Vec::new();
-    let mut by_title: BTreeMap<String, Vec<&Descriptor>> = BTreeMap::new();
+    let mut by_title: BTreeMap<String, Vec<&OciDescriptor>> = BTreeMap::new();
     for l in &m.layers {
-        let title = l
-            .annotations
-            .get(media::ANN_TITLE)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| PlanError::Invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE)))?;
+        let title = title(l)
+            .ok_or_else(|| PlanError::Invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE)))?
+            .to_string();
         if title.contains('/') || title == "." || title == ".." || title == "snapshot.json" {
             return Err(PlanError::Invalid(format!(
                 "layer title {title:?} is not a bare snapshot file name"
             )));
         }
         let enc = media::snapshot_layer_encoding(&l.media_type).ok_or_else(|| PlanError::MediaType {
-            title: title.clone(),
+            title: title.to_string(),
             media_type: l.media_type.clone(),
         })?;
         let chunked =
-            l.annotations.contains_key(media::ANN_CHUNK_INDEX) || l.annotations.contains_key(media::ANN_CHUNK_COUNT);
+            annotation(l, media::ANN_CHUNK_INDEX).is_some() || annotation(l, media::ANN_CHUNK_COUNT).is_some();
         if !v2 && (enc == LayerEncoding::Zstd || chunked) {
             return Err(PlanError::Invalid(format!(
                 "layer {title:?} is zstd-compressed or chunked, which a v1 snapshot artifact may not be"
@@ -308,10 +307,10 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
         if l.size < 0 {
             return Err(PlanError::Invalid(format!("layer {title:?} has a negative size")));
         }
-        if !by_title.contains_key(title) {
+        if !by_title.contains_key(&title) {
             order.push(title.clone());
         }
-        by_title.entry(title.clone()).or_default().push(l);
+        by_title.entry(title).or_default().push(l);
     }
     let mut plans = Vec::with_capacity(order.len());
     for title in order {
@@ -323,11 +322,10 @@ pub fn snapshot_plan(m: &RawManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePl
                 layers.len()
             )));
         }
-        let parts: Vec<&Descriptor> = if info.chunks.is_empty() {
+        let parts: Vec<&OciDescriptor> = if info.chunks.is_empty() {
             let mut ls = layers.clone();
             ls.sort_by_key(|l| {
-                l.annotations
-                    .get(media::ANN_CHUNK_INDEX)
+                annotation(l, media::ANN_CHUNK_INDEX)
                     .and_then(|i| i.parse::<u64>().ok())
                     .unwrap_or(0)
             });
@@ -397,61 +395,59 @@ pub enum PlanError {
     MediaType { title: String, media_type: String },
 }
 
-/// A pushed layer.
+/// A pushed layer (one blob: a whole file, or one chunk of it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushedLayer {
     pub title: String,
+    pub media_type: String,
     pub digest: String,
+    /// Stored bytes (compressed when the media type ends in `+zstd`).
     pub size: u64,
+    /// `(index, count)` of a chunk of a file split into several blobs.
+    pub chunk: Option<(usize, usize)>,
 }
 
-/// The v1 snapshot manifest a push writes.
-pub fn snapshot_manifest_v1(
+impl PushedLayer {
+    fn descriptor(&self) -> OciDescriptor {
+        let mut ann = BTreeMap::from([(media::ANN_TITLE.to_string(), self.title.clone())]);
+        if let Some((index, count)) = self.chunk {
+            ann.insert(media::ANN_CHUNK_INDEX.to_string(), index.to_string());
+            ann.insert(media::ANN_CHUNK_COUNT.to_string(), count.to_string());
+        }
+        OciDescriptor {
+            media_type: self.media_type.clone(),
+            digest: self.digest.clone(),
+            size: self.size as i64,
+            annotations: Some(ann),
+            ..Default::default()
+        }
+    }
+}
+
+/// The snapshot manifest a push writes: v1, or v2 when a layer was compressed or chunked (B.3). Every
+/// annotation (created, baseimage, from-node) is in it, so one PUT writes the finished artifact.
+pub fn snapshot_manifest(
+    v2: bool,
     config_digest: &str,
     config_size: u64,
     layers: &[PushedLayer],
-    annotations: &BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
 ) -> Vec<u8> {
-    let layers: Vec<Value> = layers
-        .iter()
-        .map(|l| {
-            serde_json::json!({
-                "mediaType": media::layer_media_type(&l.title),
-                "digest": l.digest,
-                "size": l.size,
-                "annotations": { media::ANN_TITLE: l.title },
-            })
-        })
-        .collect();
-    serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": media::OCI_MANIFEST,
-        "artifactType": media::SNAPSHOT_V1,
-        "config": { "mediaType": media::SNAPSHOT_CONFIG, "digest": config_digest, "size": config_size },
-        "layers": layers,
-        "annotations": annotations,
-    }))
-    .expect("JSON of values")
-}
-
-/// Sets one manifest annotation, editing the raw JSON so unknown fields survive. Returns the new bytes and
-/// the media type to PUT it with (the manifest's own, default the OCI manifest type).
-pub fn amend_annotation(raw: &[u8], key: &str, value: &str) -> Result<(Vec<u8>, String), String> {
-    let mut v: Value = serde_json::from_slice(raw).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
-    let obj = v.as_object_mut().ok_or("manifest is not a JSON object")?;
-    let media_type = obj
-        .get("mediaType")
-        .and_then(Value::as_str)
-        .unwrap_or(media::OCI_MANIFEST)
-        .to_string();
-    let ann = obj.entry("annotations").or_insert_with(|| Value::Object(Map::new()));
-    if !ann.is_object() {
-        *ann = Value::Object(Map::new());
-    }
-    ann.as_object_mut()
-        .expect("object")
-        .insert(key.to_string(), Value::String(value.to_string()));
-    Ok((serde_json::to_vec(&v).map_err(|e| e.to_string())?, media_type))
+    let m = OciImageManifest {
+        schema_version: 2,
+        media_type: Some(media::OCI_MANIFEST.to_string()),
+        artifact_type: Some(if v2 { media::SNAPSHOT_V2 } else { media::SNAPSHOT_V1 }.to_string()),
+        config: OciDescriptor {
+            media_type: media::SNAPSHOT_CONFIG.to_string(),
+            digest: config_digest.to_string(),
+            size: config_size as i64,
+            ..Default::default()
+        },
+        layers: layers.iter().map(PushedLayer::descriptor).collect(),
+        subject: None,
+        annotations: Some(annotations),
+    };
+    serde_json::to_vec(&m).expect("JSON of a manifest")
 }
 
 /// `sha256:<hex>` of bytes.
@@ -474,8 +470,8 @@ mod tests {
         json!({"mediaType": mt, "digest": digest, "size": size, "annotations": ann})
     }
 
-    fn manifest(at: &str, layers: Vec<Value>) -> RawManifest {
-        RawManifest::parse(
+    fn manifest(at: &str, layers: Vec<Value>) -> OciImageManifest {
+        match parse_manifest(
             &serde_json::to_vec(&json!({
                 "schemaVersion": 2, "mediaType": media::OCI_MANIFEST, "artifactType": at,
                 "config": {"mediaType": media::SNAPSHOT_CONFIG, "digest": "sha256:c", "size": 2},
@@ -484,6 +480,10 @@ mod tests {
             .unwrap(),
         )
         .unwrap()
+        {
+            OciManifest::Image(m) => m,
+            OciManifest::ImageIndex(_) => panic!("parsed as an index"),
+        }
     }
 
     #[test]
@@ -559,7 +559,7 @@ mod tests {
             media::SNAPSHOT_V1,
             vec![layer("mem", media::OCTET_STREAM, "sha256:a", 1, &[])],
         );
-        m.layers[0].annotations.clear();
+        m.layers[0].annotations = None;
         assert!(
             matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("title"))
         );
@@ -627,7 +627,7 @@ mod tests {
 
     #[test]
     fn index_resolution() {
-        let idx = RawManifest::parse(
+        let idx = parse_manifest(
             &serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": [
                 {"mediaType": media::OCI_MANIFEST, "digest": "sha256:arm", "size": 1, "platform": {"os": "linux", "architecture": "arm64"}},
                 {"mediaType": media::OCI_MANIFEST, "digest": "sha256:amd", "size": 1, "platform": {"os": "linux", "architecture": "amd64"}},
@@ -635,10 +635,12 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
-        assert!(idx.is_index());
-        assert_eq!(idx.kind(), ArtifactKind::ImageIndex);
+        assert_eq!(kind(&idx), ArtifactKind::ImageIndex);
+        let OciManifest::ImageIndex(idx) = idx else {
+            panic!("not an index")
+        };
         assert_eq!(resolve_index(&idx).unwrap().digest, "sha256:amd");
-        let idx2 = RawManifest::parse(
+        let idx2 = parse_manifest(
             &serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": media::OCI_INDEX, "manifests": [
                 {"mediaType": media::OCI_MANIFEST, "digest": "sha256:att", "size": 1, "platform": {"os": "unknown", "architecture": "unknown"}},
                 {"mediaType": media::OCI_MANIFEST, "digest": "sha256:arm", "size": 1, "platform": {"os": "linux", "architecture": "arm64"}},
@@ -646,7 +648,23 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
+        let OciManifest::ImageIndex(idx2) = idx2 else {
+            panic!("not an index")
+        };
         assert_eq!(resolve_index(&idx2).unwrap().digest, "sha256:arm");
+        // A document without a media type is an index when it lists manifests and has no config.
+        let bare = parse_manifest(br#"{"schemaVersion":2,"manifests":[]}"#).unwrap();
+        assert_eq!(kind(&bare), ArtifactKind::ImageIndex);
+        assert!(
+            parse_manifest(br#"{"schemaVersion":1}"#)
+                .unwrap_err()
+                .contains("schemaVersion 1")
+        );
+        assert!(
+            parse_manifest(br#"{"schemaVersion":2,"config":{}}"#)
+                .unwrap_err()
+                .contains("malformed")
+        );
     }
 
     #[test]
@@ -688,36 +706,43 @@ mod tests {
     }
 
     #[test]
-    fn amend_keeps_unknown_fields() {
-        let raw = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","x-extra":{"a":1},"annotations":{"k":"v"}}"#;
-        let (out, mt) = amend_annotation(raw, media::ANN_FROM_NODE, "node-a").unwrap();
-        let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(mt, media::OCI_MANIFEST);
-        assert_eq!(v["x-extra"]["a"], 1);
-        assert_eq!(v["annotations"]["k"], "v");
-        assert_eq!(v["annotations"][media::ANN_FROM_NODE], "node-a");
-        let (out, _) = amend_annotation(br#"{"schemaVersion":2}"#, "a", "b").unwrap();
-        assert_eq!(serde_json::from_slice::<Value>(&out).unwrap()["annotations"]["a"], "b");
-    }
-
-    #[test]
-    fn v1_manifest_shape() {
-        let mut ann = BTreeMap::new();
-        ann.insert(media::ANN_CREATED.to_string(), "t".to_string());
-        let raw = snapshot_manifest_v1(
-            "sha256:c",
-            9,
-            &[PushedLayer {
-                title: "memory-ranges".into(),
-                digest: "sha256:m".into(),
-                size: 5,
-            }],
-            &ann,
-        );
-        let m = RawManifest::parse(&raw).unwrap();
-        assert_eq!(m.kind(), ArtifactKind::SnapshotV1);
+    fn snapshot_manifest_shape_and_annotations() {
+        let ann = BTreeMap::from([
+            (media::ANN_CREATED.to_string(), "t".to_string()),
+            (media::ANN_FROM_NODE.to_string(), "node-a".to_string()),
+        ]);
+        let layer = |chunk| PushedLayer {
+            title: "memory-ranges".into(),
+            media_type: media::layer_media_type("memory-ranges").into(),
+            digest: "sha256:m".into(),
+            size: 5,
+            chunk,
+        };
+        let raw = snapshot_manifest(false, "sha256:c", 9, &[layer(None)], ann.clone());
+        let OciManifest::Image(m) = parse_manifest(&raw).unwrap() else {
+            panic!()
+        };
+        assert_eq!(image_kind(&m), ArtifactKind::SnapshotV1);
         assert_eq!(m.layers[0].media_type, media::VM_MEMORY);
-        assert_eq!(m.layers[0].annotations[media::ANN_TITLE], "memory-ranges");
-        assert_eq!(m.config.unwrap().size, 9);
+        assert_eq!(title(&m.layers[0]), Some("memory-ranges"));
+        assert_eq!(annotation(&m.layers[0], media::ANN_CHUNK_INDEX), None);
+        assert_eq!(
+            (m.config.size, m.config.media_type.as_str()),
+            (9, media::SNAPSHOT_CONFIG)
+        );
+        assert_eq!(m.annotations.as_ref(), Some(&ann));
+
+        let raw = snapshot_manifest(true, "sha256:c", 9, &[layer(Some((1, 3)))], ann);
+        let OciManifest::Image(m) = parse_manifest(&raw).unwrap() else {
+            panic!()
+        };
+        assert_eq!(image_kind(&m), ArtifactKind::SnapshotV2);
+        assert_eq!(
+            (
+                annotation(&m.layers[0], media::ANN_CHUNK_INDEX),
+                annotation(&m.layers[0], media::ANN_CHUNK_COUNT)
+            ),
+            (Some("1"), Some("3"))
+        );
     }
 }

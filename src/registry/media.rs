@@ -1,12 +1,13 @@
 //! Pure media-type logic (contracts B.3/B.4): names, layer type by file name, the reader allowlist, and
 //! artifact classification.
 
-pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-pub const OCI_IMAGE_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-pub const DOCKER_IMAGE_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+// The standard OCI / Docker types, as oci-client names them.
+pub use oci_client::manifest::{
+    IMAGE_CONFIG_MEDIA_TYPE as OCI_IMAGE_CONFIG, IMAGE_DOCKER_CONFIG_MEDIA_TYPE as DOCKER_IMAGE_CONFIG,
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE as DOCKER_MANIFEST_LIST, IMAGE_MANIFEST_MEDIA_TYPE as DOCKER_MANIFEST,
+    OCI_IMAGE_INDEX_MEDIA_TYPE as OCI_INDEX, OCI_IMAGE_MEDIA_TYPE as OCI_MANIFEST,
+};
+/// The OCI empty descriptor's type (cloud images use it as their config); oci-client does not name it.
 pub const OCI_EMPTY: &str = "application/vnd.oci.empty.v1+json";
 
 pub const SNAPSHOT_V1: &str = "application/vnd.cocoonstack.snapshot.v1+json";
@@ -23,8 +24,9 @@ pub const DISK_QCOW2: &str = "application/vnd.cocoonstack.disk.qcow2";
 pub const DISK_RAW: &str = "application/vnd.cocoonstack.disk.raw";
 pub const OCTET_STREAM: &str = "application/octet-stream";
 
-pub const ANN_TITLE: &str = "org.opencontainers.image.title";
-pub const ANN_CREATED: &str = "org.opencontainers.image.created";
+pub use oci_client::annotations::{
+    ORG_OPENCONTAINERS_IMAGE_CREATED as ANN_CREATED, ORG_OPENCONTAINERS_IMAGE_TITLE as ANN_TITLE,
+};
 pub const ANN_BASEIMAGE: &str = "cocoonstack.snapshot.baseimage";
 pub const ANN_FROM_NODE: &str = "cocoonstack.snapshot.from-node";
 pub const ANN_CHUNK_INDEX: &str = "cocoonstack.chunk.index";
@@ -32,6 +34,11 @@ pub const ANN_CHUNK_COUNT: &str = "cocoonstack.chunk.count";
 
 /// Media types sent in `Accept` when reading a manifest.
 pub const MANIFEST_ACCEPT: &[&str] = &[OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST];
+
+/// The `+zstd` form of a layer media type (v2 compressed layers).
+pub fn zstd_media_type(media_type: &str) -> String {
+    format!("{media_type}+zstd")
+}
 
 /// Layer media type of a snapshot file (B.3).
 pub fn layer_media_type(file_name: &str) -> &'static str {

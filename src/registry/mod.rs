@@ -1,38 +1,51 @@
-//! Snapshots and cloud images over a real OCI registry (issue 4; contracts B, behaviour §6).
+//! Snapshots and cloud images over a real OCI registry (issue 4; contracts B, behaviour §6) — a pure OCI
+//! adapter: it reads snapshot exports from readers and writes import streams into writers; running cocoon
+//! is the caller's job (`provider::transfer`).
 //!
 //! - [`config`]: `OCI_REGISTRY` parsing, scheme rule; unset = registry-less mode.
 //! - [`media`]: media types and artifact classification (pure).
-//! - [`manifest`]: manifest/index parsing, the camelCase config blob, the pull plan, the v1 manifest (pure).
+//! - [`manifest`]: oci-client's manifest/index types, the camelCase config blob, the pull plan, the
+//!   snapshot manifest a push writes (pure).
 //! - [`tarfmt`]: cocoon's A.6 tar headers on top of the `tar` crate (pure).
-//! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams,
-//!   delete with the delete-by-digest fallback.
-//! - [`push`], [`pull`], [`cloud_image`]: the three transfers.
+//! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams.
+//! - `auth`: the requests oci-client does not make, with the registry's token challenge answered.
+//! - [`push`], [`pull`], [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
 
+mod auth;
 pub mod client;
 pub mod cloud_image;
 pub mod config;
+mod delete;
 pub mod errors;
 pub mod manifest;
 pub mod media;
+pub mod progress;
 pub mod pull;
 pub mod push;
 pub mod tarfmt;
 
 pub use client::{ArtifactInfo, ManifestLookup, Registry};
-pub use cloud_image::CloudImage;
+pub use cloud_image::CloudImageSource;
 pub use config::RegistryConfig;
 pub use errors::{ConfigError, RegistryError};
 pub use manifest::{FileInfo, SnapshotConfig};
-pub use pull::PullReport;
+pub use oci_client::secrets::RegistryAuth;
+pub use progress::Progress;
+pub use pull::{PullReport, SnapshotSource};
 pub use push::PushReport;
 
 /// Compile-time check: the provider runs these from spawned tasks, so their futures must be `Send`.
 #[allow(dead_code)]
-fn futures_are_send(r: &Registry, rt: &dyn crate::runtime::CocoonRuntime) {
+fn futures_are_send(r: &Registry, src: &SnapshotSource, img: &CloudImageSource, p: &std::sync::Arc<Progress>) {
     fn send<T: Send>(_: &T) {}
-    send(&r.pull_snapshot(rt, "", "", ""));
-    send(&r.push_snapshot(rt, "", "", "", ""));
-    send(&r.ensure_cloud_image(rt, "", false));
+    let export: Box<dyn tokio::io::AsyncRead + Send + Unpin> = Box::new(tokio::io::empty());
+    let mut sink = tokio::io::sink();
+    send(&r.push_snapshot(export, "", "", "", p.clone()));
+    send(&r.open_snapshot("", ""));
+    send(&r.write_snapshot(src, "", &mut sink, p));
+    let mut sink = tokio::io::sink();
+    send(&r.open_cloud_image(""));
+    send(&r.write_cloud_image(img, &mut sink, p));
     send(&r.delete_manifest("", ""));
     send(&r.manifest("", ""));
     send(&r.snapshot_config("", ""));

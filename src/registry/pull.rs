@@ -1,21 +1,22 @@
-//! Pull a snapshot artifact into `cocoon snapshot import --name LOCAL` (contracts B.3/B.5, behaviour §6.2):
-//! manifest (an index resolves to linux/amd64), config, then each layer re-assembled into cocoon's A.6
-//! import tar and streamed through a small bounded channel into the import's stdin. Every blob is verified
-//! (size and sha256); a failure mid-stream makes the import's input fail, so cocoon never registers a
-//! truncated snapshot, and the stream's error is the one reported. Concurrent pulls of one snapshot share
-//! one transfer; v2 and index artifacts take one of the node's `max_heavy_pulls` slots.
+//! Pull a snapshot artifact as cocoon's A.6 import tar (contracts B.3/B.5, behaviour §6.2), in two steps:
+//! [`Registry::open_snapshot`] resolves the manifest (an index resolves to linux/amd64), the config and the
+//! plan — so an absent tag or an unreadable artifact fails before anything is imported — and
+//! [`Registry::write_snapshot`] streams the tar into a writer: `snapshot.json` synthesised from the config,
+//! then each file re-assembled from its blobs, then the end marker. Every blob is verified (size and
+//! sha256); the caller must discard what it imported when the write fails. v2 and index artifacts hold
+//! one of the node's `max_heavy_pulls` slots from open to the end of the write.
 
 use super::client::Registry;
 use super::errors::RegistryError;
-use super::manifest::{self, BlobPart, PlanError};
+use super::manifest::{self, BlobPart, FilePlan, PlanError, SnapshotConfig};
 use super::media::{ArtifactKind, LayerEncoding};
+use super::progress::Progress;
 use super::tarfmt;
-use crate::runtime::CocoonRuntime;
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt};
-use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
-use tokio::sync::{mpsc, watch};
+use bytes::BytesMut;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// What a pull did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,97 +27,57 @@ pub struct PullReport {
     pub manifest_digest: String,
     /// `snapshotId` of the config blob (the ID of the snapshot that was pushed).
     pub snapshot_id: String,
-    /// Bytes fed to the import (tar framing included).
+    /// Bytes written (tar framing included).
     pub tar_bytes: u64,
     pub layer_count: usize,
     /// True when this caller joined a pull already in flight.
     pub shared: bool,
 }
 
-/// Bound of the in-flight chunks between the registry and cocoon's stdin (each ≤ a few MiB).
-const FEED_DEPTH: usize = 4;
-
-pub(crate) type Feed = mpsc::Sender<std::io::Result<Bytes>>;
-
-/// Marker of "the import stopped reading" (its own error explains why).
-pub(crate) const IMPORT_STOPPED: &str = "the import stopped reading its input";
-
-enum Role {
-    Leader(watch::Sender<Option<Result<PullReport, RegistryError>>>),
-    Follower(watch::Receiver<Option<Result<PullReport, RegistryError>>>),
+/// A snapshot artifact resolved for a pull.
+#[derive(Debug)]
+pub struct SnapshotSource {
+    pub repo: String,
+    pub tag: String,
+    pub manifest_digest: String,
+    pub snapshot_id: String,
+    /// Bytes of the files the import tar carries (uncompressed; framing excluded).
+    pub file_bytes: u64,
+    plan: Option<Arc<Planned>>,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-struct FlightGuard<'a> {
-    reg: &'a Registry,
-    key: String,
+#[derive(Debug)]
+struct Planned {
+    cfg: SnapshotConfig,
+    files: Vec<FilePlan>,
 }
 
-impl Drop for FlightGuard<'_> {
-    fn drop(&mut self) {
-        self.reg.flights.lock().expect("flights lock").remove(&self.key);
+impl SnapshotSource {
+    /// A source described by its facts only, for implementations of the provider's registry port other
+    /// than [`Registry`] (which cannot stream it).
+    pub fn described(repo: &str, tag: &str, manifest_digest: &str, snapshot_id: &str, file_bytes: u64) -> Self {
+        SnapshotSource {
+            repo: repo.into(),
+            tag: tag.into(),
+            manifest_digest: manifest_digest.into(),
+            snapshot_id: snapshot_id.into(),
+            file_bytes,
+            plan: None,
+            _permit: None,
+        }
+    }
+
+    fn artifact(&self) -> String {
+        format!("{}:{}", self.repo, self.tag)
     }
 }
 
 impl Registry {
-    /// Pulls `repo:tag` into the local snapshot `local_name` (replacing one of that name).
-    pub async fn pull_snapshot(
-        &self,
-        runtime: &dyn CocoonRuntime,
-        repo: &str,
-        tag: &str,
-        local_name: &str,
-    ) -> Result<PullReport, RegistryError> {
-        let key = format!("{repo}:{tag}=>{local_name}");
-        loop {
-            let role = {
-                let mut flights = self.flights.lock().expect("flights lock");
-                match flights.get(&key) {
-                    Some(rx) => Role::Follower(rx.clone()),
-                    None => {
-                        let (tx, rx) = watch::channel(None);
-                        flights.insert(key.clone(), rx);
-                        Role::Leader(tx)
-                    }
-                }
-            };
-            match role {
-                Role::Leader(tx) => {
-                    let _guard = FlightGuard {
-                        reg: self,
-                        key: key.clone(),
-                    };
-                    let r = self.pull_once(runtime, repo, tag, local_name).await;
-                    let _ = tx.send(Some(r.clone()));
-                    return r;
-                }
-                Role::Follower(mut rx) => {
-                    tracing::info!(repo, tag, local_name, "joining the pull already in flight");
-                    let outcome = rx.wait_for(|v| v.is_some()).await.map(|v| v.clone());
-                    match outcome {
-                        Ok(Some(r)) => {
-                            return r.map(|mut rep| {
-                                rep.shared = true;
-                                rep
-                            });
-                        }
-                        // The leader was cancelled: take over.
-                        _ => continue,
-                    }
-                }
-            }
-        }
-    }
-
-    async fn pull_once(
-        &self,
-        runtime: &dyn CocoonRuntime,
-        repo: &str,
-        tag: &str,
-        local_name: &str,
-    ) -> Result<PullReport, RegistryError> {
+    /// Resolves `repo:tag` for a pull: manifest, config, plan. `NotFound` when the tag is absent.
+    pub async fn open_snapshot(&self, repo: &str, tag: &str) -> Result<SnapshotSource, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let started = Instant::now();
-        let (f, from_index) = self
+        let resolved = self
             .fetch_resolved(repo, tag)
             .await?
             .ok_or_else(|| RegistryError::NotFound {
@@ -124,8 +85,8 @@ impl Registry {
                 registry: self.cfg.host.clone(),
                 detail: String::new(),
             })?;
-        let heavy = from_index || f.manifest.kind() == ArtifactKind::SnapshotV2;
-        let _permit = if heavy {
+        let heavy = resolved.from_index || manifest::image_kind(&resolved.manifest) == ArtifactKind::SnapshotV2;
+        let permit = if heavy {
             tracing::debug!(%artifact, "waiting for a heavy-pull slot");
             Some(
                 self.heavy_pulls
@@ -137,8 +98,8 @@ impl Registry {
         } else {
             None
         };
-        let cfg = self.fetch_snapshot_config(repo, tag, &f.manifest).await?;
-        let plan = manifest::snapshot_plan(&f.manifest, &cfg).map_err(|e| match e {
+        let cfg = self.fetch_snapshot_config(repo, tag, &resolved.manifest).await?;
+        let files = manifest::snapshot_plan(&resolved.manifest, &cfg).map_err(|e| match e {
             PlanError::Invalid(detail) => RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail,
@@ -149,87 +110,54 @@ impl Registry {
                 media_type,
             },
         })?;
-        let total: u64 = plan.iter().map(|p| p.stored_bytes()).sum();
-        tracing::info!(%artifact, local_name, digest = %f.digest, files = plan.len(), bytes = total, "pulling snapshot");
-
-        let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(FEED_DEPTH);
-        let producer = async {
-            let r = self
-                .produce_import_tar(&tx, repo, tag, &cfg.envelope(local_name), &plan, started)
-                .await;
-            if let Err(e) = &r {
-                // Make the import's input fail so cocoon discards what it read.
-                let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-            }
-            drop(tx);
-            r
-        };
-        let import = async move {
-            let mut input = tokio_util::io::StreamReader::new(receiver_stream(rx));
-            runtime.snapshot_import(local_name, &mut input).await
-        };
-        let (produced, imported) = tokio::join!(producer, import);
-        match (produced, imported) {
-            (Ok(tar_bytes), Ok(())) => {
-                tracing::info!(%artifact, local_name, tar_bytes, elapsed_s = started.elapsed().as_secs_f64(), "snapshot pulled and imported");
-                Ok(PullReport {
-                    repo: repo.into(),
-                    tag: tag.into(),
-                    local_name: local_name.into(),
-                    manifest_digest: f.digest,
-                    snapshot_id: cfg.snapshot_id,
-                    tar_bytes,
-                    layer_count: plan.len(),
-                    shared: false,
-                })
-            }
-            (Err(e), imported) if !is_import_stopped(&e) => {
-                if imported.is_ok() {
-                    // Should not happen (the input failed), but never keep an unverified copy.
-                    let _ = runtime.snapshot_remove_if_exists(local_name).await;
-                }
-                tracing::warn!(%artifact, local_name, error = %e, "snapshot pull failed");
-                Err(e)
-            }
-            (_, Err(e)) => Err(RegistryError::runtime(
-                &artifact,
-                &format!("snapshot import --name {local_name}"),
-                &e,
-            )),
-            (Err(e), Ok(())) => Err(e),
-        }
+        Ok(SnapshotSource {
+            repo: repo.into(),
+            tag: tag.into(),
+            manifest_digest: resolved.digest,
+            snapshot_id: cfg.snapshot_id.clone(),
+            file_bytes: files.iter().map(|p| p.size).sum(),
+            plan: Some(Arc::new(Planned { cfg, files })),
+            _permit: permit,
+        })
     }
 
-    /// Writes the A.6 tar: `snapshot.json`, then one entry per planned file, then the end marker.
-    async fn produce_import_tar(
+    /// Writes the A.6 import tar of `src` into `sink`, naming the snapshot `local_name` in its
+    /// `snapshot.json`. The sink is not shut down; on an error the caller must discard what was written.
+    pub async fn write_snapshot(
         &self,
-        tx: &Feed,
-        repo: &str,
-        tag: &str,
-        envelope: &[u8],
-        plan: &[manifest::FilePlan],
-        started: Instant,
-    ) -> Result<u64, RegistryError> {
-        let artifact = format!("{repo}:{tag}");
+        src: &SnapshotSource,
+        local_name: &str,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<PullReport, RegistryError> {
+        let artifact = src.artifact();
+        let plan = src.plan.as_ref().ok_or_else(|| {
+            RegistryError::InvalidRequest(format!("{artifact}: the source was not opened by this registry client"))
+        })?;
+        let started = Instant::now();
+        progress.set_total(src.file_bytes);
+        tracing::info!(%artifact, local_name, digest = %src.manifest_digest, files = plan.files.len(), bytes = src.file_bytes, "pulling snapshot");
+        let mut out = TarOut {
+            sink,
+            artifact: &artifact,
+            sent: 0,
+        };
+        let envelope = plan.cfg.envelope(local_name);
         let io_err = |e: std::io::Error| RegistryError::Io {
             artifact: artifact.clone(),
             step: "building the import tar".into(),
             detail: e.to_string(),
         };
-        let mut sent = 0u64;
         let mut head =
             tarfmt::entry_header("snapshot.json", 0o644, envelope.len() as u64, None, None).map_err(io_err)?;
-        head.extend_from_slice(envelope);
+        head.extend_from_slice(&envelope);
         head.resize(head.len() + tarfmt::padding(envelope.len() as u64), 0);
-        sent += send(tx, Bytes::from(head)).await?;
-        let mut last_log = Instant::now();
-        for p in plan {
-            sent += send(tx, Bytes::from(tarfmt::plan_header(p).map_err(io_err)?)).await?;
+        out.write(&head).await?;
+        for p in &plan.files {
+            out.write(&tarfmt::plan_header(p).map_err(io_err)?).await?;
             let mut written = 0u64;
             for part in &p.parts {
-                written += self
-                    .send_part(tx, repo, tag, &p.title, part, &mut last_log, started, &mut sent)
-                    .await?;
+                written += self.write_part(&mut out, src, &p.title, part, progress).await?;
             }
             if written != p.size {
                 return Err(RegistryError::Corrupt {
@@ -239,54 +167,44 @@ impl Registry {
                     detail: format!("the file has {written} bytes, its config says {}", p.size),
                 });
             }
-            let pad = tarfmt::padding(p.size);
-            if pad > 0 {
-                sent += send(tx, Bytes::from(vec![0u8; pad])).await?;
-            }
+            out.write(&vec![0u8; tarfmt::padding(p.size)]).await?;
         }
-        sent += send(tx, Bytes::from_static(&tarfmt::END_OF_ARCHIVE)).await?;
-        Ok(sent)
+        out.write(&tarfmt::END_OF_ARCHIVE).await?;
+        out.flush().await?;
+        tracing::info!(%artifact, local_name, tar_bytes = out.sent, elapsed_s = started.elapsed().as_secs_f64(), "snapshot streamed");
+        Ok(PullReport {
+            repo: src.repo.clone(),
+            tag: src.tag.clone(),
+            local_name: local_name.into(),
+            manifest_digest: src.manifest_digest.clone(),
+            snapshot_id: src.snapshot_id.clone(),
+            tar_bytes: out.sent,
+            layer_count: plan.files.len(),
+            shared: false,
+        })
     }
 
-    /// Streams one blob (decompressing zstd parts) into the feed; returns the (uncompressed) bytes sent.
-    #[allow(clippy::too_many_arguments)]
-    async fn send_part(
+    /// Streams one blob (decompressing zstd parts) into the tar; returns the (uncompressed) bytes written.
+    async fn write_part(
         &self,
-        tx: &Feed,
-        repo: &str,
-        tag: &str,
+        out: &mut TarOut<'_>,
+        src: &SnapshotSource,
         title: &str,
         part: &BlobPart,
-        last_log: &mut Instant,
-        started: Instant,
-        sent: &mut u64,
+        progress: &Progress,
     ) -> Result<u64, RegistryError> {
-        let stream = self.blob_stream(repo, tag, &part.digest, part.size, title).await?;
+        let stream = self
+            .blob_stream(&src.repo, &src.tag, &part.digest, part.size, title)
+            .await?;
         let mut n = 0u64;
-        let mut progress = |k: u64, sent: &mut u64| {
-            *sent += k;
-            if last_log.elapsed() >= Duration::from_secs(5) {
-                *last_log = Instant::now();
-                let secs = started.elapsed().as_secs_f64();
-                tracing::info!(
-                    repo,
-                    tag,
-                    file = title,
-                    bytes = *sent,
-                    mib_per_s = (*sent as f64 / 1048576.0) / secs.max(1e-9),
-                    "pull progress"
-                );
-            }
-        };
         match part.encoding {
             LayerEncoding::Raw => {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(chunk) = stream.next().await {
                     let chunk = chunk?;
-                    let k = chunk.len() as u64;
-                    send(tx, chunk).await?;
-                    n += k;
-                    progress(k, sent);
+                    out.write(&chunk).await?;
+                    n += chunk.len() as u64;
+                    progress.advance(chunk.len() as u64);
                 }
             }
             LayerEncoding::Zstd => {
@@ -294,13 +212,14 @@ impl Registry {
                     tokio_util::io::StreamReader::new(Box::pin(stream.map(|r| r.map_err(std::io::Error::other))));
                 let mut dec = async_compression::tokio::bufread::ZstdDecoder::new(reader);
                 dec.multiple_members(true);
+                let mut buf = BytesMut::with_capacity(1 << 20);
                 loop {
-                    let mut buf = BytesMut::with_capacity(1 << 20);
+                    buf.clear();
                     let k = dec.read_buf(&mut buf).await.map_err(|e| {
                         match e.get_ref().and_then(|i| i.downcast_ref::<RegistryError>()) {
                             Some(inner) => inner.clone(),
                             None => RegistryError::Corrupt {
-                                artifact: format!("{repo}:{tag}"),
+                                artifact: src.artifact(),
                                 digest: part.digest.clone(),
                                 what: title.to_string(),
                                 detail: format!("zstd decoding failed: {e}"),
@@ -310,9 +229,9 @@ impl Registry {
                     if k == 0 {
                         break;
                     }
-                    send(tx, buf.freeze()).await?;
+                    out.write(&buf).await?;
                     n += k as u64;
-                    progress(k as u64, sent);
+                    progress.advance(k as u64);
                 }
             }
         }
@@ -320,26 +239,31 @@ impl Registry {
     }
 }
 
-pub(crate) async fn send(tx: &Feed, b: Bytes) -> Result<u64, RegistryError> {
-    let k = b.len() as u64;
-    tx.send(Ok(b)).await.map_err(|_| RegistryError::Io {
-        artifact: String::new(),
-        step: "feeding cocoon".into(),
-        detail: IMPORT_STOPPED.into(),
-    })?;
-    Ok(k)
+/// The sink with the byte count and the error the caller can tell from a registry failure.
+pub(crate) struct TarOut<'a> {
+    pub sink: &'a mut (dyn AsyncWrite + Send + Unpin),
+    pub artifact: &'a str,
+    pub sent: u64,
 }
 
-pub(crate) fn is_import_stopped(e: &RegistryError) -> bool {
-    matches!(e, RegistryError::Io { detail, .. } if detail == IMPORT_STOPPED)
-}
-
-pub(crate) fn receiver_stream(
-    mut rx: mpsc::Receiver<std::io::Result<Bytes>>,
-) -> impl Stream<Item = std::io::Result<Bytes>> + Send + Unpin {
-    Box::pin(async_stream::stream! {
-        while let Some(item) = rx.recv().await {
-            yield item;
+impl TarOut<'_> {
+    pub async fn write(&mut self, b: &[u8]) -> Result<(), RegistryError> {
+        if b.is_empty() {
+            return Ok(());
         }
-    })
+        self.sink.write_all(b).await.map_err(|e| self.stopped(e))?;
+        self.sent += b.len() as u64;
+        Ok(())
+    }
+
+    pub async fn flush(&mut self) -> Result<(), RegistryError> {
+        self.sink.flush().await.map_err(|e| self.stopped(e))
+    }
+
+    fn stopped(&self, e: std::io::Error) -> RegistryError {
+        RegistryError::Sink {
+            artifact: self.artifact.to_string(),
+            detail: e.to_string(),
+        }
+    }
 }

@@ -1,21 +1,24 @@
-//! Push a local snapshot as a v1 OCI artifact (contracts B.3/B.5): `cocoon snapshot export NAME -o -` is
-//! read entry by entry on a blocking thread (the `tar` crate); each entry is spooled to a temporary file
-//! while hashing, so its digest is known before the `HEAD`; missing blobs are uploaded from that file in
-//! chunked PATCHes. At most one entry is being spooled while the previous one uploads, so memory stays
-//! bounded whatever the snapshot size. The manifest is written last, so a failed push never leaves a tag
-//! pointing at a partial artifact. Then the `from-node` amend (failure logged only).
+//! Push a snapshot export (cocoon's A.6 tar, read from any reader) as an OCI artifact (contracts B.3/B.5).
+//! The tar is read entry by entry on a blocking thread (the `tar` crate); each entry is spooled to a
+//! temporary file while hashing, so its digest is known before the `HEAD`; missing blobs are uploaded
+//! from that file in one streamed PUT. At most one entry is being spooled while the previous one uploads,
+//! so memory stays bounded whatever the snapshot size. The manifest, with every annotation (created,
+//! baseimage, from-node), is written last in one PUT, so a failed push never leaves a tag pointing at a
+//! partial artifact.
 
 use super::client::Registry;
 use super::errors::RegistryError;
 use super::manifest::{self, FileInfo, PushedLayer, SnapshotConfig};
 use super::media;
+use super::progress::Progress;
 use super::tarfmt;
-use crate::runtime::CocoonRuntime;
 use oci_client::RegistryOperation;
 use sha2::Digest as _;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::Instant;
+use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
 /// What a push did.
@@ -23,7 +26,7 @@ use tokio::sync::mpsc;
 pub struct PushReport {
     pub repo: String,
     pub tag: String,
-    /// The digest under the tag after the push (after the `from-node` amend when it succeeded).
+    /// The digest of the manifest now under the tag.
     pub manifest_digest: String,
     pub manifest_bytes: u64,
     /// Bytes of all layers plus the config.
@@ -46,29 +49,25 @@ enum Spooled {
 }
 
 impl Registry {
-    /// Pushes local snapshot `local_snapshot` to `repo:tag` with the `baseimage` annotation.
+    /// Pushes the snapshot export read from `export` to `repo:tag`, recording `base_image` (when not empty)
+    /// and this node as `from-node` (when the client has a node name).
     pub async fn push_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        local_snapshot: &str,
+        export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
         base_image: &str,
+        progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError> {
         let artifact = format!("{repo}:{tag}");
         let started = Instant::now();
         let r = self.reference(repo, tag);
         self.authenticate(&r, RegistryOperation::Push, &artifact).await?;
-        tracing::info!(%artifact, snapshot = local_snapshot, "pushing snapshot");
+        tracing::info!(%artifact, "pushing snapshot");
 
-        let export = runtime
-            .snapshot_export(local_snapshot)
-            .await
-            .map_err(|e| RegistryError::runtime(&artifact, &format!("snapshot export {local_snapshot}"), &e))?;
         let (tx, mut rx) = mpsc::channel::<Spooled>(1);
         let spool_dir = self.cfg.spool_dir.clone();
         let bridge = tokio_util::io::SyncIoBridge::new(export);
-        let what = format!("reading `cocoon snapshot export {local_snapshot}`");
         let reader = tokio::task::spawn_blocking(move || spool_export(bridge, &spool_dir, tx));
 
         let mut envelope = None;
@@ -82,7 +81,11 @@ impl Registry {
                 Spooled::Envelope(b) => envelope = Some(b),
                 Spooled::File { meta, file, digest } => {
                     total += meta.size;
-                    match self.upload_spooled(&r, &artifact, &meta, file, &digest).await {
+                    progress.grow_total(meta.size);
+                    match self
+                        .upload_spooled(&r, &artifact, &meta, file, &digest, &progress)
+                        .await
+                    {
                         Ok(sent) => uploaded += sent,
                         Err(e) => {
                             upload_error = Some(e);
@@ -100,9 +103,11 @@ impl Registry {
                         },
                     );
                     layers.push(PushedLayer {
+                        media_type: media::layer_media_type(&meta.name).to_string(),
                         title: meta.name,
                         digest,
                         size: meta.size,
+                        chunk: None,
                     });
                     tracing::info!(%artifact, layers = layers.len(), bytes = total, elapsed_s = started.elapsed().as_secs_f64(), "push progress");
                 }
@@ -111,20 +116,25 @@ impl Registry {
         drop(rx); // stops the reader (and so the export) if we broke out early
         let read_result = reader.await.map_err(|e| RegistryError::Io {
             artifact: artifact.clone(),
-            step: what.clone(),
+            step: "reading the snapshot stream".into(),
             detail: format!("reader thread: {e}"),
         })?;
         if let Some(e) = upload_error {
             return Err(e);
         }
-        read_result.map_err(|detail| RegistryError::Io {
-            artifact: artifact.clone(),
-            step: what.clone(),
-            detail: format!("{detail}; nothing was tagged — retry the push"),
+        read_result.map_err(|e| match e {
+            SpoolError::Source(detail) => RegistryError::Source {
+                artifact: artifact.clone(),
+                detail,
+            },
+            SpoolError::Spool(detail) => RegistryError::Io {
+                artifact: artifact.clone(),
+                step: "spooling the snapshot".into(),
+                detail,
+            },
         })?;
-        let envelope = envelope.ok_or_else(|| RegistryError::Io {
+        let envelope = envelope.ok_or_else(|| RegistryError::Source {
             artifact: artifact.clone(),
-            step: what.clone(),
             detail: "the export has no snapshot.json".into(),
         })?;
 
@@ -142,12 +152,12 @@ impl Registry {
             .client
             .blob_exists(&r, &cfg_digest)
             .await
-            .map_err(|e| self.unavailable("checking the config blob of", &artifact, e))?;
+            .map_err(|e| self.oci_error("checking the config blob of", &artifact, e))?;
         if !exists {
             self.client
                 .push_blob(&r, cfg_bytes.clone(), &cfg_digest)
                 .await
-                .map_err(|e| self.unavailable("uploading the config blob of", &artifact, e))?;
+                .map_err(|e| self.oci_error("uploading the config blob of", &artifact, e))?;
         }
         total += cfg_bytes.len() as u64;
 
@@ -159,26 +169,17 @@ impl Registry {
         if !base_image.is_empty() {
             annotations.insert(media::ANN_BASEIMAGE.to_string(), base_image.to_string());
         }
-        let body = manifest::snapshot_manifest_v1(&cfg_digest, cfg_bytes.len() as u64, &layers, &annotations);
-        let mut manifest_digest = manifest::sha256_digest(&body);
-        let mut manifest_bytes = body.len() as u64;
+        if !self.node_name.is_empty() {
+            annotations.insert(media::ANN_FROM_NODE.to_string(), self.node_name.clone());
+        }
+        let body = manifest::snapshot_manifest(false, &cfg_digest, cfg_bytes.len() as u64, &layers, annotations);
+        let manifest_digest = manifest::sha256_digest(&body);
+        let manifest_bytes = body.len() as u64;
         self.client
             .push_manifest_raw(&r, body, media::OCI_MANIFEST.parse().expect("header value"))
             .await
-            .map_err(|e| self.unavailable("writing the manifest of", &artifact, e))?;
+            .map_err(|e| self.oci_error("writing the manifest of", &artifact, e))?;
         tracing::info!(%artifact, digest = %manifest_digest, layers = layers.len(), bytes = total, uploaded, elapsed_s = started.elapsed().as_secs_f64(), "snapshot pushed");
-
-        if !self.node_name.is_empty() {
-            match self.amend_from_node(repo, tag).await {
-                Ok((d, n)) => {
-                    manifest_digest = d;
-                    manifest_bytes = n;
-                }
-                Err(e) => {
-                    tracing::warn!(%artifact, error = %e, "could not record from-node on the manifest; peer restore will not be offered")
-                }
-            }
-        }
         Ok(PushReport {
             repo: repo.into(),
             tag: tag.into(),
@@ -198,15 +199,17 @@ impl Registry {
         meta: &tarfmt::EntryMeta,
         file: tempfile::NamedTempFile,
         digest: &str,
+        progress: &Arc<Progress>,
     ) -> Result<u64, RegistryError> {
         let title = &meta.name;
         if self
             .client
             .blob_exists(r, digest)
             .await
-            .map_err(|e| self.unavailable(&format!("checking blob {digest} ({title}) of"), artifact, e))?
+            .map_err(|e| self.oci_error(&format!("checking blob {digest} ({title}) of"), artifact, e))?
         {
             tracing::debug!(%artifact, %title, %digest, "blob already present");
+            progress.advance(meta.size);
             return Ok(0);
         }
         let f = tokio::fs::File::from_std(file.reopen().map_err(|e| RegistryError::Io {
@@ -216,14 +219,20 @@ impl Registry {
         })?);
         // Keep the path alive until the upload ends (the file is removed when `file` drops).
         let stream = tokio_util::io::ReaderStream::with_capacity(f, CHUNK);
-        let stream = futures::StreamExt::map(stream, |c| c.map_err(oci_client::errors::OciDistributionError::IoError));
+        let progress = progress.clone();
+        let stream = futures::StreamExt::map(stream, move |c| {
+            if let Ok(c) = &c {
+                progress.advance(c.len() as u64);
+            }
+            c.map_err(oci_client::errors::OciDistributionError::IoError)
+        });
         if meta.size == 0 {
             self.client.push_blob(r, Vec::new(), digest).await
         } else {
             self.client.push_blob_stream(r, stream, digest, Some(meta.size)).await
         }
         .map_err(|e| {
-            self.unavailable(
+            self.oci_error(
                 &format!("uploading blob {digest} ({title}, {} bytes) of", meta.size),
                 artifact,
                 e,
@@ -232,64 +241,44 @@ impl Registry {
         drop(file);
         Ok(meta.size)
     }
+}
 
-    /// GET the manifest, set `cocoonstack.snapshot.from-node` in the raw map, PUT it back under the same tag.
-    async fn amend_from_node(&self, repo: &str, tag: &str) -> Result<(String, u64), RegistryError> {
-        let artifact = format!("{repo}:{tag}");
-        let f = self
-            .fetch_manifest(repo, tag)
-            .await?
-            .ok_or_else(|| RegistryError::NotFound {
-                artifact: artifact.clone(),
-                registry: self.cfg.host.clone(),
-                detail: " right after its push".into(),
-            })?;
-        let (body, media_type) =
-            manifest::amend_annotation(&f.raw, media::ANN_FROM_NODE, &self.node_name).map_err(|detail| {
-                RegistryError::InvalidArtifact {
-                    artifact: artifact.clone(),
-                    detail,
-                }
-            })?;
-        let digest = manifest::sha256_digest(&body);
-        let n = body.len() as u64;
-        let ct = media_type.parse().map_err(|_| RegistryError::InvalidArtifact {
-            artifact: artifact.clone(),
-            detail: format!("media type {media_type:?}"),
-        })?;
-        self.client
-            .push_manifest_raw(&self.reference(repo, tag), body, ct)
-            .await
-            .map_err(|e| self.unavailable("amending the manifest of", &artifact, e))?;
-        Ok((digest, n))
-    }
+enum SpoolError {
+    /// The stream is unreadable or not a cocoon export.
+    Source(String),
+    /// The spool directory failed.
+    Spool(String),
 }
 
 /// Reads the export tar: `snapshot.json` is sent whole, every other entry is spooled to a temp file in
 /// `dir` while hashing. Errors are texts naming the entry.
-fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spooled>) -> Result<(), String> {
+fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spooled>) -> Result<(), SpoolError> {
     let mut archive = tar::Archive::new(input);
     let mut buf = vec![0u8; CHUNK];
     let mut seen = std::collections::HashSet::new();
     for entry in archive
         .entries()
-        .map_err(|e| format!("the export is not a tar stream: {e}"))?
+        .map_err(|e| SpoolError::Source(format!("the export is not a tar stream: {e}")))?
     {
-        let mut entry = entry.map_err(|e| format!("reading the next tar entry: {e}"))?;
-        let meta = tarfmt::entry_meta(&mut entry).map_err(|e| format!("reading a tar header: {e}"))?;
+        let mut entry = entry.map_err(|e| SpoolError::Source(format!("reading the next tar entry: {e}")))?;
+        let meta =
+            tarfmt::entry_meta(&mut entry).map_err(|e| SpoolError::Source(format!("reading a tar header: {e}")))?;
         if entry.header().entry_type() != tar::EntryType::Regular
             && entry.header().entry_type() != tar::EntryType::Continuous
         {
-            return Err(format!(
+            return Err(SpoolError::Source(format!(
                 "entry {:?} is not a regular file (cocoon exports are flat)",
                 meta.name
-            ));
+            )));
         }
         if meta.name.contains('/') || meta.name.is_empty() {
-            return Err(format!("entry {:?} is not a bare file name", meta.name));
+            return Err(SpoolError::Source(format!(
+                "entry {:?} is not a bare file name",
+                meta.name
+            )));
         }
         if !seen.insert(meta.name.clone()) {
-            return Err(format!("entry {:?} appears twice", meta.name));
+            return Err(SpoolError::Source(format!("entry {:?} appears twice", meta.name)));
         }
         if meta.name == "snapshot.json" {
             let mut b = Vec::new();
@@ -297,7 +286,7 @@ fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spoole
                 .by_ref()
                 .take(manifest::MAX_CONFIG_BYTES)
                 .read_to_end(&mut b)
-                .map_err(|e| format!("reading snapshot.json: {e}"))?;
+                .map_err(|e| SpoolError::Source(format!("reading snapshot.json: {e}")))?;
             if tx.blocking_send(Spooled::Envelope(b)).is_err() {
                 return Ok(()); // the uploader stopped; its error is reported
             }
@@ -306,28 +295,32 @@ fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spoole
         let mut file = tempfile::Builder::new()
             .prefix("vk-push-")
             .tempfile_in(dir)
-            .map_err(|e| format!("creating a spool file in {}: {e}", dir.display()))?;
+            .map_err(|e| SpoolError::Spool(format!("creating a spool file in {}: {e}", dir.display())))?;
         let mut hasher = sha2::Sha256::new();
         let mut n = 0u64;
         loop {
             let k = entry
                 .read(&mut buf)
-                .map_err(|e| format!("reading {} after {n} bytes: {e}", meta.name))?;
+                .map_err(|e| SpoolError::Source(format!("reading {} after {n} bytes: {e}", meta.name)))?;
             if k == 0 {
                 break;
             }
             hasher.update(&buf[..k]);
             file.write_all(&buf[..k])
-                .map_err(|e| format!("spooling {} to {}: {e}", meta.name, dir.display()))?;
+                .map_err(|e| SpoolError::Spool(format!("spooling {} to {}: {e}", meta.name, dir.display())))?;
             n += k as u64;
             if tx.is_closed() {
                 return Ok(());
             }
         }
         if n != meta.size {
-            return Err(format!("{}: {n} bytes instead of {}", meta.name, meta.size));
+            return Err(SpoolError::Source(format!(
+                "{}: {n} bytes instead of {}",
+                meta.name, meta.size
+            )));
         }
-        file.flush().map_err(|e| format!("spooling {}: {e}", meta.name))?;
+        file.flush()
+            .map_err(|e| SpoolError::Spool(format!("spooling {}: {e}", meta.name)))?;
         let digest = format!("sha256:{}", hex::encode(hasher.finalize()));
         if tx.blocking_send(Spooled::File { meta, file, digest }).is_err() {
             return Ok(());
@@ -335,6 +328,6 @@ fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spoole
     }
     // Drain to EOF: the export stream reports cocoon's exit status only there.
     std::io::copy(&mut archive.into_inner(), &mut std::io::sink())
-        .map_err(|e| format!("finishing the export stream: {e}"))?;
+        .map_err(|e| SpoolError::Source(format!("finishing the export stream: {e}")))?;
     Ok(())
 }

@@ -68,7 +68,7 @@ async fn run() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1024);
     let reg = TestRegistry::start();
-    let r = reg.client("bench", "bench-node");
+    let r = reg.transfer_client("bench", "bench-node");
     let h = runtime_support::harness_with(|c| c.timeouts.transfer = Duration::from_secs(1800));
     h.sim
         .set_settings(|s| {

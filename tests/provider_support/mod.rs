@@ -22,19 +22,19 @@ use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::policy::{Policies, PolicyEngine, PolicyMetrics, SandboxLimits};
 use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
-use vk_cocoon::provider::ports::{
-    Artifact, CloudImageResult, KubePodPatcher, RegistryFailure, SnapshotMeta, SnapshotRegistry,
-};
+use vk_cocoon::provider::ports::{Artifact, KubePodPatcher, SnapshotMeta, SnapshotRegistry};
 use vk_cocoon::provider::probe::{NetProber, Prober};
 use vk_cocoon::provider::reconcile::OrphanPolicy;
+use vk_cocoon::provider::transfer::{TransferError, Transfers};
 use vk_cocoon::provider::{CocoonProvider, Ports, ProbeTimings, ProviderConfig, Timings};
+use vk_cocoon::registry::{CloudImageSource, Progress, PullReport, PushReport, RegistryError, SnapshotSource};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
 
 #[allow(unused_imports)]
@@ -65,9 +65,9 @@ pub struct FakeRegistry {
 }
 
 impl FakeRegistry {
-    fn check(&self) -> Result<(), RegistryFailure> {
+    fn check(&self) -> Result<(), RegistryError> {
         if self.down.load(Ordering::SeqCst) {
-            return Err(RegistryFailure::unavailable("registry.test: connection refused"));
+            return Err(unavailable("registry.test", "connection refused"));
         }
         Ok(())
     }
@@ -85,9 +85,52 @@ impl FakeRegistry {
     }
 }
 
+impl FakeRegistry {
+    /// Seeds the fake as a daemon would push: `cocoon snapshot export <local>` into `repo:tag`.
+    pub async fn push_snapshot(
+        &self,
+        rt: &dyn CocoonRuntime,
+        local: &str,
+        repo: &str,
+        tag: &str,
+        base_image: &str,
+    ) -> Result<PushReport, TransferError> {
+        Transfers::new().push(rt, self, local, repo, tag, base_image).await
+    }
+}
+
+fn unavailable(artifact: &str, detail: &str) -> RegistryError {
+    RegistryError::Unavailable {
+        op: "talking to".into(),
+        artifact: artifact.into(),
+        registry: "registry.test".into(),
+        detail: detail.into(),
+    }
+}
+
+/// The export tar's `snapshot.json` config (the fake's "config blob").
+fn snapshot_meta_of(tar: &[u8]) -> Result<SnapshotMeta, String> {
+    let mut a = tar::Archive::new(tar);
+    for e in a.entries().map_err(|e| e.to_string())? {
+        let mut e = e.map_err(|e| e.to_string())?;
+        if e.path().map_err(|e| e.to_string())?.to_string_lossy() == "snapshot.json" {
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut b).map_err(|e| e.to_string())?;
+            let v: serde_json::Value = serde_json::from_slice(&b).map_err(|e| e.to_string())?;
+            let s = |k: &str| v["config"][k].as_str().unwrap_or_default().to_string();
+            return Ok(SnapshotMeta {
+                snapshot_id: s("id"),
+                image: s("image"),
+                hypervisor: s("hypervisor"),
+            });
+        }
+    }
+    Err("the export has no snapshot.json".into())
+}
+
 #[async_trait]
 impl SnapshotRegistry for FakeRegistry {
-    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryFailure> {
+    async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryError> {
         self.check()?;
         Ok(self
             .store
@@ -97,7 +140,7 @@ impl SnapshotRegistry for FakeRegistry {
             .map(|s| s.artifact.clone()))
     }
 
-    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryFailure> {
+    async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryError> {
         self.check()?;
         Ok(self
             .store
@@ -109,96 +152,135 @@ impl SnapshotRegistry for FakeRegistry {
 
     async fn push_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        local: &str,
+        mut export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
         base_image: &str,
-    ) -> Result<(), RegistryFailure> {
+        progress: Arc<Progress>,
+    ) -> Result<PushReport, RegistryError> {
         self.check()?;
+        let artifact = format!("{repo}:{tag}");
         if self
             .failing_pushes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(RegistryFailure::unavailable(format!(
-                "push {repo}:{tag}: 503 Service Unavailable"
-            )));
+            return Err(unavailable(&artifact, "503 Service Unavailable"));
         }
-        let record = runtime.snapshot_inspect(local).await.map_err(|e| RegistryFailure {
-            message: e.to_string(),
-            unavailable: false,
-        })?;
-        let mut reader = runtime.snapshot_export(local).await.map_err(|e| RegistryFailure {
-            message: e.to_string(),
-            unavailable: false,
-        })?;
         let mut tar = Vec::new();
-        reader.read_to_end(&mut tar).await.map_err(|e| RegistryFailure {
-            message: e.to_string(),
-            unavailable: false,
+        export.read_to_end(&mut tar).await.map_err(|e| RegistryError::Source {
+            artifact: artifact.clone(),
+            detail: e.to_string(),
         })?;
-        let artifact = Artifact {
-            digest: format!("sha256:{}", tar.len()),
+        progress.advance(tar.len() as u64);
+        let meta = snapshot_meta_of(&tar).map_err(|detail| RegistryError::Source {
+            artifact: artifact.clone(),
+            detail,
+        })?;
+        let digest = format!("sha256:{}", tar.len());
+        let stored = Artifact {
+            digest: digest.clone(),
             artifact_type: SNAPSHOT_V1.into(),
             annotations: BTreeMap::from([("cocoonstack.snapshot.baseimage".to_string(), base_image.to_string())]),
         };
-        let meta = SnapshotMeta {
-            snapshot_id: record.id,
-            image: record.image,
-            hypervisor: record.hypervisor,
-        };
-        self.store
-            .lock()
-            .unwrap()
-            .insert((repo.into(), tag.into()), Stored { artifact, meta, tar });
+        let size = tar.len() as u64;
+        self.store.lock().unwrap().insert(
+            (repo.into(), tag.into()),
+            Stored {
+                artifact: stored,
+                meta,
+                tar,
+            },
+        );
         self.pushes
             .lock()
             .unwrap()
             .push((repo.into(), tag.into(), base_image.into()));
-        Ok(())
+        Ok(PushReport {
+            repo: repo.into(),
+            tag: tag.into(),
+            manifest_digest: digest,
+            manifest_bytes: 0,
+            total_size: size,
+            layer_count: 1,
+            uploaded_bytes: size,
+        })
     }
 
-    async fn pull_snapshot(
+    async fn open_snapshot(&self, repo: &str, tag: &str) -> Result<SnapshotSource, RegistryError> {
+        self.check()?;
+        let store = self.store.lock().unwrap();
+        let s = store
+            .get(&(repo.into(), tag.into()))
+            .ok_or_else(|| RegistryError::NotFound {
+                artifact: format!("{repo}:{tag}"),
+                registry: "registry.test".into(),
+                detail: String::new(),
+            })?;
+        Ok(SnapshotSource::described(
+            repo,
+            tag,
+            &s.artifact.digest,
+            &s.meta.snapshot_id,
+            s.tar.len() as u64,
+        ))
+    }
+
+    async fn write_snapshot(
         &self,
-        runtime: &dyn CocoonRuntime,
-        repo: &str,
-        tag: &str,
-        local: &str,
-    ) -> Result<(), RegistryFailure> {
+        src: &SnapshotSource,
+        local_name: &str,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<PullReport, RegistryError> {
         self.check()?;
         let tar = self
             .store
             .lock()
             .unwrap()
-            .get(&(repo.into(), tag.into()))
+            .get(&(src.repo.clone(), src.tag.clone()))
             .map(|s| s.tar.clone())
-            .ok_or_else(|| RegistryFailure {
-                message: format!("{repo}:{tag}: manifest unknown"),
-                unavailable: false,
+            .ok_or_else(|| RegistryError::NotFound {
+                artifact: format!("{}:{}", src.repo, src.tag),
+                registry: "registry.test".into(),
+                detail: " (deleted during the pull)".into(),
             })?;
         self.pulls.fetch_add(1, Ordering::SeqCst);
-        let mut cursor = std::io::Cursor::new(tar);
-        runtime
-            .snapshot_import(local, &mut cursor)
-            .await
-            .map_err(|e| RegistryFailure {
-                message: e.to_string(),
-                unavailable: false,
-            })
+        sink.write_all(&tar).await.map_err(|e| RegistryError::Sink {
+            artifact: format!("{}:{}", src.repo, src.tag),
+            detail: e.to_string(),
+        })?;
+        progress.advance(tar.len() as u64);
+        Ok(PullReport {
+            repo: src.repo.clone(),
+            tag: src.tag.clone(),
+            local_name: local_name.into(),
+            manifest_digest: src.manifest_digest.clone(),
+            snapshot_id: src.snapshot_id.clone(),
+            tar_bytes: tar.len() as u64,
+            layer_count: 1,
+            shared: false,
+        })
     }
 
-    async fn ensure_cloud_image(
-        &self,
-        _runtime: &dyn CocoonRuntime,
-        _reference: &str,
-        _force: bool,
-    ) -> Result<CloudImageResult, RegistryFailure> {
+    async fn open_cloud_image(&self, _reference: &str) -> Result<Option<CloudImageSource>, RegistryError> {
         self.check()?;
-        Ok(CloudImageResult::NotACloudImage)
+        Ok(None)
     }
 
-    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryFailure> {
+    async fn write_cloud_image(
+        &self,
+        src: &CloudImageSource,
+        _sink: &mut (dyn AsyncWrite + Send + Unpin),
+        _progress: &Progress,
+    ) -> Result<u64, RegistryError> {
+        Err(RegistryError::InvalidRequest(format!(
+            "the fake registry holds no cloud image {}",
+            src.local_name
+        )))
+    }
+
+    async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryError> {
         self.check()?;
         self.store.lock().unwrap().remove(&(repo.into(), tag.into()));
         self.deletes.lock().unwrap().push((repo.into(), tag.into()));
@@ -270,7 +352,8 @@ pub async fn env(with_registry: bool) -> Env {
 /// A real registry for the provider's tests.
 pub struct Oci {
     pub server: Mutex<registry_support::TestRegistry>,
-    pub client: Arc<vk_cocoon::registry::Registry>,
+    /// The daemon's registry adapter (`client.registry`) with the transfer path around it.
+    pub client: Arc<registry_support::TransferClient>,
 }
 
 impl Oci {
@@ -290,7 +373,7 @@ pub async fn env_with_oci() -> Env {
     let server = tokio::task::spawn_blocking(registry_support::TestRegistry::start)
         .await
         .unwrap();
-    let client = Arc::new(server.client("", NODE));
+    let client = Arc::new(server.transfer_client("", NODE));
     env.oci = Some(Oci {
         server: Mutex::new(server),
         client,
@@ -418,7 +501,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
     let ports = Ports {
         runtime: env.runtime.clone(),
         registry: match &env.oci {
-            Some(oci) => Some(oci.client.clone() as Arc<dyn SnapshotRegistry>),
+            Some(oci) => Some(oci.client.registry.clone() as Arc<dyn SnapshotRegistry>),
             None => env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
         },
         leases: Arc::new(LeaseFile::new(&env.leases)),

@@ -101,12 +101,12 @@ impl Machine {
         .await;
     }
 
-    /// The daemon's client for the registry (to look at tags as the daemon would).
-    pub fn registry_client(&self) -> vk_cocoon::registry::Registry {
+    /// The daemon's client for the registry (to look at tags, and pull, as the daemon would).
+    pub fn registry_client(&self) -> crate::provider_support::registry_support::TransferClient {
         self.registry
             .as_ref()
             .expect("a machine with a registry")
-            .client("", &self.node)
+            .transfer_client("", &self.node)
     }
 
     /// `vk-cocoon run` under the daemon identity of `deploy/rbac.yaml`; its kubelet API accepts

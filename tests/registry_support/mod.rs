@@ -1,17 +1,22 @@
 //! A real OCI registry for tests: Debian's `docker-registry` (CNCF distribution 2.8) on a free loopback
 //! port, storage in a temporary directory, deletes enabled; killed on drop. Also the cocoon simulator and a
-//! `CocoonCli` pointed at it (see `runtime_support`).
+//! `CocoonCli` pointed at it (see `runtime_support`), and [`TransferClient`]: the registry adapter with the
+//! daemon's transfer path around it (cocoon export / import, as the provider runs them).
 #![allow(dead_code)]
 
 #[path = "../runtime_support/mod.rs"]
 pub mod runtime_support;
+pub mod token;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use vk_cocoon::registry::{Registry, RegistryConfig};
+use vk_cocoon::provider::ports::CloudImageResult;
+use vk_cocoon::provider::transfer::{TransferError, Transfers};
+use vk_cocoon::registry::{PullReport, PushReport, Registry, RegistryAuth, RegistryConfig};
+use vk_cocoon::runtime::CocoonRuntime;
 
 /// The registry binary: `REGISTRY_BIN`, else `/usr/bin/docker-registry`; missing = a failure that says how to install it.
 pub fn registry_bin() -> PathBuf {
@@ -31,13 +36,36 @@ pub struct TestRegistry {
     pub dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
+    /// The auth server when the registry runs with `auth: token`.
+    pub token: Option<token::TokenServer>,
 }
 
 impl TestRegistry {
     pub fn start() -> TestRegistry {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
-        let mut r = TestRegistry { dir, port, child: None };
+        let mut r = TestRegistry {
+            dir,
+            port,
+            child: None,
+            token: None,
+        };
+        r.spawn();
+        r
+    }
+
+    /// A registry with `auth: token` (realm, service, issuer, rootcertbundle) and its auth server,
+    /// which knows `users`.
+    pub fn start_with_token_auth(users: Vec<token::User>) -> TestRegistry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let token = token::TokenServer::start(dir.path(), users);
+        let mut r = TestRegistry {
+            dir,
+            port,
+            child: None,
+            token: Some(token),
+        };
         r.spawn();
         r
     }
@@ -50,8 +78,13 @@ impl TestRegistry {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// A client for this registry with `prefix` (e.g. "cocoon").
+    /// A client for this registry with `prefix` (e.g. "cocoon"), anonymous.
     pub fn client(&self, prefix: &str, node: &str) -> Registry {
+        self.client_as(prefix, node, RegistryAuth::Anonymous)
+    }
+
+    /// A client with the credentials `auth` (what the docker config would give it).
+    pub fn client_as(&self, prefix: &str, node: &str, auth: RegistryAuth) -> Registry {
         let value = if prefix.is_empty() {
             self.host()
         } else {
@@ -64,15 +97,37 @@ impl TestRegistry {
         assert!(ip.is_loopback(), "test registries live on loopback, not {}", cfg.host);
         cfg.spool_dir = self.dir.path().join("spool");
         std::fs::create_dir_all(&cfg.spool_dir).unwrap();
-        Registry::new(cfg, node.to_string()).expect("registry client")
+        Registry::with_auth(cfg, node.to_string(), auth).expect("registry client")
+    }
+
+    /// The registry adapter with the daemon's transfer path around it.
+    pub fn transfer_client(&self, prefix: &str, node: &str) -> TransferClient {
+        self.transfer_client_as(prefix, node, RegistryAuth::Anonymous)
+    }
+
+    pub fn transfer_client_as(&self, prefix: &str, node: &str, auth: RegistryAuth) -> TransferClient {
+        TransferClient {
+            registry: std::sync::Arc::new(self.client_as(prefix, node, auth)),
+            transfers: Transfers::new(),
+        }
     }
 
     fn spawn(&mut self) {
         let config = self.dir.path().join("config.yml");
+        let auth = match &self.token {
+            None => String::new(),
+            Some(t) => format!(
+                "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    rootcertbundle: {}\n",
+                t.realm(),
+                token::SERVICE,
+                token::ISSUER,
+                t.cert_path.display()
+            ),
+        };
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  redirect:\n    disable: true\nhttp:\n  addr: 127.0.0.1:{}\n",
+                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  redirect:\n    disable: true\nhttp:\n  addr: 127.0.0.1:{}\n{auth}",
                 self.storage().display(),
                 self.port
             ),
@@ -94,10 +149,9 @@ impl TestRegistry {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(status) = self.http_status("GET", "/v2/") {
-                if status == 200 {
-                    return;
-                }
+            // With token auth an anonymous `/v2/` is 401: the registry is up either way.
+            if let Some(200 | 401) = self.http_status("GET", "/v2/") {
+                return;
             }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
@@ -123,9 +177,14 @@ impl TestRegistry {
 
     /// A minimal HTTP/1.0 request (status code only), for readiness checks.
     pub fn http_status(&self, method: &str, path: &str) -> Option<u16> {
+        self.http_status_with(method, path, "")
+    }
+
+    /// The same with extra header lines (each ending in `\r\n`), e.g. a static `Authorization`.
+    pub fn http_status_with(&self, method: &str, path: &str, headers: &str) -> Option<u16> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "{method} {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.host()).ok()?;
+        write!(s, "{method} {path} HTTP/1.0\r\nHost: {}\r\n{headers}\r\n", self.host()).ok()?;
         let mut buf = [0u8; 64];
         let n = s.read(&mut buf).ok()?;
         let line = String::from_utf8_lossy(&buf[..n]).to_string();
@@ -165,6 +224,57 @@ impl TestRegistry {
 impl Drop for TestRegistry {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The registry adapter plus the daemon's transfer path (`provider::transfer`): pushes run `cocoon
+/// snapshot export` into the registry, pulls stream the registry into `cocoon snapshot import`.
+/// Everything else (`manifest`, `snapshot_config`, `delete_manifest`, …) is the adapter's own.
+pub struct TransferClient {
+    pub registry: std::sync::Arc<Registry>,
+    pub transfers: Transfers,
+}
+
+impl std::ops::Deref for TransferClient {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+impl TransferClient {
+    pub async fn push_snapshot(
+        &self,
+        rt: &dyn CocoonRuntime,
+        local: &str,
+        repo: &str,
+        tag: &str,
+        base_image: &str,
+    ) -> Result<PushReport, TransferError> {
+        self.transfers
+            .push(rt, self.registry.as_ref(), local, repo, tag, base_image)
+            .await
+    }
+
+    pub async fn pull_snapshot(
+        &self,
+        rt: &dyn CocoonRuntime,
+        repo: &str,
+        tag: &str,
+        local: &str,
+    ) -> Result<PullReport, TransferError> {
+        self.transfers.pull(rt, self.registry.as_ref(), repo, tag, local).await
+    }
+
+    pub async fn ensure_cloud_image(
+        &self,
+        rt: &dyn CocoonRuntime,
+        reference: &str,
+        force: bool,
+    ) -> Result<CloudImageResult, TransferError> {
+        self.transfers
+            .import_cloud_image(rt, self.registry.as_ref(), reference, force)
+            .await
     }
 }
 
