@@ -209,9 +209,7 @@ impl SnapshotConfig {
             _ => {
                 let mut m = Map::new();
                 let mut put = |k: &str, v: Value| {
-                    let empty = matches!(&v, Value::String(s) if s.is_empty())
-                        || v == 0
-                        || v == Value::Bool(false);
+                    let empty = matches!(&v, Value::String(s) if s.is_empty()) || v == 0 || v == Value::Bool(false);
                     if !empty {
                         m.insert(k.to_string(), v);
                     }
