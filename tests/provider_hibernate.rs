@@ -256,7 +256,11 @@ async fn a_push_to_a_dead_registry_keeps_the_vm_and_the_retry_pushes_once_it_is_
         has_event(&env, "agent-0", "HibernatePushFailed")
     })
     .await;
-    assert_eq!(lifecycle(&env, "agent-0").as_deref(), Some("failed"));
+    // The Event is recorded just before the lifecycle annotation is written.
+    eventually(30, "lifecycle failed", || {
+        lifecycle(&env, "agent-0").as_deref() == Some("failed")
+    })
+    .await;
     assert!(
         vm_named(&env, "vm-p").await.is_some_and(|v| v.state.is_running()),
         "the guest is still in its VM"
