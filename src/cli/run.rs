@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::kubelet_api::auth::Auth;
+use vk_cocoon::kubelet_api::streaming::{GuestScope, Streaming, StreamingConfig};
 use vk_cocoon::kubelet_api::tls::manager::CertTimings;
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
 use vk_cocoon::policy::config::PolicyConfig;
@@ -100,8 +101,15 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         Some(v) => Some(Arc::new(ControlSocket::new(PathBuf::from(v)))),
         None => Some(Arc::new(ControlSocket::new(DEFAULT_CONTROL_SOCKET))),
     };
-    // VK_PROBE_NETWORKS: probes reach only the listed networks (unset: any address).
-    let prober: Arc<dyn Prober> = match ProbeNetworks::from_lookup(env).map_err(|e| anyhow!(e))? {
+    let streaming_cfg = StreamingConfig::from_lookup(env).map_err(|e| anyhow!("{e}"))?;
+    // VK_PROBE_NETWORKS: probes (and port-forward) reach only the listed networks (unset: any
+    // address).
+    let probe_networks = ProbeNetworks::from_lookup(env).map_err(|e| anyhow!(e))?;
+    let guests = probe_networks.clone().map(|networks| GuestScope {
+        description: format!("VK_PROBE_NETWORKS={networks}"),
+        contains: Box::new(move |ip| networks.contains(ip)),
+    });
+    let prober: Arc<dyn Prober> = match probe_networks {
         Some(networks) => {
             tracing::info!(%networks, "readiness probes are limited to these networks");
             Arc::new(ScopedProber::new(Arc::new(NetProber::default()), networks))
@@ -143,6 +151,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
             sampler,
             paths,
             metrics: ApiMetrics::register(&prometheus).context("registering the kubelet API metrics")?,
+            streaming: Streaming::new(streaming_cfg, guests),
             shutdown: shutdown.clone(),
         }),
         auth: Arc::new(Auth::kube(&node_name, client)),

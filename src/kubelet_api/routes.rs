@@ -1,11 +1,10 @@
 //! The routes of the kubelet API and the layers every one of them sits behind
 //! (authentication and authorization, request counting).
 //!
-//! Adding an endpoint (the streaming exec / attach / port-forward of the next issue): add its
-//! route to [`endpoints`] — the [`auth::guard`] layer and the attribute mapping
-//! ([`auth::attributes`], which already maps `/exec`, `/attach`, `/portForward` to
-//! `nodes/proxy`) cover it with no further change; the server already serves HTTP/1.1
-//! upgrades.
+//! Adding an endpoint: add its route to [`endpoints`] — the [`auth::guard`] layer and the
+//! attribute mapping ([`auth::attributes`]: `/exec`, `/attach`, `/portForward` are
+//! `nodes/proxy`) cover it with no further change. The streaming endpoints take GET (WebSocket)
+//! and POST (SPDY), as the kubelet's do; the server serves their HTTP/1.1 upgrades.
 
 use std::sync::Arc;
 
@@ -14,10 +13,11 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 
 use super::auth::{self, Auth};
 use super::state::ApiState;
+use super::streaming::{attach, exec};
 use super::{logs, resource_metrics, summary};
 use crate::stats::families;
 
@@ -65,6 +65,14 @@ fn endpoints() -> Router<Arc<ApiState>> {
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs::container_logs),
+        )
+        .route(
+            "/exec/{namespace}/{pod}/{container}",
+            get(exec::exec).merge(post(exec::exec)),
+        )
+        .route(
+            "/attach/{namespace}/{pod}/{container}",
+            get(attach::attach).merge(post(attach::attach)),
         )
 }
 

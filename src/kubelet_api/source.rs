@@ -2,6 +2,8 @@
 //! (implemented by `provider::serving`), so the serving side does not depend on how the
 //! provider keeps its state.
 
+use std::net::IpAddr;
+
 use k8s_openapi::api::core::v1::Pod;
 
 /// The VM of a pod, as far as the kubelet API needs it.
@@ -12,6 +14,8 @@ pub struct PodVm {
     pub hypervisor: String,
     /// The VMM's pid (0 while none runs).
     pub pid: i64,
+    /// The guest's address (its first NIC, or cocoon-net's lease), when known.
+    pub ip: Option<IpAddr>,
 }
 
 pub trait PodSource: Send + Sync {

@@ -2,18 +2,22 @@
 
 use std::sync::Arc;
 
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 
 use super::source::PodSource;
+use super::streaming::Streaming;
 use crate::runtime::CocoonRuntime;
 use crate::stats::{HostPaths, Sampler};
 
-/// `cocoon_vk_kubelet_api_*`: requests by endpoint and status, follows in flight.
+/// `cocoon_vk_kubelet_api_*`: requests by endpoint and status, follows and streaming
+/// sessions in flight.
 #[derive(Clone)]
 pub struct ApiMetrics {
     pub requests: IntCounterVec,
     pub log_follows: IntGauge,
+    /// Open exec / attach / portforward sessions, by `kind`.
+    pub streams: IntGaugeVec,
 }
 
 impl ApiMetrics {
@@ -30,6 +34,12 @@ impl ApiMetrics {
                     .namespace("cocoon")
                     .subsystem("vk_kubelet_api"),
             )?,
+            streams: IntGaugeVec::new(
+                Opts::new("streams", "Open exec, attach and port-forward sessions.")
+                    .namespace("cocoon")
+                    .subsystem("vk_kubelet_api"),
+                &["kind"],
+            )?,
         })
     }
 
@@ -37,6 +47,7 @@ impl ApiMetrics {
         let m = Self::build()?;
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.log_follows.clone()))?;
+        registry.register(Box::new(m.streams.clone()))?;
         Ok(m)
     }
 
@@ -52,6 +63,8 @@ pub struct ApiState {
     pub sampler: Arc<Sampler>,
     pub paths: HostPaths,
     pub metrics: ApiMetrics,
+    /// exec / attach / port-forward: limits, session cap, console locks.
+    pub streaming: Streaming,
     /// Ends streaming responses when the daemon stops.
     pub shutdown: CancellationToken,
 }

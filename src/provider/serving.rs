@@ -33,6 +33,7 @@ impl PodSource for CocoonProvider {
     fn pod(&self, namespace: &str, name: &str) -> Option<(Pod, Option<PodVm>)> {
         let t = self.state.tracked(&format!("{namespace}/{name}"))?;
         let vm = t.vm.map(|vm| PodVm {
+            ip: self.resolve_ip(&vm).parse().ok(),
             id: vm.id,
             hypervisor: vm.hypervisor,
             pid: vm.pid,

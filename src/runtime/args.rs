@@ -84,6 +84,9 @@ pub struct ExecSpec {
     pub env: BTreeMap<String, String>,
     /// Attach stdin (`-i`).
     pub stdin: bool,
+    /// A session a client drives (`kubectl exec`): no overall deadline — the caller ends it (the
+    /// client leaving, the stream idle timeout). Otherwise the runtime's exec timeout applies.
+    pub unbounded: bool,
 }
 
 fn s(v: &[&str]) -> Vec<String> {

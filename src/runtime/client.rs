@@ -104,6 +104,9 @@ pub struct CocoonCli {
     cfg: Arc<CocoonCliConfig>,
 }
 
+/// The buffer of each `vm exec` stream copy (pipes are widened to match).
+const EXEC_BUF: usize = 256 * 1024;
+
 /// Keeps only the last `cap` bytes of stderr (errors are classified from it).
 const STDERR_CAP: usize = 64 * 1024;
 
@@ -504,15 +507,24 @@ impl CocoonRuntime for CocoonCli {
         let mut child_in = child.stdin.take();
         let mut child_out = child.stdout.take().expect("stdout piped");
         let mut child_err = child.stderr.take().expect("stderr piped");
+        {
+            use std::os::unix::io::AsRawFd;
+            if let Some(ci) = &child_in {
+                widen_pipe(ci.as_raw_fd());
+            }
+            widen_pipe(child_out.as_raw_fd());
+        }
         let feed = async {
             if let (Some(input), Some(ci)) = (input, child_in.as_mut()) {
-                let _ = tokio::io::copy(input, ci).await;
+                let mut input = tokio::io::BufReader::with_capacity(EXEC_BUF, input);
+                let _ = tokio::io::copy_buf(&mut input, ci).await;
                 let _ = ci.shutdown().await;
             }
             drop(child_in.take());
         };
         let pump_out = async {
-            let r = tokio::io::copy(&mut child_out, &mut *out).await.map(|_| ());
+            let mut from = tokio::io::BufReader::with_capacity(EXEC_BUF, &mut child_out);
+            let r = tokio::io::copy_buf(&mut from, &mut *out).await.map(|_| ());
             let _ = out.flush().await;
             r
         };
@@ -534,15 +546,34 @@ impl CocoonRuntime for CocoonCli {
             let _ = err.flush().await;
             String::from_utf8_lossy(&tail).into_owned()
         };
-        let timeout = self.cfg.timeouts.exec;
-        let all = async {
-            let ((), out_res, tail) = tokio::join!(feed, pump_out, pump_err);
-            let status = child.wait().await;
-            (out_res, tail, status)
+        let timeout = if spec.unbounded {
+            None
+        } else {
+            Some(self.cfg.timeouts.exec)
         };
-        let (out_res, tail, status) = match tokio::time::timeout(timeout, all).await {
-            Ok(r) => r,
-            Err(_) => return Err(RuntimeError::Timeout { verb, after: timeout }),
+        let all = async {
+            let outputs = async {
+                let (out_res, tail) = tokio::join!(pump_out, pump_err);
+                let status = child.wait().await;
+                (out_res, tail, status)
+            };
+            tokio::pin!(feed, outputs);
+            // The command may finish while the client still holds stdin open: its exit ends
+            // the exec (the rest of stdin has nowhere to go).
+            let mut fed = false;
+            loop {
+                tokio::select! {
+                    () = &mut feed, if !fed => fed = true,
+                    r = &mut outputs => break r,
+                }
+            }
+        };
+        let (out_res, tail, status) = match timeout {
+            None => all.await,
+            Some(timeout) => match tokio::time::timeout(timeout, all).await {
+                Ok(r) => r,
+                Err(_) => return Err(RuntimeError::Timeout { verb, after: timeout }),
+            },
         };
         let status = status.map_err(|source| RuntimeError::Io {
             verb: verb.clone(),

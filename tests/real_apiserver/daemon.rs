@@ -34,6 +34,8 @@ pub struct Machine {
     pub runtime: Arc<CocoonCli>,
     pub leases: PathBuf,
     pub registry: Option<TestRegistry>,
+    /// More environment for the daemons this machine starts.
+    pub daemon_env: Vec<(String, String)>,
 }
 
 impl Machine {
@@ -52,6 +54,7 @@ impl Machine {
             runtime,
             leases,
             registry: None,
+            daemon_env: Vec::new(),
         }
     }
 
@@ -166,6 +169,7 @@ impl Machine {
         if let Some(ca) = client_ca {
             command.env("VK_CLIENT_CA_FILE", ca);
         }
+        command.envs(self.daemon_env.iter().map(|(k, v)| (k, v)));
         if let Some(registry) = &self.registry {
             command
                 .env("OCI_REGISTRY", registry.host())

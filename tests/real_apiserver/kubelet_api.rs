@@ -19,26 +19,38 @@ use crate::signer;
 
 /// A node with one running pod, its daemon serving the kubelet API with a cluster-signed
 /// certificate.
-struct Node {
-    cluster: &'static KubeCluster,
-    admin: kube::Client,
-    ns: String,
-    machine: Machine,
-    daemon: DaemonProcess,
+pub struct Node {
+    pub cluster: &'static KubeCluster,
+    pub admin: kube::Client,
+    pub ns: String,
+    pub machine: Machine,
+    pub daemon: DaemonProcess,
     _signer: signer::Signer,
 }
 
 async fn node_with_pod(prefix: &str, lifetime: Duration) -> Option<Node> {
+    node_with_pod_on(prefix, lifetime, |_| {}, &[]).await
+}
+
+/// [`node_with_pod`] with more simulator settings and daemon environment.
+pub async fn node_with_pod_on(
+    prefix: &str,
+    lifetime: Duration,
+    settings: impl FnOnce(&mut cocoon_sim::Settings),
+    daemon_env: &[(&str, &str)],
+) -> Option<Node> {
     let cluster = kube_support::shared().await?;
     let admin = cluster.admin_client().await;
     let ns = cluster.namespace(prefix).await;
-    let machine = Machine::new(prefix);
+    let mut machine = Machine::new(prefix);
+    machine.daemon_env = daemon_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let signer = signer::start(admin.clone(), &cluster.state_dir().join("pki"), lifetime, &machine.node);
     machine
         .sim
         .set_settings(|s| {
             s.vm_rss_bytes = 8 << 20;
             s.vm_net_tx_bytes = 3000;
+            settings(s);
         })
         .unwrap();
     seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
@@ -59,7 +71,7 @@ async fn node_with_pod(prefix: &str, lifetime: Duration) -> Option<Node> {
 }
 
 impl Node {
-    fn kubectl(&self, args: &[&str]) -> std::process::Output {
+    pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
         self.cluster.kubectl(args)
     }
 
@@ -69,7 +81,7 @@ impl Node {
     /// Not through `/api/v1/nodes/NODE/proxy/…`: the apiserver refuses to proxy to a node
     /// whose address is loopback ("address not allowed"), and every address here is loopback.
     /// `kubectl logs` (pods/log) has no such check and goes through the apiserver below.
-    async fn as_apiserver(&self, path: &str) -> (u16, String) {
+    pub async fn as_apiserver(&self, path: &str) -> (u16, String) {
         let mut pem = std::fs::read(self.cluster.kubelet_client_cert_path()).unwrap();
         pem.extend(std::fs::read(self.cluster.kubelet_client_key_path()).unwrap());
         let client = self
@@ -116,7 +128,7 @@ impl Node {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    fn metric(&self, name: &str) -> Option<f64> {
+    pub fn metric(&self, name: &str) -> Option<f64> {
         let text = self.daemon.scrape_metrics()?;
         text.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
@@ -124,17 +136,17 @@ impl Node {
             .and_then(|v| v.parse().ok())
     }
 
-    fn client_builder(&self) -> reqwest::ClientBuilder {
+    pub fn client_builder(&self) -> reqwest::ClientBuilder {
         let ca = std::fs::read(self.cluster.ca_cert_path()).unwrap();
         reqwest::Client::builder().tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
     }
 
     /// An HTTPS client of the kubelet port that verifies it against the cluster CA.
-    fn direct(&self) -> reqwest::Client {
+    pub fn direct(&self) -> reqwest::Client {
         self.client_builder().build().unwrap()
     }
 
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("https://127.0.0.1:{}{path}", self.daemon.kubelet_port)
     }
 }
@@ -406,7 +418,7 @@ async fn stats_summary_and_resource_metrics_through_the_nodes_proxy() {
 }
 
 /// A ServiceAccount in `ns` bound to a ClusterRole of `rules`; its token.
-async fn token_with(node: &Node, name: &str, rules: Vec<PolicyRule>) -> String {
+pub async fn token_with(node: &Node, name: &str, rules: Vec<PolicyRule>) -> String {
     let role_name = format!("{}-{name}", node.ns);
     Api::<ClusterRole>::all(node.admin.clone())
         .create(

@@ -27,3 +27,4 @@ mod lifecycle;
 mod node;
 mod preflight;
 mod restart;
+mod streaming;

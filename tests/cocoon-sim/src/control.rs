@@ -66,6 +66,12 @@ pub struct ExecRule {
     pub stdout: String,
     #[serde(default)]
     pub stderr: String,
+    /// Run the command for real instead (the simulator's machine is the guest): stdin (with
+    /// `-i`), stdout, stderr and the exit status are the child's, streamed as they come; the
+    /// child dies with this `vm exec` process, as the agent's command does when cocoon's vsock
+    /// connection goes. `exit_code` / `stdout` / `stderr` are then unused.
+    #[serde(default)]
+    pub run: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -103,6 +109,10 @@ pub struct Settings {
     /// namespace of the VMM's own).
     #[serde(default)]
     pub vm_net_tx_bytes: u64,
+    /// TCP ports each running VM with a static IP serves on that IP, as a guest's web server
+    /// would: `GET` answers who it is, `POST` echoes its body (for port-forward).
+    #[serde(default)]
+    pub guest_http_ports: Vec<u16>,
 }
 
 fn default_vm_cow_data() -> u64 {
@@ -138,6 +148,7 @@ impl Default for Settings {
             vm_rss_bytes: 0,
             vm_cow_data_bytes: default_vm_cow_data(),
             vm_net_tx_bytes: 0,
+            guest_http_ports: Vec::new(),
         }
     }
 }

@@ -324,6 +324,13 @@ pub fn boot(
             rss_bytes: settings.vm_rss_bytes,
             cow_data_bytes: settings.vm_cow_data_bytes,
             net_tx_bytes: settings.vm_net_tx_bytes,
+            ip: e
+                .vm
+                .network_configs
+                .first()
+                .and_then(|n| n.network.as_ref())
+                .map(|n| n.ip.as_str()),
+            guest_ports: &settings.guest_http_ports,
         },
         &layout,
     )
@@ -768,11 +775,14 @@ fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     if !running {
         return Err(Fail::new(format!("exec: vm {id}: VM not running")));
     }
+    let rule = Control::take_exec(&ctx.store, &id, &name, &argv)?;
+    if rule.as_ref().is_some_and(|r| r.run) {
+        return run_for_real(ctx, id, name, argv, env, a.has("interactive"));
+    }
     let mut stdin = Vec::new();
     if a.has("interactive") {
         std::io::stdin().read_to_end(&mut stdin)?;
     }
-    let rule = Control::take_exec(&ctx.store, &id, &name, &argv)?;
     let (code, out, err) = match &rule {
         Some(r) => (r.exit_code, r.stdout.as_bytes().to_vec(), r.stderr.clone()),
         None => (0, stdin.clone(), String::new()),
@@ -791,6 +801,50 @@ fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     std::io::stdout().write_all(&out)?;
     std::io::stdout().flush()?;
     eprint!("{err}");
+    if code != 0 {
+        return Err(Fail::silent(code));
+    }
+    Ok(())
+}
+
+/// `vm exec` of an [`ExecRule::run`] rule: the argv as a real child with this process's stdio
+/// (stdin only with `-i`), which the kernel kills if this process dies (PR_SET_PDEATHSIG).
+fn run_for_real(ctx: &Ctx, id: String, name: String, argv: Vec<String>, env: Vec<String>, interactive: bool) -> Res {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let parent = std::process::id() as i32;
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .envs(env.iter().filter_map(|kv| kv.split_once('=')))
+        .stdin(if interactive {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        });
+    // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != parent {
+                // The parent is already gone: so is the session this command was for.
+                libc::_exit(137);
+            }
+            Ok(())
+        });
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| Fail::new(format!("exec: start {:?} in VM {id}: {e}", argv[0])))?;
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let record = crate::helper::ExecRecord {
+        vm_id: id,
+        vm_name: name,
+        argv,
+        env,
+        interactive,
+        stdin: String::new(),
+        exit_code: code,
+        at: now_rfc3339(),
+    };
+    ctx.store.append_jsonl("exec.log", &record)?;
     if code != 0 {
         return Err(Fail::silent(code));
     }

@@ -5,9 +5,13 @@
 //! namespace with the VM's TAP device and sends `settings.vm_net_tx_bytes` of frames on it, so
 //! `/proc/<pid>/net/dev` counts real traffic.
 //!
-//! The process is `cocoon-sim __vmm <sim root> <vm id> <rss bytes> <tap> <tx bytes>`; it exits
-//! when its marker `<sim root>/vmm/<id>.pid` no longer names it (the VM was stopped or removed,
-//! or the simulator root was deleted by a finished test).
+//! A cloud-hypervisor VMM also serves the VM's serial console on `<run dir>/console.sock`
+//! ([`console`]), and a VM with a static IP serves `settings.guest_http_ports` on it
+//! ([`guest_http`]), so port-forward has a guest to reach (on loopback by default).
+//!
+//! The process is `cocoon-sim __vmm <sim root> <vm id> <rss bytes> <tap> <tx bytes> <name> <ip>
+//! <ports>`; it exits when its marker `<sim root>/vmm/<id>.pid` no longer names it (the VM was
+//! stopped or removed, or the simulator root was deleted by a finished test).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -85,6 +89,9 @@ pub struct Boot<'a> {
     pub rss_bytes: u64,
     pub cow_data_bytes: u64,
     pub net_tx_bytes: u64,
+    /// The static IP of NIC 0 (none for DHCP NICs).
+    pub ip: Option<&'a str>,
+    pub guest_ports: &'a [u16],
 }
 
 fn marker(sim_root: &Path, id: &str) -> PathBuf {
@@ -179,7 +186,15 @@ pub fn start(b: &Boot<'_>, layout: &Layout) -> std::io::Result<(i64, VmFiles)> {
             &b.rss_bytes.to_string(),
             b.tap,
             &b.net_tx_bytes.to_string(),
+            b.name,
+            b.ip.unwrap_or("-"),
+            &if b.guest_ports.is_empty() {
+                "-".to_string()
+            } else {
+                b.guest_ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+            },
         ])
+        .current_dir(&files.run_dir)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -256,11 +271,23 @@ pub fn stop(sim_root: &Path, id: &str, pid: i64, files: Option<&VmFiles>, remove
 
 /// The body of the VMM process.
 pub fn main(args: &[String]) -> i32 {
-    let [root, id, rss, tap, tx] = args else {
-        eprintln!("usage: cocoon-sim __vmm SIM_ROOT VM_ID RSS_BYTES TAP TX_BYTES");
+    let [root, id, rss, tap, tx, name, ip, ports] = args else {
+        eprintln!("usage: cocoon-sim __vmm SIM_ROOT VM_ID RSS_BYTES TAP TX_BYTES NAME IP PORTS");
         return 2;
     };
     let marker = marker(Path::new(root), id);
+    // Sockets first: the TAP below moves this process into a network namespace of its own, and
+    // the guest's services must stay reachable from the host's.
+    if let Err(e) = console::serve(Path::new("console.sock"), name) {
+        eprintln!("console.sock: {e}");
+    }
+    if ip != "-" {
+        for port in ports.split(',').filter_map(|p| p.parse::<u16>().ok()) {
+            if let Err(e) = guest_http::serve(ip, port, name) {
+                eprintln!("guest port {ip}:{port}: {e}");
+            }
+        }
+    }
     let me = std::process::id().to_string();
     // Guest memory: touched, so it is resident.
     let rss: usize = rss.parse().unwrap_or(0);
@@ -283,6 +310,118 @@ pub fn main(args: &[String]) -> i32 {
         }
     }
     0
+}
+
+mod console {
+    //! The serial console as cloud-hypervisor's `--serial socket=` serves it: one client at a
+    //! time (a new connection replaces the old one), bytes both ways, nothing replayed on
+    //! connect. The "guest" behind it is a getty at a login prompt: what is typed is echoed, as
+    //! a terminal does, and each line entered is answered with a fresh `NAME login: ` prompt.
+
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    pub fn serve(path: &Path, name: &str) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let name = name.to_string();
+        let current: Arc<Mutex<Option<UnixStream>>> = Arc::default();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                if let Ok(mut held) = current.lock() {
+                    if let Some(old) = held.take() {
+                        let _ = old.shutdown(std::net::Shutdown::Both);
+                    }
+                    *held = conn.try_clone().ok();
+                }
+                let name = name.clone();
+                std::thread::spawn(move || getty(conn, &name));
+            }
+        });
+        Ok(())
+    }
+
+    fn getty(mut conn: UnixStream, name: &str) {
+        let mut buf = [0u8; 4096];
+        let mut last = 0u8;
+        loop {
+            let n = match conn.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let mut out = Vec::with_capacity(n + 64);
+            for &b in &buf[..n] {
+                match b {
+                    b'\n' if last == b'\r' => {}
+                    b'\r' | b'\n' => out.extend_from_slice(format!("\r\n{name} login: ").as_bytes()),
+                    _ => out.push(b),
+                }
+                last = b;
+            }
+            if conn.write_all(&out).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+mod guest_http {
+    //! A guest's web server on its IP: `GET` answers `hello from NAME (IP:PORT): GET PATH`,
+    //! `POST`/`PUT` echo the body; one request per connection.
+
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    pub fn serve(ip: &str, port: u16, name: &str) -> std::io::Result<()> {
+        let listener = TcpListener::bind((ip, port))?;
+        let who = format!("{name} ({ip}:{port})");
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let who = who.clone();
+                std::thread::spawn(move || {
+                    let _ = answer(conn, &who);
+                });
+            }
+        });
+        Ok(())
+    }
+
+    fn answer(conn: TcpStream, who: &str) -> std::io::Result<()> {
+        let mut reader = BufReader::new(conn.try_clone()?);
+        let mut request_line = String::new();
+        reader.read_line(&mut request_line)?;
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut parts = request_line.split_whitespace();
+        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
+        let body = if method == "POST" || method == "PUT" {
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body)?;
+            body
+        } else {
+            format!("hello from {who}: {method} {path}\n").into_bytes()
+        };
+        let mut conn = conn;
+        write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )?;
+        conn.write_all(&body)?;
+        conn.flush()
+    }
 }
 
 mod net {

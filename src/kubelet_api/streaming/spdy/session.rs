@@ -174,6 +174,11 @@ impl Session {
         self.shared.is_closed()
     }
 
+    /// A token cancelled when the connection is over.
+    pub fn token(&self) -> CancellationToken {
+        self.shared.closed.clone()
+    }
+
     /// Why the session ended abnormally (a protocol error, a read error, the idle timeout).
     pub fn failure(&self) -> Option<String> {
         self.shared.failure()

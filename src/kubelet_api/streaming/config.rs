@@ -1,0 +1,184 @@
+//! Settings of the streaming endpoints, from the environment (pure), with the kubelet's
+//! defaults.
+
+use std::time::Duration;
+
+use crate::kubelet::ConfigError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamingConfig {
+    /// `VK_STREAMING_IDLE_TIMEOUT` (the kubelet's `streamingConnectionIdleTimeout`, 4h): a
+    /// session with no traffic either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// `VK_STREAMING_CREATION_TIMEOUT` (the kubelet's stream creation timeout, 30s): how long a
+    /// client has to open the streams it asked for after the upgrade.
+    pub creation_timeout: Duration,
+    /// `VK_STREAMING_MAX_SESSIONS` (default 64): exec, attach and port-forward sessions open at
+    /// once on this node; more are refused with 429.
+    pub max_sessions: usize,
+    /// `VK_STREAMING_MAX_PORTFORWARD_STREAMS` (default 256): connections one port-forward
+    /// session may have open at once.
+    pub max_forwarded_connections: usize,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(4 * 3600),
+            creation_timeout: Duration::from_secs(30),
+            max_sessions: 64,
+            max_forwarded_connections: 256,
+        }
+    }
+}
+
+/// A Go-style duration (`4h`, `30s`, `1h30m`, `500ms`, `4h0m0s`), as the kubelet's flags take.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("empty".into());
+    }
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(|| format!("{s:?}: a number without a unit (use h, m, s or ms)"))?;
+        if digits == 0 {
+            return Err(format!("{s:?}: expected a number at {rest:?}"));
+        }
+        let value: f64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{s:?}: {:?} is not a number", &rest[..digits]))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            other => return Err(format!("{s:?}: unknown unit {other:?} (use h, m, s or ms)")),
+        };
+        rest = &rest[unit_len..];
+        total += Duration::from_secs_f64(value * unit);
+    }
+    Ok(total)
+}
+
+fn bad(variable: &'static str, value: &str, problem: String, accepted: &'static str) -> ConfigError {
+    ConfigError {
+        variable,
+        value: value.to_string(),
+        problem,
+        accepted,
+    }
+}
+
+impl StreamingConfig {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let mut c = Self::default();
+        let duration = |var: &'static str, default: Duration| -> Result<Duration, ConfigError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => match parse_duration(&v) {
+                    Ok(d) if !d.is_zero() => Ok(d),
+                    Ok(_) => Err(bad(
+                        var,
+                        &v,
+                        "must be more than 0".into(),
+                        "a duration such as 4h, 30s or 1h30m",
+                    )),
+                    Err(e) => Err(bad(var, &v, e, "a duration such as 4h, 30s or 1h30m")),
+                },
+            }
+        };
+        c.idle_timeout = duration("VK_STREAMING_IDLE_TIMEOUT", c.idle_timeout)?;
+        c.creation_timeout = duration("VK_STREAMING_CREATION_TIMEOUT", c.creation_timeout)?;
+        let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => match v.parse::<usize>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(bad(
+                        var,
+                        &v,
+                        "not a positive whole number".into(),
+                        "a number of at least 1",
+                    )),
+                },
+            }
+        };
+        c.max_sessions = count("VK_STREAMING_MAX_SESSIONS", c.max_sessions)?;
+        c.max_forwarded_connections = count("VK_STREAMING_MAX_PORTFORWARD_STREAMS", c.max_forwarded_connections)?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn go_durations() {
+        for (text, secs) in [
+            ("4h", 14400.0),
+            ("4h0m0s", 14400.0),
+            ("30s", 30.0),
+            ("1h30m", 5400.0),
+            ("500ms", 0.5),
+            ("1.5s", 1.5),
+            ("0", 0.0),
+        ] {
+            assert_eq!(parse_duration(text).unwrap(), Duration::from_secs_f64(secs), "{text}");
+        }
+        for bad in ["", "4", "h", "4x", "1h30", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<StreamingConfig, ConfigError> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        StreamingConfig::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_are_the_kubelets_and_mistakes_name_the_variable() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(
+            (c.idle_timeout, c.creation_timeout),
+            (Duration::from_secs(4 * 3600), Duration::from_secs(30))
+        );
+        let c = cfg(&[
+            ("VK_STREAMING_IDLE_TIMEOUT", "5m"),
+            ("VK_STREAMING_CREATION_TIMEOUT", "2s"),
+            ("VK_STREAMING_MAX_SESSIONS", "3"),
+            ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "9"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                c.idle_timeout,
+                c.creation_timeout,
+                c.max_sessions,
+                c.max_forwarded_connections
+            ),
+            (Duration::from_secs(300), Duration::from_secs(2), 3, 9)
+        );
+        for (var, value) in [
+            ("VK_STREAMING_IDLE_TIMEOUT", "soon"),
+            ("VK_STREAMING_IDLE_TIMEOUT", "0s"),
+            ("VK_STREAMING_CREATION_TIMEOUT", "10"),
+            ("VK_STREAMING_MAX_SESSIONS", "0"),
+            ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "many"),
+        ] {
+            assert_eq!(cfg(&[(var, value)]).unwrap_err().variable, var, "{value}");
+        }
+    }
+}

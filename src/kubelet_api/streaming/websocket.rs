@@ -1,0 +1,380 @@
+//! The WebSocket transports (what the apiserver forwards from kubectl once the node declares
+//! `ExtendWebSocketsToKubelet`, and what a client reaching the port directly may use):
+//!
+//! * [`Channels`]: the Kubernetes channel protocols for exec and attach. Every binary message
+//!   starts with its channel (0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize);
+//!   `v5.channel.k8s.io` adds the close signal `[255, channel]` (the client has no more to send
+//!   on that channel: stdin's EOF), which `v4.channel.k8s.io` lacks.
+//! * [`Tunnel`]: `SPDY/3.1+portforward.k8s.io`, a SPDY byte stream carried in binary messages
+//!   (kubectl's port-forward over WebSockets); the SPDY session runs on top of it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::{Sink, SinkExt, Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, PollSender};
+
+pub const V5: &str = "v5.channel.k8s.io";
+pub const V4: &str = "v4.channel.k8s.io";
+pub const SPDY_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
+
+pub const STDIN: u8 = 0;
+pub const STDOUT: u8 = 1;
+pub const STDERR: u8 = 2;
+pub const ERROR: u8 = 3;
+pub const RESIZE: u8 = 4;
+/// v5: `[CLOSE, channel]` says the client closed `channel`.
+const CLOSE: u8 = 255;
+
+/// The largest message this side sends (a channel byte plus this much data).
+const MAX_MESSAGE_DATA: usize = 64 * 1024;
+
+enum WsOut {
+    Data(u8, Bytes),
+    Close,
+}
+
+/// Last traffic either way, for the idle timeout.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        self.start
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+async fn idle_watch(activity: Arc<Activity>, timeout: Duration, closed: CancellationToken) {
+    loop {
+        let idle = activity.idle();
+        if idle >= timeout {
+            tracing::info!(?timeout, "WebSocket stream idle; closing it");
+            closed.cancel();
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(timeout - idle) => {}
+            _ = closed.cancelled() => return,
+        }
+    }
+}
+
+/// One exec or attach connection in a channel protocol.
+pub struct Channels {
+    /// What the client sends on channel 0 (`None` unless stdin was asked for).
+    pub stdin: Option<ChannelReader>,
+    out: mpsc::Sender<WsOut>,
+    /// Cancelled when the client is gone (closed, broke off, or idled out).
+    pub closed: CancellationToken,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl Channels {
+    /// Starts the reader and writer of `socket`, which negotiated `protocol` (v4 or v5).
+    pub fn start(socket: WebSocket, protocol: &str, want_stdin: bool, idle_timeout: Duration) -> Self {
+        let v5 = protocol == V5;
+        let (sink, stream) = socket.split();
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let (stdin_tx, stdin_rx) = mpsc::channel(16);
+        let closed = CancellationToken::new();
+        let activity = Activity::new();
+        let writer = tokio::spawn(write_channels(sink, out_rx, closed.clone(), activity.clone()));
+        tokio::spawn(read_channels(
+            stream,
+            want_stdin.then_some(stdin_tx),
+            v5,
+            closed.clone(),
+            activity.clone(),
+        ));
+        tokio::spawn(idle_watch(activity, idle_timeout, closed.clone()));
+        Self {
+            stdin: want_stdin.then(|| ChannelReader {
+                data: stdin_rx,
+                pending: Bytes::new(),
+            }),
+            out: out_tx,
+            closed,
+            writer,
+        }
+    }
+
+    /// A writer of `channel`.
+    pub fn writer(&self, channel: u8) -> ChannelWriter {
+        ChannelWriter {
+            channel,
+            out: PollSender::new(self.out.clone()),
+        }
+    }
+
+    /// Sends what was queued, then a normal close; waits at most `within`.
+    pub async fn close(self, within: Duration) {
+        let Self {
+            out, closed, writer, ..
+        } = self;
+        let _ = out.send(WsOut::Close).await;
+        drop(out);
+        if tokio::time::timeout(within, writer).await.is_err() {
+            tracing::debug!("WebSocket: the client did not take the last messages in time");
+        }
+        closed.cancel();
+    }
+}
+
+async fn write_channels<S>(
+    mut sink: S,
+    mut out: mpsc::Receiver<WsOut>,
+    closed: CancellationToken,
+    activity: Arc<Activity>,
+) where
+    S: Sink<Message> + Unpin,
+{
+    loop {
+        let item = tokio::select! {
+            item = out.recv() => item,
+            _ = closed.cancelled() => None,
+        };
+        let message = match item {
+            Some(WsOut::Data(channel, data)) => {
+                let mut m = BytesMut::with_capacity(data.len() + 1);
+                m.put_u8(channel);
+                m.put_slice(&data);
+                Message::Binary(m.freeze())
+            }
+            Some(WsOut::Close) => {
+                let _ = sink
+                    .send(Message::Close(Some(CloseFrame {
+                        code: close_code::NORMAL,
+                        reason: "".into(),
+                    })))
+                    .await;
+                return;
+            }
+            None => return,
+        };
+        // Flush when nothing else is queued: output is live, bursts are batched.
+        let sent = if out.is_empty() {
+            sink.send(message).await
+        } else {
+            sink.feed(message).await
+        };
+        if sent.is_err() {
+            closed.cancel();
+            return;
+        }
+        activity.touch();
+    }
+}
+
+async fn read_channels<S>(
+    mut stream: S,
+    mut stdin: Option<mpsc::Sender<Bytes>>,
+    v5: bool,
+    closed: CancellationToken,
+    activity: Arc<Activity>,
+) where
+    S: Stream<Item = Result<Message, axum::Error>> + Unpin,
+{
+    loop {
+        let message = tokio::select! {
+            m = stream.next() => m,
+            _ = closed.cancelled() => return,
+        };
+        activity.touch();
+        let data = match message {
+            Some(Ok(Message::Binary(data))) => data,
+            Some(Ok(Message::Text(_))) => {
+                tracing::debug!("WebSocket: ignoring a text message (the channel protocols are binary)");
+                continue;
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+        };
+        let Some((&channel, payload)) = data.split_first() else {
+            continue;
+        };
+        match channel {
+            STDIN => {
+                if let Some(tx) = &stdin {
+                    let chunk = data.slice(1..);
+                    if !chunk.is_empty() {
+                        tokio::select! {
+                            r = tx.send(chunk) => if r.is_err() { stdin = None },
+                            _ = closed.cancelled() => return,
+                        }
+                    }
+                }
+            }
+            CLOSE if v5 => {
+                if payload.first() == Some(&STDIN) {
+                    stdin = None; // the command sees EOF
+                }
+            }
+            RESIZE => {}
+            other => tracing::debug!(
+                channel = other,
+                "WebSocket: ignoring a message on a channel clients do not write"
+            ),
+        }
+    }
+    closed.cancel();
+}
+
+/// What the client writes on a channel, as tokio I/O (EOF at the close signal or the end).
+pub struct ChannelReader {
+    data: mpsc::Receiver<Bytes>,
+    pending: Bytes,
+}
+
+impl AsyncRead for ChannelReader {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.pending.is_empty() {
+            match ready!(self.data.poll_recv(cx)) {
+                Some(chunk) => self.pending = chunk,
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+        let n = self.pending.len().min(buf.remaining());
+        let chunk = self.pending.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Writes one channel.
+pub struct ChannelWriter {
+    channel: u8,
+    out: PollSender<WsOut>,
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "the WebSocket client is gone")
+}
+
+impl AsyncWrite for ChannelWriter {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if ready!(self.out.poll_reserve(cx)).is_err() {
+            return Poll::Ready(Err(gone()));
+        }
+        let n = buf.len().min(MAX_MESSAGE_DATA);
+        let item = WsOut::Data(self.channel, Bytes::copy_from_slice(&buf[..n]));
+        if self.out.send_item(item).is_err() {
+            return Poll::Ready(Err(gone()));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// The channel protocols have no per-channel close from the server: the connection's
+    /// close ends every channel.
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl ChannelWriter {
+    /// Sends an empty message on this channel (the kubelet's "streams are ready" signal).
+    pub async fn announce(&mut self) -> io::Result<()> {
+        let out = self.out.get_ref().ok_or_else(gone)?.clone();
+        out.send(WsOut::Data(self.channel, Bytes::new()))
+            .await
+            .map_err(|_| gone())
+    }
+}
+
+/// A byte stream over binary WebSocket messages (the SPDY tunnel of port-forward).
+pub struct Tunnel {
+    socket: WebSocket,
+    pending: Bytes,
+    eof: bool,
+}
+
+impl Tunnel {
+    pub fn new(socket: WebSocket) -> Self {
+        Self {
+            socket,
+            pending: Bytes::new(),
+            eof: false,
+        }
+    }
+}
+
+fn ws_error(e: axum::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, format!("WebSocket: {e}"))
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        while this.pending.is_empty() {
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut this.socket).poll_next(cx)) {
+                Some(Ok(Message::Binary(data))) => this.pending = data,
+                Some(Ok(Message::Text(_))) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a text message in the SPDY tunnel (it carries binary messages only)",
+                    )));
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(Message::Close(_))) | None => this.eof = true,
+                Some(Err(e)) => return Poll::Ready(Err(ws_error(e))),
+            }
+        }
+        let n = this.pending.len().min(buf.remaining());
+        let chunk = this.pending.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        ready!(Pin::new(&mut self.socket).poll_ready(cx)).map_err(ws_error)?;
+        let n = buf.len().min(MAX_MESSAGE_DATA);
+        Pin::new(&mut self.socket)
+            .start_send(Message::Binary(Bytes::copy_from_slice(&buf[..n])))
+            .map_err(ws_error)?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.socket).poll_flush(cx).map_err(ws_error)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.socket).poll_close(cx).map_err(ws_error)
+    }
+}
