@@ -89,8 +89,15 @@ pub struct KubeletConfig {
     pub root_dir: PathBuf,
     /// `status.nodeInfo.kubeletVersion` (the vk-cocoon version).
     pub kubelet_version: String,
+    /// `status.declaredFeatures`: `ExtendWebSocketsToKubelet` unless `VK_STREAMING_WEBSOCKETS`
+    /// is `false` — a 1.36 apiserver then forwards kubectl's exec/attach/port-forward
+    /// WebSockets to the daemon as they are, instead of translating them to SPDY.
+    pub declared_features: Vec<String>,
     pub timings: Timings,
 }
+
+/// The node feature that tells a 1.36 apiserver this node serves the streaming WebSockets.
+pub const WEBSOCKETS_FEATURE: &str = "ExtendWebSocketsToKubelet";
 
 pub const DEFAULT_NODE_NAME: &str = "cocoon-pool";
 pub const DEFAULT_NODE_POOL: &str = "default";
@@ -173,6 +180,18 @@ impl KubeletConfig {
             ));
         }
         let provider_id = get("VK_PROVIDER_ID");
+        let declared_features = match get("VK_STREAMING_WEBSOCKETS").as_deref() {
+            None | Some("true") | Some("1") => vec![WEBSOCKETS_FEATURE.to_string()],
+            Some("false") | Some("0") => Vec::new(),
+            Some(v) => {
+                return Err(bad(
+                    "VK_STREAMING_WEBSOCKETS",
+                    v,
+                    "not a boolean".into(),
+                    "true (declare ExtendWebSocketsToKubelet, the default) or false",
+                ));
+            }
+        };
         let hostname = get("VK_NODE_HOSTNAME").unwrap_or_else(|| node_name.clone());
         if !is_dns_subdomain(&hostname) {
             return Err(bad(
@@ -271,6 +290,7 @@ impl KubeletConfig {
             max_pods,
             root_dir,
             kubelet_version: format!("v{}", env!("CARGO_PKG_VERSION")),
+            declared_features,
             timings: Timings::default(),
         })
     }

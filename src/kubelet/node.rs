@@ -197,6 +197,7 @@ pub fn node_status(
             ..Default::default()
         }),
         phase: Some("Running".into()),
+        declared_features: (!cfg.declared_features.is_empty()).then(|| cfg.declared_features.clone()),
         ..Default::default()
     }
 }

@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 
 use super::auth::{self, Auth};
 use super::state::ApiState;
-use super::streaming::{attach, exec};
+use super::streaming::{attach, exec, portforward};
 use super::{logs, resource_metrics, summary};
 use crate::stats::families;
 
@@ -73,6 +73,10 @@ fn endpoints() -> Router<Arc<ApiState>> {
         .route(
             "/attach/{namespace}/{pod}/{container}",
             get(attach::attach).merge(post(attach::attach)),
+        )
+        .route(
+            "/portForward/{namespace}/{pod}",
+            get(portforward::port_forward).merge(post(portforward::port_forward)),
         )
 }
 

@@ -4,7 +4,8 @@
 //! exec'd commands as real processes, serves each VM's serial console and a web server on each
 //! guest's loopback address.
 
-use std::io::{BufRead, BufReader, Write};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -78,6 +79,31 @@ impl Node {
     }
 }
 
+/// Open streaming sessions of `kind` (exec, attach, portforward) on the daemon's /metrics.
+fn streams(node: &Node, kind: &str) -> f64 {
+    node.metric(&format!("cocoon_vk_kubelet_api_streams{{kind=\"{kind}\"}}"))
+        .unwrap_or(0.0)
+}
+
+/// The daemon's log without its colours.
+fn plain_log(node: &Node) -> String {
+    let log = node.daemon.log();
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Pids of processes whose argv is exactly `argv`.
 fn processes(argv: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
@@ -130,11 +156,7 @@ async fn exec_works(node: &Node) {
     // The guest's stdin closes when kubectl's does.
     let (code, out, _) = node.exec(&["-i"], &["wc", "-c"], Some(b"12345".to_vec()));
     assert_eq!((code, String::from_utf8_lossy(&out).trim()), (0, "5"));
-    assert_eq!(
-        node.metric("cocoon_vk_kubelet_api_streams").unwrap_or(0.0),
-        0.0,
-        "no session left open"
-    );
+    assert_eq!(streams(node, "exec"), 0.0, "no session left open");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,11 +165,40 @@ async fn kubectl_exec_through_spdy() {
         return;
     };
     exec_works(&node).await;
+    let log = plain_log(&node);
+    assert!(
+        log.contains("transport=Spdy protocol=v5.channel.k8s.io") && !log.contains("transport=WebSocket"),
+        "the apiserver translated to SPDY:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_exec_through_websockets() {
+    let Some(node) = exec_node("exec-ws", true).await else {
+        return;
+    };
+    let declared = node.kubectl(&[
+        "get",
+        "node",
+        &node.machine.node,
+        "-o",
+        "jsonpath={.status.declaredFeatures}",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&declared.stdout),
+        r#"["ExtendWebSocketsToKubelet"]"#
+    );
+    exec_works(&node).await;
+    let log = plain_log(&node);
+    assert!(
+        log.contains("transport=WebSocket protocol=v5.channel.k8s.io") && !log.contains("transport=Spdy"),
+        "the apiserver forwarded kubectl's WebSockets, not SPDY:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_exec_refuses_a_tty_and_stops_the_command_of_a_client_that_leaves() {
-    let Some(node) = exec_node("exec-leave", false).await else {
+    let Some(node) = exec_node("exec-leave", true).await else {
         return;
     };
     // -t needs a terminal on kubectl's side: `script` gives it one.
@@ -188,7 +239,7 @@ async fn kubectl_exec_refuses_a_tty_and_stops_the_command_of_a_client_that_leave
         .unwrap();
     assert_eq!(line, "ready\n");
     assert_eq!(processes(&["sleep", &marker]).len(), 1, "the command runs");
-    assert_eq!(node.metric("cocoon_vk_kubelet_api_streams"), Some(1.0));
+    assert_eq!(streams(&node, "exec"), 1.0);
     kubectl.kill().unwrap();
     kubectl.wait().unwrap();
     eventually(30, "the command is gone with its client", || async {
@@ -199,8 +250,205 @@ async fn kubectl_exec_refuses_a_tty_and_stops_the_command_of_a_client_that_leave
         node.machine.sim.pids_of("vm exec").unwrap().is_empty()
     })
     .await;
-    eventually(30, "the session is closed", || async {
-        node.metric("cocoon_vk_kubelet_api_streams") == Some(0.0)
+    eventually(30, "the session is closed", || async { streams(&node, "exec") == 0.0 }).await;
+}
+
+/// Lines of a child's pipe, read by a thread of their own.
+fn lines_of(pipe: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Bytes of a child's pipe as they come.
+fn bytes_of(mut pipe: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Collects `rx` until the text holds `want` (at most 30 s).
+fn until_contains(rx: &std::sync::mpsc::Receiver<Vec<u8>>, seen: &mut Vec<u8>, want: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !String::from_utf8_lossy(seen).contains(want) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(chunk) => seen.extend(chunk),
+            Err(_) => panic!("no {want:?} within 30 s; got {:?}", String::from_utf8_lossy(seen)),
+        }
+    }
+}
+
+async fn attach_works(node: &Node) {
+    let mut first = node
+        .kubectl_stream(&["attach", "-i", "web-0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let output = bytes_of(first.stdout.take().unwrap());
+    let mut typing = first.stdin.take().unwrap();
+    typing.write_all(b"root\n").unwrap();
+    let mut seen = Vec::new();
+    // The serial console echoes what is typed and the guest's getty answers the line.
+    until_contains(&output, &mut seen, "root\r\nvm-web login: ");
+    assert_eq!(streams(node, "attach"), 1.0);
+
+    // cloud-hypervisor serves one console client: a second attach is told so.
+    let second = node.kubectl_stream(&["attach", "web-0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    assert!(err.contains("is attached by another session"), "{err}");
+
+    typing.write_all(b"second line\r").unwrap();
+    until_contains(&output, &mut seen, "second line\r\nvm-web login: ");
+    first.kill().unwrap();
+    first.wait().unwrap();
+    eventually(30, "the console is released when its client leaves", || async {
+        streams(node, "attach") == 0.0
     })
     .await;
+    let mut again = node
+        .kubectl_stream(&["attach", "-i", "web-0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let output = bytes_of(again.stdout.take().unwrap());
+    again.stdin.as_mut().unwrap().write_all(b"again\n").unwrap();
+    until_contains(&output, &mut Vec::new(), "again\r\nvm-web login: ");
+    again.kill().unwrap();
+    again.wait().unwrap();
+}
+
+async fn port_forward_works(node: &Node) {
+    let vm = node.machine.vms_named("vm-web").await.remove(0);
+    let guest_ip = vm.primary_ip().unwrap().to_string();
+    assert!(guest_ip.starts_with("127.88."), "the guest is on loopback: {guest_ip}");
+    let mut pf = node
+        .kubectl_stream(&["port-forward", "pod/web-0", ":8080", ":9999"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = lines_of(pf.stdout.take().unwrap());
+    let err = lines_of(pf.stderr.take().unwrap());
+    let mut local = HashMap::new();
+    while local.len() < 2 {
+        let line = out
+            .recv_timeout(Duration::from_secs(30))
+            .expect("kubectl port-forward listens");
+        // "Forwarding from 127.0.0.1:41235 -> 8080"
+        if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+            let (local_port, remote) = rest.split_once(" -> ").unwrap();
+            local.insert(remote.to_string(), local_port.parse::<u16>().unwrap());
+        }
+    }
+    let web = local["8080"];
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    // Many connections over the one session, at once.
+    let gets = (0..8).map(|i| {
+        let client = client.clone();
+        async move {
+            let r = client
+                .get(format!("http://127.0.0.1:{web}/page-{i}"))
+                .send()
+                .await
+                .unwrap();
+            (i, r.status().as_u16(), r.text().await.unwrap())
+        }
+    });
+    for (i, status, body) in futures::future::join_all(gets).await {
+        assert_eq!(status, 200);
+        assert_eq!(body, format!("hello from vm-web ({guest_ip}:8080): GET /page-{i}\n"));
+    }
+    let upload = random_bytes(1 << 20);
+    let echoed = client
+        .post(format!("http://127.0.0.1:{web}/echo"))
+        .body(upload.clone())
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert!(
+        echoed == upload,
+        "1 MiB through the guest came back as {} bytes",
+        echoed.len()
+    );
+    assert_eq!(streams(node, "portforward"), 1.0, "one session for all of them");
+
+    // Nothing listens on 9999 in the guest: the client is told why.
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", local["9999"]))
+        .await
+        .unwrap();
+    let _ = tokio::io::AsyncWriteExt::write_all(&mut conn, b"hello?").await;
+    let mut rest = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut conn, &mut rest).await;
+    assert!(rest.is_empty(), "no guest answered");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let reason = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = err.recv_timeout(left).expect("kubectl reports the failed connection");
+        if line.contains("error forwarding port 9999") {
+            break line;
+        }
+    };
+    assert!(
+        reason.contains(&format!("to pod {}/web-0", node.ns))
+            && reason.contains(&format!("failed to connect to {guest_ip}:9999 inside the VM")),
+        "{reason}"
+    );
+    let _ = pf.kill();
+    pf.wait().unwrap();
+    eventually(30, "the port-forward session ends with kubectl", || async {
+        streams(node, "portforward") == 0.0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_attach_and_port_forward_through_websockets() {
+    let Some(node) = exec_node("attach-ws", true).await else {
+        return;
+    };
+    attach_works(&node).await;
+    port_forward_works(&node).await;
+    let log = plain_log(&node);
+    assert!(log.contains("endpoint=attach transport=WebSocket"), "{log}");
+    assert!(
+        log.contains("endpoint=portforward transport=WebSocket protocol=SPDY/3.1+portforward.k8s.io"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_attach_and_port_forward_through_spdy() {
+    let Some(node) = exec_node("attach-spdy", false).await else {
+        return;
+    };
+    attach_works(&node).await;
+    port_forward_works(&node).await;
+    let log = plain_log(&node);
+    assert!(log.contains("endpoint=attach transport=Spdy"), "{log}");
+    assert!(
+        log.contains("endpoint=portforward transport=Spdy protocol=portforward.k8s.io"),
+        "{log}"
+    );
 }

@@ -15,7 +15,7 @@
 pub mod attach;
 pub mod config;
 pub mod exec;
-
+pub mod portforward;
 pub mod remotecommand;
 pub mod spdy;
 pub mod target;

@@ -255,6 +255,7 @@ where
         Ok(p) => p,
         Err(refusal) => return refusal,
     };
+    tracing::debug!(endpoint = %what, ?transport, %protocol, "streaming: upgrading");
     let config = api.streaming.config.clone();
     match transport {
         Transport::Spdy => upgrade::spdy(req, protocol, move |io| async move {
