@@ -322,6 +322,13 @@ mod tests {
             c.hostname, "cocoon-pool",
             "the Hostname address defaults to the node name"
         );
+        assert_eq!(c.declared_features, [WEBSOCKETS_FEATURE], "WebSockets are declared");
+        assert!(
+            cfg(&[("VK_STREAMING_WEBSOCKETS", "false")])
+                .unwrap()
+                .declared_features
+                .is_empty()
+        );
     }
 
     #[test]
@@ -367,6 +374,7 @@ mod tests {
             ("VK_NODE_POOL", &"x".repeat(64), "label value"),
             ("VK_NODE_NAME", "Upper_Case", "DNS subdomain"),
             ("VK_NODE_HOSTNAME", "no spaces", "DNS subdomain"),
+            ("VK_STREAMING_WEBSOCKETS", "maybe", "true (declare"),
             ("VK_NODE_IP", "10.0.0", "IPv4 or IPv6"),
             ("VK_KUBELET_PORT", "0", "1 to 65535"),
             ("VK_KUBELET_PORT", "70000", "1 to 65535"),

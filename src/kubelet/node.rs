@@ -361,6 +361,11 @@ mod tests {
         );
         assert_eq!(conds.len(), 5);
         assert!(st.node_info.as_ref().unwrap().kubelet_version.starts_with('v'));
+        assert_eq!(
+            st.declared_features.as_deref(),
+            Some(&["ExtendWebSocketsToKubelet".to_string()][..]),
+            "a 1.36 apiserver forwards the streaming WebSockets to a node that declares this"
+        );
     }
 
     #[test]

@@ -28,3 +28,4 @@ mod node;
 mod preflight;
 mod restart;
 mod streaming;
+mod streaming_direct;

@@ -19,6 +19,12 @@ async fn exec_node(prefix: &str, websockets: bool) -> Option<Node> {
     } else {
         &[("VK_STREAMING_WEBSOCKETS", "false")]
     };
+    exec_node_with(prefix, env).await
+}
+
+/// A node whose exec'd commands run for real and whose guest serves :8080, its daemon with
+/// `env` too.
+pub async fn exec_node_with(prefix: &str, env: &[(&str, &str)]) -> Option<Node> {
     let node = node_with_pod_on(
         prefix,
         Duration::from_secs(3600),
@@ -86,7 +92,7 @@ fn streams(node: &Node, kind: &str) -> f64 {
 }
 
 /// The daemon's log without its colours.
-fn plain_log(node: &Node) -> String {
+pub fn plain_log(node: &Node) -> String {
     let log = node.daemon.log();
     let mut out = String::with_capacity(log.len());
     let mut chars = log.chars();

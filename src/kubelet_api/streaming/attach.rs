@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
@@ -38,7 +38,7 @@ pub async fn attach(
     };
     let target = match target::resolve(&api, &namespace, &pod, Some(&container)) {
         Ok(t) => t,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     if target.vm.hypervisor == "firecracker" {
         return plain(
@@ -61,7 +61,7 @@ pub async fn attach(
     };
     let admission = match api.streaming.admit(api.metrics.streams.with_label_values(&["attach"])) {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let run_api = api.clone();
     remotecommand::serve(api, req, opts, admission, "attach", move |streams| {

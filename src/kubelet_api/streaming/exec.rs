@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::remotecommand::{self, Options, Outcome, Streams};
@@ -32,11 +32,11 @@ pub async fn exec(
     };
     let target = match target::resolve(&api, &namespace, &pod, Some(&container)) {
         Ok(t) => t,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let admission = match api.streaming.admit(api.metrics.streams.with_label_values(&["exec"])) {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let run_api = api.clone();
     remotecommand::serve(api, req, opts.clone(), admission, "exec", move |streams| {

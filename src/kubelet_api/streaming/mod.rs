@@ -27,7 +27,6 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
-use axum::response::Response;
 use prometheus::IntGauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -86,9 +85,9 @@ impl Streaming {
     }
 
     /// A slot for one more session, or the 429 that says the node is at its limit.
-    pub fn admit(&self, gauge: IntGauge) -> Result<Admission, Response> {
+    pub fn admit(&self, gauge: IntGauge) -> Result<Admission, upgrade::Refusal> {
         let permit = self.sessions.clone().try_acquire_owned().map_err(|_| {
-            upgrade::plain(
+            upgrade::Refusal::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!(
                     "vk-cocoon: this node already serves {} exec/attach/port-forward sessions (VK_STREAMING_MAX_SESSIONS); try again when one ends",

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -39,7 +39,7 @@ pub async fn port_forward(
 ) -> Response {
     let target = match target::resolve(&api, &namespace, &pod, None) {
         Ok(t) => t,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let Some(ip) = target.guest_ip() else {
         return plain(
@@ -63,7 +63,7 @@ pub async fn port_forward(
     }
     let transport = match upgrade::transport(req.headers(), "port-forward") {
         Ok(t) => t,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let ours: &[&'static str] = match transport {
         Transport::Spdy => &[PROTOCOL],
@@ -71,14 +71,14 @@ pub async fn port_forward(
     };
     let protocol = match upgrade::negotiate(req.headers(), transport, ours) {
         Ok(p) => p,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let admission = match api
         .streaming
         .admit(api.metrics.streams.with_label_values(&["portforward"]))
     {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     tracing::debug!(endpoint = %"portforward", ?transport, %protocol, "streaming: upgrading");
     let forwarder = Forwarder {

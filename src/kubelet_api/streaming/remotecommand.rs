@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::Request;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::Admission;
 use super::spdy::{self, Stream};
@@ -195,11 +195,13 @@ impl Streams {
             let next = tokio::select! {
                 s = incoming.recv() => s,
                 _ = tokio::time::sleep_until(deadline) => {
-                    session.shutdown(Duration::from_secs(1)).await;
-                    return Err(format!(
-                        "timed out after {within:?} waiting for the client to create its streams (has {:?}, wants {want:?})",
+                    let reason = format!(
+                        "timed out after {within:?} waiting for the client to create its streams (has {:?}, wants {want:?}); closing the connection",
                         got.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
-                    ));
+                    );
+                    tracing::warn!(%reason, "SPDY remote command: the client did not set up its streams");
+                    session.shutdown(Duration::from_secs(1)).await;
+                    return Err(reason);
                 }
             };
             let Some(stream) = next else {
@@ -249,11 +251,11 @@ where
 {
     let transport = match upgrade::transport(req.headers(), what) {
         Ok(t) => t,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     let protocol = match upgrade::negotiate(req.headers(), transport, &PROTOCOLS) {
         Ok(p) => p,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     };
     tracing::debug!(endpoint = %what, ?transport, %protocol, "streaming: upgrading");
     let config = api.streaming.config.clone();
@@ -268,7 +270,7 @@ where
             let (session, incoming) = spdy::serve(io, session_config);
             match Streams::spdy(session, incoming, &opts, config.creation_timeout).await {
                 Ok(streams) => body(streams).await,
-                Err(reason) => tracing::warn!(%reason, "{what}: the SPDY client did not set up its streams"),
+                Err(reason) => tracing::debug!(%reason, "{what}: no streams, no {what}"),
             }
         }),
         Transport::WebSocket => {

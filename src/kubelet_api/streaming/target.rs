@@ -3,12 +3,10 @@
 
 use std::net::IpAddr;
 
-use axum::http::StatusCode;
-use axum::response::Response;
-
-use super::upgrade::plain;
+use super::upgrade::Refusal;
 use crate::kubelet_api::source::PodVm;
 use crate::kubelet_api::state::ApiState;
+use axum::http::StatusCode;
 
 /// A pod with a live VM.
 #[derive(Debug, Clone)]
@@ -26,9 +24,9 @@ impl Target {
 }
 
 /// Pod `namespace/pod` on this node, its `container` (when one is named) and its VM.
-pub fn resolve(api: &ApiState, namespace: &str, pod_name: &str, container: Option<&str>) -> Result<Target, Response> {
+pub fn resolve(api: &ApiState, namespace: &str, pod_name: &str, container: Option<&str>) -> Result<Target, Refusal> {
     let Some((pod, vm)) = api.pods.pod(namespace, pod_name) else {
-        return Err(plain(
+        return Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!("pod {namespace}/{pod_name} does not exist on node {}", api.node_name),
         ));
@@ -41,7 +39,7 @@ pub fn resolve(api: &ApiState, namespace: &str, pod_name: &str, container: Optio
             .map(|c| c.name.clone())
             .collect();
         if !containers.iter().any(|c| c == container) {
-            return Err(plain(
+            return Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 format!(
                     "container {container:?} is not in pod {namespace}/{pod_name} (containers: {})",
@@ -51,7 +49,7 @@ pub fn resolve(api: &ApiState, namespace: &str, pod_name: &str, container: Optio
         }
     }
     let Some(vm) = vm else {
-        return Err(plain(
+        return Err(Refusal::new(
             StatusCode::CONFLICT,
             format!(
                 "pod {namespace}/{pod_name} has no running VM (it is hibernated or still being created): nothing to connect to"

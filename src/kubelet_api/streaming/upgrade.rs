@@ -25,11 +25,42 @@ pub enum Transport {
 }
 
 pub fn plain(status: StatusCode, body: impl Into<String>) -> Response {
-    let mut body = body.into();
-    if !body.ends_with('\n') {
-        body.push('\n');
+    Refusal::new(status, body).into_response()
+}
+
+/// A request refused before any upgrade: its status and the reason the client shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+    /// SPDY: the sub-protocols this side speaks (`X-Accepted-Stream-Protocol-Versions`).
+    accepted: Vec<&'static str>,
+}
+
+impl Refusal {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            accepted: Vec::new(),
+        }
     }
-    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut body = self.message;
+        if !body.ends_with('\n') {
+            body.push('\n');
+        }
+        let mut response = (self.status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response();
+        for p in self.accepted {
+            response
+                .headers_mut()
+                .append("x-accepted-stream-protocol-versions", HeaderValue::from_static(p));
+        }
+        response
+    }
 }
 
 fn header_list(headers: &HeaderMap, name: &str) -> Vec<String> {
@@ -44,7 +75,7 @@ fn header_list(headers: &HeaderMap, name: &str) -> Vec<String> {
 }
 
 /// The transport the request upgrades to, or the 400 that explains what is missing.
-pub fn transport(headers: &HeaderMap, what: &str) -> Result<Transport, Response> {
+pub fn transport(headers: &HeaderMap, what: &str) -> Result<Transport, Refusal> {
     let upgrade = header_list(headers, "upgrade");
     if upgrade.iter().any(|u| u.eq_ignore_ascii_case("websocket")) {
         return Ok(Transport::WebSocket);
@@ -52,7 +83,7 @@ pub fn transport(headers: &HeaderMap, what: &str) -> Result<Transport, Response>
     if upgrade.iter().any(|u| u.eq_ignore_ascii_case("SPDY/3.1")) {
         return Ok(Transport::Spdy);
     }
-    Err(plain(
+    Err(Refusal::new(
         StatusCode::BAD_REQUEST,
         format!(
             "{what} streams over an upgraded connection: send `Upgrade: SPDY/3.1` with X-Stream-Protocol-Version, or a WebSocket upgrade (got Upgrade: {upgrade:?})"
@@ -62,7 +93,7 @@ pub fn transport(headers: &HeaderMap, what: &str) -> Result<Transport, Response>
 
 /// The client's first protocol that `ours` has (`Sec-WebSocket-Protocol` or
 /// `X-Stream-Protocol-Version`), or the refusal naming both lists.
-pub fn negotiate(headers: &HeaderMap, transport: Transport, ours: &[&'static str]) -> Result<String, Response> {
+pub fn negotiate(headers: &HeaderMap, transport: Transport, ours: &[&'static str]) -> Result<String, Refusal> {
     let name = match transport {
         Transport::Spdy => STREAM_PROTOCOL,
         Transport::WebSocket => "sec-websocket-protocol",
@@ -71,20 +102,16 @@ pub fn negotiate(headers: &HeaderMap, transport: Transport, ours: &[&'static str
     if let Some(p) = offered.iter().find(|p| ours.contains(&p.as_str())) {
         return Ok(p.clone());
     }
-    let mut response = plain(
+    let mut refusal = Refusal::new(
         StatusCode::FORBIDDEN,
         format!(
             "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server accepts {ours:?}"
         ),
     );
     if transport == Transport::Spdy {
-        for p in ours {
-            response
-                .headers_mut()
-                .append("x-accepted-stream-protocol-versions", HeaderValue::from_static(p));
-        }
+        refusal.accepted = ours.to_vec();
     }
-    Err(response)
+    Err(refusal)
 }
 
 /// Answers `101` with `protocol` and runs `serve` on the upgraded connection.
@@ -175,10 +202,12 @@ mod tests {
     #[test]
     fn refusals_say_what_was_offered_and_what_is_spoken() {
         let h = headers(&[("upgrade", "SPDY/3.1"), (STREAM_PROTOCOL, "v2.channel.k8s.io")]);
-        let r = negotiate(&h, Transport::Spdy, &["v5.channel.k8s.io"]).unwrap_err();
+        let r = negotiate(&h, Transport::Spdy, &["v5.channel.k8s.io"])
+            .unwrap_err()
+            .into_response();
         assert_eq!(r.status(), StatusCode::FORBIDDEN);
         assert_eq!(r.headers()["x-accepted-stream-protocol-versions"], "v5.channel.k8s.io");
         let r = transport(&headers(&[]), "exec").unwrap_err();
-        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
     }
 }
