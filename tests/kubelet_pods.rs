@@ -54,7 +54,7 @@ async fn a_bound_pod_reaches_the_provider_exactly_once_and_its_status_is_publish
     .await
     .unwrap();
     server.bookmark();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    barrier(&server, &provider).await;
     assert_eq!(provider.count("create", &uid), 1);
     assert_eq!(
         provider.count_key("create", "default/theirs"),
@@ -153,7 +153,7 @@ async fn the_watch_survives_an_apiserver_restart_and_a_410_gone() {
         "a relist happened ({lists_before} → {lists_after})"
     );
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    barrier(&server, &provider).await;
     for p in [&a, &b, &c] {
         assert_eq!(
             provider.count("create", &p.uid().unwrap()),
@@ -235,7 +235,10 @@ async fn a_rejected_pod_is_published_failed_and_not_retried() {
     .await;
     let st = get(&server, "wrong-class").unwrap().status.unwrap();
     assert_eq!(st.reason.as_deref(), Some("SnapshotCPUClassMismatch"));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    barrier(&server, &provider).await;
+    // A retry would come from the backoff timer: watch for twice its longest delay (an
+    // observation window, not a synchronisation).
+    tokio::time::sleep(fast_timings().retry_max * 2).await;
     assert_eq!(provider.count("create", &p.uid().unwrap()), 1);
     running.stop().await;
 }

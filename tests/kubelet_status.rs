@@ -100,8 +100,8 @@ async fn the_controller_drops_a_status_for_a_replaced_pod_and_serves_the_new_one
 
     let old = server.store().seed(&pod("p", NODE)).unwrap();
     let old_uid = old.uid().unwrap();
-    eventually(10, "created; status publication waiting", || {
-        provider.count("create", &old_uid) == 1
+    eventually(10, "created; status publication waiting at the gate", || {
+        provider.count("create", &old_uid) == 1 && provider.count("status_gated", &old_uid) >= 1
     })
     .await;
 
@@ -117,7 +117,8 @@ async fn the_controller_drops_a_status_for_a_replaced_pod_and_serves_the_new_one
     .unwrap();
     let new = pods.create(&PostParams::default(), &pod("p", NODE)).await.unwrap();
     let new_uid = new.uid().unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Whether the controller has seen the replacement yet or not, the old write carries the old
+    // uid and must be refused: open the gate now.
     gate.add_permits(1000);
 
     eventually(10, "new incarnation running", || {

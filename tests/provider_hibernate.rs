@@ -402,7 +402,11 @@ async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
         has_event(&env, "agent-0", "HibernateSnapshotMissing")
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let failed_wakes = || d.provider.metrics().wake.with_label_values(&["failed"]).get();
+    eventually(20, "the owed retry of the wake ran and failed too", || {
+        failed_wakes() >= 2
+    })
+    .await;
     assert!(
         vm_named(&env, "vm-t").await.is_none(),
         "no fresh guest, not even after a retry"
@@ -428,7 +432,11 @@ async fn a_restart_mid_hibernate_resumes_it() {
     })
     .await;
     d.kill().await;
-    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    // The kill takes the daemon's cocoon children with it: no save finishes behind its back.
+    eventually(20, "no snapshot save left running", || {
+        env.sim.pids_of("snapshot save").unwrap().is_empty()
+    })
+    .await;
     assert!(vm_named(&env, "vm-m").await.is_some(), "the VM outlived the daemon");
 
     let d = start(&env, Options::default());
@@ -575,7 +583,10 @@ async fn an_unrelated_update_is_a_noop_without_a_status_echo() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
     ready_pod(&env, "agent-0", "vm-q").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Observation windows, not synchronisation: a status write comes from the controller at once
+    // or from the status reconciler within one period.
+    let window = fast_timings().status_period * 2;
+    tokio::time::sleep(window).await;
     let status_writes = |env: &Env| {
         env.server
             .requests()
@@ -590,7 +601,7 @@ async fn an_unrelated_update_is_a_noop_without_a_status_echo() {
         d.provider.metrics().lifecycle_count("update", "skipped", "noop") > noops
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(window).await;
     assert_eq!(status_writes(&env), before, "no status echo");
     assert!(vm_named(&env, "vm-q").await.is_some() && ready(&env, "agent-0"));
     d.kill().await;

@@ -223,7 +223,8 @@ async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hi
     // The VM is kept for manual repair.
     assert!(vm_named(&env, "vm-broken").await.is_some());
     let attempts = execs.len();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // An observation window, not synchronisation: a retry would come within one fixup interval.
+    tokio::time::sleep(fast_timings().fixup_interval * 4).await;
     assert_eq!(
         env.sim.exec_log().unwrap().len(),
         attempts,
@@ -246,7 +247,8 @@ async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the
         annotation(&env, "dhcp-0", "vm.cocoonstack.io/id").is_some()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // An observation window (well inside the 3 s lease wait): the wait polls every ip_poll.
+    tokio::time::sleep(fast_timings().ip_poll * 10).await;
     assert_eq!(
         lifecycle(&env, "dhcp-0").as_deref(),
         Some("creating"),

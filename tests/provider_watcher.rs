@@ -1,5 +1,5 @@
 //! The VM event watcher end to end (cocoon-sim's `vm status --event` stream): a VM deleted
-//! behind the daemon's back evicts its pod within two seconds; a stopped VM is started again in
+//! behind the daemon's back evicts its pod on the stream's next report; a stopped VM is started again in
 //! place, and one that stops again within the cooldown is removed and its pod evicted; a VM
 //! whose state stays undecidable is removed and its pod evicted when the budget runs out.
 
@@ -24,12 +24,21 @@ async fn ready_pod(env: &Env, pod: &str, vm: &str, extra: &[(&str, &str)]) {
     .await;
 }
 
+/// Waits until the daemon's event stream has reported VM `id` in `state`: a change made after
+/// this is seen on the stream's next poll (made before, the stream might never see it).
+async fn stream_reports(env: &Env, id: &str, state: &str) {
+    eventually(20, &format!("the event stream reports {id} {state}"), || {
+        env.sim.stream_reports(id, state).unwrap()
+    })
+    .await;
+}
+
 fn deleting(env: &Env, name: &str) -> bool {
     get(env, name).is_none_or(|p| p.metadata.deletion_timestamp.is_some())
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_vm_deleted_out_of_band_evicts_its_pod_within_two_seconds_and_releases_its_lease() {
+async fn a_vm_deleted_out_of_band_evicts_its_pod_on_the_next_event_and_releases_its_lease() {
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let releaser = Arc::new(RecordingReleaser::default());
@@ -49,24 +58,19 @@ async fn a_vm_deleted_out_of_band_evicts_its_pod_within_two_seconds_and_releases
         annotation(&env, "agent-0", "vm.cocoonstack.io/id").is_some()
     })
     .await;
-    let mac = vm_named(&env, "vm-gone")
-        .await
-        .unwrap()
-        .primary_mac()
-        .unwrap()
-        .to_string();
+    let vm = vm_named(&env, "vm-gone").await.unwrap();
+    let mac = vm.primary_mac().unwrap().to_string();
     write_leases(&env, &[(&mac, "127.0.0.31")]);
     eventually(20, "ready", || ready(&env, "agent-0")).await;
-    // Let the event stream see the VM first.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream_reports(&env, &vm.id, "running").await;
 
     let history = PodHistory::record(&env, "agent-0");
     let killed = Instant::now();
     env.sim.flip_vm("vm-gone", Flip::Deleted).unwrap();
+    // The stream's next poll (100 ms here) reports it; the eviction follows at once. How soon is
+    // printed, not asserted: a loaded machine stretches it, and wall-clock speed is for benches.
     eventually(10, "pod evicted", || deleting(&env, "agent-0")).await;
-    let took = killed.elapsed();
-    eprintln!("evicted {took:?} after the VM vanished");
-    assert!(took < Duration::from_secs(2), "evicted {took:?} after the VM vanished");
+    eprintln!("evicted {:?} after the VM vanished", killed.elapsed());
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert_eq!(
         history.final_failure(),
@@ -89,7 +93,7 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
     let d = start(&env, Options::default());
     ready_pod(&env, "agent-0", "vm-stop", &[]).await;
     let id = vm_named(&env, "vm-stop").await.unwrap().id;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream_reports(&env, &id, "running").await;
 
     env.sim.flip_vm("vm-stop", Flip::Stopped).unwrap();
     eventually(10, "vm started again", || {
@@ -109,8 +113,9 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
         "restarted in place, not recreated"
     );
 
-    // Stopping again within 30 s of the restart: removed, pod evicted.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Stopping again within 30 s of the restart: removed, pod evicted. (The stream must have
+    // reported the restart first, or it would see stopped → stopped: no change.)
+    stream_reports(&env, &id, "running").await;
     let history = PodHistory::record(&env, "agent-0");
     env.sim.flip_vm("vm-stop", Flip::Stopped).unwrap();
     eventually(10, "pod evicted", || deleting(&env, "agent-0")).await;
@@ -132,7 +137,7 @@ async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_t
     let d = start(&env, Options::default());
     ready_pod(&env, "agent-0", "vm-dark", &[]).await;
     let id = vm_named(&env, "vm-dark").await.unwrap().id;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream_reports(&env, &id, "running").await;
 
     // cocoon cannot tell: every inspect of this VM fails inconclusively.
     let fault = FaultAction::Fail {
@@ -151,7 +156,16 @@ async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_t
     let history = PodHistory::record(&env, "agent-0");
     let started = Instant::now();
     env.sim.flip_vm("vm-dark", Flip::Error).unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The daemon has handled the event: both inline inspects failed and a recheck is scheduled.
+    let rechecks = &d.provider.metrics().vm_inspect_transient_fail;
+    eventually(20, "the inconclusive inspect sent to the deferred recheck", || {
+        rechecks.get() >= 1
+    })
+    .await;
+    assert!(
+        calls(&env, "vm inspect").iter().filter(|a| a.contains(&id)).count() >= 2,
+        "two inline inspects first"
+    );
     assert!(!deleting(&env, "agent-0"), "an inconclusive inspect is not a verdict");
     eventually(20, "evicted after the recheck budget", || deleting(&env, "agent-0")).await;
     assert!(
@@ -178,7 +192,7 @@ async fn a_transient_inspect_failure_is_rechecked_and_a_definitive_answer_evicts
     let d = start(&env, Options::default());
     ready_pod(&env, "agent-0", "vm-flaky", &[]).await;
     let id = vm_named(&env, "vm-flaky").await.unwrap().id;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream_reports(&env, &id, "running").await;
 
     let fault = FaultAction::Fail {
         stdout: String::new(),

@@ -102,11 +102,18 @@ async fn registry_killed_mid_pull_leaves_no_snapshot_and_says_so() {
     r.push_snapshot(&h.client, "vm", "vk-c", "hibernate", IMG)
         .await
         .unwrap();
-    // The import sleeps before reading, so the transfer is parked mid-stream when the registry dies.
-    h.sim.delay("snapshot import", Some(1), 1500).unwrap();
+    // The import sleeps before reading, so the transfer parks mid-stream: its stdin pipe fills
+    // with blob bytes the registry sent. The registry dies then.
+    h.sim.delay("snapshot import", Some(1), 3_000).unwrap();
     let pull = r.pull_snapshot(&h.client, "vk-c", "hibernate", "vk-c-hibernate-import");
     let killer = async {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        runtime_support::eventually(60, "blob bytes waiting in the import's stdin", || {
+            h.sim
+                .stdin_pending("snapshot import")
+                .unwrap()
+                .is_some_and(|n| n >= 32 << 10)
+        })
+        .await;
         reg.kill();
     };
     let (res, ()) = tokio::join!(pull, killer);

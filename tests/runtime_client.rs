@@ -213,15 +213,21 @@ async fn snapshot_rm_waits_for_an_active_export() {
     c.snapshot_save("a", &vm.id).await.unwrap();
     // An export that nobody reads blocks on its pipe while holding the lease.
     let export = c.snapshot_export("a").await.unwrap();
-    runtime_support::eventually(10, "export running", || {
-        !h.sim.pids_of("snapshot export").unwrap().is_empty()
-    })
-    .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    runtime_support::eventually(10, "the export holds the lease", || h.sim.snapshot_leased("a").unwrap()).await;
+    let removals = || {
+        h.sim
+            .calls()
+            .unwrap()
+            .iter()
+            .filter(|c| c.verb == "snapshot rm")
+            .count()
+    };
+    let before = removals();
     let c2 = c.clone();
     let id = vm.id.clone();
     let save = tokio::spawn(async move { c2.snapshot_save("a", &id).await });
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The save found the name taken and tried to remove the holder, which the lease refused.
+    runtime_support::eventually(20, "the save tried to remove the leased holder", || removals() > before).await;
     assert!(!save.is_finished(), "save must wait while the holder is leased");
     drop(export); // kills the export, releasing the lease
     save.await.unwrap().expect("save succeeds once the lease is gone");
@@ -238,11 +244,7 @@ async fn snapshot_rm_waits_for_an_active_export() {
         ..short.client.config().clone()
     });
     let export = c.snapshot_export("a").await.unwrap();
-    runtime_support::eventually(10, "export running", || {
-        !h.sim.pids_of("snapshot export").unwrap().is_empty()
-    })
-    .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    runtime_support::eventually(10, "the export holds the lease", || h.sim.snapshot_leased("a").unwrap()).await;
     let e = short_client.snapshot_remove_if_exists("a").await.unwrap_err();
     assert!(matches!(e, RuntimeError::SnapshotInUse { .. }), "{e}");
     drop(export);

@@ -37,7 +37,7 @@ pub struct RecordingProvider {
     pub reject_name: Mutex<Option<String>>,
     /// When set, delete_pod waits for a permit.
     pub delete_gate: Mutex<Option<Arc<Semaphore>>>,
-    /// When set, pod_status waits for a permit.
+    /// When set, pod_status records `status_gated` and waits for a permit.
     pub status_gate: Mutex<Option<Arc<Semaphore>>>,
     /// uid → running
     running: Mutex<HashMap<String, u32>>,
@@ -123,6 +123,7 @@ impl Provider for RecordingProvider {
     async fn pod_status(&self, pod: &Pod) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let gate = self.status_gate.lock().unwrap().clone();
         if let Some(gate) = gate {
+            self.record("status_gated", pod);
             gate.acquire().await.expect("gate open").forget();
         }
         let uid = pod.uid().unwrap_or_default();
@@ -216,6 +217,21 @@ pub fn pod(name: &str, node: &str) -> Pod {
         ..Default::default()
     });
     p
+}
+
+/// Waits until the node's pod controller has handled every pod watch event the apiserver sent
+/// before this call: a fresh pod bound to the node is seeded and its CreatePod awaited (the watch
+/// delivers in resourceVersion order and the controller handles its inputs in order, so an
+/// operation those earlier events asked for has been handed out by then). Lets a test assert
+/// that something did *not* happen without sleeping.
+pub async fn barrier(server: &FakeApiServer, provider: &RecordingProvider) {
+    static BARRIERS: AtomicU32 = AtomicU32::new(0);
+    let name = format!("barrier-{}", BARRIERS.fetch_add(1, Ordering::SeqCst));
+    let uid = server.store().seed(&pod(&name, NODE)).unwrap().uid().unwrap();
+    eventually(20, &format!("{name} reached the provider"), || {
+        provider.count("create", &uid) == 1
+    })
+    .await;
 }
 
 /// Polls `cond` every 20 ms until it holds or `secs` pass.

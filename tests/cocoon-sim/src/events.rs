@@ -1,4 +1,6 @@
 //! `vm status --event --format json`: ADDED for every VM, then ADDED/MODIFIED/DELETED as the state changes.
+//! Every emitted event is also appended to `events.log` (tests wait on it: once the stream has
+//! reported a VM, a later change of it is seen on the next poll).
 
 use crate::cli::{Ctx, Res};
 use crate::model::Vm;
@@ -45,6 +47,17 @@ fn matches(vm: &Vm, filters: &[String]) -> bool {
             .any(|f| *f == vm.id || *f == vm.config.name || (f.len() >= 3 && vm.id.starts_with(f.as_str())))
 }
 
+/// One line of `events.log`: what a `vm status --event` process reported.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct EmittedEvent {
+    /// The `vm status --event` process that printed it.
+    pub pid: u32,
+    pub event: String,
+    pub vm_id: String,
+    pub vm_name: String,
+    pub state: String,
+}
+
 pub fn run(ctx: &Ctx, filters: &[String]) -> Res {
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -61,10 +74,19 @@ pub fn run(ctx: &Ctx, filters: &[String]) -> Res {
                 .collect()
         })?;
         let mut out = std::io::stdout().lock();
+        let mut emitted = Vec::new();
         let mut emit = |event: &str, vm: &Vm| -> std::io::Result<()> {
             let mut line = serde_json::to_vec(&Event { event, vm }).map_err(std::io::Error::other)?;
             line.push(b'\n');
-            out.write_all(&line)
+            out.write_all(&line)?;
+            emitted.push(EmittedEvent {
+                pid: std::process::id(),
+                event: event.to_string(),
+                vm_id: vm.id.clone(),
+                vm_name: vm.config.name.clone(),
+                state: vm.state.clone(),
+            });
+            Ok(())
         };
         let mut next = BTreeMap::new();
         for vm in &now {
@@ -92,6 +114,10 @@ pub fn run(ctx: &Ctx, filters: &[String]) -> Res {
         seen.retain(|id, _| now.iter().any(|v| &v.id == id));
         out.flush()?;
         drop(out);
+        // Logged after the flush: a test that reads it knows the daemon can read the line too.
+        for e in &emitted {
+            ctx.store.append_jsonl("events.log", e)?;
+        }
         std::thread::sleep(poll);
     }
     Ok(())

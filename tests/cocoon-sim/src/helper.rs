@@ -273,6 +273,24 @@ impl Sim {
         self.store().read_jsonl("calls.log")
     }
 
+    /// Every event a `vm status --event` process printed, oldest first (`events.log`).
+    pub fn emitted_events(&self) -> std::io::Result<Vec<crate::events::EmittedEvent>> {
+        self.store().read_jsonl("events.log")
+    }
+
+    /// Whether a live `vm status --event` stream last reported VM `id` in `state`: from then on
+    /// it notices the VM's next change (it compares each poll with what it last reported), so a
+    /// test can change the VM and know the watcher will hear of it.
+    pub fn stream_reports(&self, id: &str, state: &str) -> std::io::Result<bool> {
+        let live = self.pids_of("vm status")?;
+        Ok(self
+            .emitted_events()?
+            .iter()
+            .rev()
+            .find(|e| e.vm_id == id && live.contains(&(e.pid as i32)))
+            .is_some_and(|e| e.state == state && e.event != "DELETED"))
+    }
+
     /// Raw state of one VM as stored (not reconciled), if present.
     pub fn vm_state(&self, reference: &str) -> std::io::Result<Option<String>> {
         self.store().read(|s| {
@@ -285,6 +303,26 @@ impl Sim {
 
     pub fn vm_count(&self) -> std::io::Result<usize> {
         self.store().read(|s| s.vms.len())
+    }
+
+    /// Whether a running export holds the lease of snapshot `reference` (name or ID): while it
+    /// does, `snapshot rm` refuses with `is in use by an active export`.
+    pub fn snapshot_leased(&self, reference: &str) -> std::io::Result<bool> {
+        let id = self.store().read(|s| {
+            s.snapshots
+                .iter()
+                .find(|(id, e)| *id == reference || e.record.config.name == reference)
+                .map(|(id, _)| id.clone())
+        })?;
+        let Some(id) = id else { return Ok(false) };
+        let lease = self.root.join("snapshots").join(format!("{id}.lease"));
+        let file = match std::fs::OpenOptions::new().read(true).write(true).open(&lease) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        // A shared lock is held by every export; an exclusive try fails while one runs.
+        Ok(file.try_lock().is_err())
     }
 
     /// Data directory of a snapshot (by name or ID).
@@ -336,6 +374,29 @@ impl Sim {
             }
         }
         Ok(pids.len())
+    }
+
+    /// Bytes waiting unread in the stdin pipe of the live process running `verb` (e.g. a
+    /// delayed `snapshot import` its feeder writes into), `None` without such a process. Lets a
+    /// test act once a stream is under way instead of after a guessed time.
+    pub fn stdin_pending(&self, verb: &str) -> std::io::Result<Option<usize>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        for pid in self.pids_of(verb)? {
+            // Opening the pipe through /proc gives another reader of it; nothing is read.
+            let Ok(pipe) = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(format!("/proc/{pid}/fd/0"))
+            else {
+                continue;
+            };
+            let mut pending: libc::c_int = 0;
+            if unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut pending) } == 0 {
+                return Ok(Some(pending.max(0) as usize));
+            }
+        }
+        Ok(None)
     }
 
     /// SIGKILLs every live `cocoon-sim` process running `verb`; returns how many.
