@@ -17,13 +17,6 @@ async fn wait_ready(env: &Env, name: &str) {
     .await;
 }
 
-async fn wait_failed(env: &Env, name: &str) {
-    eventually(60, &format!("{name} lifecycle failed"), || {
-        lifecycle(env, name).as_deref() == Some("failed")
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_publishes_the_runtime() {
     let env = env(false).await;
@@ -148,12 +141,12 @@ async fn run_mode_ensures_the_image_and_translates_the_resources() {
         ),
     )
     .await;
-    eventually(60, "refused", || lifecycle(&env, "tool-1").as_deref() == Some("failed")).await;
-    assert!(
-        lifecycle_message(&env, "tool-1").contains("is a snapshot artifact; use mode=clone instead of mode=run"),
-        "{}",
-        lifecycle_message(&env, "tool-1")
-    );
+    wait_failed_with(
+        &env,
+        "tool-1",
+        "is a snapshot artifact; use mode=clone instead of mode=run",
+    )
+    .await;
     assert!(vm_named(&env, "vm-run-snap").await.is_none());
     d.kill().await;
 }
@@ -292,12 +285,7 @@ async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
         &managed("agent-0", "vm-e", &[("cocoonset.cocoonstack.io/image", "snap")]),
     )
     .await;
-    wait_failed(&env, "agent-0").await;
-    assert!(
-        lifecycle_message(&env, "agent-0").contains("refusing fresh boot"),
-        "{}",
-        lifecycle_message(&env, "agent-0")
-    );
+    wait_failed_with(&env, "agent-0", "refusing fresh boot").await;
     eventually(10, "warning event", || {
         has_event(&env, "agent-0", "HibernateEvidenceUnavailable")
     })
@@ -345,12 +333,13 @@ async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
         ),
     )
     .await;
-    wait_failed(&env, "img-0").await;
-    wait_failed(&env, "src-0").await;
-    assert!(
-        lifecycle_message(&env, "img-0").contains("was hibernated from image snap:v1 but the pod requests snap:v2")
-    );
-    assert!(lifecycle_message(&env, "src-0").contains("explicit clone source"));
+    wait_failed_with(
+        &env,
+        "img-0",
+        "was hibernated from image snap:v1 but the pod requests snap:v2",
+    )
+    .await;
+    wait_failed_with(&env, "src-0", "explicit clone source").await;
     eventually(10, "events", || {
         has_event(&env, "img-0", "HibernateImageConflict") && has_event(&env, "src-0", "HibernateSourceConflict")
     })
@@ -423,23 +412,21 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
         ),
     )
     .await;
-    for name in ["noname", "classy", "reldir", "fc"] {
-        wait_failed(&env, name).await;
+    for (name, why) in [
+        ("noname", "missing vm.cocoonstack.io/name"),
+        ("classy", "spr"),
+        ("reldir", "absolute"),
+        (
+            "fc",
+            "was taken with cloud-hypervisor but CocoonSet requests firecracker",
+        ),
+    ] {
+        wait_failed_with(&env, name, why).await;
         eventually(10, &format!("{name} phase Failed"), || {
             phase(&env, name).as_deref() == Some("Failed")
         })
         .await;
     }
-    assert!(lifecycle_message(&env, "noname").contains("missing vm.cocoonstack.io/name"));
-    assert!(
-        lifecycle_message(&env, "classy").contains("spr"),
-        "{}",
-        lifecycle_message(&env, "classy")
-    );
-    assert!(lifecycle_message(&env, "reldir").contains("absolute"));
-    assert!(
-        lifecycle_message(&env, "fc").contains("was taken with cloud-hypervisor but CocoonSet requests firecracker")
-    );
     eventually(10, "events", || {
         has_event(&env, "noname", "MissingVMName")
             && has_event(&env, "classy", "SnapshotCPUClassMismatch")

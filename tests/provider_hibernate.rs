@@ -217,15 +217,7 @@ async fn a_failed_save_keeps_the_vm_running_and_the_retry_hibernates() {
         })
         .unwrap();
     annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
-    eventually(20, "hibernate failed", || {
-        lifecycle(&env, "agent-0").as_deref() == Some("failed")
-    })
-    .await;
-    assert!(
-        lifecycle_message(&env, "agent-0").contains("snapshot save vm-s"),
-        "{}",
-        lifecycle_message(&env, "agent-0")
-    );
+    wait_failed_with(&env, "agent-0", "snapshot save vm-s").await;
     assert!(
         vm_named(&env, "vm-s").await.is_some_and(|v| v.state.is_running()),
         "the VM keeps running"
@@ -295,12 +287,7 @@ async fn a_failed_remove_withdraws_the_tag_reapplies_the_runtime_and_the_retry_f
         has_event(&env, "agent-0", "HibernateRemoveFailed")
     })
     .await;
-    assert_eq!(lifecycle(&env, "agent-0").as_deref(), Some("failed"));
-    assert!(
-        lifecycle_message(&env, "agent-0").contains("the hibernate tag was withdrawn"),
-        "{}",
-        lifecycle_message(&env, "agent-0")
-    );
+    wait_failed_with(&env, "agent-0", "the hibernate tag was withdrawn").await;
     assert!(
         !tag_exists(&env, "vm-r").await,
         "a wake cannot restore a copy the running VM has moved past"
@@ -389,15 +376,7 @@ async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
     hibernate_now(&env, "agent-0").await;
     oci(&env).client.delete_manifest("vm-t", "hibernate").await.unwrap();
     annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
-    eventually(30, "wake refused", || {
-        lifecycle(&env, "agent-0").as_deref() == Some("failed")
-    })
-    .await;
-    assert!(
-        lifecycle_message(&env, "agent-0").contains("no hibernate snapshot exists"),
-        "{}",
-        lifecycle_message(&env, "agent-0")
-    );
+    wait_failed_with(&env, "agent-0", "no hibernate snapshot exists").await;
     eventually(10, "HibernateSnapshotMissing event", || {
         has_event(&env, "agent-0", "HibernateSnapshotMissing")
     })

@@ -66,15 +66,7 @@ async fn a_swapped_bring_up_policy_decides_the_next_create() {
         &managed("after", "vm-after", &[("cocoonset.cocoonstack.io/image", "base")]),
     )
     .await;
-    eventually(60, "fail-safe refusal published", || {
-        lifecycle(&env, "after").as_deref() == Some("failed")
-    })
-    .await;
-    assert!(
-        lifecycle_message(&env, "after").contains("fail-safe"),
-        "{}",
-        lifecycle_message(&env, "after")
-    );
+    wait_failed_with(&env, "after", "fail-safe").await;
     eventually(10, "event", || has_event(&env, "after", "BringUpPolicyFailed")).await;
     assert!(
         vm_named(&env, "vm-after").await.is_none(),

@@ -295,15 +295,7 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
         &managed("dhcp-0", "vm-nolease", &[(IMAGE, "base"), (NETWORK, "dhcp-net")]),
     )
     .await;
-    eventually(30, "lifecycle failed", || {
-        lifecycle(&env, "dhcp-0").as_deref() == Some("failed")
-    })
-    .await;
-    assert!(
-        lifecycle_message(&env, "dhcp-0").contains("clone vm-nolease: dhcp lease not observed within"),
-        "{}",
-        lifecycle_message(&env, "dhcp-0")
-    );
+    wait_failed_with(&env, "dhcp-0", "clone vm-nolease: dhcp lease not observed within").await;
     eventually(10, "PostCloneIPWaitTimeout event", || {
         has_event(&env, "dhcp-0", "PostCloneIPWaitTimeout")
     })

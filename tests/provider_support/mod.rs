@@ -611,6 +611,36 @@ pub fn lifecycle_message(env: &Env, name: &str) -> String {
     annotation(env, name, "vm.cocoonstack.io/lifecycle-state-message").unwrap_or_default()
 }
 
+/// Waits until pod `name` reports lifecycle `failed` with a message containing `needle`, both
+/// read from one version of the pod: a failure that is retried moves the lifecycle on again
+/// (`creating`, an empty message) within milliseconds, so the two must be read together.
+/// Returns the message.
+pub async fn wait_failed_with(env: &Env, name: &str, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = get(env, name).map(|p| {
+            let a = p.annotations();
+            (
+                a.get("vm.cocoonstack.io/lifecycle-state").cloned().unwrap_or_default(),
+                a.get("vm.cocoonstack.io/lifecycle-state-message")
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        });
+        if let Some((state, message)) = &seen
+            && state == "failed"
+            && message.contains(needle)
+        {
+            return message.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {name} to fail with {needle:?}; last seen (lifecycle, message): {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn phase(env: &Env, name: &str) -> Option<String> {
     get(env, name).and_then(|p| p.status.and_then(|s| s.phase))
 }
