@@ -63,7 +63,8 @@ async fn the_ip_comes_from_the_lease_file_and_leases_are_released_after_the_dele
 
     assert!(
         releaser.released.lock().unwrap().is_empty(),
-        "nothing released while the VM lives"
+        "nothing released while the VM lives:\n{}",
+        releaser.report()
     );
     delete(&env, "dhcp-0").await;
     eventually(60, "pod finalized", || get(&env, "dhcp-0").is_none()).await;

@@ -302,3 +302,110 @@ async fn env_parked() -> Env {
     d.kill().await;
     env
 }
+
+/// A create still in progress when the daemon starts is a stale create the daemon watches.
+/// Once the pod's CreatePod has adopted the VM it is the pod's: the guest stopping right after
+/// is restarted in place by the event watcher — the stale-create watcher must not destroy it as
+/// an orphan and release its guest's DHCP lease under the running pod (it did: a lease
+/// released while its VM lived).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_create_its_pod_adopted_is_never_destroyed_as_an_orphan() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // A clone (an earlier daemon's, say) still running when this daemon starts.
+    env.sim.set_settings(|s| s.create_delay_ms = 1_500).unwrap();
+    let runtime = env.runtime.clone();
+    let clone = tokio::spawn(async move {
+        runtime
+            .clone_vm(&CloneSpec {
+                name: Some("vm-s".into()),
+                network: Some("dhcp-net".into()),
+                no_direct_io: false,
+                pull: true,
+                restore_mode: None,
+                nics: None,
+                cpu_policy: Default::default(),
+                backend: Default::default(),
+                source: CloneSource::Snapshot("base".into()),
+            })
+            .await
+    });
+    eventually(20, "the create in progress", || {
+        env.sim.vm_state("vm-s").unwrap().as_deref() == Some("creating")
+    })
+    .await;
+    // The stale-create watcher hears `busy` until the test lets it look: the interleaving of a
+    // create that ends and a guest that stops right after its pod adopted it, before the
+    // watcher's next tick.
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: "vm reconcile-stale-create".into(),
+            match_arg: None,
+            times: None,
+            action: cocoon_sim::FaultAction::Fail {
+                stdout: r#"{"outcome":"busy"}"#.into(),
+                stderr: String::new(),
+                exit_code: 0,
+            },
+        })
+        .unwrap();
+    create(
+        &env,
+        &managed(
+            "s-0",
+            "vm-s",
+            &[
+                ("cocoonset.cocoonstack.io/image", "base"),
+                ("cocoonset.cocoonstack.io/network", "dhcp-net"),
+            ],
+        ),
+    )
+    .await;
+    let releaser = std::sync::Arc::new(RecordingReleaser::default());
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(releaser.clone()),
+            ..Default::default()
+        },
+    );
+    let vm = clone.await.unwrap().unwrap();
+    env.sim.set_settings(|s| s.create_delay_ms = 0).unwrap();
+    write_leases(&env, &[(vm.primary_mac().unwrap(), "127.0.0.41")]);
+    eventually(60, "the pod adopted its VM and is ready", || {
+        annotation(&env, "s-0", "vm.cocoonstack.io/id").as_deref() == Some(vm.id.as_str())
+            && lifecycle(&env, "s-0").as_deref() == Some("ready")
+    })
+    .await;
+    assert!(
+        calls(&env, "vm reconcile-stale-create").len() >= 2,
+        "the startup reconcile took the create for a stale one and watches it"
+    );
+
+    // The guest stops; its restart in place is slow, so it is still stopped when the
+    // stale-create watcher looks again (now for real).
+    env.sim.delay("vm start", Some(1), 10_000).unwrap();
+    env.sim.flip_vm("vm-s", cocoon_sim::Flip::Stopped).unwrap();
+    eventually(20, "the event watcher restarting the VM", || {
+        calls(&env, "vm start").iter().any(|a| a.contains(&vm.id))
+    })
+    .await;
+    env.sim.clear_faults().unwrap();
+    eventually(60, "the restart in place done (or the VM gone)", || {
+        env.sim.vm_state(&vm.id).unwrap().as_deref() != Some("stopped")
+    })
+    .await;
+    assert_eq!(
+        env.sim.vm_state(&vm.id).unwrap().as_deref(),
+        Some("running"),
+        "the pod's VM was restarted in place, not destroyed"
+    );
+    assert!(
+        releaser.released.lock().unwrap().is_empty(),
+        "nothing released while the VM lives: {:?}",
+        releaser.released.lock().unwrap()
+    );
+    assert!(get(&env, "s-0").is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+    eventually(10, "VMRestarted event", || has_event(&env, "s-0", "VMRestarted")).await;
+    d.kill().await;
+}

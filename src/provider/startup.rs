@@ -16,7 +16,7 @@ use crate::kubelet::ProviderError;
 use crate::model::{RuntimeAnnotations, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::PodPhase;
-use crate::runtime::{CocoonRuntime, VmRecord, VmState};
+use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 
 const FAN_OUT: usize = 8;
 
@@ -228,38 +228,48 @@ async fn inspect_step(runtime: &dyn CocoonRuntime, id: &str) -> StaleResult {
     }
 }
 
-/// The bounded watcher of a stale create: 1 s doubling to 30 s, within the budget.
+/// The bounded watcher of a stale create: 1 s doubling to 30 s, within the budget. A create
+/// that finished (`running`) is indexed by name, so the CreatePod of its pod adopts it. The
+/// orphan policy applies to a record that ended otherwise (stopped, error) only while no pod
+/// owns the VM: the pod's CreatePod may have adopted it in the meantime (it settles a `creating`
+/// record itself and adopts it once it runs), and from then on the VM is that pod's — a stop is
+/// the event watcher's to restart in place, never a reason to destroy the VM and release its
+/// guest's DHCP lease under a running pod.
 fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
-    let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
-    let budget = p.cfg.timings.stale_watch_budget;
-    let policy = p.cfg.orphan_policy;
-    let releaser = p.ports.releaser.clone();
+    let p = p.arc();
     tokio::spawn(async move {
-        let deadline = tokio::time::Instant::now() + budget;
+        let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
+        let deadline = tokio::time::Instant::now() + p.cfg.timings.stale_watch_budget;
         let mut delay = Duration::from_secs(1);
         while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(delay).await;
+            tokio::select! {
+                _ = p.closing.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
             delay = (delay * 2).min(Duration::from_secs(30));
-            match runtime.reconcile_stale_create(&vm.id).await {
-                Ok(crate::runtime::StaleCreateOutcome::Collected | crate::runtime::StaleCreateOutcome::NotFound) => {
-                    return;
-                }
-                _ => {}
+            if let Some((pod, _)) = p.state.pod_of_vm(&vm.id, vm.name()) {
+                tracing::info!(vm = %vm.id, %pod, "stale create adopted by its pod; no longer watched");
+                return;
+            }
+            if let Ok(StaleCreateOutcome::Collected | StaleCreateOutcome::NotFound) =
+                runtime.reconcile_stale_create(&vm.id).await
+            {
+                return;
             }
             match inspect_step(runtime.as_ref(), &vm.id).await {
                 StaleResult::Keep(current) => {
-                    tracing::info!(vm = %current.id, name = %current.name(), "stale create finished; a CreatePod for it will adopt it");
+                    tracing::info!(vm = %current.id, name = %current.name(), "stale create finished; indexed for its pod's CreatePod");
+                    let name = current.name().to_string();
+                    p.state.index_vm(&name, current);
                     return;
                 }
                 StaleResult::Drop => return,
                 StaleResult::Orphan(current) => {
-                    if policy == OrphanPolicy::Destroy
-                        && runtime.remove(&current.id).await.is_ok()
-                        && let Some(r) = &releaser
-                    {
-                        for mac in super::plan::dhcp_macs(&current) {
-                            let _ = r.release(&mac).await;
+                    match p.state.pod_of_vm(&current.id, current.name()) {
+                        Some((pod, _)) => {
+                            tracing::info!(vm = %current.id, %pod, state = current.state.as_str(), "stale create ended but its pod owns the vm now; left to the pod")
                         }
+                        None => apply_orphan_policy(&p, &current).await,
                     }
                     return;
                 }

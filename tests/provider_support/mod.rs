@@ -464,15 +464,41 @@ pub fn fast_timings() -> Timings {
     }
 }
 
-/// A cocoon-net control socket stand-in that records the released MACs.
+/// A cocoon-net control socket stand-in that records the released MACs, and for each the
+/// daemon's call path (its `src/provider` frames, from a backtrace), so a test that sees an
+/// unexpected release says which path released it.
 #[derive(Default)]
 pub struct RecordingReleaser {
     pub released: Mutex<Vec<String>>,
+    pub paths: Mutex<Vec<String>>,
+}
+
+impl RecordingReleaser {
+    /// "mac: released by <frames>" for every release so far.
+    pub fn report(&self) -> String {
+        let released = self.released.lock().unwrap().clone();
+        let paths = self.paths.lock().unwrap().clone();
+        released
+            .iter()
+            .zip(paths.iter())
+            .map(|(mac, path)| format!("{mac}: released by {path}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 #[async_trait]
 impl vk_cocoon::provider::ports::LeaseReleaser for RecordingReleaser {
     async fn release(&self, mac: &str) -> Result<(), String> {
+        let trace = std::backtrace::Backtrace::force_capture().to_string();
+        // The `at src/provider/<file>.rs:<line>` lines of the daemon's frames, innermost first.
+        let frames: Vec<&str> = trace
+            .lines()
+            .map(str::trim)
+            .filter_map(|l| l.strip_prefix("at "))
+            .filter_map(|l| l.find("src/provider/").map(|i| &l[i..]))
+            .collect();
+        self.paths.lock().unwrap().push(frames.join(" ← "));
         self.released.lock().unwrap().push(mac.to_string());
         Ok(())
     }
