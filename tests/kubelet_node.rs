@@ -213,7 +213,8 @@ async fn lease_is_created_and_renewed() {
     // The lease keeps being renewed across an apiserver outage.
     let mut server = server;
     server.stop().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The outage spans three renew intervals (its length is the scenario, not a synchronisation).
+    tokio::time::sleep(fast_timings().lease_renew * 3).await;
     let before = server.store().get_as::<Lease>(Some("kube-node-lease"), NODE).unwrap();
     server.start_again().await;
     eventually(10, "lease renewed after the outage", || {
