@@ -315,21 +315,7 @@ async fn a_stale_create_its_pod_adopted_is_never_destroyed_as_an_orphan() {
     // A clone (an earlier daemon's, say) still running when this daemon starts.
     env.sim.set_settings(|s| s.create_delay_ms = 1_500).unwrap();
     let runtime = env.runtime.clone();
-    let clone = tokio::spawn(async move {
-        runtime
-            .clone_vm(&CloneSpec {
-                name: Some("vm-s".into()),
-                network: Some("dhcp-net".into()),
-                no_direct_io: false,
-                pull: true,
-                restore_mode: None,
-                nics: None,
-                cpu_policy: Default::default(),
-                backend: Default::default(),
-                source: CloneSource::Snapshot("base".into()),
-            })
-            .await
-    });
+    let clone = tokio::spawn(async move { clone_direct_on(&runtime, "base", "vm-s", Some("dhcp-net")).await });
     eventually(20, "the create in progress", || {
         env.sim.vm_state("vm-s").unwrap().as_deref() == Some("creating")
     })
@@ -369,7 +355,7 @@ async fn a_stale_create_its_pod_adopted_is_never_destroyed_as_an_orphan() {
             ..Default::default()
         },
     );
-    let vm = clone.await.unwrap().unwrap();
+    let vm = clone.await.unwrap();
     env.sim.set_settings(|s| s.create_delay_ms = 0).unwrap();
     write_leases(&env, &[(vm.primary_mac().unwrap(), "127.0.0.41")]);
     eventually(60, "the pod adopted its VM and is ready", || {
