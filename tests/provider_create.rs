@@ -565,9 +565,7 @@ async fn the_status_lands_before_the_ready_annotation() {
     // The first stored version that says `lifecycle-state=ready` already carries the status:
     // the pod IP and a Ready condition that is True (the probe answered).
     let first_ready = history
-        .versions()
-        .into_iter()
-        .find(|p| {
+        .first("a recorded version with lifecycle ready", |p| {
             p.metadata
                 .annotations
                 .as_ref()
@@ -575,7 +573,7 @@ async fn the_status_lands_before_the_ready_annotation() {
                 .map(String::as_str)
                 == Some("ready")
         })
-        .expect("a version with lifecycle ready");
+        .await;
     let status = first_ready.status.expect("status landed first");
     assert!(status.pod_ip.is_some(), "the pod IP landed before the ready annotation");
     let ready = status

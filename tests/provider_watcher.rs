@@ -73,7 +73,7 @@ async fn a_vm_deleted_out_of_band_evicts_its_pod_on_the_next_event_and_releases_
     eprintln!("evicted {:?} after the VM vanished", killed.elapsed());
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert_eq!(
-        history.final_failure(),
+        history.final_failure().await,
         Some(("VMGone".to_string(), "vm no longer exists".to_string()))
     );
     eventually(10, "VMGone event", || has_event(&env, "agent-0", "VMGone")).await;
@@ -120,7 +120,10 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
     env.sim.flip_vm("vm-stop", Flip::Stopped).unwrap();
     eventually(10, "pod evicted", || deleting(&env, "agent-0")).await;
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
-    assert_eq!(history.final_failure().map(|f| f.0).as_deref(), Some("RestartCooldown"));
+    assert_eq!(
+        history.final_failure().await.map(|f| f.0).as_deref(),
+        Some("RestartCooldown")
+    );
     assert!(vm_named(&env, "vm-stop").await.is_none(), "the VM was removed");
     assert_eq!(
         calls(&env, "vm start").iter().filter(|a| a.last() == Some(&id)).count(),
@@ -175,7 +178,7 @@ async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_t
     );
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert_eq!(
-        history.final_failure().map(|f| f.0).as_deref(),
+        history.final_failure().await.map(|f| f.0).as_deref(),
         Some("VMInspectTimeout")
     );
     assert!(
@@ -211,6 +214,6 @@ async fn a_transient_inspect_failure_is_rechecked_and_a_definitive_answer_evicts
     env.sim.flip_vm("vm-flaky", Flip::Deleted).unwrap();
     eventually(20, "evicted once cocoon answers", || deleting(&env, "agent-0")).await;
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
-    assert_eq!(history.final_failure().map(|f| f.0).as_deref(), Some("VMGone"));
+    assert_eq!(history.final_failure().await.map(|f| f.0).as_deref(), Some("VMGone"));
     d.kill().await;
 }

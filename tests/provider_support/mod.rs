@@ -12,7 +12,7 @@ pub mod registry_support;
 pub mod runtime_support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -828,8 +828,15 @@ pub fn write_leases(env: &Env, leases: &[(&str, &str)]) {
 
 /// Every version of pod `name` the apiserver stored from now on (including its last state when
 /// it is deleted), so a test can see a status that was published just before the object went.
+/// The versions arrive through the store's change feed on a task of their own, so a test reads
+/// them through the waiting accessors: a version the store already holds may not have reached
+/// the recorder yet.
 pub struct PodHistory {
     seen: Arc<Mutex<Vec<Pod>>>,
+    /// The deletion of the object was recorded (no version comes after it).
+    gone: Arc<AtomicBool>,
+    /// Changes the recorder missed because it fell behind the feed (the history is then wrong).
+    missed: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -837,9 +844,19 @@ impl PodHistory {
     pub fn record(env: &Env, name: &str) -> Self {
         let mut rx = env.server.store().subscribe();
         let seen: Arc<Mutex<Vec<Pod>>> = Arc::default();
-        let (out, name) = (seen.clone(), name.to_string());
+        let gone: Arc<AtomicBool> = Arc::default();
+        let missed: Arc<AtomicU64> = Arc::default();
+        let (out, done, lost, name) = (seen.clone(), gone.clone(), missed.clone(), name.to_string());
         let task = tokio::spawn(async move {
-            while let Ok(msg) = rx.recv().await {
+            loop {
+                let msg = match rx.recv().await {
+                    Ok(msg) => msg,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        lost.fetch_add(n, Ordering::SeqCst);
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
                 let fake_apiserver::store::Broadcast::Change(change) = msg else {
                     continue;
                 };
@@ -848,18 +865,43 @@ impl PodHistory {
                     && let Ok(pod) = serde_json::from_value::<Pod>(change.object.clone())
                 {
                     out.lock().unwrap().push(pod);
+                    if change.kind == fake_apiserver::store::ChangeKind::Deleted {
+                        done.store(true, Ordering::SeqCst);
+                    }
                 }
             }
         });
-        Self { seen, task }
+        Self {
+            seen,
+            gone,
+            missed,
+            task,
+        }
     }
 
     pub fn versions(&self) -> Vec<Pod> {
+        let missed = self.missed.load(Ordering::SeqCst);
+        assert_eq!(
+            missed, 0,
+            "the pod history fell {missed} changes behind the store's feed"
+        );
         self.seen.lock().unwrap().clone()
     }
 
-    /// The last status phase recorded with `reason` as its pod-level reason.
-    pub fn final_failure(&self) -> Option<(String, String)> {
+    /// The first recorded version that satisfies `pred`, waiting for the recorder to see it.
+    pub async fn first(&self, what: &str, pred: impl Fn(&Pod) -> bool) -> Pod {
+        let found = || self.versions().into_iter().find(|p| pred(p));
+        eventually(20, what, || found().is_some()).await;
+        found().expect("just seen")
+    }
+
+    /// The last Failed status (reason, message) before the object went: waits until the
+    /// recorder has seen the deletion, so no later version is missing.
+    pub async fn final_failure(&self) -> Option<(String, String)> {
+        eventually(20, "the pod history recorded the deletion", || {
+            self.gone.load(Ordering::SeqCst)
+        })
+        .await;
         self.versions().into_iter().rev().find_map(|p| {
             let s = p.status?;
             (s.phase.as_deref() == Some("Failed"))
