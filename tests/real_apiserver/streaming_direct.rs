@@ -255,12 +255,38 @@ async fn websocket_clients_authorization_and_bad_requests() {
         .unwrap();
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("subresource(s)=[proxy]"), "{body}");
-    // A WebSocket upgrade is a GET; a SPDY one a POST: `get` alone does not open SPDY.
+    // A WebSocket upgrade is a GET, a SPDY one a POST; either way running something is
+    // `create`: a token that may only read nodes/proxy (what monitoring gets) opens neither.
     let get_only = streamer_token(&node, "get-only", &["get"]).await;
-    assert!(ws(&node, &path, "v5.channel.k8s.io", Some(&get_only)).await.is_ok());
+    for path in [
+        path.clone(),
+        format!("/attach/{}/web-0/agent?output=1", node.ns),
+        format!("/portForward/{}/web-0", node.ns),
+    ] {
+        let protocol = if path.starts_with("/portForward") {
+            "SPDY/3.1+portforward.k8s.io"
+        } else {
+            "v5.channel.k8s.io"
+        };
+        let (status, body) = ws(&node, &path, protocol, Some(&get_only)).await.err().unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(
+            body.contains("verb=create") && body.contains("user=system:serviceaccount:"),
+            "{path}: {body}"
+        );
+    }
     let (_, head) = spdy(&node, &path, "v5.channel.k8s.io", &get_only).await;
     assert!(head.starts_with("HTTP/1.1 403"), "{head}");
     assert!(head.contains("verb=create"), "{head}");
+    // get-only still reads what it may: the pod list.
+    let r = node
+        .direct()
+        .get(node.url("/pods"))
+        .bearer_auth(&get_only)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 
     // Bad requests: a 4xx that says what is wrong, before any upgrade.
     for (path, protocol, status, fragment) in [

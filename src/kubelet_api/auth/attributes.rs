@@ -4,6 +4,13 @@
 //! `/healthz` first try their own subresource, then `proxy`; `/stats` → `stats`, `/metrics` →
 //! `metrics`, `/logs` → `log`; everything else — `/containerLogs`, `/exec`, `/attach`,
 //! `/portForward`, `/run` — is `proxy`.
+//!
+//! One deliberate difference from the kubelet's table: `/exec`, `/attach`, `/portForward` and
+//! `/run` are always `create`, whatever the method. A WebSocket upgrade is a GET, so the plain
+//! table lets a token with only `get nodes/proxy` — what monitoring is handed — run commands
+//! in every guest (kubernetes/kubernetes#136550; the apiserver closed the same hole for
+//! `pods/exec` with `AuthorizePodWebsocketUpgradeCreatePermission`). The apiserver itself holds
+//! `create` (system:kubelet-api-admin), so kubectl is unaffected.
 
 use axum::http::Method;
 
@@ -27,6 +34,9 @@ pub fn verb(method: &Method) -> &'static str {
         _ => "",
     }
 }
+
+/// The endpoints that run something in a guest or open a connection into it.
+const STARTS_SOMETHING: [&str; 4] = ["/exec", "/attach", "/portForward", "/run"];
 
 /// Whether `path` is `prefix` or below it (`/stats` matches `/stats` and `/stats/summary`,
 /// not `/statsfoo`).
@@ -53,8 +63,13 @@ pub fn for_request(method: &Method, path: &str, node_name: &str) -> Attributes {
     } else {
         vec!["proxy"]
     };
+    let verb = if STARTS_SOMETHING.iter().any(|p| is_subpath(path, p)) {
+        "create"
+    } else {
+        verb(method)
+    };
     Attributes {
-        verb: verb(method),
+        verb,
         resource: "nodes",
         name: node_name.to_string(),
         subresources,
@@ -77,8 +92,12 @@ mod tests {
             ("GET", "/pods", "get", &["pods", "proxy"]),
             ("GET", "/healthz", "get", &["healthz", "proxy"]),
             ("POST", "/exec/ns/pod/c", "create", &["proxy"]),
-            ("GET", "/exec/ns/pod/c", "get", &["proxy"]),
+            ("GET", "/exec/ns/pod/c", "create", &["proxy"]),
+            ("GET", "/attach/ns/pod/c", "create", &["proxy"]),
+            ("GET", "/portForward/ns/pod", "create", &["proxy"]),
             ("POST", "/portForward/ns/pod", "create", &["proxy"]),
+            ("GET", "/run/ns/pod/c", "create", &["proxy"]),
+            ("GET", "/execfoo", "get", &["proxy"]),
             ("GET", "/statsfoo", "get", &["proxy"]),
             ("GET", "/", "get", &["proxy"]),
             ("PUT", "/x", "update", &["proxy"]),
