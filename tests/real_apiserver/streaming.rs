@@ -111,7 +111,7 @@ pub fn plain_log(node: &Node) -> String {
 }
 
 /// Pids of processes whose argv is exactly `argv`.
-fn processes(argv: &[&str]) -> Vec<i32> {
+pub fn processes(argv: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
     std::fs::read_dir("/proc")
         .unwrap()

@@ -1,8 +1,9 @@
 //! The streaming endpoints reached directly on the kubelet port, as a client that talks to a
 //! node itself would (and as the apiserver does, frame by frame): the WebSocket channel
 //! protocols v5 (with its close signal) and v4, who may call them, the refusals of bad
-//! requests, the session cap, the stream creation timeout and a malformed SPDY frame. Tokens
-//! come from the real apiserver (TokenReview, SubjectAccessReview).
+//! requests, the session cap, the stream creation and idle timeouts, a malformed SPDY frame, and
+//! that no descriptor outlives a session. Tokens come from the real apiserver (TokenReview,
+//! SubjectAccessReview).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +16,9 @@ use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
 use vk_cocoon::kubelet_api::streaming::spdy::codec::frame::{Frame, encode, goaway};
 use vk_cocoon::kubelet_api::streaming::spdy::codec::{Decoder, Limits};
 
+use crate::daemon::eventually;
 use crate::kubelet_api::{Node, token_with};
-use crate::streaming::{exec_node_with, plain_log};
+use crate::streaming::{exec_node_with, plain_log, processes};
 
 type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
@@ -438,4 +440,105 @@ async fn limits_sessions_creation_timeout_and_malformed_frames() {
     .await
     .unwrap();
     assert_eq!(drain(&mut c).await.0, b"still\n");
+}
+
+/// Descriptors the daemon has open.
+fn daemon_fds(node: &Node) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", node.daemon.pid()))
+        .unwrap()
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sessions_are_closed_and_no_descriptor_outlives_a_session() {
+    let idle = Duration::from_secs(4);
+    let Some(node) = exec_node_with("idle", &[("VK_STREAMING_IDLE_TIMEOUT", "4s")]).await else {
+        return;
+    };
+    let token = streamer_token(&node, "streamer", &["get", "create"]).await;
+    let (mut warm, _) = ws(
+        &node,
+        &exec_path(&node, "command=true&output=1"),
+        "v5.channel.k8s.io",
+        Some(&token),
+    )
+    .await
+    .unwrap();
+    drain(&mut warm).await;
+    drop(warm);
+    let fds_before = daemon_fds(&node);
+
+    // Traffic keeps a session open past the idle timeout: a line typed every half second.
+    let (mut busy, _) = ws(
+        &node,
+        &exec_path(&node, "command=cat&input=1&output=1"),
+        "v5.channel.k8s.io",
+        Some(&token),
+    )
+    .await
+    .unwrap();
+    let opened = std::time::Instant::now();
+    let mut typed = Vec::new();
+    for i in 0..14 {
+        let line = format!("line {i}\n");
+        typed.extend_from_slice(line.as_bytes());
+        let mut message = vec![0u8];
+        message.extend_from_slice(line.as_bytes());
+        busy.send(Message::Binary(message.into())).await.unwrap();
+        // Time passing is what is tested here: the session outlives `idle` with traffic.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(opened.elapsed() > idle);
+    busy.send(Message::Binary(Bytes::from_static(b"\xff\x00")))
+        .await
+        .unwrap();
+    let (out, _, status) = drain(&mut busy).await;
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&typed));
+    assert!(status.contains("Success"), "{status}");
+
+    // A session with no traffic either way is closed, and its command stopped.
+    let marker = format!("86398.{}", std::process::id());
+    let (mut quiet, _) = ws(
+        &node,
+        &exec_path(&node, &format!("command=sleep&command={marker}&output=1")),
+        "v5.channel.k8s.io",
+        Some(&token),
+    )
+    .await
+    .unwrap();
+    let opened = std::time::Instant::now();
+    eventually(30, "the command runs", || async {
+        processes(&["sleep", &marker]).len() == 1
+    })
+    .await;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), quiet.next())
+            .await
+            .expect("the idle session is closed")
+        {
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+            Some(Ok(_)) => {}
+        }
+    }
+    assert!(
+        opened.elapsed() >= idle - Duration::from_secs(1),
+        "not before the idle timeout"
+    );
+    eventually(30, "the idle session's command is stopped", || async {
+        processes(&["sleep", &marker]).is_empty() && node.machine.sim.pids_of("vm exec").unwrap().is_empty()
+    })
+    .await;
+    assert!(plain_log(&node).contains("WebSocket stream idle; closing it"));
+    eventually(30, "the sessions are gone from the gauge", || async {
+        node.metric("cocoon_vk_kubelet_api_streams{kind=\"exec\"}")
+            .unwrap_or(0.0)
+            == 0.0
+    })
+    .await;
+    // Every socket, pipe and descriptor of the two sessions is closed (other work of the
+    // daemon may briefly hold more: wait for the count to come back).
+    eventually(30, "the daemon's descriptors are back to where they were", || async {
+        daemon_fds(&node) <= fds_before
+    })
+    .await;
 }
