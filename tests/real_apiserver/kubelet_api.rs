@@ -23,8 +23,10 @@ pub struct Node {
     pub cluster: &'static KubeCluster,
     pub admin: kube::Client,
     pub ns: String,
-    pub machine: Machine,
+    // Before `machine`: fields drop in order, and the daemon's log (printed when a test fails)
+    // lives in the machine's directory.
     pub daemon: DaemonProcess,
+    pub machine: Machine,
     _signer: signer::Signer,
 }
 

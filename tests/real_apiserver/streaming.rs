@@ -22,13 +22,30 @@ async fn exec_node(prefix: &str, websockets: bool) -> Option<Node> {
     exec_node_with(prefix, env).await
 }
 
-/// A node whose exec'd commands run for real and whose guest serves :8080, its daemon with
-/// `env` too.
+/// A port nothing on 127.0.0.1 listens on now, for a guest's web server. Not a fixed one:
+/// every simulator numbers its guests from the same loopback subnet, so guests of tests running
+/// at once (in this binary, or in another checkout's) share addresses; a fixed port would be
+/// served by whichever guest bound it first and refused once that test ended.
+fn guest_web_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// The port the node's guest serves its web server on.
+fn web_port(node: &Node) -> u16 {
+    node.machine.sim.settings().unwrap().guest_http_ports[0]
+}
+
+/// A node whose exec'd commands run for real and whose guest serves a web server (on
+/// [`web_port`]), its daemon with `env` too.
 pub async fn exec_node_with(prefix: &str, env: &[(&str, &str)]) -> Option<Node> {
+    let port = guest_web_port();
     let node = node_with_pod_on(
         prefix,
         Duration::from_secs(3600),
-        |s| s.guest_http_ports = vec![8080],
+        |s| s.guest_http_ports = vec![port],
         env,
     )
     .await?;
@@ -244,7 +261,11 @@ async fn kubectl_exec_refuses_a_tty_and_stops_the_command_of_a_client_that_leave
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line, "ready\n");
-    assert_eq!(processes(&["sleep", &marker]).len(), 1, "the command runs");
+    // `ready` is printed just before the shell execs the sleep: wait for the exec.
+    eventually(30, "the command runs", || async {
+        processes(&["sleep", &marker]).len() == 1
+    })
+    .await;
     assert_eq!(streams(&node, "exec"), 1.0);
     kubectl.kill().unwrap();
     kubectl.wait().unwrap();
@@ -345,9 +366,10 @@ async fn attach_works(node: &Node) {
 async fn port_forward_works(node: &Node) {
     let vm = node.machine.vms_named("vm-web").await.remove(0);
     let guest_ip = vm.primary_ip().unwrap().to_string();
+    let port = web_port(node);
     assert!(guest_ip.starts_with("127.88."), "the guest is on loopback: {guest_ip}");
     let mut pf = node
-        .kubectl_stream(&["port-forward", "pod/web-0", ":8080", ":9999"])
+        .kubectl_stream(&["port-forward", "pod/web-0", &format!(":{port}"), ":9999"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -359,29 +381,32 @@ async fn port_forward_works(node: &Node) {
         let line = out
             .recv_timeout(Duration::from_secs(30))
             .expect("kubectl port-forward listens");
-        // "Forwarding from 127.0.0.1:41235 -> 8080"
+        // "Forwarding from 127.0.0.1:41235 -> 38117"
         if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
             let (local_port, remote) = rest.split_once(" -> ").unwrap();
             local.insert(remote.to_string(), local_port.parse::<u16>().unwrap());
         }
     }
-    let web = local["8080"];
+    let web = local[&port.to_string()];
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     // Many connections over the one session, at once.
     let gets = (0..8).map(|i| {
         let client = client.clone();
         async move {
-            let r = client
-                .get(format!("http://127.0.0.1:{web}/page-{i}"))
-                .send()
-                .await
-                .unwrap();
-            (i, r.status().as_u16(), r.text().await.unwrap())
+            let got = async {
+                let r = client.get(format!("http://127.0.0.1:{web}/page-{i}")).send().await?;
+                Ok::<_, reqwest::Error>((r.status().as_u16(), r.text().await?))
+            };
+            (i, got.await)
         }
     });
-    for (i, status, body) in futures::future::join_all(gets).await {
+    for (i, got) in futures::future::join_all(gets).await {
+        let (status, body) = got.unwrap_or_else(|e| {
+            let said: Vec<String> = err.try_iter().collect();
+            panic!("GET /page-{i} through kubectl port-forward: {e:?}\nkubectl said: {said:?}")
+        });
         assert_eq!(status, 200);
-        assert_eq!(body, format!("hello from vm-web ({guest_ip}:8080): GET /page-{i}\n"));
+        assert_eq!(body, format!("hello from vm-web ({guest_ip}:{port}): GET /page-{i}\n"));
     }
     let upload = random_bytes(1 << 20);
     let echoed = client
