@@ -1,5 +1,7 @@
 //! The policy authors' tools, run as the `vk-cocoon` binary.
 
+mod registry_support;
+
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -306,4 +308,85 @@ fn a_scaffolded_policy_of_every_slot_builds_and_passes_its_own_table() {
         root.path().join("my-bring-up").to_str().unwrap(),
     ]);
     assert!(!again.status.success(), "a non-empty directory is never overwritten");
+}
+
+/// `policy push` validates and tests before it uploads and prints the digest-pinned reference;
+/// `policy pull` of that reference writes back the same component and table (a real registry).
+#[test]
+fn push_prints_the_pinned_reference_and_pull_writes_back_the_same_component_and_table() {
+    let reg = registry_support::TestRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let component = dir.path().join("bring-up.wasm");
+    fs::write(&component, vk_cocoon::policy::Slot::BringUp.default_component()).unwrap();
+    let table_text = fs::read_to_string(Path::new(&policies_dir()).join("bring-up/bring-up.cases.yaml")).unwrap();
+    fs::write(dir.path().join("bring-up.cases.yaml"), &table_text).unwrap();
+    let tagged = format!("oci://{}/policies/bring-up:v1", reg.host());
+
+    let out = vk_cocoon(&["policy", "push", component.to_str().unwrap(), &tagged]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pinned = stdout(&out).trim().to_string();
+    let prefix = format!("oci://{}/policies/bring-up@sha256:", reg.host());
+    assert!(
+        pinned.starts_with(&prefix) && pinned.len() == prefix.len() + 64,
+        "{pinned}"
+    );
+    assert!(
+        stderr(&out).contains("cases of") && stderr(&out).contains("pass"),
+        "{}",
+        stderr(&out)
+    );
+
+    let pulled = dir.path().join("pulled");
+    let out = vk_cocoon(&["policy", "pull", &pinned, "-o", pulled.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), pinned);
+    assert_eq!(
+        fs::read(pulled.join("bring-up.wasm")).unwrap(),
+        vk_cocoon::policy::Slot::BringUp.default_component()
+    );
+    assert_eq!(
+        fs::read_to_string(pulled.join("bring-up.cases.yaml")).unwrap(),
+        table_text
+    );
+
+    // Pulling the tag resolves it to the same digest.
+    let out = vk_cocoon(&["policy", "pull", &tagged, "-o", pulled.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), pinned);
+}
+
+#[test]
+fn push_refuses_a_component_that_fails_its_table_and_a_reference_without_a_tag() {
+    let reg = registry_support::TestRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let component = dir.path().join("bring-up.wasm");
+    fs::write(&component, hostile::TRAPPER).unwrap();
+    let table = Path::new(&policies_dir()).join("bring-up/bring-up.cases.yaml");
+    let tagged = format!("oci://{}/policies/trapper:v1", reg.host());
+    let out = vk_cocoon(&[
+        "policy",
+        "push",
+        component.to_str().unwrap(),
+        &tagged,
+        "--slot",
+        "bring-up",
+        "--cases",
+        table.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("fails its case table"), "{}", stderr(&out));
+    // Nothing reached the registry.
+    assert_eq!(reg.http_status("GET", "/v2/policies/trapper/manifests/v1"), Some(404));
+
+    let digest = format!("oci://{}/policies/trapper@sha256:{}", reg.host(), "0".repeat(64));
+    let out = vk_cocoon(&[
+        "policy",
+        "push",
+        component.to_str().unwrap(),
+        &digest,
+        "--slot",
+        "bring-up",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("push to a tag"), "{}", stderr(&out));
 }

@@ -2,6 +2,11 @@
 //! table run) before an atomic swap; a bad version keeps the last good one and says why; the
 //! compile cache survives restarts.
 
+#[path = "policy_distribution/mod.rs"]
+mod distribution;
+#[path = "registry_support/mod.rs"]
+mod registry_support;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
@@ -50,13 +55,7 @@ fn a_changed_file_changes_the_next_decision_and_a_bad_one_keeps_the_last_good() 
     let path = dir.path().join("bring-up.wasm");
     fs::write(&path, Slot::BringUp.default_component()).unwrap();
     let policies = policies(None);
-    let slots = BTreeMap::from([(
-        Slot::BringUp,
-        SlotConfig {
-            path: path.clone(),
-            cases: None,
-        },
-    )]);
+    let slots = BTreeMap::from([(Slot::BringUp, SlotConfig::file(path.clone()))]);
     let reloader = Arc::new(PolicyReloader::new(policies.clone(), slots));
     reloader.load_all().unwrap();
     let _watcher = reloader.clone().watch().unwrap();
@@ -108,13 +107,7 @@ cases:
     )
     .unwrap();
     let policies = policies(None);
-    let slots = BTreeMap::from([(
-        Slot::BringUp,
-        SlotConfig {
-            path: path.clone(),
-            cases: None,
-        },
-    )]);
+    let slots = BTreeMap::from([(Slot::BringUp, SlotConfig::file(path.clone()))]);
     let reloader = PolicyReloader::new(policies.clone(), slots);
     reloader.load_all().expect("the default passes its table");
     let good = policies.digest(Slot::BringUp);
@@ -144,23 +137,11 @@ fn a_bad_operator_policy_at_startup_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("admission.wasm");
     fs::write(&path, hostile::WASI_IMPORTER).unwrap();
-    let slots = BTreeMap::from([(
-        Slot::CpuClassAdmission,
-        SlotConfig {
-            path: path.clone(),
-            cases: None,
-        },
-    )]);
+    let slots = BTreeMap::from([(Slot::CpuClassAdmission, SlotConfig::file(path.clone()))]);
     let error = PolicyReloader::new(policies(None), slots).load_all().unwrap_err();
     assert!(error.to_string().contains(&path.display().to_string()), "{error}");
 
-    let missing = BTreeMap::from([(
-        Slot::CpuClassAdmission,
-        SlotConfig {
-            path: dir.path().join("nope.wasm"),
-            cases: None,
-        },
-    )]);
+    let missing = BTreeMap::from([(Slot::CpuClassAdmission, SlotConfig::file(dir.path().join("nope.wasm")))]);
     let error = PolicyReloader::new(policies(None), missing).load_all().unwrap_err();
     assert!(matches!(error, LoadError::Read { .. }), "{error}");
 }

@@ -32,13 +32,7 @@ async fn a_swapped_bring_up_policy_decides_the_next_create() {
     std::fs::write(&path, Slot::BringUp.default_component()).unwrap();
     let reloader = Arc::new(PolicyReloader::new(
         env.policies.clone(),
-        BTreeMap::from([(
-            Slot::BringUp,
-            SlotConfig {
-                path: path.clone(),
-                cases: None,
-            },
-        )]),
+        BTreeMap::from([(Slot::BringUp, SlotConfig::file(path.clone()))]),
     ));
     reloader.load_all().unwrap();
     let _watcher = reloader.clone().watch().unwrap();

@@ -1,5 +1,6 @@
 //! Command-line interface of the `vk-cocoon` binary.
 
+mod distribute;
 mod policy;
 mod run;
 mod scaffold;

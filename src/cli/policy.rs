@@ -1,4 +1,4 @@
-//! `vk-cocoon policy test | eval | check`: the policy authors' tools. They run components in
+//! `vk-cocoon policy test | eval | check | new | push | pull`: the policy authors' tools. They run components in
 //! the same sandbox, with the same limits, as the daemon.
 
 use std::fs;
@@ -25,6 +25,11 @@ pub enum PolicyCommand {
     Check(CheckArgs),
     /// Create a policy crate for a slot that builds for wasm32-wasip2 and passes its own table.
     New(NewArgs),
+    /// Validate and test a component, then push it (with its case table) to an OCI registry;
+    /// prints the digest-pinned reference to configure.
+    Push(super::distribute::PushArgs),
+    /// Fetch a policy artifact, verify, validate and test it, and write it with its table.
+    Pull(super::distribute::PullArgs),
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +101,8 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Test(args) => test(args),
         PolicyCommand::Eval(args) => eval(args),
         PolicyCommand::Check(args) => check(args),
+        PolicyCommand::Push(args) => super::distribute::push(args),
+        PolicyCommand::Pull(args) => super::distribute::pull(args),
         PolicyCommand::New(args) => {
             let made = super::scaffold::scaffold(args.slot, &args.dir)?;
             println!("{}", super::scaffold::next_steps(args.slot, &made));

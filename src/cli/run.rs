@@ -70,11 +70,15 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         )
         .map_err(|e| anyhow!("loading the built-in policies: {e}"))?,
     );
-    let reloader = Arc::new(PolicyReloader::new(policies.clone(), policy_cfg.slots.clone()));
-    reloader
-        .load_all()
+    let policy_board = policies.status().clone();
+    let reloader = Arc::new(PolicyReloader::from_config(policies.clone(), &policy_cfg));
+    // Registry sources are fetched with blocking I/O of their own: off the async workers.
+    let loading = reloader.clone();
+    tokio::task::spawn_blocking(move || loading.load_all())
+        .await
+        .context("the policy loading task")?
         .map_err(|e| anyhow!("loading the configured policies: {e}"))?;
-    let _watcher = if policy_cfg.slots.is_empty() {
+    let _watcher = if policy_cfg.slots.is_empty() && policy_cfg.file.is_none() {
         None
     } else {
         Some(reloader.clone().watch().context("watching the policy files")?)
@@ -128,7 +132,9 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
     let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics);
     let node_name = kubelet.node_name.clone();
-    let node = VirtualNode::measured(client.clone(), kubelet, provider.clone()).map_err(|e| anyhow!("{e}"))?;
+    let node = VirtualNode::measured(client.clone(), kubelet, provider.clone())
+        .map_err(|e| anyhow!("{e}"))?
+        .with_policy_status(policy_board);
     provider.set_notifier(Arc::new(node.notifier()));
 
     // One stats sample (cached 2 s) serves /metrics (cocoon_vk_vm_*), /stats/summary and

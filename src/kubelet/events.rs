@@ -1,7 +1,7 @@
 //! Kubernetes Events through kube-runtime's `Recorder` (`events.k8s.io/v1`, deduplicated into
 //! series). Publishing never blocks or fails the caller: errors are logged.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Client;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -30,8 +30,12 @@ impl EventSink {
 
     /// Publishes in the background.
     pub fn record(&self, pod: &Pod, warning: bool, reason: &str, action: &str, note: String) {
+        self.record_on(pod.object_ref(&()), warning, reason, action, note);
+    }
+
+    /// Publishes an Event about any object (the Node, for policy reloads) in the background.
+    pub fn record_on(&self, reference: ObjectReference, warning: bool, reason: &str, action: &str, note: String) {
         let recorder = self.recorder.clone();
-        let reference = pod.object_ref(&());
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.into(),
@@ -41,7 +45,7 @@ impl EventSink {
         };
         tokio::spawn(async move {
             if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::warn!(%error, reason = %event.reason, pod = ?reference.name, "could not publish a Kubernetes event");
+                tracing::warn!(%error, reason = %event.reason, object = ?reference.name, "could not publish a Kubernetes event");
             }
         });
     }

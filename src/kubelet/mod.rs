@@ -4,6 +4,7 @@
 //! Layout — decisions are pure, I/O sits at the edges:
 //! * [`config`]: environment parsing and validation; [`quantity`]: resource quantities;
 //! * [`capacity`]: host measurement; [`node`]: the Node object (pure); [`registration`]: its I/O;
+//! * [`policy_status`]: the node's policies on the Node (annotations, `PolicyReady`, Events);
 //! * [`lease`]: the Lease; [`status`]: pod status construction and uid-conditioned writes;
 //! * [`pods`]: the pod controller's sans-I/O core; `controller`: its driver;
 //! * [`preflight`]: the RBAC check at startup; [`provider`]: the trait the cocoon provider implements.
@@ -19,6 +20,7 @@ pub mod events;
 pub mod lease;
 pub mod node;
 pub mod pods;
+pub mod policy_status;
 pub mod preflight;
 pub mod provider;
 pub mod quantity;
@@ -31,7 +33,7 @@ pub use controller::Notifier;
 pub use provider::{AgentState, PodPhase, Provider, ProviderError, ProviderPodStatus};
 
 use controller::PodController;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams};
 use registration::NodeIdentity;
@@ -65,6 +67,7 @@ pub struct VirtualNode<P: Provider> {
     tx: mpsc::UnboundedSender<pods::Input>,
     rx: mpsc::UnboundedReceiver<pods::Input>,
     notifier: Notifier,
+    policies: Option<Arc<crate::policy::status::StatusBoard>>,
 }
 
 impl<P: Provider> VirtualNode<P> {
@@ -80,7 +83,14 @@ impl<P: Provider> VirtualNode<P> {
             tx,
             rx,
             notifier,
+            policies: None,
         }
+    }
+
+    /// Publishes `board` (the node's policies) on the Node: annotations, `PolicyReady`, Events.
+    pub fn with_policy_status(mut self, board: Arc<crate::policy::status::StatusBoard>) -> Self {
+        self.policies = Some(board);
+        self
     }
 
     /// Measures the host (`/proc/meminfo`, `statvfs(COCOON_ROOT_DIR)`) and resolves the node IP
@@ -146,6 +156,7 @@ impl<P: Provider> VirtualNode<P> {
             config: self.config.clone(),
             node_ip: self.node_ip,
             resources: self.resources(),
+            policies: self.policies.clone(),
         };
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Some(node) =
@@ -156,6 +167,25 @@ impl<P: Provider> VirtualNode<P> {
         };
 
         // 3. Heartbeats and the pod controller.
+        let policy_status = self.policies.clone().map(|board| {
+            // The kubelet's node reference: the uid is the node's name, which is what
+            // `kubectl describe node` searches Events by.
+            let reference = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node_name.clone()),
+                uid: Some(node_name.clone()),
+                ..Default::default()
+            };
+            tokio::spawn(policy_status::publish(
+                nodes.clone(),
+                identity.clone(),
+                reference,
+                board,
+                events::EventSink::new(self.client.clone(), &node_name),
+                shutdown.clone(),
+            ))
+        });
         let lease = tokio::spawn(lease::run(self.client.clone(), node, timings.clone(), shutdown.clone()));
         let status = tokio::spawn(registration::run_status_loop(
             nodes,
@@ -175,6 +205,9 @@ impl<P: Provider> VirtualNode<P> {
         controller.run(shutdown.clone()).await;
         let _ = lease.await;
         let _ = status.await;
+        if let Some(task) = policy_status {
+            let _ = task.await;
+        }
         tracing::info!(node = %node_name, "virtual node stopped");
         Ok(())
     }

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +20,8 @@ pub struct NodeIdentity {
     pub config: KubeletConfig,
     pub node_ip: IpAddr,
     pub resources: NodeResources,
+    /// The node's policies, published as annotations and the `PolicyReady` condition.
+    pub policies: Option<Arc<crate::policy::status::StatusBoard>>,
 }
 
 /// Our labels/taint/providerID on the Node: create it, or replace it with our fields merged in
@@ -51,19 +54,21 @@ async fn ensure_object(nodes: &Api<Node>, id: &NodeIdentity) -> Result<Node, kub
 /// Patches the node's status subresource (capacity, allocatable, conditions, addresses,
 /// daemonEndpoints, nodeInfo) — a JSON merge patch, so our lists replace the stored ones.
 pub async fn patch_status(nodes: &Api<Node>, id: &NodeIdentity, previous: Option<&Node>) -> Result<Node, kube::Error> {
-    let status = node_status(
-        &id.config,
-        id.node_ip,
-        &id.resources,
-        &Time(Timestamp::now()),
-        previous.and_then(|n| n.status.as_ref()),
-    );
+    let now = Time(Timestamp::now());
+    let previous_status = previous.and_then(|n| n.status.as_ref());
+    let mut status = node_status(&id.config, id.node_ip, &id.resources, &now, previous_status);
+    let mut body = json!({});
+    if let Some(board) = &id.policies {
+        let policies = board.current();
+        let previous_conditions = previous_status.and_then(|s| s.conditions.as_deref());
+        let condition = super::policy_status::condition(&policies, &now, previous_conditions);
+        status.conditions.get_or_insert_with(Vec::new).push(condition);
+        // Metadata in a status write is kept by the apiserver: one request carries both.
+        body["metadata"] = json!({"annotations": super::policy_status::annotations(&policies)});
+    }
+    body["status"] = serde_json::to_value(&status).expect("JSON of a NodeStatus");
     nodes
-        .patch_status(
-            &id.config.node_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
+        .patch_status(&id.config.node_name, &PatchParams::default(), &Patch::Merge(body))
         .await
 }
 

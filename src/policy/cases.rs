@@ -66,10 +66,15 @@ pub struct CaseResult {
 impl CaseTable {
     pub fn load(path: &Path) -> Result<Self, String> {
         let text = fs::read_to_string(path).map_err(|e| format!("cannot read case table {}: {e}", path.display()))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses a table's YAML; `name` says where it came from in messages.
+    pub fn parse(text: &str, name: &str) -> Result<Self, String> {
         let table: CaseTable =
-            serde_yaml_ng::from_str(&text).map_err(|e| format!("case table {} is malformed: {e}", path.display()))?;
+            serde_yaml_ng::from_str(text).map_err(|e| format!("case table {name} is malformed: {e}"))?;
         if table.cases.is_empty() {
-            return Err(format!("case table {} has no cases", path.display()));
+            return Err(format!("case table {name} has no cases"));
         }
         Ok(table)
     }

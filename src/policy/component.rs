@@ -22,6 +22,20 @@ pub enum Origin {
     Builtin(Slot),
     /// A file the operator pointed the slot at.
     File(std::path::PathBuf),
+    /// An artifact in a registry, pinned at the digest that was fetched.
+    Oci(super::distribution::PolicyRef),
+}
+
+impl Origin {
+    /// Where the component came from, as the Node shows it: `builtin`, `file:PATH` or the pinned
+    /// `oci://` reference.
+    pub fn source(&self) -> String {
+        match self {
+            Origin::Builtin(_) => "builtin".into(),
+            Origin::File(path) => format!("file:{}", path.display()),
+            Origin::Oci(reference) => reference.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for Origin {
@@ -29,6 +43,7 @@ impl fmt::Display for Origin {
         match self {
             Origin::Builtin(slot) => write!(f, "built-in {slot} policy"),
             Origin::File(path) => write!(f, "policy component {}", path.display()),
+            Origin::Oci(reference) => write!(f, "policy artifact {reference}"),
         }
     }
 }

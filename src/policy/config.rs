@@ -9,11 +9,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::distribution::PolicyRef;
 use super::engine::SandboxLimits;
 use super::slots::Slot;
 
 /// Default location of the compiled-policy cache.
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cocoon/vk-policy-cache";
+/// Default location of pulled policy artifacts (kept by digest).
+pub const DEFAULT_ARTIFACT_DIR: &str = "/var/lib/cocoon/vk-policy-artifacts";
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -26,20 +29,85 @@ pub struct PolicyConfig {
     /// Compiled components are cached here; `null` disables the cache.
     #[serde(default = "default_cache_dir")]
     pub cache_dir: Option<PathBuf>,
+    /// Pulled policy artifacts are kept here, by digest.
+    #[serde(default = "default_artifact_dir")]
+    pub artifact_dir: PathBuf,
+    /// Accept `oci://…:TAG` (resolved once per load, and logged); otherwise only digests.
+    #[serde(default)]
+    pub allow_tags: bool,
+    /// The YAML file this configuration came from (`VK_POLICY_CONFIG`): watched, so a changed
+    /// slot (a new digest) is loaded like a changed file.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
+    /// Slots set by `VK_POLICY_<SLOT>`: they override the file, also when it is re-read.
+    #[serde(skip)]
+    pub env_slots: BTreeMap<Slot, SlotConfig>,
+}
+
+/// Where a slot's component comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PolicySource {
+    /// A `.wasm` file, watched: a new version is validated and swapped in.
+    File(PathBuf),
+    /// An artifact in a registry (`oci://…@sha256:…`), fetched and kept by digest.
+    Oci(PolicyRef),
+}
+
+impl PolicySource {
+    /// `oci://…` is a registry reference; anything else a file path.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.trim_start().starts_with(super::distribution::reference::SCHEME) {
+            PolicyRef::parse(text).map(PolicySource::Oci)
+        } else {
+            Ok(PolicySource::File(PathBuf::from(text)))
+        }
+    }
+}
+
+impl std::fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicySource::File(path) => write!(f, "{}", path.display()),
+            PolicySource::Oci(reference) => write!(f, "{reference}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(try_from = "RawSlotConfig")]
 pub struct SlotConfig {
-    /// The `.wasm` component. Watched: a new version is validated and swapped in.
-    pub path: PathBuf,
-    /// Case table run before every swap; default `<path without .wasm>.cases.yaml` if present.
-    #[serde(default)]
+    /// The component: a file path or an `oci://` reference (YAML `source:`, or `path:`).
+    pub source: PolicySource,
+    /// Case table run before every swap; default `<path without .wasm>.cases.yaml` beside a
+    /// file if present, the artifact's own table for a registry source.
     pub cases: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct RawSlotConfig {
+    #[serde(alias = "path")]
+    source: String,
+    #[serde(default)]
+    cases: Option<PathBuf>,
+}
+
+impl TryFrom<RawSlotConfig> for SlotConfig {
+    type Error = String;
+    fn try_from(raw: RawSlotConfig) -> Result<Self, String> {
+        Ok(SlotConfig {
+            source: PolicySource::parse(&raw.source)?,
+            cases: raw.cases,
+        })
+    }
 }
 
 fn default_cache_dir() -> Option<PathBuf> {
     Some(PathBuf::from(DEFAULT_CACHE_DIR))
+}
+
+fn default_artifact_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_ARTIFACT_DIR)
 }
 
 impl Default for PolicyConfig {
@@ -48,17 +116,38 @@ impl Default for PolicyConfig {
             slots: BTreeMap::new(),
             limits: SandboxLimits::default(),
             cache_dir: default_cache_dir(),
+            artifact_dir: default_artifact_dir(),
+            allow_tags: false,
+            file: None,
+            env_slots: BTreeMap::new(),
         }
     }
 }
 
 impl SlotConfig {
-    /// The case table that guards swaps of this slot's component, if one exists.
+    /// A slot served by the component file at `path` (its table found beside it).
+    pub fn file(path: impl Into<PathBuf>) -> Self {
+        SlotConfig {
+            source: PolicySource::File(path.into()),
+            cases: None,
+        }
+    }
+
+    /// The component file, for a file source.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.source {
+            PolicySource::File(path) => Some(path),
+            PolicySource::Oci(_) => None,
+        }
+    }
+
+    /// The case table file that guards swaps of this slot's component, if one exists (a
+    /// registry source's own table travels in the artifact).
     pub fn cases_path(&self) -> Option<PathBuf> {
         if let Some(cases) = &self.cases {
             return Some(cases.clone());
         }
-        let beside = self.path.with_extension("cases.yaml");
+        let beside = self.path()?.with_extension("cases.yaml");
         beside.exists().then_some(beside)
     }
 }
@@ -73,8 +162,9 @@ pub struct ConfigError {
 
 impl PolicyConfig {
     /// Reads the configuration: the YAML file named by `VK_POLICY_CONFIG` (if set), then the
-    /// environment overrides `VK_POLICY_<SLOT>` (a component path), `VK_POLICY_CACHE_DIR`
-    /// (empty disables the cache), `VK_POLICY_TIMEOUT_MS`, `VK_POLICY_MEMORY_MIB` and
+    /// environment overrides `VK_POLICY_<SLOT>` (a component path or `oci://` reference),
+    /// `VK_POLICY_CACHE_DIR` (empty disables the cache), `VK_POLICY_ARTIFACT_DIR`,
+    /// `VK_POLICY_ALLOW_TAGS`, `VK_POLICY_TIMEOUT_MS`, `VK_POLICY_MEMORY_MIB` and
     /// `VK_POLICY_MAX_CONCURRENT`. `env` is the variable lookup (the process environment in
     /// the daemon).
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
@@ -84,18 +174,32 @@ impl PolicyConfig {
         };
         for slot in Slot::ALL {
             let variable = slot.env_var();
-            if let Some(path) = env(&variable).filter(|v| !v.is_empty()) {
-                config.slots.insert(
-                    slot,
-                    SlotConfig {
-                        path: PathBuf::from(path),
-                        cases: None,
-                    },
-                );
+            if let Some(text) = env(&variable).filter(|v| !v.is_empty()) {
+                let source = PolicySource::parse(&text).map_err(|problem| ConfigError {
+                    variable: variable.clone(),
+                    problem,
+                })?;
+                let slot_config = SlotConfig { source, cases: None };
+                config.env_slots.insert(slot, slot_config.clone());
+                config.slots.insert(slot, slot_config);
             }
         }
         if let Some(dir) = env("VK_POLICY_CACHE_DIR") {
             config.cache_dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
+        }
+        if let Some(dir) = env("VK_POLICY_ARTIFACT_DIR").filter(|v| !v.is_empty()) {
+            config.artifact_dir = PathBuf::from(dir);
+        }
+        match env("VK_POLICY_ALLOW_TAGS").as_deref().map(str::trim) {
+            None | Some("") => {}
+            Some("true") => config.allow_tags = true,
+            Some("false") => config.allow_tags = false,
+            Some(other) => {
+                return Err(ConfigError {
+                    variable: "VK_POLICY_ALLOW_TAGS".into(),
+                    problem: format!("{other:?} is neither true nor false"),
+                });
+            }
         }
         let number = |variable: &str, min: u64, max: u64| -> Result<Option<u64>, ConfigError> {
             let Some(text) = env(variable).filter(|v| !v.is_empty()) else {
@@ -132,9 +236,13 @@ impl PolicyConfig {
         // Relative component paths are relative to the configuration file.
         let base = path.parent().unwrap_or(Path::new("."));
         for slot in config.slots.values_mut() {
-            slot.path = base.join(&slot.path);
+            if let PolicySource::File(file) = &mut slot.source {
+                *file = base.join(&*file);
+            }
             slot.cases = slot.cases.as_ref().map(|c| base.join(c));
         }
+        config.artifact_dir = base.join(&config.artifact_dir);
+        config.file = Some(path.to_path_buf());
         Ok(config)
     }
 }
@@ -172,15 +280,60 @@ mod tests {
             ("VK_POLICY_MEMORY_MIB", "8"),
         ]))
         .unwrap();
-        assert_eq!(config.slots[&Slot::BringUp].path, dir.path().join("bring-up.wasm"));
         assert_eq!(
-            config.slots[&Slot::CpuClassAdmission].path,
-            PathBuf::from("/etc/admit.wasm")
+            config.slots[&Slot::BringUp],
+            SlotConfig::file(dir.path().join("bring-up.wasm"))
         );
-        assert_eq!(config.slots[&Slot::GuestFixup].path, PathBuf::from("/etc/fixup.wasm"));
+        assert_eq!(
+            config.slots[&Slot::CpuClassAdmission],
+            SlotConfig::file("/etc/admit.wasm")
+        );
+        assert_eq!(config.slots[&Slot::GuestFixup], SlotConfig::file("/etc/fixup.wasm"));
+        assert_eq!(config.file.as_deref(), Some(file.as_path()));
+        assert_eq!(config.env_slots.len(), 2);
         assert_eq!(config.limits.timeout, Duration::from_millis(20));
         assert_eq!(config.limits.memory_bytes, 8 << 20);
         assert_eq!(config.cache_dir, None);
+    }
+
+    #[test]
+    fn the_example_configuration_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/policies.yaml");
+        let config = PolicyConfig::from_file(&path).unwrap();
+        assert_eq!(
+            config.slots[&Slot::BringUp].path(),
+            Some(path.parent().unwrap().join("policies/bring-up.wasm").as_path())
+        );
+        assert!(!config.allow_tags);
+        assert_eq!(config.artifact_dir, PathBuf::from(DEFAULT_ARTIFACT_DIR));
+    }
+
+    #[test]
+    fn registry_sources_in_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policies.yaml");
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        fs::write(
+            &file,
+            format!("slots:\n  bring-up: {{source: 'oci://127.0.0.1:5000/p/bring-up@{digest}'}}\nallow-tags: true\n"),
+        )
+        .unwrap();
+        let config = PolicyConfig::from_env(env(&[
+            ("VK_POLICY_CONFIG", file.to_str().unwrap()),
+            ("VK_POLICY_GUEST_FIXUP", "oci://127.0.0.1:5000/p/fixup:v1"),
+        ]))
+        .unwrap();
+        let PolicySource::Oci(reference) = &config.slots[&Slot::BringUp].source else {
+            panic!("a registry source")
+        };
+        assert_eq!(reference.digest(), Some(digest.as_str()));
+        assert!(config.allow_tags);
+        assert!(matches!(&config.slots[&Slot::GuestFixup].source, PolicySource::Oci(r) if r.digest().is_none()));
+        assert_eq!(config.artifact_dir, PathBuf::from(DEFAULT_ARTIFACT_DIR));
+        let err =
+            PolicyConfig::from_env(env(&[("VK_POLICY_BRING_UP", "oci://127.0.0.1:5000/p@sha256:12")])).unwrap_err();
+        assert_eq!(err.variable, "VK_POLICY_BRING_UP");
+        assert!(err.to_string().contains("64 lower-case hex"), "{err}");
     }
 
     #[test]

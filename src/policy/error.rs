@@ -59,6 +59,12 @@ pub enum LoadError {
 
     #[error("{origin}: {detail}")]
     Table { origin: String, detail: String },
+
+    #[error("cannot fetch policy {reference}: {detail}")]
+    Fetch { reference: String, detail: String },
+
+    #[error("{origin} is for slot {found}, not {slot}: point the slot at an artifact pushed for it")]
+    WrongSlot { origin: String, slot: Slot, found: Slot },
 }
 
 impl LoadError {
@@ -72,6 +78,8 @@ impl LoadError {
             LoadError::UnsupportedVersion { .. } => "unsupported_version",
             LoadError::ExportMismatch { .. } => "export_mismatch",
             LoadError::CasesFailed { .. } | LoadError::Table { .. } => "cases_failed",
+            LoadError::Fetch { .. } => "fetch",
+            LoadError::WrongSlot { .. } => "wrong_slot",
         }
     }
 }

@@ -9,7 +9,9 @@
 //! - [`LoadedPolicy`]: a component validated for a slot; one fresh instance per decision.
 //! - [`Policies`]: the live set, swapped atomically on reload.
 //! - [`cases`] / [`input`]: YAML case tables and decision inputs, run inside the sandbox.
-//! - [`config`] / [`reload`]: operator configuration and hot reload of policy files.
+//! - [`config`] / [`reload`]: operator configuration and hot reload of policy files and of
+//!   the configuration itself; [`distribution`]: components as OCI artifacts, by digest.
+//! - [`status`]: what serves each slot and how the last reloads went (shown on the Node).
 
 pub mod cache;
 pub mod cases;
@@ -17,6 +19,7 @@ mod clock;
 mod component;
 pub mod config;
 pub mod contract;
+pub mod distribution;
 pub mod engine;
 pub mod error;
 pub mod input;
@@ -27,6 +30,7 @@ pub mod reload;
 pub(crate) mod sandbox;
 mod set;
 pub mod slots;
+pub mod status;
 
 pub use cache::CompileCache;
 pub use component::Origin;

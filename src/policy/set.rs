@@ -13,6 +13,7 @@ use super::error::{DecisionError, LoadError};
 use super::loaded::LoadedPolicy;
 use super::metrics::PolicyMetrics;
 use super::slots::{PolicySlot, Slot, SlotCells, SlotVisitor, with_slot};
+use super::status::{ActivePolicy, StatusBoard};
 
 /// Every slot's current policy, and the engine they run on.
 pub struct Policies {
@@ -20,6 +21,7 @@ pub struct Policies {
     cache: Option<CompileCache>,
     cells: SlotCells,
     metrics: PolicyMetrics,
+    status: Arc<StatusBoard>,
 }
 
 impl Policies {
@@ -35,9 +37,11 @@ impl Policies {
             cache,
             cells,
             metrics,
+            status: Arc::new(StatusBoard::default()),
         };
         for slot in Slot::ALL {
             policies.metrics.set_active(slot, &policies.digest(slot));
+            policies.status.set_active(slot, policies.active(slot));
         }
         Ok(policies)
     }
@@ -52,6 +56,11 @@ impl Policies {
 
     pub fn metrics(&self) -> &PolicyMetrics {
         &self.metrics
+    }
+
+    /// What the node runs, for the cluster to see.
+    pub fn status(&self) -> &Arc<StatusBoard> {
+        &self.status
     }
 
     /// The policy currently serving `S`.
@@ -71,10 +80,23 @@ impl Policies {
         with_slot(slot, Digest(self))
     }
 
+    /// The component serving `slot`: digest, source and contract version.
+    pub fn active(&self, slot: Slot) -> ActivePolicy {
+        struct Active<'a>(&'a Policies);
+        impl SlotVisitor for Active<'_> {
+            type Output = ActivePolicy;
+            fn visit<S: PolicySlot>(self) -> ActivePolicy {
+                active_of(&self.0.current::<S>())
+            }
+        }
+        with_slot(slot, Active(self))
+    }
+
     /// Makes `policy` serve its slot from the next decision on; returns the one it replaces.
     pub fn install<S: PolicySlot>(&self, policy: LoadedPolicy<S>) -> Arc<LoadedPolicy<S>> {
         info!(slot = %S::SLOT, origin = %policy.origin(), digest = policy.digest(), contract = %policy.version(), "policy installed");
         self.metrics.set_active(S::SLOT, policy.digest());
+        self.status.set_active(S::SLOT, active_of(&policy));
         S::cell(&self.cells).swap(Arc::new(policy))
     }
 
@@ -104,6 +126,14 @@ impl Policies {
         };
         self.metrics.count_decision(slot, S::summary(&decision).outcome);
         decision
+    }
+}
+
+fn active_of<S: PolicySlot>(policy: &LoadedPolicy<S>) -> ActivePolicy {
+    ActivePolicy {
+        digest: format!("sha256:{}", policy.digest()),
+        source: policy.origin().source(),
+        contract: policy.version().to_string(),
     }
 }
 

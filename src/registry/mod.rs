@@ -10,7 +10,9 @@
 //! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams.
 //! - `auth`: the requests oci-client does not make, with the registry's token challenge answered.
 //! - [`push`], [`pull`], [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
+//! - [`artifact`]: small in-memory artifacts (policy components) pushed and pulled by digest.
 
+pub mod artifact;
 mod auth;
 pub mod client;
 pub mod cloud_image;
@@ -24,6 +26,7 @@ pub mod pull;
 pub mod push;
 pub mod tarfmt;
 
+pub use artifact::{ArtifactLayer, ArtifactUpload, PulledArtifact};
 pub use client::{ArtifactInfo, ManifestLookup, Registry};
 pub use cloud_image::CloudImageSource;
 pub use config::RegistryConfig;
