@@ -4,11 +4,13 @@
 //! - [`policy`]: the WebAssembly policy engine (every *decision* runs as a sandboxed component).
 //! - [`runtime`]: the typed async client for the `cocoon` CLI.
 //! - [`kubelet`]: the virtual node towards the Kubernetes API (node, lease, pod watch, status).
+//! - [`peer`]: the peer snapshot tier (serving a hibernated guest's files to the node that wakes it).
 
 pub mod backoff;
 pub mod kubelet;
 pub mod kubelet_api;
 pub mod model;
+pub mod peer;
 pub mod policy;
 pub mod provider;
 pub mod registry;

@@ -3,6 +3,8 @@
 //! fault (save, push, remove, the registry down during verification, the pull) leaves it in the
 //! VM or in the registry, the pod recoverable, and the owed retry finishes the job.
 
+#[path = "peer_tier/mod.rs"]
+mod peer_tier;
 mod provider_support;
 
 use std::time::Duration;

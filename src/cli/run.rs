@@ -1,7 +1,7 @@
 //! `vk-cocoon run`: the node daemon. Reads the environment (behaviour spec §2), builds the
 //! policies (defaults, then the operator's components, watched for hot reload), the cocoon
-//! runtime, the optional registry, the provider and the `/metrics` server, then runs the virtual
-//! node until SIGINT or SIGTERM.
+//! runtime, the optional registry, the provider, the peer snapshot tier and the `/metrics`
+//! server, then runs the virtual node until SIGINT or SIGTERM.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +17,7 @@ use vk_cocoon::kubelet_api::auth::Auth;
 use vk_cocoon::kubelet_api::streaming::{GuestScope, Streaming, StreamingConfig};
 use vk_cocoon::kubelet_api::tls::manager::CertTimings;
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
+use vk_cocoon::peer::{KubeNodes, PeerClient, PeerConfig, PeerMetrics, PeerServer, PeerTier, Staging, Timeouts};
 use vk_cocoon::policy::config::PolicyConfig;
 use vk_cocoon::policy::reload::PolicyReloader;
 use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
@@ -56,6 +57,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let api_cfg = ApiConfig::from_env(kubelet.kubelet_port).map_err(|e| anyhow!("{e}"))?;
     let paths = HostPaths::from_env();
     let provider_cfg = ProviderConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+    let peer_cfg = PeerConfig::from_env().map_err(|e| anyhow!("{e}"))?;
     let prometheus = prometheus::Registry::new();
 
     // Policies: built-in defaults, then the operator's components (a bad one is fatal at start).
@@ -120,6 +122,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         }
         None => Arc::new(NetProber::default()),
     };
+    let peer_registry = registry.clone();
     let ports = Ports {
         runtime: runtime.clone(),
         registry,
@@ -132,6 +135,15 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
     let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics);
     let node_name = kubelet.node_name.clone();
+    let peer_server = peer_tier(
+        &peer_cfg,
+        &provider,
+        &prometheus,
+        &node_name,
+        runtime.clone(),
+        peer_registry,
+        client.clone(),
+    )?;
     let node = VirtualNode::measured(client.clone(), kubelet, provider.clone())
         .map_err(|e| anyhow!("{e}"))?
         .with_policy_status(policy_board);
@@ -172,6 +184,13 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         .with_context(|| format!("binding the metrics listener on {addr}"))?;
     tracing::info!(%addr, "serving /metrics");
     let metrics_server = tokio::spawn(metrics::serve(listener, prometheus, shutdown.clone()));
+    if let Some(server) = peer_server {
+        let listener = tokio::net::TcpListener::bind(peer_cfg.listen)
+            .await
+            .with_context(|| format!("binding the peer snapshot listener VK_PEER_ADDR={}", peer_cfg.listen))?;
+        tracing::info!(addr = %peer_cfg.listen, "serving hibernated snapshots to authenticated peers");
+        tokio::spawn(server.serve(listener, shutdown.clone()));
+    }
     tokio::spawn(provider.clone().run_background(shutdown.clone()));
     tokio::spawn(stop_on_signal(shutdown.clone()));
 
@@ -184,6 +203,47 @@ async fn daemon() -> anyhow::Result<ExitCode> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(anyhow!("{e}")),
     }
+}
+
+/// The peer snapshot tier: the staging directory is swept in the background; with a peer token
+/// and a registry, wakes may restore from the `from-node` peer and the returned server hands this
+/// node's hibernated snapshots to authenticated peers. Without either, both are off (said once).
+fn peer_tier(
+    cfg: &PeerConfig,
+    provider: &Arc<CocoonProvider>,
+    prometheus: &prometheus::Registry,
+    node_name: &str,
+    runtime: Arc<dyn CocoonRuntime>,
+    registry: Option<Arc<dyn SnapshotRegistry>>,
+    client: kube::Client,
+) -> anyhow::Result<Option<Arc<PeerServer>>> {
+    let staging = Staging::new(cfg.staging_dir.clone());
+    let sweeping = staging.clone();
+    tokio::task::spawn_blocking(move || match sweeping.sweep() {
+        Ok(n) => tracing::info!(dir = %sweeping.root().display(), removed = n, "staging directory swept"),
+        Err(error) => tracing::warn!(dir = %sweeping.root().display(), %error, "sweeping the staging directory failed"),
+    });
+    let (Some(token), Some(registry)) = (cfg.token.clone(), registry) else {
+        tracing::warn!(
+            "peer snapshot tier off: it needs VK_PEER_TOKEN_FILE (peers authenticate) and a registry; wakes restore from a local snapshot or the registry"
+        );
+        return Ok(None);
+    };
+    let metrics = PeerMetrics::register(prometheus).context("registering the peer metrics")?;
+    provider.set_peer_tier(Arc::new(PeerTier {
+        client: PeerClient::new(token.clone(), staging, Timeouts::default()),
+        nodes: Arc::new(KubeNodes::new(client)),
+        port: cfg.listen.port(),
+        metrics,
+    }));
+    Ok(Some(PeerServer::new(
+        node_name.to_string(),
+        runtime,
+        registry,
+        cfg.snapshot_dir.clone(),
+        token,
+        vk_cocoon::peer::server::MAX_STREAMS,
+    )))
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

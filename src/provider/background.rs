@@ -16,6 +16,7 @@ pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
     let stop = CancellationToken::new();
     let watcher = tokio::spawn(super::watcher::run(p.clone(), stop.clone()));
     let statuses = tokio::spawn(status_loop(p.clone(), stop.clone()));
+    let reclaimer = tokio::spawn(reclaim_loop(p.clone(), stop.clone()));
     let mut tick = tokio::time::interval(p.cfg.timings.reflush_interval);
     loop {
         tokio::select! {
@@ -28,6 +29,31 @@ pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
     p.close();
     let _ = watcher.await;
     let _ = statuses.await;
+    let _ = reclaimer.await;
+}
+
+/// The snapshot reclaimer: a pass once the startup reconcile tracked the pods (before it, every
+/// snapshot would look unused), then one per interval.
+async fn reclaim_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
+    let Some(period) = p.cfg.timings.reclaim_interval else {
+        tracing::info!("snapshot reclaimer off (VK_SNAPSHOT_RECLAIM_INTERVAL=0)");
+        return;
+    };
+    let mut reconciled = p.reconciled.subscribe();
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        r = reconciled.wait_for(|done| *done) => if r.is_err() { return },
+    }
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {
+                let removed = p.reclaim_snapshots().await;
+                tracing::debug!(removed, "snapshot reclaimer pass done");
+            }
+        }
+    }
 }
 
 async fn status_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {

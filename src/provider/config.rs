@@ -29,6 +29,12 @@ impl ProviderConfig {
             Some(text) => crate::model::vm_spec::restore_mode(&text)
                 .ok_or_else(|| format!("VK_RESTORE_MODE={text:?} is not one of copy, ondemand, mmap"))?,
         };
+        let mut timings = Timings::default();
+        if let Some(text) = env("VK_SNAPSHOT_RECLAIM_INTERVAL").filter(|v| !v.trim().is_empty()) {
+            timings.reclaim_interval = parse_interval(&text).ok_or_else(|| {
+                format!("VK_SNAPSHOT_RECLAIM_INTERVAL={text:?} is not a duration (e.g. 600s, 10m, 1h; 0 turns the reclaimer off)")
+            })?;
+        }
         Ok(Self {
             node_name: env("VK_NODE_NAME")
                 .filter(|v| !v.is_empty())
@@ -40,13 +46,30 @@ impl ProviderConfig {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/var/lib/cocoon")),
-            timings: Timings::default(),
+            timings,
         })
     }
 
     pub fn from_env() -> Result<Self, String> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
+}
+
+/// `600`, `600s`, `10m`, `1h`: `Some(None)` for zero (off), `None` when unparseable.
+fn parse_interval(text: &str) -> Option<Option<Duration>> {
+    let t = text.trim();
+    let (number, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: u64 = number.parse().ok()?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        _ => return None,
+    };
+    Some((secs > 0).then(|| Duration::from_secs(secs)))
 }
 
 /// Readiness probing (§3.7).
@@ -110,6 +133,9 @@ pub struct Timings {
     pub evict_retry_max: Duration,
     /// Classifying a resumed CH+Windows clone (hibernate evidence lookups) gives up after this.
     pub classify_budget: Duration,
+    /// Period of the local snapshot reclaimer (first pass right after the startup reconcile);
+    /// `None` = off (`VK_SNAPSHOT_RECLAIM_INTERVAL=0`).
+    pub reclaim_interval: Option<Duration>,
 }
 
 impl Default for Timings {
@@ -136,6 +162,7 @@ impl Default for Timings {
             evict_backoff: Duration::from_millis(200),
             evict_retry_max: Duration::from_secs(30),
             classify_budget: Duration::from_secs(30 * 60),
+            reclaim_interval: Some(Duration::from_secs(10 * 60)),
         }
     }
 }
@@ -181,6 +208,14 @@ mod tests {
                 .unwrap_err()
                 .contains("VK_ORPHAN_POLICY")
         );
+        assert_eq!(c.timings.reclaim_interval, Some(Duration::from_secs(600)));
+        let every = |v: &str| cfg(&[("VK_SNAPSHOT_RECLAIM_INTERVAL", v)]).map(|c| c.timings.reclaim_interval);
+        assert_eq!(every("90"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(every("15m"), Ok(Some(Duration::from_secs(900))));
+        assert_eq!(every("1h"), Ok(Some(Duration::from_secs(3600))));
+        assert_eq!(every("0"), Ok(None));
+        assert!(every("soon").unwrap_err().contains("VK_SNAPSHOT_RECLAIM_INTERVAL"));
+        assert!(every("5d").is_err());
         assert!(
             cfg(&[("VK_RESTORE_MODE", "lazy")])
                 .unwrap_err()

@@ -33,6 +33,7 @@ pub struct ProviderMetrics {
     pub postclone_retry_attempts: HistogramVec,
     pub vm_inspect_transient_fail: IntCounter,
     pub pod_evict_failure: IntCounter,
+    pub snapshot_reclaimed: IntCounterVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -139,6 +140,13 @@ impl ProviderMetrics {
                 "pod_evict_failure_total",
                 "Evictions the apiserver did not accept.",
             ))?,
+            snapshot_reclaimed: IntCounterVec::new(
+                opts(
+                    "snapshot_reclaimed_total",
+                    "Local snapshots the reclaimer removed, by rule (stale_import, no_hibernate_tag, stale_id).",
+                ),
+                &["reason"],
+            )?,
         })
     }
 
@@ -170,6 +178,7 @@ impl ProviderMetrics {
         registry.register(Box::new(m.postclone_retry_attempts.clone()))?;
         registry.register(Box::new(m.vm_inspect_transient_fail.clone()))?;
         registry.register(Box::new(m.pod_evict_failure.clone()))?;
+        registry.register(Box::new(m.snapshot_reclaimed.clone()))?;
         Ok(m)
     }
 

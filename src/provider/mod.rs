@@ -35,6 +35,7 @@ pub mod ports;
 pub mod probe;
 pub mod probe_scope;
 mod publish;
+mod reclaim;
 pub mod reconcile;
 mod registry_adapter;
 mod resume;
@@ -46,6 +47,7 @@ pub mod status;
 pub mod transfer;
 mod update;
 mod wake;
+mod wake_peer;
 mod watcher;
 
 use std::sync::{Arc, OnceLock, Weak};
@@ -87,6 +89,10 @@ pub struct CocoonProvider {
     metrics: ProviderMetrics,
     probes: Probes,
     notifier: OnceLock<Arc<dyn StatusNotifier>>,
+    /// Set once the startup reconcile has tracked the node's pods (the reclaimer waits for it).
+    reconciled: tokio::sync::watch::Sender<bool>,
+    /// The peer restore tier of wakes (unset: wakes skip it).
+    peer: OnceLock<Arc<crate::peer::PeerTier>>,
     /// Snapshot pushes and pulls (the pulls in flight are shared).
     transfers: transfer::Transfers,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
@@ -107,6 +113,8 @@ impl CocoonProvider {
             metrics,
             probes,
             notifier: OnceLock::new(),
+            peer: OnceLock::new(),
+            reconciled: tokio::sync::watch::Sender::new(false),
             transfers: transfer::Transfers::new(),
             vm_prefetch: Default::default(),
             closing: CancellationToken::new(),
@@ -132,6 +140,11 @@ impl CocoonProvider {
     /// was built around this provider).
     pub fn set_notifier(&self, notifier: Arc<dyn StatusNotifier>) {
         let _ = self.notifier.set(notifier);
+    }
+
+    /// Turns on the peer restore tier of wakes (set once, before pods arrive).
+    pub fn set_peer_tier(&self, tier: Arc<crate::peer::PeerTier>) {
+        let _ = self.peer.set(tier);
     }
 
     pub fn metrics(&self) -> &ProviderMetrics {

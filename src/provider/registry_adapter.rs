@@ -32,6 +32,17 @@ impl SnapshotRegistry for Registry {
         }))
     }
 
+    async fn snapshot_envelope(
+        &self,
+        repo: &str,
+        tag: &str,
+        local_name: &str,
+    ) -> Result<Option<(String, Vec<u8>)>, RegistryError> {
+        Ok(Registry::snapshot_config(self, repo, tag)
+            .await?
+            .map(|c| (c.snapshot_id.clone(), c.envelope(local_name))))
+    }
+
     async fn push_snapshot(
         &self,
         export: Box<dyn AsyncRead + Send + Unpin>,

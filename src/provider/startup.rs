@@ -169,6 +169,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         p.dispatch_owed(&pod, &pkey).await;
     }
     p.notify("");
+    p.reconciled.send_replace(true);
     tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
     Ok(())
 }

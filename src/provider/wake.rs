@@ -1,6 +1,7 @@
 //! Waking a hibernated guest (lifecycle document "true → false"; behaviour spec §3.4, §4f):
 //! the clone source is a local snapshot verified against the `:hibernate` tag's snapshot id, else
-//! a registry pull into `<vm>-hibernate-import`; never an unverified copy and never a fresh boot.
+//! the raw files of the `from-node` peer (`wake_peer`, staged for `--from-dir`), else a registry
+//! pull into `<vm>-hibernate-import`; never an unverified copy and never a fresh boot.
 //! The same restore serves a cross-node wake that arrives through CreatePod. The daemon never
 //! deletes the `:hibernate` tag: the operator does once the woken VM runs.
 
@@ -31,11 +32,15 @@ pub(super) struct WakeSource {
     pub record: SnapshotRecord,
     /// A `<vm>-hibernate-import` pulled for this wake: removed once the clone is up.
     pub import: bool,
+    /// Restored from the peer: clone `--from-dir` this directory (removed when this drops).
+    pub staged: Option<crate::peer::Restored>,
+    /// Why the peer tier, tried, failed (the wake fell back to the registry).
+    pub peer_failure: Option<String>,
     /// For the `Woken` Event.
     pub label: String,
 }
 
-/// `resolveWakeSource` without the peer tier: a verified local snapshot, else the registry.
+/// `resolveWakeSource`: a verified local snapshot, else the peer's files, else the registry.
 pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSource, Failure> {
     let mut tag_absent = false;
     match p.ports.runtime.snapshot_inspect(vm).await {
@@ -45,6 +50,8 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
                     snapshot: vm.to_string(),
                     record: local,
                     import: false,
+                    staged: None,
+                    peer_failure: None,
                     label: format!("local snapshot {vm} (no registry configured)"),
                 });
             }
@@ -55,6 +62,8 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
                         snapshot: vm.to_string(),
                         record: local,
                         import: false,
+                        staged: None,
+                        peer_failure: None,
                         label: format!("local snapshot {vm}, verified against {vm}:hibernate"),
                     });
                 }
@@ -104,6 +113,25 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
             format!("wake {vm}: the {vm}:hibernate tag is gone, so there is no guest state to restore"),
         ));
     }
+    let mut peer_failure = None;
+    if let Some(tier) = p.peer.get() {
+        match super::wake_peer::restore_from_peer(p, tier, registry.as_ref(), vm).await {
+            Ok(w) => {
+                return Ok(WakeSource {
+                    snapshot: w.staged.dir.path().display().to_string(),
+                    record: w.record,
+                    import: false,
+                    label: format!("the files of {vm}:hibernate on its peer node {}", w.peer),
+                    staged: Some(w.staged),
+                    peer_failure: None,
+                });
+            }
+            Err(super::wake_peer::Skipped::NotApplicable(why)) => {
+                tracing::debug!(vm, %why, "peer tier not applicable; pulling from the registry");
+            }
+            Err(super::wake_peer::Skipped::Failed(why)) => peer_failure = Some(why),
+        }
+    }
     let import = plan::hibernate_import_name(vm);
     p.pull_snapshot(registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import)
         .await
@@ -118,6 +146,8 @@ pub(super) async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSour
         snapshot: import,
         record,
         import: true,
+        staged: None,
+        peer_failure,
         label: format!("registry {vm}:hibernate"),
     })
 }
@@ -132,17 +162,23 @@ pub(super) async fn restore(
 ) -> Result<(VmRecord, String), Failure> {
     let vm = ctx.spec.vm_name.as_str();
     let source = wake_source(p, vm).await?;
+    if let Some(why) = &source.peer_failure {
+        p.ports.events.record(
+            ctx.pod,
+            true,
+            "PeerRestoreFailed",
+            format!("{why}; restoring from the registry instead"),
+        );
+    }
     ensure_base_image(p, &source.record).await?;
     let cpu = translate(p, ctx, BootPath::Clone).await?.0;
     let nics = invariants::nic_less_hibernate(&ctx.spec).then_some(1);
-    let spec = plan::clone_spec(
-        options,
-        CloneSource::Snapshot(source.snapshot.clone()),
-        !source.record.image.is_empty(),
-        cpu,
-        nics,
-    )
-    .map_err(|m| Failure::permanent("WakeRefused", m))?;
+    let clone_source = match &source.staged {
+        Some(_) => CloneSource::Dir(source.snapshot.clone()),
+        None => CloneSource::Snapshot(source.snapshot.clone()),
+    };
+    let spec = plan::clone_spec(options, clone_source, !source.record.image.is_empty(), cpu, nics)
+        .map_err(|m| Failure::permanent("WakeRefused", m))?;
     let result = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
         Failure::transient(
             "WakeCloneFailed",
@@ -157,6 +193,7 @@ pub(super) async fn restore(
             }
         });
     }
+    // A staged directory goes now, whether the clone took it or not (`source` drops here).
     result.map(|vm| (vm, source.label))
 }
 

@@ -1,0 +1,371 @@
+//! The peer restore client (behaviour spec §6.5 client side): fetches a hibernated guest's files
+//! from the node it was hibernated on and lays them out for `vm clone --from-dir`.
+//!
+//! Nothing from the peer is trusted: the plan's snapshot id must be the registry config's (the
+//! trust anchor), its slices must lie within their files, every slice must arrive whole with a
+//! matching CRC-32C trailer. Any failure removes the staging directory, so a bad or partial
+//! transfer can never be booted; the caller then falls back to the registry.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Request, StatusCode, header};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::sync::Semaphore;
+
+use super::auth::PeerToken;
+use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanError, Slice};
+use super::staging::{SliceWriter, Staging};
+
+/// Restores one node runs at a time (a third waits).
+pub const MAX_RESTORES: usize = 2;
+/// Slice requests in flight across the node's restores.
+pub const MAX_FETCHES: usize = 32;
+/// A file's slices are fetched as at most this many contiguous groups, each on one connection.
+pub const GROUPS_PER_FILE: usize = 8;
+/// A plan larger than this is refused (it lists files and ranges, never data).
+const MAX_PLAN_BYTES: usize = 16 << 20;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub dial: Duration,
+    /// From sending a request to its response headers.
+    pub header: Duration,
+    /// Longest pause between two body frames.
+    pub stall: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            dial: Duration::from_secs(3),
+            header: Duration::from_secs(10),
+            stall: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a peer restore failed (the wake then pulls from the registry).
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("connect to peer {addr}: {detail}")]
+    Connect { addr: SocketAddr, detail: String },
+    #[error("peer {addr} answered {status} to {what}: {body}")]
+    Status {
+        addr: SocketAddr,
+        what: String,
+        status: StatusCode,
+        body: String,
+    },
+    #[error("peer {addr}: {what}: {detail}")]
+    Transfer {
+        addr: SocketAddr,
+        what: String,
+        detail: String,
+    },
+    #[error("peer {addr} sent an unusable plan: {0}", addr = .1)]
+    Plan(PlanError, SocketAddr),
+    #[error("staging {what}: {source}")]
+    Staging {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A restored snapshot directory; removed when this drops (after the clone).
+#[derive(Debug)]
+pub struct Restored {
+    pub dir: tempfile::TempDir,
+    /// Bytes received and bytes written (the difference stayed holes).
+    pub received: u64,
+    pub written: u64,
+}
+
+pub struct PeerClient {
+    token: PeerToken,
+    staging: Staging,
+    timeouts: Timeouts,
+    restores: Semaphore,
+    fetches: Arc<Semaphore>,
+}
+
+impl PeerClient {
+    pub fn new(token: PeerToken, staging: Staging, timeouts: Timeouts) -> Self {
+        Self {
+            token,
+            staging,
+            timeouts,
+            restores: Semaphore::new(MAX_RESTORES),
+            fetches: Arc::new(Semaphore::new(MAX_FETCHES)),
+        }
+    }
+
+    pub fn staging(&self) -> &Staging {
+        &self.staging
+    }
+
+    /// Restores snapshot `name` from the peer at `addr` into a fresh staging directory, with
+    /// `envelope` (the registry config's `snapshot.json`) written last as its completeness marker.
+    pub async fn restore(
+        &self,
+        addr: SocketAddr,
+        name: &str,
+        want_id: &str,
+        envelope: &[u8],
+    ) -> Result<Restored, RestoreError> {
+        let _slot = self
+            .restores
+            .acquire()
+            .await
+            .expect("the restore semaphore is never closed");
+        let plan = self.fetch_plan(addr, name).await?;
+        protocol::check_plan(&plan, want_id).map_err(|e| RestoreError::Plan(e, addr))?;
+        let dir = self.staging.fresh(name).map_err(|source| RestoreError::Staging {
+            what: format!("a directory under {}", self.staging.root().display()),
+            source,
+        })?;
+        tracing::info!(snapshot = %name, %addr, dir = %dir.path().display(), bytes = plan.data_bytes(), "restoring a snapshot from its peer");
+        let mut groups = Vec::new();
+        for f in &plan.files {
+            let path = dir.path().join(&f.name);
+            let staging_err = |source| RestoreError::Staging {
+                what: path.display().to_string(),
+                source,
+            };
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o640)
+                .open(&path)
+                .map_err(staging_err)?;
+            file.set_len(f.size).map_err(staging_err)?;
+            let file = Arc::new(file);
+            let per_group = f.slices.len().div_ceil(GROUPS_PER_FILE).max(1);
+            for group in f.slices.chunks(per_group) {
+                groups.push(self.fetch_group(addr, &plan.snapshot_id, &f.name, group, file.clone()));
+            }
+        }
+        let mut received = 0;
+        let mut written = 0;
+        for (r, w) in futures::future::try_join_all(groups).await? {
+            received += r;
+            written += w;
+        }
+        // Written last: its presence marks the directory complete (contracts A.7).
+        let marker = dir.path().join(ENVELOPE_FILE);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&marker)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, envelope))
+            .map_err(|source| RestoreError::Staging {
+                what: marker.display().to_string(),
+                source,
+            })?;
+        Ok(Restored { dir, received, written })
+    }
+
+    async fn fetch_plan(&self, addr: SocketAddr, name: &str) -> Result<Plan, RestoreError> {
+        let what = format!("the plan of {name}");
+        let mut conn = self.connect(addr).await?;
+        let query = form_urlencoded::Serializer::new(String::new())
+            .append_pair("name", name)
+            .finish();
+        let resp = self
+            .send(&mut conn, addr, &format!("{}?{query}", protocol::PLAN_PATH), &what)
+            .await?;
+        let mut body = resp.into_body();
+        let mut bytes = Vec::new();
+        while let Some(frame) = self.next_frame(&mut body, addr, &what).await? {
+            if let Ok(data) = frame.into_data() {
+                bytes.extend_from_slice(&data);
+                if bytes.len() > MAX_PLAN_BYTES {
+                    return Err(transfer(addr, &what, format!("larger than {MAX_PLAN_BYTES} bytes")));
+                }
+            }
+        }
+        serde_json::from_slice(&bytes).map_err(|e| transfer(addr, &what, format!("not a plan document: {e}")))
+    }
+
+    /// Fetches contiguous slices of one file over one connection; `(received, written)`.
+    async fn fetch_group(
+        &self,
+        addr: SocketAddr,
+        id: &str,
+        file_name: &str,
+        slices: &[Slice],
+        file: Arc<std::fs::File>,
+    ) -> Result<(u64, u64), RestoreError> {
+        let mut conn: Option<SendRequest<Empty<Bytes>>> = None;
+        let (mut received, mut written) = (0, 0);
+        for s in slices {
+            let _fetch = self
+                .fetches
+                .acquire()
+                .await
+                .expect("the fetch semaphore is never closed");
+            let what = format!("slice {file_name}@{}+{}", s.offset, s.length);
+            // Reuse the group's connection while the peer keeps it open.
+            let reusable = match conn.as_mut() {
+                Some(c) => c.ready().await.is_ok(),
+                None => false,
+            };
+            if !reusable {
+                conn = Some(self.connect(addr).await?);
+            }
+            let c = conn.as_mut().expect("connected above");
+            let query = form_urlencoded::Serializer::new(String::new())
+                .append_pair("id", id)
+                .append_pair("file", file_name)
+                .append_pair("offset", &s.offset.to_string())
+                .append_pair("length", &s.length.to_string())
+                .finish();
+            let resp = self
+                .send(c, addr, &format!("{}?{query}", protocol::SLICE_PATH), &what)
+                .await?;
+            let mut body = resp.into_body();
+            let mut writer = SliceWriter::new(file.clone(), s.offset);
+            let (mut got, mut crc, mut trailer) = (0u64, 0u32, None);
+            while let Some(frame) = self.next_frame(&mut body, addr, &what).await? {
+                match frame.into_data() {
+                    Ok(data) => {
+                        got += data.len() as u64;
+                        if got > s.length {
+                            return Err(transfer(addr, &what, format!("more than {} bytes", s.length)));
+                        }
+                        crc = crc32c::crc32c_append(crc, &data);
+                        writer.push(&data).await.map_err(|e| staging_io(file_name, e))?;
+                    }
+                    Err(frame) => {
+                        if let Ok(t) = frame.into_trailers() {
+                            trailer = t.get(CRC_TRAILER).and_then(|v| v.to_str().ok()).map(str::to_string);
+                        }
+                    }
+                }
+            }
+            if got != s.length {
+                return Err(transfer(addr, &what, format!("truncated: {got} of {} bytes", s.length)));
+            }
+            match trailer {
+                Some(t) if t == protocol::crc_text(crc) => {}
+                Some(t) => {
+                    return Err(transfer(
+                        addr,
+                        &what,
+                        format!(
+                            "CRC-32C mismatch: trailer {t}, received bytes {}",
+                            protocol::crc_text(crc)
+                        ),
+                    ));
+                }
+                None => return Err(transfer(addr, &what, format!("no {CRC_TRAILER} trailer"))),
+            }
+            writer.flush().await.map_err(|e| staging_io(file_name, e))?;
+            received += got;
+            written += writer.written;
+        }
+        Ok((received, written))
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, RestoreError> {
+        let err = |detail: String| RestoreError::Connect { addr, detail };
+        let tcp = tokio::time::timeout(self.timeouts.dial, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| err(format!("no connection within {:?}", self.timeouts.dial)))?
+            .map_err(|e| err(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        // The connection task ends when the sender drops.
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn send(
+        &self,
+        conn: &mut SendRequest<Empty<Bytes>>,
+        addr: SocketAddr,
+        path_and_query: &str,
+        what: &str,
+    ) -> Result<hyper::Response<Incoming>, RestoreError> {
+        let req = Request::get(path_and_query)
+            .header(header::HOST, addr.to_string())
+            .header(header::AUTHORIZATION, self.token.header())
+            // Trailers are sent only to a client that says it reads them.
+            .header(header::TE, "trailers")
+            .body(Empty::new())
+            .map_err(|e| transfer(addr, what, e.to_string()))?;
+        let resp = tokio::time::timeout(self.timeouts.header, conn.send_request(req))
+            .await
+            .map_err(|_| {
+                transfer(
+                    addr,
+                    what,
+                    format!("no response headers within {:?}", self.timeouts.header),
+                )
+            })?
+            .map_err(|e| transfer(addr, what, e.to_string()))?;
+        if resp.status() != StatusCode::OK {
+            let status = resp.status();
+            let body = tokio::time::timeout(self.timeouts.stall, resp.into_body().collect())
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .map(|b| {
+                    String::from_utf8_lossy(&b.to_bytes())
+                        .trim()
+                        .chars()
+                        .take(512)
+                        .collect()
+                })
+                .unwrap_or_default();
+            return Err(RestoreError::Status {
+                addr,
+                what: what.to_string(),
+                status,
+                body,
+            });
+        }
+        Ok(resp)
+    }
+
+    async fn next_frame(
+        &self,
+        body: &mut Incoming,
+        addr: SocketAddr,
+        what: &str,
+    ) -> Result<Option<hyper::body::Frame<Bytes>>, RestoreError> {
+        match tokio::time::timeout(self.timeouts.stall, body.frame()).await {
+            Err(_) => Err(transfer(addr, what, format!("stalled for {:?}", self.timeouts.stall))),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(frame))) => Ok(Some(frame)),
+            Ok(Some(Err(e))) => Err(transfer(addr, what, e.to_string())),
+        }
+    }
+}
+
+fn transfer(addr: SocketAddr, what: &str, detail: String) -> RestoreError {
+    RestoreError::Transfer {
+        addr,
+        what: what.to_string(),
+        detail,
+    }
+}
+
+fn staging_io(file: &str, source: std::io::Error) -> RestoreError {
+    RestoreError::Staging {
+        what: format!("write {file}"),
+        source,
+    }
+}

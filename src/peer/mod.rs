@@ -1,0 +1,157 @@
+//! The peer snapshot tier (lifecycle document, UpdatePod "true → false"; behaviour spec §4f
+//! step 2, §6.5): a guest hibernated on node A and woken on node B is restored from A's raw
+//! snapshot files instead of the registry when A is up, then cloned with `--from-dir`.
+//!
+//! Layout: [`protocol`] (documents and the checks both ends make) and [`extents`] (which ranges
+//! to send) are pure; [`server`] serves A's files, [`client`] restores them on B into
+//! [`staging`]; [`auth`] is the shared peer token both ends present; [`nodes`] finds a peer's
+//! address in the API. The wake executor that uses them is `provider::wake`.
+
+pub mod auth;
+pub mod client;
+pub mod extents;
+pub mod nodes;
+pub mod protocol;
+pub mod server;
+pub mod staging;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+
+pub use auth::PeerToken;
+pub use client::{PeerClient, RestoreError, Restored, Timeouts};
+pub use nodes::{KubeNodes, NodeAddresses};
+pub use server::PeerServer;
+pub use staging::Staging;
+
+/// Peer settings (behaviour spec §2).
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// `VK_PEER_ADDR` (default `:12501`): the listener; its port is what peers dial.
+    pub listen: SocketAddr,
+    /// `VK_STAGING_DIR`: must share a filesystem with cocoon's data.
+    pub staging_dir: PathBuf,
+    /// `VK_COCOON_SNAPSHOT_DIR`: cocoon's localfile store, served to peers.
+    pub snapshot_dir: PathBuf,
+    /// `VK_PEER_TOKEN_FILE`; `None` = the tier is off (no server, wakes skip it).
+    pub token: Option<PeerToken>,
+}
+
+impl PeerConfig {
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+        let addr = get("VK_PEER_ADDR").unwrap_or_else(|| ":12501".into());
+        let listen = crate::provider::metrics::parse_listen_addr(&addr)
+            .map_err(|_| format!("VK_PEER_ADDR={addr:?} is not host:port or :port"))?;
+        let token = match get("VK_PEER_TOKEN_FILE") {
+            Some(path) => Some(PeerToken::from_file(std::path::Path::new(path.trim()))?),
+            None => None,
+        };
+        Ok(Self {
+            listen,
+            staging_dir: get("VK_STAGING_DIR")
+                .unwrap_or_else(|| "/var/lib/cocoon/vk-staging".into())
+                .into(),
+            snapshot_dir: get("VK_COCOON_SNAPSHOT_DIR")
+                .unwrap_or_else(|| "/var/lib/cocoon/snapshot/localfile".into())
+                .into(),
+            token,
+        })
+    }
+
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+}
+
+/// `cocoon_vk_snapshot_peer_restore_total{result}` and its duration histogram.
+#[derive(Clone)]
+pub struct PeerMetrics {
+    pub restore: IntCounterVec,
+    pub restore_duration: Histogram,
+}
+
+impl PeerMetrics {
+    fn build() -> prometheus::Result<Self> {
+        Ok(Self {
+            restore: IntCounterVec::new(
+                Opts::new(
+                    "snapshot_peer_restore_total",
+                    "Snapshot restores from a peer node by result.",
+                )
+                .namespace("cocoon")
+                .subsystem("vk"),
+                &["result"],
+            )?,
+            restore_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "snapshot_peer_restore_duration_seconds",
+                    "Duration of successful snapshot restores from a peer node.",
+                )
+                .namespace("cocoon")
+                .subsystem("vk")
+                .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]),
+            )?,
+        })
+    }
+
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = Self::build()?;
+        registry.register(Box::new(m.restore.clone()))?;
+        registry.register(Box::new(m.restore_duration.clone()))?;
+        Ok(m)
+    }
+
+    /// Metrics nobody scrapes (tests).
+    pub fn unregistered() -> Self {
+        Self::build().expect("metric definitions are valid")
+    }
+
+    pub fn count(&self, result: &str) -> u64 {
+        self.restore.with_label_values(&[result]).get()
+    }
+}
+
+/// What a wake needs to use the peer tier.
+pub struct PeerTier {
+    pub client: PeerClient,
+    pub nodes: Arc<dyn NodeAddresses>,
+    /// The port peers listen on (this node's `VK_PEER_ADDR` port: one setting for the fleet).
+    pub port: u16,
+    pub metrics: PeerMetrics,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_defaults_and_errors() {
+        let c = PeerConfig::from_lookup(|_| None).unwrap();
+        assert_eq!(c.listen.to_string(), "0.0.0.0:12501");
+        assert_eq!(c.staging_dir, PathBuf::from("/var/lib/cocoon/vk-staging"));
+        assert_eq!(c.snapshot_dir, PathBuf::from("/var/lib/cocoon/snapshot/localfile"));
+        assert!(c.token.is_none());
+        let err = PeerConfig::from_lookup(|k| (k == "VK_PEER_ADDR").then(|| "twelve".to_string())).unwrap_err();
+        assert!(err.contains("VK_PEER_ADDR"), "{err}");
+        let err = PeerConfig::from_lookup(|k| (k == "VK_PEER_TOKEN_FILE").then(|| "/nonexistent/token".to_string()))
+            .unwrap_err();
+        assert!(err.contains("VK_PEER_TOKEN_FILE"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "a-long-enough-peer-token\n").unwrap();
+        let c = PeerConfig::from_lookup(|k| match k {
+            "VK_PEER_TOKEN_FILE" => Some(token.display().to_string()),
+            "VK_PEER_ADDR" => Some("127.0.0.1:4000".into()),
+            "VK_STAGING_DIR" => Some("/srv/staging".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(c.token.unwrap().admits(Some("Bearer a-long-enough-peer-token")));
+        assert_eq!(c.listen.to_string(), "127.0.0.1:4000");
+        assert_eq!(c.staging_dir, PathBuf::from("/srv/staging"));
+    }
+}

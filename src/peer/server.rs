@@ -1,0 +1,309 @@
+//! The peer snapshot server on `VK_PEER_ADDR` (behaviour spec §6.5): hands a hibernated guest's
+//! raw snapshot files to the node that wakes it. Every request must carry the peer token (401
+//! otherwise); a plan is served only for a snapshot whose `:hibernate` manifest names this node
+//! as `from-node` (403 otherwise), and slices only of a snapshot a plan was served for, so an
+//! authenticated peer still cannot read an arbitrary snapshot's files.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::PeerToken;
+use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
+use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
+use crate::provider::ports::SnapshotRegistry;
+use crate::registry::media::ANN_FROM_NODE;
+use crate::runtime::CocoonRuntime;
+
+/// Concurrent slice streams; one more is answered 503 (the client falls back to the registry).
+pub const MAX_STREAMS: usize = 128;
+/// How long a served plan lets its peer fetch slices.
+const GRANT_TTL: Duration = Duration::from_secs(3600);
+const READ_CHUNK: usize = 1 << 20;
+
+/// What the server reads from.
+pub struct PeerServer {
+    pub node_name: String,
+    pub runtime: Arc<dyn CocoonRuntime>,
+    pub registry: Arc<dyn SnapshotRegistry>,
+    /// `VK_COCOON_SNAPSHOT_DIR`: cocoon's localfile store, `<dir>/<snapshot id>/<file>`.
+    pub snapshot_dir: PathBuf,
+    pub token: PeerToken,
+    streams: Arc<Semaphore>,
+    /// Snapshot ids a plan was served for, and when.
+    granted: Mutex<HashMap<String, Instant>>,
+}
+
+impl PeerServer {
+    pub fn new(
+        node_name: String,
+        runtime: Arc<dyn CocoonRuntime>,
+        registry: Arc<dyn SnapshotRegistry>,
+        snapshot_dir: PathBuf,
+        token: PeerToken,
+        max_streams: usize,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            node_name,
+            runtime,
+            registry,
+            snapshot_dir,
+            token,
+            streams: Arc::new(Semaphore::new(max_streams)),
+            granted: Mutex::default(),
+        })
+    }
+
+    pub fn router(self: Arc<Self>) -> Router {
+        Router::new()
+            .route(protocol::PLAN_PATH, get(plan))
+            .route(protocol::SLICE_PATH, get(slice))
+            .with_state(self)
+    }
+
+    /// Serves until `shutdown`.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
+        let app = self.router();
+        if let Err(error) = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+        {
+            tracing::error!(%error, "peer snapshot server stopped");
+        }
+    }
+
+    /// The 401 for a caller without the peer token; `None` when it has it.
+    fn unauthenticated(&self, headers: &HeaderMap) -> Option<Response> {
+        let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if self.token.admits(presented) {
+            return None;
+        }
+        tracing::warn!("peer request without a valid token refused");
+        let mut r = (StatusCode::UNAUTHORIZED, "peer token required\n").into_response();
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        Some(r)
+    }
+
+    fn grant(&self, id: &str) {
+        let mut g = self.granted.lock().expect("grants lock");
+        g.retain(|_, at| at.elapsed() < GRANT_TTL);
+        g.insert(id.to_string(), Instant::now());
+    }
+
+    fn is_granted(&self, id: &str) -> bool {
+        let g = self.granted.lock().expect("grants lock");
+        g.get(id).is_some_and(|at| at.elapsed() < GRANT_TTL)
+    }
+
+    /// The refusal when this node may not serve `name`'s snapshot; `None` when it may.
+    async fn forbidden(&self, name: &str) -> Option<Response> {
+        let tag = crate::provider::plan::HIBERNATE_SNAPSHOT_TAG;
+        match self.registry.manifest(name, tag).await {
+            Ok(Some(a)) if a.annotations.get(ANN_FROM_NODE) == Some(&self.node_name) => None,
+            Ok(Some(a)) => Some(text(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{name}:{tag} was hibernated from node {:?}, not this node",
+                    a.annotations.get(ANN_FROM_NODE).map(String::as_str).unwrap_or("")
+                ),
+            )),
+            Ok(None) => Some(text(StatusCode::NOT_FOUND, format!("{name}:{tag} does not exist"))),
+            Err(e) => Some(text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot check {name}:{tag} in the registry: {e}"),
+            )),
+        }
+    }
+}
+
+fn text(status: StatusCode, message: String) -> Response {
+    (status, format!("{message}\n")).into_response()
+}
+
+async fn plan(
+    State(s): State<Arc<PeerServer>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = s.unauthenticated(&headers) {
+        return r;
+    }
+    let Some(name) = q.get("name").filter(|n| !n.is_empty()) else {
+        return text(StatusCode::BAD_REQUEST, "missing query parameter name".into());
+    };
+    if !protocol::plain_name(name) {
+        return text(StatusCode::BAD_REQUEST, format!("{name:?} is not a snapshot name"));
+    }
+    if let Some(r) = s.forbidden(name).await {
+        return r;
+    }
+    let record = match s.runtime.snapshot_inspect(name).await {
+        Ok(r) => r,
+        Err(e) if e.is_not_found() => return text(StatusCode::NOT_FOUND, format!("no local snapshot {name}")),
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("inspect snapshot {name}: {e}"),
+            );
+        }
+    };
+    if !protocol::plain_name(&record.id) {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("snapshot {name} has id {:?}", record.id),
+        );
+    }
+    let dir = s.snapshot_dir.join(&record.id);
+    let files = match tokio::task::spawn_blocking(move || list_files(&dir)).await {
+        Ok(Ok(files)) => files,
+        Ok(Err(e)) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("read the files of snapshot {name} ({}): {e}", record.id),
+            );
+        }
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("plan task failed: {e}")),
+    };
+    s.grant(&record.id);
+    let plan = Plan {
+        snapshot_id: record.id,
+        files,
+    };
+    tracing::info!(snapshot = %name, id = %plan.snapshot_id, files = plan.files.len(), bytes = plan.data_bytes(), "serving a snapshot plan to a peer");
+    axum::Json(plan).into_response()
+}
+
+/// The regular files of a snapshot directory (name order) with their data slices.
+fn list_files(dir: &Path) -> std::io::Result<Vec<PlanFile>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type()?.is_file() && protocol::plain_name(&name) && name != ENVELOPE_FILE {
+            names.push(name);
+        }
+    }
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let file = std::fs::File::open(dir.join(&name))?;
+            let size = file.metadata()?.len();
+            let data = extents::data_extents(&file, size)?;
+            Ok(PlanFile {
+                slices: extents::slices(&data, MAX_COALESCED_HOLE, MAX_SLICE),
+                name,
+                size,
+            })
+        })
+        .collect()
+}
+
+async fn slice(
+    State(s): State<Arc<PeerServer>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = s.unauthenticated(&headers) {
+        return r;
+    }
+    let (id, file) = match (q.get("id"), q.get("file")) {
+        (Some(id), Some(file)) if protocol::plain_name(id) && protocol::plain_name(file) && file != ENVELOPE_FILE => {
+            (id, file)
+        }
+        _ => return text(StatusCode::BAD_REQUEST, "id and file must be plain names".into()),
+    };
+    let number = |k: &str| q.get(k).and_then(|v| v.parse::<u64>().ok());
+    let (Some(offset), Some(length)) = (number("offset"), number("length")) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "offset and length must be decimal integers".into(),
+        );
+    };
+    if length == 0 || length > MAX_SLICE {
+        return text(StatusCode::BAD_REQUEST, format!("length must be 1..={MAX_SLICE}"));
+    }
+    if !s.is_granted(id) {
+        return text(StatusCode::FORBIDDEN, format!("no plan was served for snapshot {id}"));
+    }
+    let Ok(permit) = s.streams.clone().try_acquire_owned() else {
+        tracing::warn!(snapshot = %id, "peer slice refused: every stream slot is busy");
+        return text(StatusCode::SERVICE_UNAVAILABLE, "too many slice streams".into());
+    };
+    let path = s.snapshot_dir.join(id).join(file);
+    let f = match open_regular(&path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return text(StatusCode::NOT_FOUND, format!("snapshot {id} has no file {file}"));
+        }
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("open {file}: {e}")),
+    };
+    let size = match f.metadata().await {
+        Ok(m) => m.len(),
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("stat {file}: {e}")),
+    };
+    if offset.checked_add(length).is_none_or(|end| end > size) {
+        return text(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            format!("{offset}+{length} passes the end of {file} ({size} bytes)"),
+        );
+    }
+    let body = async_stream::stream! {
+        // The slot is held until the body is done or dropped.
+        let _permit = permit;
+        let mut f = f;
+        if let Err(e) = f.seek(std::io::SeekFrom::Start(offset)).await {
+            yield Err(e);
+            return;
+        }
+        let (mut left, mut crc) = (length, 0u32);
+        while left > 0 {
+            let mut buf = vec![0u8; READ_CHUNK.min(left as usize)];
+            if let Err(e) = f.read_exact(&mut buf).await {
+                yield Err(e);
+                return;
+            }
+            crc = crc32c::crc32c_append(crc, &buf);
+            left -= buf.len() as u64;
+            yield Ok(Frame::data(Bytes::from(buf)));
+        }
+        let mut trailers = HeaderMap::new();
+        trailers.insert(CRC_TRAILER, HeaderValue::from_str(&protocol::crc_text(crc)).expect("hex is a header value"));
+        yield Ok(Frame::trailers(trailers));
+    };
+    let mut r = Response::new(Body::new(StreamBody::new(body)));
+    r.headers_mut()
+        .insert(header::TRAILER, HeaderValue::from_static(CRC_TRAILER));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    r
+}
+
+/// Opens a regular file without following a symlink in its last component.
+async fn open_regular(path: &Path) -> std::io::Result<tokio::fs::File> {
+    let f = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .await?;
+    if !f.metadata().await?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "not a regular file"));
+    }
+    Ok(f)
+}

@@ -1,0 +1,195 @@
+//! The staging directory (`VK_STAGING_DIR`): where a peer restore lays out a snapshot in the
+//! `--to-dir` format (contracts A.7) for `vm clone --from-dir`. Each restore gets a fresh
+//! `<root>/<sanitized-name>-XXXXXX/` that is removed when the restore fails or once the clone
+//! is done; whatever a crash left behind is swept at startup.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Chunks of all-zero bytes this long (aligned within a slice) are not written: the staged
+/// file keeps a hole there, as the source had (a guest's untouched memory, a sparse disk).
+pub const ZERO_CHUNK: usize = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Staging {
+    root: PathBuf,
+}
+
+impl Staging {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Creates the root if needed and removes everything inside it (a restore in flight at a
+    /// crash never finished: its directory has no use). Returns how many entries went.
+    pub fn sweep(&self) -> io::Result<usize> {
+        std::fs::create_dir_all(&self.root)?;
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            // `file_type` does not follow symlinks: a link is removed, never its target.
+            let result = if entry.file_type()?.is_dir() {
+                std::fs::remove_dir_all(entry.path())
+            } else {
+                std::fs::remove_file(entry.path())
+            };
+            match result {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(removed)
+    }
+
+    /// A fresh directory for restoring `name`; removed when the returned value drops.
+    pub fn fresh(&self, name: &str) -> io::Result<tempfile::TempDir> {
+        std::fs::create_dir_all(&self.root)?;
+        tempfile::Builder::new()
+            .prefix(&format!("{}-", sanitize(name)))
+            .tempdir_in(&self.root)
+    }
+}
+
+/// A name safe as one path component: `[A-Za-z0-9._-]`, others become `_`, at most 64 bytes.
+pub fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    match s.trim_start_matches('.') {
+        "" => "snapshot".into(),
+        t => t.to_string(),
+    }
+}
+
+/// Writes one slice's bytes at its offset, skipping all-zero [`ZERO_CHUNK`]s, off the async
+/// workers. Bytes arrive in frames of any size; they are cut into chunks here.
+pub struct SliceWriter {
+    file: Arc<File>,
+    pos: u64,
+    buf: Vec<u8>,
+    /// Bytes actually written (the rest stayed holes).
+    pub written: u64,
+}
+
+impl SliceWriter {
+    pub fn new(file: Arc<File>, offset: u64) -> Self {
+        Self {
+            file,
+            pos: offset,
+            buf: Vec::with_capacity(ZERO_CHUNK),
+            written: 0,
+        }
+    }
+
+    pub async fn push(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            let take = (ZERO_CHUNK - self.buf.len()).min(bytes.len());
+            self.buf.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.buf.len() == ZERO_CHUNK {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is buffered (the slice's tail).
+    pub async fn flush(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(ZERO_CHUNK));
+        let len = chunk.len() as u64;
+        if !all_zero(&chunk) {
+            let (file, pos) = (self.file.clone(), self.pos);
+            tokio::task::spawn_blocking(move || file.write_all_at(&chunk, pos))
+                .await
+                .map_err(io::Error::other)??;
+            self.written += len;
+        }
+        self.pos += len;
+        Ok(())
+    }
+}
+
+/// Whether `bytes` are all zero: OR-folds 4 KiB blocks (the fold vectorises; the early exit
+/// between blocks stops at the first page holding data).
+fn all_zero(bytes: &[u8]) -> bool {
+    bytes
+        .chunks(4096)
+        .all(|block| block.iter().fold(0u8, |acc, &b| acc | b) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn names_become_one_safe_component() {
+        assert_eq!(sanitize("vk-default-demo-0"), "vk-default-demo-0");
+        assert_eq!(sanitize("../../etc"), "_.._etc");
+        assert_eq!(sanitize("a/b:c"), "a_b_c");
+        assert_eq!(sanitize(""), "snapshot");
+        assert_eq!(sanitize(&"x".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn the_sweep_empties_the_root_and_never_follows_links() {
+        let base = tempfile::tempdir().unwrap();
+        let outside = base.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"x").unwrap();
+        let staging = Staging::new(base.path().join("staging"));
+        assert_eq!(staging.sweep().unwrap(), 0, "a missing root is created");
+        let left = staging.fresh("vk-a").unwrap().keep();
+        std::fs::write(left.join("memory-ranges"), b"m").unwrap();
+        std::fs::write(staging.root().join("stray"), b"s").unwrap();
+        std::os::unix::fs::symlink(&outside, staging.root().join("link")).unwrap();
+        assert_eq!(staging.sweep().unwrap(), 3);
+        assert_eq!(std::fs::read_dir(staging.root()).unwrap().count(), 0);
+        assert!(outside.join("keep").exists(), "a symlink's target survives the sweep");
+    }
+
+    #[tokio::test]
+    async fn zero_chunks_stay_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mem");
+        let file = File::create(&path).unwrap();
+        file.set_len(8 * ZERO_CHUNK as u64).unwrap();
+        let file = Arc::new(file);
+        let mut w = SliceWriter::new(file.clone(), ZERO_CHUNK as u64);
+        // 3 chunks: zero, data, zero; fed in odd frame sizes.
+        let mut bytes = vec![0u8; 3 * ZERO_CHUNK];
+        bytes[ZERO_CHUNK + 5] = 9;
+        for frame in bytes.chunks(100_003) {
+            w.push(frame).await.unwrap();
+        }
+        w.flush().await.unwrap();
+        assert_eq!(w.written, ZERO_CHUNK as u64);
+        drop(w);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), 8 * ZERO_CHUNK as u64);
+        assert!(meta.blocks() * 512 <= 2 * ZERO_CHUNK as u64, "{} blocks", meta.blocks());
+        let back = std::fs::read(&path).unwrap();
+        assert_eq!(back[2 * ZERO_CHUNK + 5], 9);
+        assert_eq!(back.iter().filter(|&&b| b != 0).count(), 1);
+    }
+}

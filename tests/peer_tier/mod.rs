@@ -1,0 +1,505 @@
+//! The peer tier of a wake, two nodes on one machine: node A (its own cocoon-sim, the real
+//! `PeerServer` on loopback) hibernated the guest into the real registry; node B (the test
+//! daemon: fake apiserver, its own cocoon-sim) wakes it through CreatePod. B restores A's raw
+//! files when A serves them whole and correct, and otherwise — a CRC mismatch, a truncated slice,
+//! a wrong snapshot id, A down, A's 128 streams busy — pulls from the registry, never booting a
+//! bad copy and leaving no staging directory. A refuses callers without the peer token.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use cocoon_sim::Sim;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+use vk_cocoon::peer::protocol::{CRC_TRAILER, Plan};
+use vk_cocoon::peer::server::MAX_STREAMS;
+use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
+use vk_cocoon::provider::ports::SnapshotRegistry;
+use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
+
+use crate::provider_support::*;
+
+mod reclaim;
+
+const IMAGE: &str = "cocoonset.cocoonstack.io/image";
+const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";
+const TOKEN: &str = "peer-token-for-the-tests-0123456789";
+const NODE_A: &str = "node-a";
+const VM: &str = "vm-p";
+
+/// Node A: a simulator holding the hibernated guest, and its peer server.
+struct NodeA {
+    _dir: tempfile::TempDir,
+    sim: Sim,
+    runtime: Arc<CocoonCli>,
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for NodeA {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = self.sim.kill_everything();
+    }
+}
+
+/// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A, remove the VM;
+/// the seat release keeps the local copy) and serves it.
+async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Sim::new(dir.path().join("sim")).unwrap();
+    sim.set_settings(|s| s.snapshot_memory_bytes = memory_bytes).unwrap();
+    let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
+    seed_snapshot_on(&runtime, "base", "ghcr.io/x/base:1").await;
+    let vm = clone_direct_on(&runtime, "base", VM, None).await;
+    runtime.snapshot_save(VM, &vm.id).await.unwrap();
+    runtime.remove(&vm.id).await.unwrap();
+    let pusher = env
+        .oci
+        .as_ref()
+        .unwrap()
+        .server
+        .lock()
+        .unwrap()
+        .transfer_client("", NODE_A);
+    pusher
+        .push_snapshot(runtime.as_ref(), VM, VM, "hibernate", "base")
+        .await
+        .unwrap();
+    let registry = pusher.registry.clone() as Arc<dyn SnapshotRegistry>;
+    // VK_COCOON_SNAPSHOT_DIR: where the simulator keeps its snapshots' data directories.
+    let store = sim.snapshot_dir(VM).unwrap().unwrap().parent().unwrap().to_path_buf();
+    let server = PeerServer::new(
+        NODE_A.into(),
+        runtime.clone() as Arc<dyn CocoonRuntime>,
+        registry,
+        store,
+        PeerToken::new(TOKEN).unwrap(),
+        MAX_STREAMS,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(server.serve(listener, stop.clone()));
+    NodeA {
+        _dir: dir,
+        sim,
+        runtime,
+        addr,
+        stop,
+    }
+}
+
+/// Registers node A's Node object with its InternalIP (what B dials).
+async fn register_node_a(env: &Env) {
+    let nodes: kube::Api<Node> = kube::Api::all(env.server.client());
+    let mut node = Node::default();
+    node.metadata.name = Some(NODE_A.into());
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let status = serde_json::json!({"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}});
+    nodes
+        .patch_status(NODE_A, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// Node B: the test daemon with the peer tier dialing `port` on A's InternalIP.
+struct NodeB {
+    daemon: Daemon,
+    staging: PathBuf,
+    metrics: PeerMetrics,
+}
+
+fn node_b(env: &Env, port: u16) -> NodeB {
+    let staging = env.sim_dir.path().join("vk-staging");
+    let daemon = start(env, Options::default());
+    let metrics = PeerMetrics::unregistered();
+    daemon.provider.set_peer_tier(Arc::new(PeerTier {
+        client: PeerClient::new(
+            PeerToken::new(TOKEN).unwrap(),
+            Staging::new(&staging),
+            Timeouts::default(),
+        ),
+        nodes: Arc::new(KubeNodes::new(env.server.client())),
+        port,
+        metrics: metrics.clone(),
+    }));
+    NodeB {
+        daemon,
+        staging,
+        metrics,
+    }
+}
+
+/// The rebuilt pod of a seat moved to node B.
+async fn wake_on_b(env: &Env) {
+    create(env, &managed("agent-0", VM, &[(IMAGE, "base"), (RESTORE, "true")])).await;
+    eventually(60, "woken on node B", || {
+        lifecycle(env, "agent-0").as_deref() == Some("ready") && ready(env, "agent-0")
+    })
+    .await;
+}
+
+fn staging_entries(dir: &Path) -> Vec<PathBuf> {
+    match std::fs::read_dir(dir) {
+        Ok(rd) => rd.flatten().map(|e| e.path()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn last_clone(env: &Env) -> Vec<String> {
+    calls(env, "vm clone").pop().expect("a clone ran")
+}
+
+async fn setup(memory_bytes: u64) -> (Env, NodeA) {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let a = node_a(&env, memory_bytes).await;
+    register_node_a(&env).await;
+    (env, a)
+}
+
+/// The wake pulled from the registry after the peer tier failed for `why` (reported in a
+/// Warning Event), and left no staging dir.
+async fn fell_back_to_the_registry(env: &Env, b: &NodeB, why: &str) {
+    eventually(30, &format!("PeerRestoreFailed ({why})"), || {
+        events(env, "agent-0")
+            .iter()
+            .any(|(reason, note)| reason == "PeerRestoreFailed" && note.contains(why))
+    })
+    .await;
+    let clone = last_clone(env);
+    assert_eq!(
+        clone.last().map(String::as_str),
+        Some("vm-p-hibernate-import"),
+        "cloned from the registry pull: {clone:?}"
+    );
+    assert!(!clone.iter().any(|a| a == "--from-dir"), "{clone:?}");
+    assert_eq!(b.metrics.count("failed"), 1);
+    assert_eq!(b.metrics.count("ok"), 0);
+    assert!(
+        staging_entries(&b.staging).is_empty(),
+        "no staging directory is left: {:?}",
+        staging_entries(&b.staging)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_hibernated_on_node_a_wakes_on_node_b_from_as_files_staged_sparse() {
+    let (env, a) = setup(8 << 20).await;
+    let b = node_b(&env, a.addr.port());
+    // Hold B's clone, so the staged directory can be looked at while cocoon reads it.
+    env.sim.delay("vm clone", Some(1), 10_000).unwrap();
+    create(&env, &managed("agent-0", VM, &[(IMAGE, "base"), (RESTORE, "true")])).await;
+    eventually(60, "B's clone running", || {
+        !env.sim.pids_of("vm clone").unwrap().is_empty()
+    })
+    .await;
+    let staged = staging_entries(&b.staging);
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    let source = a.sim.snapshot_dir(VM).unwrap().unwrap();
+    for name in ["memory-ranges", "cow.raw", "config.json", "state.json", "cocoon.json"] {
+        let (want, got) = (source.join(name), staged[0].join(name));
+        assert_eq!(
+            std::fs::read(&got).unwrap(),
+            std::fs::read(&want).unwrap(),
+            "{name} is A's file, byte for byte"
+        );
+    }
+    let (cow_a, cow_b) = (
+        std::fs::metadata(source.join("cow.raw")).unwrap(),
+        std::fs::metadata(staged[0].join("cow.raw")).unwrap(),
+    );
+    assert_eq!(cow_b.len(), cow_a.len(), "the apparent size");
+    assert!(
+        cow_b.blocks() * 512 < cow_b.len() / 4,
+        "the staged disk stays sparse: {} bytes allocated of {}",
+        cow_b.blocks() * 512,
+        cow_b.len()
+    );
+    let envelope: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(staged[0].join("snapshot.json")).unwrap()).unwrap();
+    assert_eq!(envelope["config"]["name"], VM);
+    assert_eq!(
+        envelope["config"]["id"],
+        a.runtime.snapshot_inspect(VM).await.unwrap().id.as_str()
+    );
+
+    eventually(60, "woken on node B", || {
+        lifecycle(&env, "agent-0").as_deref() == Some("ready") && ready(&env, "agent-0")
+    })
+    .await;
+    let clone = last_clone(&env);
+    let at = clone.iter().position(|a| a == "--from-dir").expect("cloned --from-dir");
+    assert_eq!(Path::new(&clone[at + 1]), staged[0].as_path());
+    assert!(
+        calls(&env, "snapshot import").is_empty(),
+        "nothing pulled from the registry"
+    );
+    assert!(!has_event(&env, "agent-0", "PeerRestoreFailed"));
+    assert_eq!(b.metrics.count("ok"), 1);
+    assert_eq!(b.metrics.restore_duration.get_sample_count(), 1);
+    assert!(
+        staging_entries(&b.staging).is_empty(),
+        "the staged directory goes after the clone"
+    );
+    assert!(vm_named(&env, VM).await.is_some());
+    drop(b.daemon);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_a_down_falls_back_to_the_registry() {
+    let (env, a) = setup(1 << 20).await;
+    let port = a.addr.port();
+    drop(a);
+    // Nothing listens on A's port now (the server stopped with its node).
+    eventually(10, "A's listener closed", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+    })
+    .await;
+    let b = node_b(&env, port);
+    wake_on_b(&env).await;
+    fell_back_to_the_registry(&env, &b, "Connection refused").await;
+}
+
+/// How the tampering peer in front of A misbehaves.
+#[derive(Clone, Copy, PartialEq)]
+enum Tamper {
+    WrongSnapshotId,
+    FlipByte,
+    Truncate,
+}
+
+#[derive(Clone)]
+struct Proxy {
+    upstream: SocketAddr,
+    mode: Tamper,
+    http: reqwest::Client,
+}
+
+/// A peer in front of A that forwards every request (token included) and spoils the answers.
+async fn tampering_peer(upstream: SocketAddr, mode: Tamper) -> (SocketAddr, CancellationToken) {
+    let proxy = Proxy {
+        upstream,
+        mode,
+        http: reqwest::Client::new(),
+    };
+    let app = axum::Router::new()
+        .route("/v1/snapshot-plan", axum::routing::get(proxied_plan))
+        .route("/v1/snapshot-slice", axum::routing::get(proxied_slice))
+        .with_state(proxy);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { s.cancelled().await })
+            .await
+    });
+    (addr, stop)
+}
+
+async fn forward(p: &Proxy, path: &str, headers: &HeaderMap, q: &HashMap<String, String>) -> reqwest::Response {
+    p.http
+        .get(format!("http://{}{path}", p.upstream))
+        .query(q)
+        .header("authorization", headers.get("authorization").unwrap().to_str().unwrap())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn proxied_plan(
+    State(p): State<Proxy>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let r = forward(&p, "/v1/snapshot-plan", &headers, &q).await;
+    let mut plan: Plan = r.json().await.unwrap();
+    if p.mode == Tamper::WrongSnapshotId {
+        plan.snapshot_id = "SOMEONE-ELSES-SAVE".into();
+    }
+    axum::Json(plan).into_response()
+}
+
+async fn proxied_slice(
+    State(p): State<Proxy>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let r = forward(&p, "/v1/snapshot-slice", &headers, &q).await;
+    let mut bytes = r.bytes().await.unwrap().to_vec();
+    let mut crc = crc32c::crc32c(&bytes);
+    match p.mode {
+        // The checksum of the true bytes over spoiled ones.
+        Tamper::FlipByte => {
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+        }
+        // A consistent checksum, but not all the bytes.
+        Tamper::Truncate => {
+            bytes.truncate(bytes.len() / 2);
+            crc = crc32c::crc32c(&bytes);
+        }
+        Tamper::WrongSnapshotId => {}
+    }
+    let frames = futures::stream::iter(vec![
+        Ok::<_, std::io::Error>(Frame::data(Bytes::from(bytes))),
+        Ok(Frame::trailers({
+            let mut t = HeaderMap::new();
+            t.insert(CRC_TRAILER, HeaderValue::from_str(&format!("{crc:08x}")).unwrap());
+            t
+        })),
+    ]);
+    let mut r = Response::new(Body::new(StreamBody::new(frames)));
+    // hyper sends only the trailer fields the response announces.
+    r.headers_mut().insert("trailer", HeaderValue::from_static(CRC_TRAILER));
+    r
+}
+
+async fn tampered_wake_falls_back(mode: Tamper, why: &str) {
+    let (env, a) = setup(4 << 20).await;
+    let (proxy, stop) = tampering_peer(a.addr, mode).await;
+    let b = node_b(&env, proxy.port());
+    wake_on_b(&env).await;
+    fell_back_to_the_registry(&env, &b, why).await;
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crc_mismatch_falls_back_to_the_registry() {
+    tampered_wake_falls_back(Tamper::FlipByte, "CRC-32C mismatch").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncated_slice_falls_back_to_the_registry() {
+    tampered_wake_falls_back(Tamper::Truncate, "truncated").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_snapshot_id_falls_back_to_the_registry() {
+    tampered_wake_falls_back(Tamper::WrongSnapshotId, "is not the registry's").await;
+}
+
+fn plan_url(a: &NodeA, name: &str) -> String {
+    format!("http://{}/v1/snapshot-plan?name={name}", a.addr)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_a_serves_only_authenticated_peers_and_only_its_own_hibernated_guests() {
+    let (env, a) = setup(1 << 20).await;
+    let http = reqwest::Client::new();
+    let status = |r: reqwest::Response| r.status().as_u16();
+    assert_eq!(status(http.get(plan_url(&a, VM)).send().await.unwrap()), 401);
+    let wrong = http
+        .get(plan_url(&a, VM))
+        .bearer_auth("not-the-peer-token-at-all")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(wrong), 401);
+    let slice = format!(
+        "http://{}/v1/snapshot-slice?id=X&file=memory-ranges&offset=0&length=1",
+        a.addr
+    );
+    assert_eq!(status(http.get(&slice).send().await.unwrap()), 401, "slices too");
+    let ok = http.get(plan_url(&a, VM)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+    let plan: Plan = ok.json().await.unwrap();
+    assert_eq!(plan.snapshot_id, a.runtime.snapshot_inspect(VM).await.unwrap().id);
+    assert!(plan.files.iter().any(|f| f.name == "memory-ranges"));
+    // A snapshot of A that was not hibernated from A (no such tag): not served.
+    assert_eq!(
+        status(http.get(plan_url(&a, "base")).bearer_auth(TOKEN).send().await.unwrap()),
+        404
+    );
+    // Another node's hibernated guest: refused even though A has a copy of it.
+    let other = env
+        .oci
+        .as_ref()
+        .unwrap()
+        .server
+        .lock()
+        .unwrap()
+        .transfer_client("", "node-c");
+    other
+        .push_snapshot(a.runtime.as_ref(), "base", "vk-other", "hibernate", "base")
+        .await
+        .unwrap();
+    assert_eq!(
+        status(
+            http.get(plan_url(&a, "vk-other"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+        ),
+        403
+    );
+    // Slices only of a snapshot a plan was served for, plain names only.
+    let ungranted = format!(
+        "http://{}/v1/snapshot-slice?id=NOPE&file=memory-ranges&offset=0&length=1",
+        a.addr
+    );
+    assert_eq!(
+        status(http.get(&ungranted).bearer_auth(TOKEN).send().await.unwrap()),
+        403
+    );
+    let escape = format!(
+        "http://{}/v1/snapshot-slice?id={}&file=..%2Fx&offset=0&length=1",
+        a.addr, plan.snapshot_id
+    );
+    assert_eq!(status(http.get(&escape).bearer_auth(TOKEN).send().await.unwrap()), 400);
+    let missing = format!("http://{}/v1/snapshot-plan", a.addr);
+    assert_eq!(status(http.get(&missing).bearer_auth(TOKEN).send().await.unwrap()), 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_with_every_stream_busy_answers_503_and_the_wake_falls_back() {
+    // 32 MiB of memory: a slice stream nobody reads stays open (the socket buffers fill).
+    let (env, a) = setup(32 << 20).await;
+    let http = reqwest::Client::new();
+    let plan: Plan = http
+        .get(plan_url(&a, VM))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mem = plan.files.iter().find(|f| f.name == "memory-ranges").unwrap();
+    let url = format!(
+        "http://{}/v1/snapshot-slice?id={}&file=memory-ranges&offset=0&length={}",
+        a.addr, plan.snapshot_id, mem.slices[0].length
+    );
+    // One client per stream: each holds its own connection.
+    let mut held = Vec::new();
+    for _ in 0..MAX_STREAMS {
+        let r = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        held.push(r);
+    }
+    let over = http.get(&url).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(over.status().as_u16(), 503, "stream {} is refused", MAX_STREAMS + 1);
+    let b = node_b(&env, a.addr.port());
+    wake_on_b(&env).await;
+    fell_back_to_the_registry(&env, &b, "503 Service Unavailable").await;
+    drop(held);
+}
