@@ -32,9 +32,9 @@ pub use staging::Staging;
 pub struct PeerConfig {
     /// `VK_PEER_ADDR` (default `:12501`): the listener; its port is what peers dial.
     pub listen: SocketAddr,
-    /// `VK_STAGING_DIR`: must share a filesystem with cocoon's data.
+    /// `VK_STAGING_DIR` (default `<COCOON_ROOT_DIR>/vk-staging`): must share a filesystem with cocoon's data.
     pub staging_dir: PathBuf,
-    /// `VK_COCOON_SNAPSHOT_DIR`: cocoon's localfile store, served to peers.
+    /// `VK_COCOON_SNAPSHOT_DIR` (default `<COCOON_ROOT_DIR>/snapshot/localfile`): served to peers.
     pub snapshot_dir: PathBuf,
     /// `VK_PEER_TOKEN_FILE`; `None` = the tier is off (no server, wakes skip it).
     pub token: Option<PeerToken>,
@@ -50,14 +50,17 @@ impl PeerConfig {
             Some(path) => Some(PeerToken::from_file(std::path::Path::new(path.trim()))?),
             None => None,
         };
+        // Both default under cocoon's root (`COCOON_ROOT_DIR`, default /var/lib/cocoon): the
+        // staging directory must share cocoon's filesystem.
+        let root = PathBuf::from(get("COCOON_ROOT_DIR").unwrap_or_else(|| "/var/lib/cocoon".into()));
         Ok(Self {
             listen,
             staging_dir: get("VK_STAGING_DIR")
-                .unwrap_or_else(|| "/var/lib/cocoon/vk-staging".into())
-                .into(),
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("vk-staging")),
             snapshot_dir: get("VK_COCOON_SNAPSHOT_DIR")
-                .unwrap_or_else(|| "/var/lib/cocoon/snapshot/localfile".into())
-                .into(),
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("snapshot/localfile")),
             token,
         })
     }
@@ -135,6 +138,9 @@ mod tests {
         assert_eq!(c.staging_dir, PathBuf::from("/var/lib/cocoon/vk-staging"));
         assert_eq!(c.snapshot_dir, PathBuf::from("/var/lib/cocoon/snapshot/localfile"));
         assert!(c.token.is_none());
+        let c = PeerConfig::from_lookup(|k| (k == "COCOON_ROOT_DIR").then(|| "/srv/cocoon".to_string())).unwrap();
+        assert_eq!(c.staging_dir, PathBuf::from("/srv/cocoon/vk-staging"));
+        assert_eq!(c.snapshot_dir, PathBuf::from("/srv/cocoon/snapshot/localfile"));
         let err = PeerConfig::from_lookup(|k| (k == "VK_PEER_ADDR").then(|| "twelve".to_string())).unwrap_err();
         assert!(err.contains("VK_PEER_ADDR"), "{err}");
         let err = PeerConfig::from_lookup(|k| (k == "VK_PEER_TOKEN_FILE").then(|| "/nonexistent/token".to_string()))

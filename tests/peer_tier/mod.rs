@@ -503,3 +503,29 @@ async fn a_peer_with_every_stream_busy_answers_503_and_the_wake_falls_back() {
     fell_back_to_the_registry(&env, &b, "503 Service Unavailable").await;
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_hibernated_on_this_very_node_skips_the_peer_tier() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // Hibernated here (from-node = this node), its local copy since lost.
+    let vm = clone_direct_on(&env.runtime, "base", VM, None).await;
+    env.runtime.snapshot_save(VM, &vm.id).await.unwrap();
+    env.runtime.remove(&vm.id).await.unwrap();
+    env.oci
+        .as_ref()
+        .unwrap()
+        .client
+        .push_snapshot(env.runtime.as_ref(), VM, VM, "hibernate", "base")
+        .await
+        .unwrap();
+    env.runtime.snapshot_remove_if_exists(VM).await.unwrap();
+    let b = node_b(&env, 9);
+    wake_on_b(&env).await;
+    assert_eq!(
+        last_clone(&env).last().map(String::as_str),
+        Some("vm-p-hibernate-import")
+    );
+    assert_eq!((b.metrics.count("ok"), b.metrics.count("failed")), (0, 0), "not tried");
+    assert!(!has_event(&env, "agent-0", "PeerRestoreFailed"));
+}
