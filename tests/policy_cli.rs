@@ -390,3 +390,118 @@ fn push_refuses_a_component_that_fails_its_table_and_a_reference_without_a_tag()
     assert!(!out.status.success());
     assert!(stderr(&out).contains("push to a tag"), "{}", stderr(&out));
 }
+
+/// The decision log's lines (what `Policies::decide` writes for the daemon) parse, and
+/// `policy eval --from-log` replays one: the same component decides the same, a candidate that
+/// decides otherwise exits 1 naming the difference; a logged fail-safe says so.
+#[test]
+fn logged_decisions_parse_and_replay_against_a_candidate() {
+    use vk_cocoon::policy::decision_log::{DecisionLog, DecisionRecord, LogTarget};
+    use vk_cocoon::policy::input::{DecisionInput, facts_for};
+    use vk_cocoon::policy::slots::BringUp;
+    use vk_cocoon::policy::{LoadedPolicy, Origin, Policies, PolicyEngine, PolicyMetrics, SandboxLimits, Slot};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("decisions.jsonl");
+    let log = DecisionLog::open(LogTarget::File {
+        path: path.clone(),
+        max_bytes: 1 << 20,
+    })
+    .unwrap();
+    let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+    let policies = Policies::with_defaults(engine.clone(), None, PolicyMetrics::unregistered())
+        .unwrap()
+        .with_decision_log(Some(log));
+    let long = "x".repeat(5000);
+    let input: DecisionInput = serde_yaml_ng::from_str(&format!(
+        "pod: {{metadata: {{namespace: ns, name: p, annotations: {{vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'snap:v1', note: '{long}'}}}}}}"
+    ))
+    .unwrap();
+    let facts = facts_for::<BringUp>(&input).unwrap();
+    assert_eq!(policies.decide::<BringUp>(&facts).reason, "clone");
+    let trapper =
+        LoadedPolicy::<BringUp>::load(&engine, None, Origin::File("trapper.wasm".into()), hostile::TRAPPER).unwrap();
+    policies.install(trapper);
+    assert_eq!(policies.decide::<BringUp>(&facts).reason, "policy-failed");
+
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per decision");
+    let first: DecisionRecord = serde_json::from_str(lines[0]).unwrap();
+    let second: DecisionRecord = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!((first.slot, first.source.as_str()), (Slot::BringUp, "builtin"));
+    assert_eq!(
+        first.component,
+        vk_cocoon::registry::manifest::sha256_digest(Slot::BringUp.default_component())
+    );
+    assert_eq!(first.contract, vk_cocoon::policy::ContractVersion::CURRENT.to_string());
+    assert_eq!(first.decision["reason"], "clone");
+    assert!(first.fail_safe.is_none() && first.latency_us > 0);
+    assert!(first.facts_truncated, "the 5000-byte annotation value is cut");
+    assert!(lines[0].len() < 4000, "{} bytes", lines[0].len());
+    assert_ne!(first.id, second.id);
+    assert_eq!(second.fail_safe.as_ref().map(|f| f.error.as_str()), Some("trap"));
+    assert_eq!(second.source, "file:trapper.wasm");
+
+    // The same (built-in) component decides the same.
+    let out = vk_cocoon(&["policy", "eval", "--from-log", lines[0]]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("same decision as logged"), "{}", stderr(&out));
+    let replayed: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(replayed, first.decision);
+
+    // A candidate that decides otherwise is a regression: exit 1 and the first difference.
+    let candidate = dir.path().join("trapper.wasm");
+    fs::write(&candidate, hostile::TRAPPER).unwrap();
+    let out = vk_cocoon(&[
+        "policy",
+        "eval",
+        "--from-log",
+        lines[0],
+        "--component",
+        candidate.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("differs from the logged decision"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The logged fail-safe replayed against the built-in: it was the fail-safe, this is not.
+    let out = vk_cocoon(&["policy", "eval", "--from-log", lines[1]]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("was the fail-safe, this one is not"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = vk_cocoon(&["policy", "eval", "--from-log", "{not json"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a decision log line"), "{}", stderr(&out));
+}
+
+#[test]
+fn bench_prints_p50_and_p99_for_every_case_of_a_table() {
+    let table = Path::new(&policies_dir()).join("cpu-class-admission/cpu-class-admission.cases.yaml");
+    let out = vk_cocoon(&["policy", "bench", table.to_str().unwrap(), "--iterations", "20"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let cases = vk_cocoon::policy::cases::CaseTable::load(&table).unwrap().cases;
+    for case in &cases {
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&case.name))
+            .unwrap_or_else(|| panic!("no row for {}: {text}", case.name));
+        let numbers: Vec<f64> = row[case.name.len()..]
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert!(
+            numbers.len() == 3 && numbers[0] > 0.0 && numbers[1] >= numbers[0] && numbers[2] == 0.0,
+            "{row}"
+        );
+    }
+    assert!(text.contains("median of the per-case p50s"), "{text}");
+}

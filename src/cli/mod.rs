@@ -1,7 +1,9 @@
 //! Command-line interface of the `vk-cocoon` binary.
 
+mod bench;
 mod distribute;
 mod policy;
+mod replay;
 mod run;
 mod scaffold;
 

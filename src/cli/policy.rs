@@ -21,6 +21,8 @@ pub enum PolicyCommand {
     Test(TestArgs),
     /// Evaluate one decision and print it as JSON.
     Eval(EvalArgs),
+    /// Per-case latency (p50 / p99) of a case table in the sandbox.
+    Bench(super::bench::BenchArgs),
     /// Validate a component: readable, imports nothing, exports a slot's world.
     Check(CheckArgs),
     /// Create a policy crate for a slot that builds for wasm32-wasip2 and passes its own table.
@@ -54,11 +56,15 @@ pub struct TestArgs {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    #[arg(long)]
-    slot: Slot,
+    #[arg(long, required_unless_present = "from_log")]
+    slot: Option<Slot>,
     /// YAML or JSON: `pod:` (a Pod manifest) and `host:` (the slot's host facts).
-    #[arg(long)]
-    input: PathBuf,
+    #[arg(long, required_unless_present = "from_log", conflicts_with = "from_log")]
+    input: Option<PathBuf>,
+    /// Replay a decision log line (VK_DECISION_LOG; `-` reads it from stdin) and compare the
+    /// component's decision with the logged one: exit 1 when they differ.
+    #[arg(long, value_name = "LINE", conflicts_with = "slot")]
+    from_log: Option<String>,
     /// Component to evaluate (default: the slot's built-in policy).
     #[arg(long)]
     component: Option<PathBuf>,
@@ -76,7 +82,7 @@ pub struct CheckArgs {
 }
 
 #[derive(Debug, Args)]
-struct LimitArgs {
+pub(super) struct LimitArgs {
     /// Per-decision deadline in milliseconds.
     #[arg(long, default_value_t = 100)]
     timeout_ms: u64,
@@ -86,7 +92,7 @@ struct LimitArgs {
 }
 
 impl LimitArgs {
-    fn engine(&self) -> anyhow::Result<PolicyEngine> {
+    pub(super) fn engine(&self) -> anyhow::Result<PolicyEngine> {
         let limits = SandboxLimits {
             timeout: std::time::Duration::from_millis(self.timeout_ms),
             memory_bytes: self.memory_mib << 20,
@@ -100,6 +106,7 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     match command {
         PolicyCommand::Test(args) => test(args),
         PolicyCommand::Eval(args) => eval(args),
+        PolicyCommand::Bench(args) => super::bench::bench(args),
         PolicyCommand::Check(args) => check(args),
         PolicyCommand::Push(args) => super::distribute::push(args),
         PolicyCommand::Pull(args) => super::distribute::pull(args),
@@ -111,7 +118,10 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn load_component<S: PolicySlot>(engine: &PolicyEngine, path: Option<&Path>) -> Result<LoadedPolicy<S>, LoadError> {
+pub(super) fn load_component<S: PolicySlot>(
+    engine: &PolicyEngine,
+    path: Option<&Path>,
+) -> Result<LoadedPolicy<S>, LoadError> {
     match path {
         None => LoadedPolicy::builtin(engine, None),
         Some(path) => {
@@ -242,9 +252,15 @@ fn collect_tables(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let engine = args.limits.engine()?;
-    let text = fs::read_to_string(&args.input).with_context(|| format!("cannot read {}", args.input.display()))?;
+    if let Some(line) = &args.from_log {
+        return super::replay::replay(&engine, line, args.component.as_deref());
+    }
+    let (Some(slot), Some(input_path)) = (args.slot, args.input.as_ref()) else {
+        anyhow::bail!("give --slot and --input, or --from-log");
+    };
+    let text = fs::read_to_string(input_path).with_context(|| format!("cannot read {}", input_path.display()))?;
     let input: DecisionInput = serde_yaml_ng::from_str(&text)
-        .with_context(|| format!("{} is not a decision input (`pod:` and `host:`)", args.input.display()))?;
+        .with_context(|| format!("{} is not a decision input (`pod:` and `host:`)", input_path.display()))?;
     struct Eval<'a> {
         engine: &'a PolicyEngine,
         input: &'a DecisionInput,
@@ -263,7 +279,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
         input: &input,
         component: args.component.as_deref(),
     };
-    let decision = with_slot(args.slot, eval).with_context(|| args.input.display().to_string())?;
+    let decision = with_slot(slot, eval).with_context(|| input_path.display().to_string())?;
     let code = match decision.get("fail-safe").and_then(|v| v.as_str()) {
         Some(error) => {
             eprintln!("error: {error}; printing the fail-safe decision the daemon would take");

@@ -19,6 +19,7 @@ use vk_cocoon::kubelet_api::tls::manager::CertTimings;
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
 use vk_cocoon::peer::{KubeNodes, PeerClient, PeerConfig, PeerMetrics, PeerServer, PeerTier, Staging, Timeouts};
 use vk_cocoon::policy::config::PolicyConfig;
+use vk_cocoon::policy::decision_log::{DecisionLog, LogTarget};
 use vk_cocoon::policy::reload::PolicyReloader;
 use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
 use vk_cocoon::provider::cocoon_net::{ControlSocket, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH, LeaseFile};
@@ -64,13 +65,21 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let policy_cfg = PolicyConfig::from_env(env).map_err(|e| anyhow!("policy configuration: {e}"))?;
     let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
     let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
+    let decision_log = match LogTarget::from_env(env).map_err(|e| anyhow!("{e}"))? {
+        None => None,
+        Some(target) => {
+            tracing::info!(?target, "logging every policy decision (VK_DECISION_LOG)");
+            Some(DecisionLog::open(target.clone()).with_context(|| format!("opening the decision log {target:?}"))?)
+        }
+    };
     let policies = Arc::new(
         Policies::with_defaults(
             engine,
             policy_cfg.cache_dir.clone().map(CompileCache::new),
             policy_metrics,
         )
-        .map_err(|e| anyhow!("loading the built-in policies: {e}"))?,
+        .map_err(|e| anyhow!("loading the built-in policies: {e}"))?
+        .with_decision_log(decision_log),
     );
     let policy_board = policies.status().clone();
     let reloader = Arc::new(PolicyReloader::from_config(policies.clone(), &policy_cfg));

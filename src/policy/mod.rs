@@ -11,6 +11,7 @@
 //! - [`cases`] / [`input`]: YAML case tables and decision inputs, run inside the sandbox.
 //! - [`config`] / [`reload`]: operator configuration and hot reload of policy files and of
 //!   the configuration itself; [`distribution`]: components as OCI artifacts, by digest.
+//! - [`decision_log`]: `VK_DECISION_LOG`, one JSON line per decision (replayed by `policy eval`).
 //! - [`status`]: what serves each slot and how the last reloads went (shown on the Node).
 
 pub mod cache;
@@ -19,6 +20,7 @@ mod clock;
 mod component;
 pub mod config;
 pub mod contract;
+pub mod decision_log;
 pub mod distribution;
 pub mod engine;
 pub mod error;

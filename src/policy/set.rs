@@ -8,6 +8,7 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use super::cache::CompileCache;
+use super::decision_log::DecisionLog;
 use super::engine::PolicyEngine;
 use super::error::{DecisionError, LoadError};
 use super::loaded::LoadedPolicy;
@@ -22,6 +23,8 @@ pub struct Policies {
     cells: SlotCells,
     metrics: PolicyMetrics,
     status: Arc<StatusBoard>,
+    /// `VK_DECISION_LOG`; `None` (off) costs a decision one branch.
+    log: Option<DecisionLog>,
 }
 
 impl Policies {
@@ -38,12 +41,19 @@ impl Policies {
             cells,
             metrics,
             status: Arc::new(StatusBoard::default()),
+            log: None,
         };
         for slot in Slot::ALL {
             policies.metrics.set_active(slot, &policies.digest(slot));
             policies.status.set_active(slot, policies.active(slot));
         }
         Ok(policies)
+    }
+
+    /// Logs every decision to `log` (one JSON line each).
+    pub fn with_decision_log(mut self, log: Option<DecisionLog>) -> Self {
+        self.log = log;
+        self
     }
 
     pub fn engine(&self) -> &PolicyEngine {
@@ -115,16 +125,20 @@ impl Policies {
             self.metrics.count_failure(slot, "timeout_retried");
             result = policy.decide(&self.engine, facts);
         }
-        self.metrics.observe_latency(slot, started.elapsed());
-        let decision = match result {
-            Ok(decision) => decision,
+        let elapsed = started.elapsed();
+        self.metrics.observe_latency(slot, elapsed);
+        let (decision, failure) = match result {
+            Ok(decision) => (decision, None),
             Err(error) => {
                 warn!(%slot, origin = %policy.origin(), %error, rule = S::FAIL_SAFE_RULE, "policy failed; taking the fail-safe decision");
                 self.metrics.count_failure(slot, error.metric_label());
-                S::fail_safe(facts, fail_safe_message::<S>(&error))
+                (S::fail_safe(facts, fail_safe_message::<S>(&error)), Some(error))
             }
         };
         self.metrics.count_decision(slot, S::summary(&decision).outcome);
+        if let Some(log) = &self.log {
+            log.decision(&policy, facts, &decision, failure.as_ref(), elapsed);
+        }
         decision
     }
 }

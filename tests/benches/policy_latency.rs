@@ -197,6 +197,64 @@ fn idle_wakeups(engine: &PolicyEngine) {
     }
 }
 
+/// The daemon's decision path (`Policies::decide`: metrics, fail-safe handling) with the
+/// decision log off — the default, one branch — beside the same path logging every decision to
+/// a file (VK_DECISION_LOG=path) on the same facts, interleaved per block so drift hits both.
+fn decision_log_cost() {
+    use vk_cocoon::policy::decision_log::{DecisionLog, LogTarget};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let new_policies = |log: Option<DecisionLog>| {
+        let engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
+        Policies::with_defaults(engine, None, PolicyMetrics::unregistered())
+            .expect("defaults load")
+            .with_decision_log(log)
+    };
+    let off = new_policies(None);
+    let target = LogTarget::File {
+        path: dir.path().join("decisions.jsonl"),
+        max_bytes: 256 << 20,
+    };
+    let on = new_policies(Some(DecisionLog::open(target).expect("open the log")));
+    let facts = facts_for::<BringUp>(&input(Slot::BringUp)).expect("facts");
+    for _ in 0..WARMUP {
+        black_box(off.decide::<BringUp>(black_box(&facts)));
+        black_box(on.decide::<BringUp>(black_box(&facts)));
+    }
+    let (mut off_times, mut on_times) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        off_times.push(measure(
+            || {
+                black_box(off.decide::<BringUp>(black_box(&facts)));
+            },
+            SAMPLES / 10,
+        ));
+        on_times.push(measure(
+            || {
+                black_box(on.decide::<BringUp>(black_box(&facts)));
+            },
+            SAMPLES / 10,
+        ));
+    }
+    let median = |v: &[Stats], f: fn(&Stats) -> Duration| {
+        let mut d: Vec<Duration> = v.iter().map(f).collect();
+        d.sort();
+        d[d.len() / 2]
+    };
+    let (off50, off99) = (median(&off_times, |s| s.p50), median(&off_times, |s| s.p99));
+    let (on50, on99) = (median(&on_times, |s| s.p50), median(&on_times, |s| s.p99));
+    println!();
+    println!("decision log: bring-up through Policies::decide (median of 10 interleaved blocks)");
+    println!("{:<34} {:>12} {:>12}", "VK_DECISION_LOG", "p50 us", "p99 us");
+    println!("{:<34} {:>12} {:>12}", "off (baseline)", us(off50), us(off99));
+    println!("{:<34} {:>12} {:>12}", "a file", us(on50), us(on99));
+    println!(
+        "{:<34} {:>11.2}x {:>11.2}x",
+        "on / off",
+        on50.as_secs_f64() / off50.as_secs_f64(),
+        on99.as_secs_f64() / off99.as_secs_f64()
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is configurable.
     let engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
@@ -211,6 +269,7 @@ fn main() {
     row::<ResourceTranslation, _, _>(&engine, resource_translation_policy::decide);
     row::<GuestFixup, _, _>(&engine, guest_fixup_policy::decide);
     idle_wakeups(&engine);
+    decision_log_cost();
 
     let cache_dir = tempfile::tempdir().expect("temp dir");
     let cache = CompileCache::new(cache_dir.path());
