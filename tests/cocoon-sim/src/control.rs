@@ -88,6 +88,15 @@ pub struct Settings {
     /// Guest RAM file size of new snapshots (written with real pseudo-random bytes).
     #[serde(default = "default_memory")]
     pub snapshot_memory_bytes: u64,
+    /// Share (percent) of the guest RAM file's 4 KiB pages that are all zero — pages the guest never
+    /// touched. 0 with [`Self::snapshot_memory_text_pct`] 0 (the default) makes the whole file
+    /// incompressible pseudo-random bytes; a realistic guest mix makes compression figures mean something.
+    #[serde(default)]
+    pub snapshot_memory_zero_pct: u8,
+    /// Share (percent) of its pages holding text-like bytes (words and spaces: page cache of logs,
+    /// configuration, source); the pages neither zero nor text are pseudo-random.
+    #[serde(default)]
+    pub snapshot_memory_text_pct: u8,
     /// Apparent size of the (sparse) COW disk of new snapshots.
     #[serde(default = "default_cow")]
     pub snapshot_cow_bytes: u64,
@@ -142,6 +151,8 @@ impl Default for Settings {
             legacy_empty_list: false,
             event_poll_ms: default_poll(),
             snapshot_memory_bytes: default_memory(),
+            snapshot_memory_zero_pct: 0,
+            snapshot_memory_text_pct: 0,
             snapshot_cow_bytes: default_cow(),
             snapshot_cow_data_bytes: default_cow_data(),
             static_subnet: default_subnet(),

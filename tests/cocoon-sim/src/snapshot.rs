@@ -74,19 +74,107 @@ fn take_lease(ctx: &Ctx, id: &str) -> std::io::Result<File> {
     Ok(f)
 }
 
-fn write_dense(path: &Path, size: u64, seed: u64) -> std::io::Result<()> {
+/// A guest RAM file of `size` bytes: each 4 KiB page zero, text-like or pseudo-random, in the settings'
+/// proportions (deterministic in `seed` and the page number, so a re-save writes the same bytes).
+fn write_memory(path: &Path, size: u64, seed: u64, settings: &crate::control::Settings) -> std::io::Result<()> {
+    let mix = PageMix {
+        zero: settings.snapshot_memory_zero_pct.min(100) as u64,
+        text: settings.snapshot_memory_text_pct.min(100) as u64,
+    };
     let mut f = std::io::BufWriter::with_capacity(1 << 20, File::create(path)?);
     let mut buf = vec![0u8; 1 << 20];
     let mut done = 0u64;
     let mut block = 0u64;
     while done < size {
         let n = buf.len().min((size - done) as usize);
-        fill_block(&mut buf[..n], seed, block);
+        if mix.zero == 0 && mix.text == 0 {
+            fill_block(&mut buf[..n], seed, block);
+        } else {
+            for (i, page) in buf[..n].chunks_mut(PAGE).enumerate() {
+                mix.fill(page, seed, (done / PAGE as u64) + i as u64);
+            }
+        }
         f.write_all(&buf[..n])?;
         done += n as u64;
         block += 1;
     }
     f.flush()
+}
+
+const PAGE: usize = 4096;
+
+/// Percent of pages that are zero and text; the rest are random.
+struct PageMix {
+    zero: u64,
+    text: u64,
+}
+
+impl PageMix {
+    fn fill(&self, page: &mut [u8], seed: u64, n: u64) {
+        // Which kind a page is: a hash of its number, so the kinds interleave as in a real guest.
+        let roll = (seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 33;
+        let pick = roll % 100;
+        if pick < self.zero {
+            page.fill(0);
+        } else if pick < self.zero + self.text {
+            fill_text(page, seed ^ n);
+        } else {
+            fill_block(page, seed, n ^ 0xD1B5_4A32_D192_ED03);
+        }
+    }
+}
+
+/// Words from a small vocabulary, separated by spaces and the odd newline: about as compressible as
+/// logs and configuration files in a page cache.
+fn fill_text(page: &mut [u8], seed: u64) {
+    const WORDS: &[&str] = &[
+        "the",
+        "kernel",
+        "systemd",
+        "started",
+        "service",
+        "network",
+        "interface",
+        "eth0",
+        "link",
+        "up",
+        "error",
+        "info",
+        "debug",
+        "config",
+        "value",
+        "true",
+        "false",
+        "user",
+        "root",
+        "path",
+        "/usr/lib",
+        "/var/log",
+        "session",
+        "opened",
+        "closed",
+        "request",
+        "GET",
+        "200",
+        "connection",
+        "timeout",
+    ];
+    let mut x = seed | 1;
+    let mut i = 0;
+    while i < page.len() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let w = WORDS[(x % WORDS.len() as u64) as usize].as_bytes();
+        let sep: &[u8] = if x.is_multiple_of(11) { b"\n" } else { b" " };
+        for &b in w.iter().chain(sep) {
+            if i == page.len() {
+                break;
+            }
+            page[i] = b;
+            i += 1;
+        }
+    }
 }
 
 /// A sparse disk of apparent `size` holding `data` bytes of content in two extents (start and middle).
@@ -177,14 +265,19 @@ fn save(ctx: &Ctx, a: &crate::cli::Args) -> Res {
         let cfg = serde_json::to_vec_pretty(&config).map_err(std::io::Error::other)?;
         if fc {
             std::fs::write(dir.join("vmstate"), &cfg)?;
-            write_dense(&dir.join("mem"), settings.snapshot_memory_bytes, seed)?;
+            write_memory(&dir.join("mem"), settings.snapshot_memory_bytes, seed, &settings)?;
         } else {
             std::fs::write(dir.join("config.json"), &cfg)?;
             std::fs::write(
                 dir.join("state.json"),
                 format!("{{\"vm\":\"{vm_name}\",\"saved_at\":\"{}\"}}\n", now_rfc3339()),
             )?;
-            write_dense(&dir.join("memory-ranges"), settings.snapshot_memory_bytes, seed)?;
+            write_memory(
+                &dir.join("memory-ranges"),
+                settings.snapshot_memory_bytes,
+                seed,
+                &settings,
+            )?;
         }
         write_sparse(
             &dir.join("cow.raw"),
