@@ -1,4 +1,5 @@
-//! Failures against a real registry: the registry killed mid-push and mid-pull, the export dying mid-push,
+//! Failures against a real registry: the registry killed mid-push and mid-pull, or frozen mid-push (the
+//! stall timeout), the export dying mid-push,
 //! a corrupted or truncated blob in the registry's storage, an unknown layer media type. No partial
 //! artifact is ever left under a tag, no unverified snapshot is left in cocoon, and errors say what happened.
 
@@ -7,7 +8,7 @@ mod registry_support;
 use registry_support::runtime_support::{self, Harness};
 use registry_support::{TestRegistry, push_raw_artifact};
 use std::time::Duration;
-use vk_cocoon::registry::{ManifestLookup, RegistryError};
+use vk_cocoon::registry::{ManifestLookup, RegistryAuth, RegistryError, TransferSettings};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
 
 const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
@@ -28,12 +29,6 @@ async fn saved_snapshot(memory: u64) -> (Harness, String) {
     h.client.snapshot_save("vm", &vm.id).await.unwrap();
     let id = h.client.snapshot_inspect("vm").await.unwrap().id;
     (h, id)
-}
-
-fn spool_is_empty(reg: &TestRegistry) -> bool {
-    std::fs::read_dir(reg.dir.path().join("spool"))
-        .map(|mut d| d.next().is_none())
-        .unwrap_or(true)
 }
 
 #[tokio::test]
@@ -63,7 +58,6 @@ async fn registry_killed_mid_push_leaves_no_tag_and_says_so() {
         msg.contains("vk-a:latest") && msg.contains("registry unavailable") && msg.contains("retry"),
         "{msg}"
     );
-    assert!(spool_is_empty(&reg), "spool files left behind");
 
     reg.restart();
     assert_eq!(
@@ -74,11 +68,55 @@ async fn registry_killed_mid_push_leaves_no_tag_and_says_so() {
 }
 
 #[tokio::test]
+async fn a_push_to_a_registry_that_stops_answering_fails_after_the_stall_timeout_and_leaves_no_tag() {
+    let reg = TestRegistry::start();
+    let tuned = TransferSettings {
+        stall_timeout: Duration::from_secs(3),
+        progress_interval: Duration::from_secs(1),
+        ..TransferSettings::default()
+    };
+    let r = reg.transfer_client_tuned("cocoon", "node-a", RegistryAuth::Anonymous, tuned);
+    let (h, _) = saved_snapshot(192 << 20).await;
+    let push = r.push_snapshot(&h.client, "vm", "vk-s", "latest", IMG);
+    let freezer = async {
+        // Freeze once the registry holds part of an upload: its sockets stay open, nothing moves.
+        for _ in 0..3000 {
+            if reg.upload_bytes() > 0 {
+                reg.freeze();
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        false
+    };
+    let (res, frozen) = tokio::join!(push, freezer);
+    assert!(frozen, "the push never started uploading");
+    reg.thaw();
+    let e = res.expect_err("a stalled push must fail, not hang");
+    assert!(e.is_unavailable(), "{e:?}");
+    let msg = e.to_string();
+    eprintln!("error: {msg}");
+    assert!(
+        msg.contains("vk-s:latest")
+            && msg.contains("no byte moved for")
+            && msg.contains("SNAPSHOT_STALL_TIMEOUT_SECONDS")
+            && msg.contains("retry"),
+        "{msg}"
+    );
+    assert_eq!(
+        r.manifest("vk-s", "latest").await.unwrap(),
+        ManifestLookup::Absent,
+        "no partial artifact under the tag"
+    );
+}
+
+#[tokio::test]
 async fn export_dying_mid_push_leaves_no_tag() {
     let reg = TestRegistry::start();
     let r = reg.transfer_client("cocoon", "node-a");
-    let (h, _) = saved_snapshot(8 << 20).await;
-    h.sim.die_next("snapshot export", 2 << 20).unwrap();
+    // Past the budget's whole-file size, so the export dies under a streamed upload.
+    let (h, _) = saved_snapshot(48 << 20).await;
+    h.sim.die_next("snapshot export", 20 << 20).unwrap();
     let e = r
         .push_snapshot(&h.client, "vm", "vk-b", "hibernate", IMG)
         .await
@@ -91,7 +129,6 @@ async fn export_dying_mid_push_leaves_no_tag() {
         "{msg}"
     );
     assert_eq!(r.manifest("vk-b", "hibernate").await.unwrap(), ManifestLookup::Absent);
-    assert!(spool_is_empty(&reg));
 }
 
 #[tokio::test]

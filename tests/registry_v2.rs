@@ -1,6 +1,8 @@
-//! Reading v2 artifacts (zstd-compressed, chunked layers; `config.files[title].chunks` authoritative) and
-//! image indexes (resolved to linux/amd64). This crate pushes v1 only, so the test rewrites a real v1 push
-//! into v2 and wraps it in an index, then pulls both and compares with the source snapshot byte for byte.
+//! v2 artifacts (zstd-compressed, chunked layers; `config.files[title].chunks` authoritative) and image
+//! indexes (resolved to linux/amd64). The reader is tested on a v1 push rewritten by hand into v2 the way
+//! the Go daemon lays it out (chunk layers out of order, so only the config's order works) and wrapped in
+//! an index; the writer (`SNAPSHOT_ZSTD_LEVEL`, `SNAPSHOT_CHUNK_SIZE_MIB`) on a guest-like snapshot, whose
+//! artifact is checked layer by layer against that layout and pulled back byte for byte.
 
 mod registry_support;
 
@@ -10,6 +12,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 use vk_cocoon::registry::media;
+use vk_cocoon::registry::{RegistryAuth, TransferSettings};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
 
 const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
@@ -185,4 +188,106 @@ async fn at_most_two_v2_or_index_pulls_run_at_once() {
     assert_eq!(max_imports("idx").await, 2, "index pulls are gated to 2 per node");
     assert_eq!(max_imports("v2").await, 2, "v2 pulls are gated to 2 per node");
     assert_eq!(max_imports("latest").await, 3, "v1 pulls are not gated");
+}
+
+#[tokio::test]
+async fn a_v2_push_compresses_and_chunks_guest_memory_in_the_go_layout_and_pulls_back_byte_for_byte() {
+    let reg = TestRegistry::start();
+    let tuned = TransferSettings {
+        zstd_level: 3,
+        chunk_size: 1 << 20,
+        ..TransferSettings::default()
+    };
+    let r = reg.transfer_client_tuned("", "n", RegistryAuth::Anonymous, tuned);
+    let h = runtime_support::harness();
+    let memory = (3 << 20) + 12_345; // four chunks, the last one short
+    h.sim
+        .set_settings(|s| {
+            s.snapshot_memory_bytes = memory;
+            s.snapshot_memory_zero_pct = 50;
+            s.snapshot_memory_text_pct = 25;
+            s.snapshot_cow_bytes = 64 << 20;
+            s.snapshot_cow_data_bytes = 3 << 20; // sparse, packed data above the 1 MiB compression floor
+        })
+        .unwrap();
+    h.client.image_pull(IMG, false).await.unwrap();
+    let spec = RunSpec {
+        name: Some("vm".into()),
+        cpu: Some(1),
+        cpu_policy: CpuPolicy::default(),
+        memory: Some("1Gi".into()),
+        image: IMG.into(),
+        ..Default::default()
+    };
+    let vm = h.client.run(&spec).await.unwrap();
+    h.client.snapshot_save("vm", &vm.id).await.unwrap();
+    let rep = r.push_snapshot(&h.client, "vm", "vm", "v2", IMG).await.unwrap();
+    assert!(rep.v2, "{rep:?}");
+
+    let m: Value = serde_json::from_slice(&std::fs::read(reg.blob_path(&rep.manifest_digest)).unwrap()).unwrap();
+    assert_eq!(m["artifactType"], media::SNAPSHOT_V2);
+    let cfg_digest = m["config"]["digest"].as_str().unwrap();
+    let cfg: Value = serde_json::from_slice(&std::fs::read(reg.blob_path(cfg_digest)).unwrap()).unwrap();
+    assert_eq!(cfg["schemaVersion"], "v2");
+    let layers = m["layers"].as_array().unwrap();
+    let of = |title: &str| -> Vec<&Value> {
+        layers
+            .iter()
+            .filter(|l| l["annotations"][media::ANN_TITLE] == title)
+            .collect()
+    };
+    // memory-ranges: four zstd chunks of 1 MiB uncompressed, annotated, in the config's order.
+    let mem = of("memory-ranges");
+    assert_eq!(mem.len(), 4);
+    let mut stored = 0;
+    for (i, l) in mem.iter().enumerate() {
+        assert_eq!(l["mediaType"], format!("{}+zstd", media::VM_MEMORY));
+        assert_eq!(l["annotations"][media::ANN_CHUNK_INDEX], i.to_string());
+        assert_eq!(l["annotations"][media::ANN_CHUNK_COUNT], "4");
+        assert_eq!(cfg["files"]["memory-ranges"]["chunks"][i], l["digest"]);
+        // What the registry holds is the zstd frame of that chunk, whole.
+        let blob = std::fs::read(reg.blob_path(l["digest"].as_str().unwrap())).unwrap();
+        assert_eq!(blob.len() as u64, l["size"].as_u64().unwrap());
+        let raw = zstd::stream::decode_all(&blob[..]).unwrap();
+        assert_eq!(raw.len() as u64, if i < 3 { 1 << 20 } else { 12_345 }, "chunk {i}");
+        stored += blob.len() as u64;
+    }
+    assert_eq!(cfg["files"]["memory-ranges"]["size"], memory);
+    // Half zero pages and a quarter text: far smaller on the wire (random pages stay as they are).
+    assert!(
+        stored < memory * 45 / 100,
+        "memory-ranges stored in {stored} bytes of {memory}"
+    );
+    // The sparse COW disk goes up packed (its data only) and keeps its map.
+    let cow = &cfg["files"]["cow.raw"];
+    assert!(cow["sparseMap"].is_string() && cow["sparseSize"] == 64 << 20, "{cow}");
+    assert_eq!(cow["size"], 3 << 20);
+    assert_eq!(of("cow.raw").len(), 3);
+    // Files under 1 MiB stay raw, one blob each, with no chunk list.
+    for small in ["config.json", "state.json", "cocoon.json"] {
+        let l = of(small);
+        assert_eq!(l.len(), 1, "{small}");
+        assert!(!l[0]["mediaType"].as_str().unwrap().ends_with("+zstd"), "{small}");
+        assert!(cfg["files"][small].get("chunks").is_none(), "{small}");
+    }
+
+    let original = {
+        let d = h.dir.path().join("orig");
+        h.client.snapshot_export_to_dir("vm", &d).await.unwrap();
+        dir_files(&d)
+    };
+    r.pull_snapshot(&h.client, "vm", "v2", "restored").await.unwrap();
+    let d = h.dir.path().join("restored");
+    h.client.snapshot_export_to_dir("restored", &d).await.unwrap();
+    let got = dir_files(&d);
+    for (name, (size, bytes)) in &original {
+        if name != "snapshot.json" {
+            assert_eq!(*size, got[name].0, "{name}");
+            assert!(*bytes == got[name].1, "{name}: contents differ");
+        }
+    }
+    // And sparse again on disk.
+    use std::os::unix::fs::MetadataExt;
+    let blocks = std::fs::metadata(d.join("cow.raw")).unwrap().blocks() * 512;
+    assert!(blocks < (32 << 20), "cow.raw allocated {blocks} bytes");
 }

@@ -76,13 +76,18 @@ impl AuthedHttp {
             .map(|t| t.token.clone())
     }
 
-    /// Applies the cached token for `scope` (or the static credentials, when the registry asked for
-    /// Basic before) to a request.
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// Applies the token cached for `scope`, else the docker-config credentials (a registry with Basic
+    /// auth takes them as they are; one with token auth answers 401 and a challenge, see [`Self::send`]).
     pub(crate) fn authorize(&self, scope: &str, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match (self.cached_token(scope), &self.auth) {
             (Some(t), _) => req.bearer_auth(t),
             (None, RegistryAuth::Bearer(t)) => req.bearer_auth(t),
-            (None, _) => req,
+            (None, RegistryAuth::Basic(u, p)) => req.basic_auth(u, Some(p)),
+            (None, RegistryAuth::Anonymous) => req,
         }
     }
 

@@ -99,14 +99,6 @@ impl Registry {
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| RegistryError::InvalidRequest(format!("building the HTTP client for {}: {e}", cfg.host)))?;
-        // Pushes spool one tar entry at a time into this directory: make it now, so a path that
-        // does not exist yet is created (or refused) at startup rather than failing every push.
-        std::fs::create_dir_all(&cfg.spool_dir).map_err(|e| {
-            RegistryError::InvalidRequest(format!(
-                "creating the push spool directory {} (VK_REGISTRY_SPOOL_DIR): {e}",
-                cfg.spool_dir.display()
-            ))
-        })?;
         tracing::info!(registry = %cfg.host, prefix = %cfg.prefix, plain_http = cfg.plain_http, auth = auth_kind(&auth), "registry client ready");
         Ok(Registry {
             heavy_pulls: Arc::new(Semaphore::new(cfg.max_heavy_pulls.max(1))),
@@ -150,6 +142,14 @@ impl Registry {
             }
         } else {
             self.unavailable(op, artifact, e)
+        }
+    }
+
+    /// The progress cadence and stall limit of this client's transfers.
+    pub(crate) fn watch(&self) -> super::progress::Watch {
+        super::progress::Watch {
+            interval: self.cfg.transfer.progress_interval,
+            stall: self.cfg.transfer.stall_timeout,
         }
     }
 

@@ -1,9 +1,110 @@
 //! `OCI_REGISTRY=host[:port][/prefix]`: where snapshots and cloud images live, which scheme to speak, and
-//! which credentials to send. Unset (or empty) means registry-less mode (`None`).
+//! which credentials to send. Unset (or empty) means registry-less mode (`None`). The `SNAPSHOT_*`
+//! variables tune the transfers ([`TransferSettings`]).
 
 use super::errors::ConfigError;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::time::Duration;
+
+/// How snapshots move (behaviour spec §2: `SNAPSHOT_*`; unparsable or negative values count as 0, and 0
+/// means the default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferSettings {
+    /// `SNAPSHOT_ZSTD_LEVEL` (0 = off): zstd-compress files of at least 1 MiB (v2 artifact).
+    pub zstd_level: i32,
+    /// `SNAPSHOT_CHUNK_SIZE_MIB` (0 = off): split files into blobs of this many uncompressed bytes (v2).
+    pub chunk_size: u64,
+    /// `SNAPSHOT_TRANSFER_CONCURRENCY` (default 8): blobs uploaded or downloaded at once.
+    pub concurrency: usize,
+    /// `SNAPSHOT_MEMORY_BUDGET_MIB` (default 32): bytes a push holds in memory at once.
+    pub push_budget: u64,
+    /// `SNAPSHOT_PULL_BUDGET_MIB` (default 32): bytes a pull prefetches.
+    pub pull_budget: u64,
+    /// `SNAPSHOT_STALL_TIMEOUT_SECONDS` (default 120): a transfer that moves no byte for this long fails.
+    pub stall_timeout: Duration,
+    /// `SNAPSHOT_PROGRESS_INTERVAL_SECONDS` (default 10): how often a running transfer logs its progress.
+    pub progress_interval: Duration,
+}
+
+pub const DEFAULT_CONCURRENCY: usize = 8;
+pub const DEFAULT_PUSH_BUDGET_MIB: u64 = 32;
+pub const DEFAULT_PULL_BUDGET_MIB: u64 = 32;
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+/// Beyond this a MiB count no longer fits the byte arithmetic comfortably (the Go daemon's cap too).
+const MAX_CHUNK_MIB: u64 = 4096;
+
+impl Default for TransferSettings {
+    fn default() -> Self {
+        TransferSettings {
+            zstd_level: 0,
+            chunk_size: 0,
+            concurrency: DEFAULT_CONCURRENCY,
+            push_budget: DEFAULT_PUSH_BUDGET_MIB << 20,
+            pull_budget: DEFAULT_PULL_BUDGET_MIB << 20,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
+        }
+    }
+}
+
+impl TransferSettings {
+    /// True when pushes write the v2 layout (compressed and / or chunked files).
+    pub fn v2(&self) -> bool {
+        self.zstd_level > 0 || self.chunk_size > 0
+    }
+
+    /// Reads the `SNAPSHOT_*` variables through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<TransferSettings, ConfigError> {
+        // Behaviour spec: "Invalid or negative SNAPSHOT_* values become 0" (and 0 means the default).
+        let num =
+            |name: &str| -> u64 { get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0).max(0) as u64 };
+        let or = |v: u64, d: u64| if v == 0 { d } else { v };
+        let d = TransferSettings::default();
+        let zstd_level = num("SNAPSHOT_ZSTD_LEVEL");
+        // zstd's levels are 1..=22 (its library clamps too; a larger value is a typo worth refusing).
+        if zstd_level > 22 {
+            return Err(ConfigError::Setting {
+                name: "SNAPSHOT_ZSTD_LEVEL",
+                value: zstd_level.to_string(),
+                reason: "zstd levels are 1 to 22 (0 writes uncompressed layers)".into(),
+            });
+        }
+        let chunk_mib = num("SNAPSHOT_CHUNK_SIZE_MIB");
+        if chunk_mib > MAX_CHUNK_MIB {
+            return Err(ConfigError::Setting {
+                name: "SNAPSHOT_CHUNK_SIZE_MIB",
+                value: chunk_mib.to_string(),
+                reason: format!("at most {MAX_CHUNK_MIB} MiB"),
+            });
+        }
+        let s = TransferSettings {
+            zstd_level: zstd_level as i32,
+            chunk_size: chunk_mib << 20,
+            concurrency: or(num("SNAPSHOT_TRANSFER_CONCURRENCY"), d.concurrency as u64) as usize,
+            push_budget: or(num("SNAPSHOT_MEMORY_BUDGET_MIB"), DEFAULT_PUSH_BUDGET_MIB) << 20,
+            pull_budget: or(num("SNAPSHOT_PULL_BUDGET_MIB"), DEFAULT_PULL_BUDGET_MIB) << 20,
+            stall_timeout: Duration::from_secs(or(num("SNAPSHOT_STALL_TIMEOUT_SECONDS"), d.stall_timeout.as_secs())),
+            progress_interval: Duration::from_secs(or(
+                num("SNAPSHOT_PROGRESS_INTERVAL_SECONDS"),
+                d.progress_interval.as_secs(),
+            )),
+        };
+        // A chunk is held raw and compressed at once: the budget must hold both.
+        if s.chunk_size > 0 && 2 * s.chunk_size > s.push_budget {
+            return Err(ConfigError::Setting {
+                name: "SNAPSHOT_MEMORY_BUDGET_MIB",
+                value: (s.push_budget >> 20).to_string(),
+                reason: format!(
+                    "a push holds a chunk raw and compressed, so SNAPSHOT_CHUNK_SIZE_MIB={} needs at least {} MiB",
+                    chunk_mib,
+                    2 * chunk_mib
+                ),
+            });
+        }
+        Ok(s)
+    }
+}
 
 /// Parsed registry location plus transfer settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,24 +115,22 @@ pub struct RegistryConfig {
     pub prefix: String,
     /// Plain HTTP (loopback and private hosts) instead of HTTPS.
     pub plain_http: bool,
-    /// Where push spools one tar entry at a time (so each blob's digest is known before its HEAD/upload).
-    pub spool_dir: PathBuf,
     /// Most concurrent pulls of v2 / index artifacts on this node.
     pub max_heavy_pulls: usize,
+    /// The `SNAPSHOT_*` tuning.
+    pub transfer: TransferSettings,
 }
 
 impl RegistryConfig {
-    /// Reads `OCI_REGISTRY` (and `VK_REGISTRY_SPOOL_DIR`, default the system temp dir).
-    /// `Ok(None)`: the variable is unset or empty — registry-less mode.
+    /// Reads `OCI_REGISTRY` and the `SNAPSHOT_*` settings. `Ok(None)`: the variable is unset or empty —
+    /// registry-less mode.
     pub fn from_env() -> Result<Option<RegistryConfig>, ConfigError> {
         let value = std::env::var("OCI_REGISTRY").unwrap_or_default();
         let mut cfg = match Self::parse(&value)? {
             Some(c) => c,
             None => return Ok(None),
         };
-        if let Some(dir) = std::env::var_os("VK_REGISTRY_SPOOL_DIR").filter(|d| !d.is_empty()) {
-            cfg.spool_dir = PathBuf::from(dir);
-        }
+        cfg.transfer = TransferSettings::from_lookup(|k| std::env::var(k).ok())?;
         Ok(Some(cfg))
     }
 
@@ -86,8 +185,8 @@ impl RegistryConfig {
             host: hostport.to_ascii_lowercase(),
             prefix: prefix.to_string(),
             plain_http: scheme.unwrap_or_else(|| is_private_host(&host)),
-            spool_dir: std::env::temp_dir(),
             max_heavy_pulls: 2,
+            transfer: TransferSettings::default(),
         }))
     }
 
@@ -179,6 +278,46 @@ mod tests {
             ("http://epoch.example.org", true),
         ] {
             assert_eq!(RegistryConfig::parse(v).unwrap().unwrap().plain_http, plain, "{v}");
+        }
+    }
+
+    #[test]
+    fn snapshot_settings_default_and_lenient_like_the_go_daemon() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let d = TransferSettings::from_lookup(env(&[])).unwrap();
+        assert_eq!(d, TransferSettings::default());
+        assert!(!d.v2());
+        assert_eq!((d.concurrency, d.push_budget, d.pull_budget), (8, 32 << 20, 32 << 20));
+        let s = TransferSettings::from_lookup(env(&[
+            ("SNAPSHOT_ZSTD_LEVEL", "3"),
+            ("SNAPSHOT_CHUNK_SIZE_MIB", "4"),
+            ("SNAPSHOT_TRANSFER_CONCURRENCY", "-2"),
+            ("SNAPSHOT_MEMORY_BUDGET_MIB", "lots"),
+            ("SNAPSHOT_PULL_BUDGET_MIB", "64"),
+            ("SNAPSHOT_STALL_TIMEOUT_SECONDS", "5"),
+        ]))
+        .unwrap();
+        assert!(s.v2());
+        assert_eq!(
+            (s.zstd_level, s.chunk_size, s.concurrency, s.push_budget, s.pull_budget),
+            (3, 4 << 20, 8, 32 << 20, 64 << 20)
+        );
+        assert_eq!(s.stall_timeout, Duration::from_secs(5));
+        for bad in [
+            &[("SNAPSHOT_ZSTD_LEVEL", "30")][..],
+            &[
+                ("SNAPSHOT_CHUNK_SIZE_MIB", "5000"),
+                ("SNAPSHOT_MEMORY_BUDGET_MIB", "100000"),
+            ][..],
+            &[("SNAPSHOT_CHUNK_SIZE_MIB", "64")][..],
+        ] {
+            let owned: Vec<(String, String)> = bad.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let e = TransferSettings::from_lookup(|k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("SNAPSHOT_"), "{e}");
         }
     }
 

@@ -9,7 +9,8 @@
 //! - [`tarfmt`]: cocoon's A.6 tar headers on top of the `tar` crate (pure).
 //! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams.
 //! - `auth`: the requests oci-client does not make, with the registry's token challenge answered.
-//! - [`push`], [`pull`], [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
+//! - [`push`] (with `push_reader`, the export side, and `upload`, blob uploads), [`pull`],
+//!   [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
 //! - [`artifact`]: small in-memory artifacts (policy components) pushed and pulled by digest.
 
 pub mod artifact;
@@ -24,12 +25,14 @@ pub mod media;
 pub mod progress;
 pub mod pull;
 pub mod push;
+mod push_reader;
 pub mod tarfmt;
+mod upload;
 
 pub use artifact::{ArtifactLayer, ArtifactUpload, PulledArtifact};
 pub use client::{ArtifactInfo, ManifestLookup, Registry};
 pub use cloud_image::CloudImageSource;
-pub use config::RegistryConfig;
+pub use config::{RegistryConfig, TransferSettings};
 pub use errors::{ConfigError, RegistryError};
 pub use manifest::{FileInfo, SnapshotConfig};
 pub use oci_client::secrets::RegistryAuth;

@@ -10,7 +10,7 @@ use super::client::Registry;
 use super::errors::RegistryError;
 use super::manifest::{self, BlobPart, FilePlan, PlanError, SnapshotConfig};
 use super::media::{ArtifactKind, LayerEncoding};
-use super::progress::Progress;
+use super::progress::{Progress, watched};
 use super::tarfmt;
 use bytes::BytesMut;
 use futures::StreamExt;
@@ -124,6 +124,21 @@ impl Registry {
     /// Writes the A.6 import tar of `src` into `sink`, naming the snapshot `local_name` in its
     /// `snapshot.json`. The sink is not shut down; on an error the caller must discard what was written.
     pub async fn write_snapshot(
+        &self,
+        src: &SnapshotSource,
+        local_name: &str,
+        sink: &mut (dyn AsyncWrite + Send + Unpin),
+        progress: &Progress,
+    ) -> Result<PullReport, RegistryError> {
+        let artifact = src.artifact();
+        let write = self.write_import(src, local_name, sink, progress);
+        watched(write, progress, self.watch(), &artifact)
+            .await
+            .unwrap_or_else(|stalled| Err(self.unavailable("pulling", &artifact, stalled)))
+    }
+
+    /// The write itself (see [`Self::write_snapshot`]).
+    async fn write_import(
         &self,
         src: &SnapshotSource,
         local_name: &str,

@@ -1,25 +1,31 @@
-//! Push a snapshot export (cocoon's A.6 tar, read from any reader) as an OCI artifact (contracts B.3/B.5).
-//! The tar is read entry by entry on a blocking thread (the `tar` crate); each entry is spooled to a
-//! temporary file while hashing, so its digest is known before the `HEAD`; missing blobs are uploaded
-//! from that file in one streamed PUT. At most one entry is being spooled while the previous one uploads,
-//! so memory stays bounded whatever the snapshot size. The manifest, with every annotation (created,
-//! baseimage, from-node), is written last in one PUT, so a failed push never leaves a tag pointing at a
-//! partial artifact.
+//! Push a snapshot export (cocoon's A.6 tar, read from any reader) as an OCI artifact (contracts B.3/B.5):
+//! v1 — one blob per file — or, with `SNAPSHOT_ZSTD_LEVEL` / `SNAPSHOT_CHUNK_SIZE_MIB`, v2 — files of at
+//! least 1 MiB zstd-compressed and / or cut into fixed-size chunks, one blob each, `config.files[title]`
+//! carrying the uncompressed size and the authoritative chunk order.
+//!
+//! The export is read on a blocking thread ([`super::push_reader`]); its blobs go up concurrently
+//! (`SNAPSHOT_TRANSFER_CONCURRENCY`), v2 chunks compressed on the blocking pool, all within the memory
+//! budget (`SNAPSHOT_MEMORY_BUDGET_MIB`). Big raw files stream straight from the export into one upload
+//! session, so the bytes are read once and hashed on the way. The manifest, with every annotation
+//! (created, baseimage, from-node), is written last in one PUT: a failed push never leaves a tag
+//! pointing at a partial artifact.
 
 use super::client::Registry;
 use super::errors::RegistryError;
 use super::manifest::{self, FileInfo, PushedLayer, SnapshotConfig};
 use super::media;
-use super::progress::Progress;
-use super::tarfmt;
+use super::progress::{Progress, watched};
+use super::push_reader::{self, FileEntry, Item, Layer, Piece, ReadError, ReadPlan};
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use oci_client::RegistryOperation;
-use sha2::Digest as _;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 use tokio::io::AsyncRead;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 /// What a push did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,23 +35,23 @@ pub struct PushReport {
     /// The digest of the manifest now under the tag.
     pub manifest_digest: String,
     pub manifest_bytes: u64,
-    /// Bytes of all layers plus the config.
+    /// Bytes of all layers (as stored) plus the config.
     pub total_size: u64,
+    /// Bytes of the files (uncompressed; sparse files packed).
+    pub file_bytes: u64,
     pub layer_count: usize,
     /// Bytes actually uploaded (blobs the registry already had were skipped).
     pub uploaded_bytes: u64,
+    /// True when the artifact is v2 (something was compressed or chunked).
+    pub v2: bool,
 }
 
-/// Spool chunk: the unit of reads from the export and of PATCH bodies.
-const CHUNK: usize = 4 << 20;
-
-enum Spooled {
-    Envelope(Vec<u8>),
-    File {
-        meta: tarfmt::EntryMeta,
-        file: tempfile::NamedTempFile,
-        digest: String,
-    },
+/// A blob that is up: where it goes and what it is.
+struct Uploaded {
+    layer: Layer,
+    digest: String,
+    stored: u64,
+    sent: u64,
 }
 
 impl Registry {
@@ -60,106 +66,153 @@ impl Registry {
         progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError> {
         let artifact = format!("{repo}:{tag}");
+        let push = self.push_export(export, repo, tag, base_image, progress.clone());
+        watched(push, &progress, self.watch(), &artifact)
+            .await
+            .unwrap_or_else(|stalled| Err(self.unavailable("pushing", &artifact, stalled)))
+    }
+
+    /// The push itself (see [`Self::push_snapshot`]).
+    async fn push_export(
+        &self,
+        export: Box<dyn AsyncRead + Send + Unpin>,
+        repo: &str,
+        tag: &str,
+        base_image: &str,
+        progress: Arc<Progress>,
+    ) -> Result<PushReport, RegistryError> {
+        let artifact = format!("{repo}:{tag}");
         let started = Instant::now();
         let r = self.reference(repo, tag);
         self.authenticate(&r, RegistryOperation::Push, &artifact).await?;
-        tracing::info!(%artifact, "pushing snapshot");
+        let st = &self.cfg.transfer;
+        tracing::info!(%artifact, v2 = st.v2(), zstd_level = st.zstd_level, chunk_mib = st.chunk_size >> 20, concurrency = st.concurrency, budget_mib = st.push_budget >> 20, "pushing snapshot");
 
-        let (tx, mut rx) = mpsc::channel::<Spooled>(1);
-        let spool_dir = self.cfg.spool_dir.clone();
+        let plan = ReadPlan {
+            zstd_level: st.zstd_level,
+            chunk_size: st.chunk_size,
+            small_max: (st.push_budget / 4).min(8 << 20),
+        };
+        let budget = Arc::new(Semaphore::new(push_reader::kib(st.push_budget) as usize));
+        let (tx, mut rx) = mpsc::channel::<Item>(1);
+        let handle = tokio::runtime::Handle::current();
         let bridge = tokio_util::io::SyncIoBridge::new(export);
-        let reader = tokio::task::spawn_blocking(move || spool_export(bridge, &spool_dir, tx));
+        let reader_progress = progress.clone();
+        let reader = tokio::task::spawn_blocking(move || {
+            let feed = push_reader::Feed {
+                tx: &tx,
+                budget: &budget,
+                handle: &handle,
+                progress: &reader_progress,
+            };
+            push_reader::read_export(bridge, &plan, &feed)
+        });
 
         let mut envelope = None;
-        let mut layers: Vec<PushedLayer> = Vec::new();
-        let mut files: BTreeMap<String, FileInfo> = BTreeMap::new();
-        let mut uploaded = 0u64;
-        let mut total = 0u64;
-        let mut upload_error = None;
-        while let Some(item) = rx.recv().await {
-            match item {
-                Spooled::Envelope(b) => envelope = Some(b),
-                Spooled::File { meta, file, digest } => {
-                    total += meta.size;
-                    progress.grow_total(meta.size);
-                    match self
-                        .upload_spooled(&r, &artifact, &meta, file, &digest, &progress)
-                        .await
-                    {
-                        Ok(sent) => uploaded += sent,
-                        Err(e) => {
-                            upload_error = Some(e);
-                            break;
-                        }
+        let mut files: Vec<FileEntry> = Vec::new();
+        let mut done: Vec<Uploaded> = Vec::new();
+        let mut uploads = FuturesUnordered::new();
+        let mut failed = None;
+        let mut open = true;
+        while open || !uploads.is_empty() {
+            tokio::select! {
+                item = rx.recv(), if open && uploads.len() < st.concurrency.max(1) => match item {
+                    None => open = false,
+                    Some(Item::Envelope(b)) => envelope = Some(b),
+                    Some(Item::File(f)) => {
+                        progress.grow_total(f.meta.size);
+                        files.push(f);
                     }
-                    files.insert(
-                        meta.name.clone(),
-                        FileInfo {
-                            mode: meta.mode,
-                            sparse_map: meta.sparse_map.clone(),
-                            sparse_size: meta.sparse_size,
-                            size: None,
-                            chunks: vec![],
-                        },
-                    );
-                    layers.push(PushedLayer {
-                        media_type: media::layer_media_type(&meta.name).to_string(),
-                        title: meta.name,
-                        digest,
-                        size: meta.size,
-                        chunk: None,
-                    });
-                    tracing::info!(%artifact, layers = layers.len(), bytes = total, elapsed_s = started.elapsed().as_secs_f64(), "push progress");
-                }
+                    Some(Item::Whole { layer, data, digest, compress, permit }) => {
+                        uploads.push(self.push_whole(repo, tag, layer, data, digest, compress, permit, &progress).boxed());
+                    }
+                    Some(Item::Stream { layer, length, pieces, digest }) => {
+                        uploads.push(self.push_stream(repo, tag, layer, length, pieces, digest).boxed());
+                    }
+                },
+                Some(result) = uploads.next() => match result {
+                    Ok(u) => done.push(u),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                },
             }
         }
+        drop(uploads);
         drop(rx); // stops the reader (and so the export) if we broke out early
-        let read_result = reader.await.map_err(|e| RegistryError::Io {
+        let read = reader.await.map_err(|e| RegistryError::Io {
             artifact: artifact.clone(),
             step: "reading the snapshot stream".into(),
             detail: format!("reader thread: {e}"),
         })?;
-        if let Some(e) = upload_error {
+        // A broken export explains the upload it broke: its error goes first.
+        if let Err(ReadError::Source(detail)) = read {
+            return Err(RegistryError::Source { artifact, detail });
+        }
+        if let Some(e) = failed {
             return Err(e);
         }
-        read_result.map_err(|e| match e {
-            SpoolError::Source(detail) => RegistryError::Source {
-                artifact: artifact.clone(),
-                detail,
-            },
-            SpoolError::Spool(detail) => RegistryError::Io {
-                artifact: artifact.clone(),
-                step: "spooling the snapshot".into(),
-                detail,
-            },
-        })?;
         let envelope = envelope.ok_or_else(|| RegistryError::Source {
             artifact: artifact.clone(),
             detail: "the export has no snapshot.json".into(),
         })?;
+        self.finish_push(repo, tag, base_image, &envelope, files, done, started)
+            .await
+    }
 
+    /// Config blob and manifest, once every layer is up.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_push(
+        &self,
+        repo: &str,
+        tag: &str,
+        base_image: &str,
+        envelope: &[u8],
+        files: Vec<FileEntry>,
+        mut done: Vec<Uploaded>,
+        started: Instant,
+    ) -> Result<PushReport, RegistryError> {
+        let artifact = format!("{repo}:{tag}");
+        done.sort_by_key(|u| (u.layer.file, u.layer.chunk.map_or(0, |c| c.0)));
+        let v2 = done
+            .iter()
+            .any(|u| u.layer.chunk.is_some() || u.layer.media_type.ends_with("+zstd"));
+        let mut infos: BTreeMap<String, FileInfo> = BTreeMap::new();
+        for f in &files {
+            let chunks: Vec<String> = done
+                .iter()
+                .filter(|u| u.layer.file == f.index && u.layer.chunk.is_some())
+                .map(|u| u.digest.clone())
+                .collect();
+            infos.insert(
+                f.meta.name.clone(),
+                FileInfo {
+                    mode: f.meta.mode,
+                    sparse_map: f.meta.sparse_map.clone(),
+                    sparse_size: f.meta.sparse_size,
+                    // The v2 reader frames compressed files by this size (the Go writer sets it for all).
+                    size: v2.then_some(f.meta.size),
+                    chunks,
+                },
+            );
+        }
         let created = chrono::Utc::now();
         let mut cfg =
-            SnapshotConfig::from_envelope(&envelope, created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            SnapshotConfig::from_envelope(envelope, created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
                 .map_err(|detail| RegistryError::InvalidArtifact {
                     artifact: artifact.clone(),
                     detail,
                 })?;
-        cfg.files = files;
+        cfg.files = infos;
+        if v2 {
+            cfg.schema_version = "v2".into();
+        }
         let cfg_bytes = serde_json::to_vec(&cfg).expect("config JSON");
         let cfg_digest = manifest::sha256_digest(&cfg_bytes);
-        let exists = self
-            .client
-            .blob_exists(&r, &cfg_digest)
-            .await
-            .map_err(|e| self.oci_error("checking the config blob of", &artifact, e))?;
-        if !exists {
-            self.client
-                .push_blob(&r, cfg_bytes.clone(), &cfg_digest)
-                .await
-                .map_err(|e| self.oci_error("uploading the config blob of", &artifact, e))?;
-        }
-        total += cfg_bytes.len() as u64;
+        let cfg_size = cfg_bytes.len() as u64;
+        self.upload_known(repo, tag, "config", Bytes::from(cfg_bytes), &cfg_digest)
+            .await?;
 
         let mut annotations = BTreeMap::new();
         annotations.insert(
@@ -172,162 +225,135 @@ impl Registry {
         if !self.node_name.is_empty() {
             annotations.insert(media::ANN_FROM_NODE.to_string(), self.node_name.clone());
         }
-        let body = manifest::snapshot_manifest(false, &cfg_digest, cfg_bytes.len() as u64, &layers, annotations);
+        let layers: Vec<PushedLayer> = done
+            .iter()
+            .map(|u| PushedLayer {
+                title: u.layer.title.clone(),
+                media_type: u.layer.media_type.clone(),
+                digest: u.digest.clone(),
+                size: u.stored,
+                chunk: u.layer.chunk,
+            })
+            .collect();
+        let body = manifest::snapshot_manifest(v2, &cfg_digest, cfg_size, &layers, annotations);
         let manifest_digest = manifest::sha256_digest(&body);
         let manifest_bytes = body.len() as u64;
         self.client
-            .push_manifest_raw(&r, body, media::OCI_MANIFEST.parse().expect("header value"))
+            .push_manifest_raw(
+                &self.reference(repo, tag),
+                body,
+                media::OCI_MANIFEST.parse().expect("header value"),
+            )
             .await
             .map_err(|e| self.oci_error("writing the manifest of", &artifact, e))?;
-        tracing::info!(%artifact, digest = %manifest_digest, layers = layers.len(), bytes = total, uploaded, elapsed_s = started.elapsed().as_secs_f64(), "snapshot pushed");
+        let total_size = layers.iter().map(|l| l.size).sum::<u64>() + cfg_size;
+        let file_bytes = files.iter().map(|f| f.meta.size).sum();
+        let uploaded_bytes = done.iter().map(|u| u.sent).sum();
+        tracing::info!(%artifact, digest = %manifest_digest, v2, layers = layers.len(), file_bytes, stored_bytes = total_size, uploaded_bytes, elapsed_s = started.elapsed().as_secs_f64(), "snapshot pushed");
         Ok(PushReport {
             repo: repo.into(),
             tag: tag.into(),
             manifest_digest,
             manifest_bytes,
-            total_size: total,
+            total_size,
+            file_bytes,
             layer_count: layers.len(),
-            uploaded_bytes: uploaded,
+            uploaded_bytes,
+            v2,
         })
     }
 
-    /// HEAD, then upload the spooled file unless present. Returns the bytes sent.
-    async fn upload_spooled(
+    /// A blob in memory: compressed first when asked (on the blocking pool), then `HEAD` + PUT.
+    #[allow(clippy::too_many_arguments)]
+    async fn push_whole(
         &self,
-        r: &oci_client::Reference,
-        artifact: &str,
-        meta: &tarfmt::EntryMeta,
-        file: tempfile::NamedTempFile,
-        digest: &str,
-        progress: &Arc<Progress>,
-    ) -> Result<u64, RegistryError> {
-        let title = &meta.name;
-        if self
-            .client
-            .blob_exists(r, digest)
-            .await
-            .map_err(|e| self.oci_error(&format!("checking blob {digest} ({title}) of"), artifact, e))?
-        {
-            tracing::debug!(%artifact, %title, %digest, "blob already present");
-            progress.advance(meta.size);
-            return Ok(0);
-        }
-        let f = tokio::fs::File::from_std(file.reopen().map_err(|e| RegistryError::Io {
-            artifact: artifact.into(),
-            step: format!("reopening the spool file of {title}"),
-            detail: e.to_string(),
-        })?);
-        // Keep the path alive until the upload ends (the file is removed when `file` drops).
-        let stream = tokio_util::io::ReaderStream::with_capacity(f, CHUNK);
-        let progress = progress.clone();
-        let stream = futures::StreamExt::map(stream, move |c| {
-            if let Ok(c) = &c {
-                progress.advance(c.len() as u64);
+        repo: &str,
+        tag: &str,
+        layer: Layer,
+        data: Bytes,
+        digest: Option<String>,
+        compress: Option<i32>,
+        mut permit: OwnedSemaphorePermit,
+        progress: &Progress,
+    ) -> Result<Uploaded, RegistryError> {
+        let raw = data.len() as u64;
+        let (data, digest) = match (digest, compress) {
+            (Some(d), _) => (data, d),
+            (None, level) => {
+                let level = level.unwrap_or(3);
+                let what = layer.title.clone();
+                let (c, d) = tokio::task::spawn_blocking(move || {
+                    zstd::bulk::compress(&data, level).map(|c| {
+                        let d = manifest::sha256_digest(&c);
+                        (Bytes::from(c), d)
+                    })
+                })
+                .await
+                .map_err(|e| RegistryError::Io {
+                    artifact: format!("{repo}:{tag}"),
+                    step: format!("compressing {what}"),
+                    detail: e.to_string(),
+                })?
+                .map_err(|e| RegistryError::Io {
+                    artifact: format!("{repo}:{tag}"),
+                    step: format!("compressing {what}"),
+                    detail: e.to_string(),
+                })?;
+                // The raw chunk is gone: keep only the compressed bytes' share of the budget.
+                let keep = push_reader::kib(c.len() as u64).max(1) as usize;
+                if permit.num_permits() > keep {
+                    drop(permit.split(permit.num_permits() - keep));
+                }
+                (c, d)
             }
-            c.map_err(oci_client::errors::OciDistributionError::IoError)
-        });
-        if meta.size == 0 {
-            self.client.push_blob(r, Vec::new(), digest).await
-        } else {
-            self.client.push_blob_stream(r, stream, digest, Some(meta.size)).await
-        }
-        .map_err(|e| {
-            self.oci_error(
-                &format!("uploading blob {digest} ({title}, {} bytes) of", meta.size),
-                artifact,
-                e,
-            )
-        })?;
-        drop(file);
-        Ok(meta.size)
+        };
+        let stored = data.len() as u64;
+        let what = match layer.chunk {
+            Some((i, n)) => format!("{} chunk {}/{n}", layer.title, i + 1),
+            None => layer.title.clone(),
+        };
+        let sent = self.upload_known(repo, tag, &what, data, &digest).await?;
+        drop(permit);
+        progress.advance(raw);
+        Ok(Uploaded {
+            layer,
+            digest,
+            stored,
+            sent,
+        })
     }
-}
 
-enum SpoolError {
-    /// The stream is unreadable or not a cocoon export.
-    Source(String),
-    /// The spool directory failed.
-    Spool(String),
-}
-
-/// Reads the export tar: `snapshot.json` is sent whole, every other entry is spooled to a temp file in
-/// `dir` while hashing. Errors are texts naming the entry.
-fn spool_export(input: impl Read, dir: &std::path::Path, tx: mpsc::Sender<Spooled>) -> Result<(), SpoolError> {
-    let mut archive = tar::Archive::new(input);
-    let mut buf = vec![0u8; CHUNK];
-    let mut seen = std::collections::HashSet::new();
-    for entry in archive
-        .entries()
-        .map_err(|e| SpoolError::Source(format!("the export is not a tar stream: {e}")))?
-    {
-        let mut entry = entry.map_err(|e| SpoolError::Source(format!("reading the next tar entry: {e}")))?;
-        let meta =
-            tarfmt::entry_meta(&mut entry).map_err(|e| SpoolError::Source(format!("reading a tar header: {e}")))?;
-        if entry.header().entry_type() != tar::EntryType::Regular
-            && entry.header().entry_type() != tar::EntryType::Continuous
-        {
-            return Err(SpoolError::Source(format!(
-                "entry {:?} is not a regular file (cocoon exports are flat)",
-                meta.name
-            )));
-        }
-        if meta.name.contains('/') || meta.name.is_empty() {
-            return Err(SpoolError::Source(format!(
-                "entry {:?} is not a bare file name",
-                meta.name
-            )));
-        }
-        if !seen.insert(meta.name.clone()) {
-            return Err(SpoolError::Source(format!("entry {:?} appears twice", meta.name)));
-        }
-        if meta.name == "snapshot.json" {
-            let mut b = Vec::new();
-            entry
-                .by_ref()
-                .take(manifest::MAX_CONFIG_BYTES)
-                .read_to_end(&mut b)
-                .map_err(|e| SpoolError::Source(format!("reading snapshot.json: {e}")))?;
-            if tx.blocking_send(Spooled::Envelope(b)).is_err() {
-                return Ok(()); // the uploader stopped; its error is reported
+    /// A blob streamed from the export into one upload session.
+    async fn push_stream(
+        &self,
+        repo: &str,
+        tag: &str,
+        layer: Layer,
+        length: Option<u64>,
+        mut pieces: mpsc::Receiver<Piece>,
+        digest: oneshot::Receiver<String>,
+    ) -> Result<Uploaded, RegistryError> {
+        let artifact = format!("{repo}:{tag}");
+        let stored = Arc::new(AtomicU64::new(0));
+        let counted = stored.clone();
+        // Ends when the reader closes the channel: after the last piece, or mid-file when it failed (then
+        // the digest never comes and the session is never committed).
+        let body = async_stream::stream! {
+            while let Some(Piece(b, permit)) = pieces.recv().await {
+                counted.fetch_add(b.len() as u64, Ordering::Relaxed);
+                yield Ok::<Bytes, std::io::Error>(b);
+                drop(permit);
             }
-            continue;
-        }
-        let mut file = tempfile::Builder::new()
-            .prefix("vk-push-")
-            .tempfile_in(dir)
-            .map_err(|e| SpoolError::Spool(format!("creating a spool file in {}: {e}", dir.display())))?;
-        let mut hasher = sha2::Sha256::new();
-        let mut n = 0u64;
-        loop {
-            let k = entry
-                .read(&mut buf)
-                .map_err(|e| SpoolError::Source(format!("reading {} after {n} bytes: {e}", meta.name)))?;
-            if k == 0 {
-                break;
-            }
-            hasher.update(&buf[..k]);
-            file.write_all(&buf[..k])
-                .map_err(|e| SpoolError::Spool(format!("spooling {} to {}: {e}", meta.name, dir.display())))?;
-            n += k as u64;
-            if tx.is_closed() {
-                return Ok(());
-            }
-        }
-        if n != meta.size {
-            return Err(SpoolError::Source(format!(
-                "{}: {n} bytes instead of {}",
-                meta.name, meta.size
-            )));
-        }
-        file.flush()
-            .map_err(|e| SpoolError::Spool(format!("spooling {}: {e}", meta.name)))?;
-        let digest = format!("sha256:{}", hex::encode(hasher.finalize()));
-        if tx.blocking_send(Spooled::File { meta, file, digest }).is_err() {
-            return Ok(());
-        }
+        };
+        let digest = self
+            .upload_session(repo, &artifact, &layer.title, length, body, async { digest.await.ok() })
+            .await?;
+        let stored = stored.load(Ordering::Relaxed);
+        Ok(Uploaded {
+            layer,
+            digest,
+            stored,
+            sent: stored,
+        })
     }
-    // Drain to EOF: the export stream reports cocoon's exit status only there.
-    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())
-        .map_err(|e| SpoolError::Source(format!("finishing the export stream: {e}")))?;
-    Ok(())
 }

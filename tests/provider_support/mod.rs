@@ -202,8 +202,10 @@ impl SnapshotRegistry for FakeRegistry {
             manifest_digest: digest,
             manifest_bytes: 0,
             total_size: size,
+            file_bytes: size,
             layer_count: 1,
             uploaded_bytes: size,
+            v2: false,
         })
     }
 

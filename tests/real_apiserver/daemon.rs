@@ -171,9 +171,7 @@ impl Machine {
         }
         command.envs(self.daemon_env.iter().map(|(k, v)| (k, v)));
         if let Some(registry) = &self.registry {
-            command
-                .env("OCI_REGISTRY", registry.host())
-                .env("VK_REGISTRY_SPOOL_DIR", self.dir.path().join("spool"));
+            command.env("OCI_REGISTRY", registry.host());
         }
         let out = std::fs::File::create(&log).unwrap();
         let child = command

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use vk_cocoon::provider::ports::CloudImageResult;
 use vk_cocoon::provider::transfer::{TransferError, Transfers};
-use vk_cocoon::registry::{PullReport, PushReport, Registry, RegistryAuth, RegistryConfig};
+use vk_cocoon::registry::{PullReport, PushReport, Registry, RegistryAuth, RegistryConfig, TransferSettings};
 use vk_cocoon::runtime::CocoonRuntime;
 
 /// The registry binary: `REGISTRY_BIN`, else `/usr/bin/docker-registry`; missing = a failure that says how to install it.
@@ -85,6 +85,11 @@ impl TestRegistry {
 
     /// A client with the credentials `auth` (what the docker config would give it).
     pub fn client_as(&self, prefix: &str, node: &str, auth: RegistryAuth) -> Registry {
+        self.client_tuned(prefix, node, auth, TransferSettings::default())
+    }
+
+    /// A client with the `SNAPSHOT_*` tuning `transfer` (v2 layout, budgets, stall limit).
+    pub fn client_tuned(&self, prefix: &str, node: &str, auth: RegistryAuth, transfer: TransferSettings) -> Registry {
         let value = if prefix.is_empty() {
             self.host()
         } else {
@@ -95,8 +100,7 @@ impl TestRegistry {
         let host = cfg.host.rsplit_once(':').map_or(cfg.host.as_str(), |(h, _)| h);
         let ip: std::net::IpAddr = host.trim_matches(['[', ']']).parse().expect("an IP host");
         assert!(ip.is_loopback(), "test registries live on loopback, not {}", cfg.host);
-        cfg.spool_dir = self.dir.path().join("spool");
-        std::fs::create_dir_all(&cfg.spool_dir).unwrap();
+        cfg.transfer = transfer;
         Registry::with_auth(cfg, node.to_string(), auth).expect("registry client")
     }
 
@@ -106,10 +110,41 @@ impl TestRegistry {
     }
 
     pub fn transfer_client_as(&self, prefix: &str, node: &str, auth: RegistryAuth) -> TransferClient {
+        self.transfer_client_tuned(prefix, node, auth, TransferSettings::default())
+    }
+
+    pub fn transfer_client_tuned(
+        &self,
+        prefix: &str,
+        node: &str,
+        auth: RegistryAuth,
+        transfer: TransferSettings,
+    ) -> TransferClient {
         TransferClient {
-            registry: std::sync::Arc::new(self.client_as(prefix, node, auth)),
+            registry: std::sync::Arc::new(self.client_tuned(prefix, node, auth, transfer)),
             transfers: Transfers::new(),
         }
+    }
+
+    /// Stops (`SIGSTOP`) the registry process: its sockets stay open and nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen registry run again (`SIGCONT`).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("the registry runs").id();
+        let ok = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
     }
 
     fn spawn(&mut self) {
