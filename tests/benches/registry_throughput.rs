@@ -6,7 +6,9 @@
 //! - the registry's serve limit — one GET of it with curl to /dev/null;
 //! - in-process SHA-256 with the `sha2` crate the pull verifies with (its SHA-NI path when the CPU has
 //!   it; `openssl dgst -sha256` beside it shows it is the hardware rate), `sha256sum` as a secondary row;
-//! - `skopeo copy` push and pull of the same blob (`--preserve-digests`: no recompression).
+//! - `skopeo copy` push and pull of the same blob (`--preserve-digests`: no recompression);
+//! - the simulator's `snapshot export` to /dev/null and `snapshot import` from a file: the floors under
+//!   vk-cocoon's rows, which include them (the daemon's path is export → push, pull → import).
 //!
 //! A second table pushes and pulls one guest-like snapshot (zero, text-like and random pages) as v1 and as
 //! v2 (zstd, chunked), alternately, for the v2 target: wall time against v1's on the same snapshot.
@@ -327,6 +329,8 @@ async fn measure(
         Row::new("skopeo copy pull", blob_bytes),
         Row::new("vk-cocoon push v1", 0),
         Row::new("vk-cocoon pull v1", 0),
+        Row::new("cocoon export to /dev/null (sim)", 0),
+        Row::new("cocoon import from a file (sim)", 0),
     ];
     let (mut push_hwm, mut pull_hwm, mut layers) = (0, 0, 0);
     for run in 0..runs {
@@ -367,6 +371,25 @@ async fn measure(
         rows[8].bytes = pull.tar_bytes;
         pull_hwm = pull_hwm.max(vm_hwm_kib());
         h.client.snapshot_remove_if_exists("restored").await.unwrap();
+
+        // The simulator's own rates: the floor under the push (export) and the pull (import) rows.
+        let tar = work.join("export.tar");
+        let t = Instant::now();
+        let mut export = h.client.snapshot_export("vm").await.unwrap();
+        let n = tokio::io::copy(&mut export, &mut tokio::io::sink()).await.unwrap();
+        rows[9].times.push(t.elapsed());
+        rows[9].bytes = n;
+        let mut export = h.client.snapshot_export("vm").await.unwrap();
+        let mut f = tokio::fs::File::create(&tar).await.unwrap();
+        tokio::io::copy(&mut export, &mut f).await.unwrap();
+        drop(f);
+        let mut f = tokio::fs::File::open(&tar).await.unwrap();
+        let t = Instant::now();
+        h.client.snapshot_import("restored", &mut f).await.unwrap();
+        rows[10].times.push(t.elapsed());
+        rows[10].bytes = n;
+        std::fs::remove_file(&tar).unwrap();
+        h.client.snapshot_remove_if_exists("restored").await.unwrap();
     }
     Measured {
         rows,
@@ -389,15 +412,19 @@ fn print_table(mib: u64, runs: usize, m: &Measured) {
             5 => format!("{:.0} % of ingest", 100.0 * rate(i) / ingest),
             6 => format!("{:.0} % of min(serve, hash)", 100.0 * rate(i) / pull_limit),
             7 => format!(
-                "{:.0} % of ingest; {:.2}× skopeo",
+                "{:.0} % of ingest; {:.2}× skopeo; {:.0} % of the export",
                 100.0 * rate(i) / ingest,
-                rate(i) / sk_push
+                rate(i) / sk_push,
+                100.0 * rate(i) / rate(9)
             ),
             8 => format!(
-                "{:.0} % of min(serve, hash); {:.2}× skopeo",
+                "{:.0} % of min(serve, hash); {:.2}× skopeo; {:.0} % of the import",
                 100.0 * rate(i) / pull_limit,
-                rate(i) / sk_pull
+                rate(i) / sk_pull,
+                100.0 * rate(i) / rate(10)
             ),
+            9 => "floor under push".into(),
+            10 => "floor under pull".into(),
             _ => String::new(),
         }
     };
