@@ -5,8 +5,8 @@
 //! - [`runtime`]: the typed async client for the `cocoon` CLI.
 //! - [`kubelet`]: the virtual node towards the Kubernetes API (node, lease, pod watch, status).
 //! - [`peer`]: the peer snapshot tier (serving a hibernated guest's files to the node that wakes it).
+//! - [`retry`]: the one retry schedule every wait between two attempts uses.
 
-pub mod backoff;
 pub mod kubelet;
 pub mod kubelet_api;
 pub mod model;
@@ -14,5 +14,6 @@ pub mod peer;
 pub mod policy;
 pub mod provider;
 pub mod registry;
+pub mod retry;
 pub mod runtime;
 pub mod stats;

@@ -3,10 +3,10 @@
 
 use super::config::Timings;
 use super::events::EventSink;
-use super::pods::{Action, CoreConfig, Input, OpKind, OpOutcome, PodKey, PodState, Rejection, pod_key};
-use super::provider::{Provider, ProviderError, ProviderPodStatus};
+use super::pods::{Action, CoreConfig, Input, OpKind, OpOutcome, PodKey, PodState, Rejection, Uid};
+use super::provider::{Next, Provider, ProviderError, ProviderPodStatus};
 use super::status::{WriteOutcome, build_pod_status, publish_status, superseded};
-use crate::backoff::Exponential;
+use crate::retry::Schedule;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,13 +29,19 @@ impl Notifier {
     pub fn notify(&self, key: impl Into<PodKey>) {
         let _ = self.tx.send(Input::Notify { key: key.into() });
     }
+
+    /// Asks for the provider's requeue hook of pod `namespace/name`: at once (`None`), or after the
+    /// next wait of `after`.
+    pub fn requeue(&self, key: impl Into<PodKey>, after: Option<Schedule>) {
+        let _ = self.tx.send(Input::Requeue { key: key.into(), after });
+    }
 }
 
 /// The last status this controller wrote per pod (key → uid, status): a publish is skipped only
 /// when both the watched object and our own last write already say the same thing, so a
 /// snapshot that lags our last write never hides a change.
 #[derive(Default)]
-struct Written(std::sync::Mutex<std::collections::HashMap<PodKey, (String, ProviderPodStatus)>>);
+struct Written(std::sync::Mutex<std::collections::HashMap<PodKey, (Uid, ProviderPodStatus)>>);
 
 impl Written {
     fn unchanged(&self, key: &str, uid: &str, pod: &Pod, status: &ProviderPodStatus) -> bool {
@@ -53,7 +59,7 @@ impl Written {
         self.0
             .lock()
             .expect("written statuses")
-            .insert(key.to_string(), (uid.to_string(), status.clone()));
+            .insert(PodKey::from(key), (Uid::from(uid), status.clone()));
     }
 
     /// The pod object is gone: nothing to compare against any more.
@@ -79,9 +85,10 @@ pub(crate) fn channel() -> (mpsc::UnboundedSender<Input>, mpsc::UnboundedReceive
     (tx, rx, notifier)
 }
 
-fn map_provider(result: Result<(), ProviderError>) -> OpOutcome {
+fn map_provider(result: Result<Next, ProviderError>) -> OpOutcome {
     match result {
-        Ok(()) => OpOutcome::Done,
+        Ok(Next::Done) => OpOutcome::Done,
+        Ok(Next::Requeue(after)) => OpOutcome::Requeue { after },
         Err(ProviderError::Rejected { reason, message }) => OpOutcome::Rejected { reason, message },
         Err(ProviderError::NeedsOperator { reason, message }) => OpOutcome::AwaitingOperator { reason, message },
         Err(e @ (ProviderError::Transient(_) | ProviderError::NotFound(_))) => {
@@ -96,6 +103,7 @@ impl<P: Provider> PodController<P> {
         let mut state = PodState::new(CoreConfig {
             retry_base: self.timings.retry_base,
             retry_max: self.timings.retry_max,
+            jitter_seed: None,
         });
         let workers = Arc::new(Semaphore::new(self.timings.workers.max(1)));
         let written = Arc::new(Written::default());
@@ -118,7 +126,7 @@ impl<P: Provider> PodController<P> {
     fn spawn_watch_pump(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
-        let backoff = Exponential::new(self.timings.watch_backoff_min, self.timings.watch_backoff_max);
+        let backoff = Schedule::backoff(self.timings.watch_backoff_min, self.timings.watch_backoff_max).delays();
         let mut stream = watcher(pods, config).backoff(backoff).boxed();
         let tx = self.tx.clone();
         let node = self.node_name.clone();
@@ -158,15 +166,9 @@ impl<P: Provider> PodController<P> {
                 reason,
                 note,
             } => self.events.record(&pod, warning, &reason, "Sync", note),
-            Action::RetryAfter { key, uid, delay } => {
-                let tx = self.tx.clone();
-                let shutdown = shutdown.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => {}
-                        _ = tokio::time::sleep(delay) => { let _ = tx.send(Input::RetryDue { key, uid }); }
-                    }
-                });
+            Action::RetryAfter { key, uid, delay } => self.after(delay, Input::RetryDue { key, uid }, shutdown),
+            Action::RequeueAfter { key, uid, token, delay } => {
+                self.after(delay, Input::RequeueDue { key, uid, token }, shutdown)
             }
             Action::Run {
                 op,
@@ -183,8 +185,8 @@ impl<P: Provider> PodController<P> {
                     let Ok(_permit) = workers.acquire_owned().await else {
                         return;
                     };
-                    let key = pod_key(&pod);
-                    let uid = pod.uid().unwrap_or_default();
+                    let key = PodKey::of(&pod);
+                    let uid = Uid::of(&pod);
                     let span = tracing::info_span!("pod_op", pod = %key, %uid, op = ?op);
                     let outcome = tracing::Instrument::instrument(
                         run_op(op, &pod, rejection, provider.as_ref(), client, &written),
@@ -193,6 +195,9 @@ impl<P: Provider> PodController<P> {
                     .await;
                     match &outcome {
                         OpOutcome::Done => tracing::debug!(pod = %key, %uid, ?op, "pod operation done"),
+                        OpOutcome::Requeue { after } => {
+                            tracing::debug!(pod = %key, %uid, ?op, ?after, "pod operation done; the provider asks to be asked again")
+                        }
                         OpOutcome::Superseded => {
                             tracing::info!(pod = %key, %uid, ?op, "pod incarnation superseded on the apiserver; write dropped")
                         }
@@ -216,6 +221,20 @@ impl<P: Provider> PodController<P> {
                 });
             }
         }
+    }
+}
+
+impl<P: Provider> PodController<P> {
+    /// Feeds `input` back to the core after `delay` (unless the controller stops first).
+    fn after(&self, delay: std::time::Duration, input: Input, shutdown: &CancellationToken) {
+        let tx = self.tx.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(delay) => { let _ = tx.send(input); }
+            }
+        });
     }
 }
 
@@ -243,12 +262,13 @@ async fn run_op<P: Provider>(
     client: Client,
     written: &Written,
 ) -> OpOutcome {
-    let (key, uid) = (pod_key(pod), pod.uid().unwrap_or_default());
+    let (key, uid) = (PodKey::of(pod), Uid::of(pod));
     let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
     let rejected = |r: &Rejection| ProviderPodStatus::failed(&r.reason, &r.message);
     match op {
         OpKind::Create => map_provider(provider.create_pod(pod).await),
         OpKind::Update => map_provider(provider.update_pod(pod).await),
+        OpKind::Requeue => map_provider(provider.requeue_pod(pod).await),
         OpKind::Delete => match provider.delete_pod(pod).await {
             Ok(()) | Err(ProviderError::NotFound(_)) => OpOutcome::Done,
             Err(e) => OpOutcome::Failed { error: e.to_string() },

@@ -2,7 +2,7 @@
 //! every `Timings::lease_renew` with `Timings::lease_duration` — virtual-kubelet's lease controller.
 
 use super::config::Timings;
-use crate::backoff;
+use crate::retry::Schedule;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -75,6 +75,8 @@ pub async fn renew_once(leases: &Api<Lease>, node: &Node, duration: Duration) ->
 pub async fn run(client: Client, node: Node, timings: Timings, shutdown: CancellationToken) {
     let leases: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
     let mut failures = 0u32;
+    let schedule = Schedule::backoff(Duration::from_millis(100), Duration::from_secs(7));
+    let mut delays = schedule.delays();
     loop {
         let wait = match renew_once(&leases, &node, timings.lease_duration).await {
             Ok(lease) => {
@@ -82,13 +84,13 @@ pub async fn run(client: Client, node: Node, timings: Timings, shutdown: Cancell
                     tracing::info!(node = %node.name_any(), "node lease renewed again after failures");
                 }
                 failures = 0;
+                delays.reset();
                 tracing::debug!(node = %node.name_any(), rv = ?lease.resource_version(), "node lease renewed");
                 timings.lease_renew
             }
             Err(error) => {
                 failures += 1;
-                let delay = backoff::delay(failures, Duration::from_millis(100), Duration::from_secs(7))
-                    .min(timings.lease_renew);
+                let delay = delays.next().unwrap_or(schedule.max()).min(timings.lease_renew);
                 tracing::warn!(node = %node.name_any(), %error, attempt = failures, retry_in = ?delay, "renewing the node lease failed");
                 delay
             }

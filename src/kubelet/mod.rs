@@ -17,6 +17,7 @@ pub mod capacity;
 pub mod config;
 mod controller;
 pub mod events;
+pub mod keys;
 pub mod lease;
 pub mod node;
 pub mod pods;
@@ -30,7 +31,8 @@ pub mod status;
 pub use capacity::{HostResources, MeasureError, measure_host};
 pub use config::{ConfigError, KubeletConfig, Timings};
 pub use controller::Notifier;
-pub use provider::{AgentState, PodPhase, Provider, ProviderError, ProviderPodStatus};
+pub use keys::{PodKey, Uid};
+pub use provider::{AgentState, Next, PodPhase, Provider, ProviderError, ProviderPodStatus};
 
 use controller::PodController;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};

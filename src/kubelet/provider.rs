@@ -32,6 +32,16 @@ impl ProviderError {
     }
 }
 
+/// What a provider operation that did its part asks of the pod controller next (kube-runtime's
+/// `Action`): nothing until the pod changes, or to be asked again — [`Provider::requeue_pod`] —
+/// after the next wait of a schedule. The pod controller owns the waiting: the provider never
+/// sleeps to retry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Next {
+    Done,
+    Requeue(crate::retry::Schedule),
+}
+
 /// Pod phase as the provider sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodPhase {
@@ -158,10 +168,17 @@ pub trait Provider: Send + Sync + 'static {
     fn reconcile(&self, pods: &[Pod]) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
     /// A pod bound to this node that the provider has not run yet.
-    fn create_pod(&self, pod: &Pod) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    fn create_pod(&self, pod: &Pod) -> impl Future<Output = Result<Next, ProviderError>> + Send;
 
     /// The pod object changed (spec, labels or annotations) after a successful create.
-    fn update_pod(&self, pod: &Pod) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    fn update_pod(&self, pod: &Pod) -> impl Future<Output = Result<Next, ProviderError>> + Send;
+
+    /// The provider asked to be asked again ([`Next::Requeue`] or the notifier's requeue): bring
+    /// the pod closer to what it wants (retry a failed transition, an eviction, a recheck).
+    fn requeue_pod(&self, pod: &Pod) -> impl Future<Output = Result<Next, ProviderError>> + Send {
+        let _ = pod;
+        async { Ok(Next::Done) }
+    }
 
     /// The pod is being deleted (deletionTimestamp set, or the object is gone). Only when this
     /// returns Ok (or NotFound) is the terminal status published and the object removed.

@@ -3,7 +3,7 @@
 
 use super::config::KubeletConfig;
 use super::node::{NodeResources, build_node, merge_into_existing, node_status};
-use crate::backoff;
+use crate::retry::Schedule;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -87,6 +87,7 @@ pub async fn register_with_retry(
     shutdown: &CancellationToken,
 ) -> Option<Node> {
     let mut failures = 0;
+    let mut delays = Schedule::backoff(base, max).delays();
     loop {
         match register(nodes, id).await {
             Ok(node) => {
@@ -95,7 +96,7 @@ pub async fn register_with_retry(
             }
             Err(error) => {
                 failures += 1;
-                let delay = backoff::delay(failures, base, max);
+                let delay = delays.next().unwrap_or(max);
                 tracing::warn!(node = %id.config.node_name, %error, attempt = failures, retry_in = ?delay, "registering the node failed");
                 tokio::select! {
                     _ = shutdown.cancelled() => return None,

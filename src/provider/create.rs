@@ -153,7 +153,7 @@ async fn fail_create(
 ) -> Result<(), ProviderError> {
     p.metrics.wake_ended(restoring, false);
     p.fail_op(pod, key, f.reason, "create", &f.message).await;
-    p.state.untrack(key, &super::state::uid_of(pod));
+    p.state.untrack(key, &super::table::uid_of(pod));
     p.notify(key);
     Err(f.to_provider_error())
 }
@@ -201,7 +201,7 @@ async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish 
 /// boots. With a hibernate snapshot it reports `hibernated`; without one there is nothing to
 /// resume and it says so; when the evidence cannot be read the create retries.
 async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec) -> Result<(), ProviderError> {
-    let uid = super::state::uid_of(pod);
+    let uid = super::table::uid_of(pod);
     let vm = spec.vm_name.as_str();
     if p.state
         .intent(key)

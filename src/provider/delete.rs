@@ -28,8 +28,7 @@ pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         )));
     }
     // A retried hibernate or wake of the same pod runs under this lock too: never both at once.
-    let lock = p.state.op_lock(&key);
-    let op = lock.lock().await;
+    let op = p.state.lock_op(&key).await;
     let result = delete_fenced(p, pod, facts, &key).await;
     drop(op);
     p.state.end_delete(&key);

@@ -11,8 +11,7 @@ use crate::runtime::SnapshotRecord;
 
 /// One fork snapshot per source lineage, shared by concurrent forks.
 pub(super) async fn ensure_fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(), Failure> {
-    let lock = p.state.key_lock(&format!("fork:{fork}"));
-    let _guard = lock.lock().await;
+    let _guard = p.state.work_lock(&format!("fork:{fork}")).await;
     match p.ports.runtime.snapshot_inspect(fork).await {
         Ok(_) => return Ok(()),
         Err(e) if e.is_not_found() => {}
@@ -51,8 +50,7 @@ pub(super) async fn ensure_snapshot(
     repo: &str,
     tag: &str,
 ) -> Result<SnapshotRecord, Failure> {
-    let lock = p.state.key_lock(&format!("snapshot:{local}"));
-    let _guard = lock.lock().await;
+    let _guard = p.state.work_lock(&format!("snapshot:{local}")).await;
     match p.ports.runtime.snapshot_inspect(local).await {
         Ok(s) => return Ok(s),
         Err(e) if e.is_not_found() => {}
@@ -102,10 +100,10 @@ pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force:
     if reference.is_empty() {
         return Ok(String::new());
     }
-    let lock = p
+    let _guard = p
         .state
-        .key_lock(&format!("image:{}{reference}", if force { "force " } else { "" }));
-    let _guard = lock.lock().await;
+        .work_lock(&format!("image:{}{reference}", if force { "force " } else { "" }))
+        .await;
     let pull = || async {
         p.ports
             .runtime

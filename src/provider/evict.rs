@@ -8,6 +8,7 @@ use super::CocoonProvider;
 use super::gone::Eviction;
 use super::ports::PatchOutcome;
 use crate::kubelet::ProviderPodStatus;
+use crate::retry::Schedule;
 
 /// Delete attempts before the eviction is handed to the background.
 const ATTEMPTS: u32 = 2;
@@ -64,9 +65,10 @@ impl CocoonProvider {
         let p = self.arc();
         tokio::spawn(async move {
             let mut failures = 0u32;
+            let mut delays = Schedule::backoff(Duration::from_secs(1), p.cfg.timings.evict_retry_max).delays();
             loop {
                 failures += 1;
-                let delay = crate::backoff::delay(failures, Duration::from_secs(1), p.cfg.timings.evict_retry_max);
+                let delay = delays.next().unwrap_or(p.cfg.timings.evict_retry_max);
                 tokio::select! {
                     _ = p.closing.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}

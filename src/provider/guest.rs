@@ -60,7 +60,7 @@ impl CocoonProvider {
     /// Starts the probe of the pod's VM and whatever finishing the boot needs. `wake` marks a
     /// restore from hibernate (it counts in `cocoon_vk_wake_total` when it ends).
     pub(super) async fn finish_boot(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         self.start_probe(pkey, &uid).await;
         if finish == Finish::ReadyNow {
             self.metrics.wake_ended(wake, true);
@@ -282,7 +282,7 @@ impl CocoonProvider {
 
     /// Persists the fixup progress; `failed` is final.
     async fn set_post_clone_state(&self, pod: &Pod, pkey: &str, value: &str) {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let current = self.state.tracked_as(pkey, &uid).and_then(|t| {
             t.pod
                 .metadata
@@ -304,7 +304,7 @@ impl CocoonProvider {
     /// guest after `renew_nudge_after`), then publish Ready — if the boot is still current.
     async fn ready_after_lease(&self, pod: &Pod, pkey: &str, vm: &VmRecord, wake: bool) {
         let t = &self.cfg.timings;
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let windows = super::invariants::renew_nudge(&vm_spec::of_pod(pod));
         let started = Instant::now();
         let mut nudged = false;

@@ -24,7 +24,7 @@ impl CocoonProvider {
     /// Hibernates the tracked pod's VM. Returns false when it failed (reported on the pod with
     /// lifecycle `failed`; the caller owes a retry).
     pub(super) async fn hibernate(&self, pod: &Pod, pkey: &str) -> bool {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
             return true;
         };
@@ -143,7 +143,7 @@ impl CocoonProvider {
 
     /// The guest is saved: clear the runtime annotations, remove the VM, release its leases.
     async fn remove_saved(&self, pod: &Pod, pkey: &str, vm: &VmRecord, drop_nic: bool) -> bool {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         // The id/ip go first, so the operator never pairs the new manifest with a live VMID.
         let cleared = self.clear_runtime(pod, pkey).await;
         if let Err(e) = self.ports.runtime.remove(&vm.id).await {
@@ -188,7 +188,7 @@ impl CocoonProvider {
     /// The VM vanished before this hibernate could save it: hibernated if a snapshot holds its
     /// state, otherwise reported (nothing can be resumed).
     pub(super) async fn settle_vanished(&self, pod: &Pod, pkey: &str, vm: &str) -> bool {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         match hibernate_evidence(self, vm).await {
             HibernateEvidence::Found(_) => {
                 self.finish_hibernated(pod, pkey, &uid).await;
@@ -306,7 +306,7 @@ impl CocoonProvider {
         .await;
         match restored {
             Ok(Ok(Ok(current))) => {
-                let uid = super::state::uid_of(pod);
+                let uid = super::table::uid_of(pod);
                 self.state.refresh_vm(pkey, &uid, current.clone());
                 let ip = self.resolve_ip(&current);
                 self.write_runtime(pod, pkey, &current.id, &ip).await;

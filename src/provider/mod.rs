@@ -42,8 +42,8 @@ mod resume;
 pub mod retry;
 mod serving;
 mod startup;
-pub mod state;
 pub mod status;
+pub mod table;
 pub mod transfer;
 mod update;
 mod wake;
@@ -57,14 +57,14 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{ProbeTimings, ProviderConfig, Timings};
 
-use crate::kubelet::{Provider, ProviderError, ProviderPodStatus};
+use crate::kubelet::{Next, Provider, ProviderError, ProviderPodStatus};
 use crate::model::PodFacts;
 use crate::policy::Policies;
 use crate::runtime::{CocoonRuntime, VmRecord};
 use metrics::ProviderMetrics;
 use ports::{EventRecorder, LeaseError, LeaseReleaser, LeaseSource, PodPatcher, SnapshotRegistry, StatusNotifier};
 use probe::{Prober, Probes};
-use state::State;
+use table::Table;
 
 /// Everything the provider talks to.
 pub struct Ports {
@@ -85,7 +85,7 @@ pub struct CocoonProvider {
     cfg: ProviderConfig,
     ports: Ports,
     policies: Arc<Policies>,
-    state: State,
+    state: Table,
     metrics: ProviderMetrics,
     probes: Probes,
     notifier: OnceLock<Arc<dyn StatusNotifier>>,
@@ -109,7 +109,7 @@ impl CocoonProvider {
             cfg,
             ports,
             policies,
-            state: State::default(),
+            state: Table::default(),
             metrics,
             probes,
             notifier: OnceLock::new(),
@@ -151,7 +151,7 @@ impl CocoonProvider {
         &self.metrics
     }
 
-    pub fn state(&self) -> &State {
+    pub fn state(&self) -> &Table {
         &self.state
     }
 
@@ -243,12 +243,12 @@ impl Provider for CocoonProvider {
         startup::reconcile(self, pods).await
     }
 
-    async fn create_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
-        create::create(self, pod).await
+    async fn create_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+        create::create(self, pod).await.map(|()| Next::Done)
     }
 
-    async fn update_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
-        update::update(self, pod).await
+    async fn update_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+        update::update(self, pod).await.map(|()| Next::Done)
     }
 
     async fn delete_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
@@ -257,7 +257,7 @@ impl Provider for CocoonProvider {
 
     async fn pod_status(&self, pod: &Pod) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let key = crate::kubelet::pods::pod_key(pod);
-        let uid = state::uid_of(pod);
+        let uid = table::uid_of(pod);
         if let Some(terminal) = self.state.terminal_status(&key, &uid) {
             return Ok(Some(terminal));
         }

@@ -16,7 +16,7 @@ const ATTEMPTS: usize = 3;
 impl CocoonProvider {
     /// Stages `state` for `pod`'s incarnation and flushes it; returns whether it was admitted.
     pub(super) async fn set_lifecycle(&self, pod: &Pod, pkey: &str, state: LifecycleState, message: &str) -> bool {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
         let intent = Intent {
             uid,
@@ -81,7 +81,7 @@ impl CocoonProvider {
 
     /// Publish Ready: stage `ready`, land the status (podIP) first, then the annotation, then notify.
     pub(super) async fn publish_ready(&self, pod: &Pod, pkey: &str) {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()));
         let intent = Intent {
             uid,
@@ -144,7 +144,7 @@ impl CocoonProvider {
         if changes.is_empty() {
             return true;
         }
-        self.state.set_annotations(pkey, &super::state::uid_of(pod), changes);
+        self.state.set_annotations(pkey, &super::table::uid_of(pod), changes);
         for attempt in 1..=ATTEMPTS {
             match self.ports.patcher.patch_annotations(pod, changes).await {
                 Ok(PatchOutcome::Applied) => return true,

@@ -18,7 +18,7 @@ use crate::policy::contract::bring_up::HibernateEvidence;
 impl CocoonProvider {
     /// Dispatches what the restart owes `pod` (already tracked by the reconcile).
     pub(super) async fn dispatch_owed(&self, pod: &Pod, key: &str) {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let Some(tracked) = self.state.tracked_as(key, &uid) else {
             return;
         };
@@ -109,7 +109,7 @@ impl CocoonProvider {
 
     /// A CH Windows clone without a fixup marker: restored (its snapshot exists) or fresh?
     async fn classify_drop_nic(&self, pod: &Pod, key: &str, spec: &VmSpec) {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let Some(vm) = self.state.tracked_as(key, &uid).and_then(|t| t.vm) else {
             return;
         };

@@ -26,7 +26,7 @@ fn start_time(pod: &Pod) -> Option<SystemTime> {
 impl PodSource for CocoonProvider {
     fn pods(&self) -> Vec<Pod> {
         let mut out = Vec::new();
-        self.state.for_each_tracked(|_, t| out.push(t.pod.clone()));
+        self.state.for_each_tracked(|_, claim, _| out.push(claim.pod.clone()));
         out
     }
 
@@ -45,13 +45,13 @@ impl PodSource for CocoonProvider {
 impl VmTargets for CocoonProvider {
     fn vm_targets(&self) -> Vec<VmTarget> {
         let mut out = Vec::new();
-        self.state.for_each_tracked(|key, t| {
-            let Some(vm) = &t.vm else { return };
+        self.state.for_each_tracked(|key, t, vm| {
+            let Some(vm) = vm else { return };
             let (namespace, pod) = key.split_once('/').unwrap_or(("", key));
             out.push(VmTarget {
                 namespace: namespace.to_string(),
                 pod: pod.to_string(),
-                uid: t.uid.clone(),
+                uid: t.uid.to_string(),
                 container: first_container(&t.pod),
                 vm_id: vm.id.clone(),
                 vm_name: if vm.name().is_empty() {

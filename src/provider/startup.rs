@@ -77,7 +77,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         .map(|pod| {
             let spec = vm_spec::of_pod(pod);
             PodView {
-                key: crate::kubelet::pods::pod_key(pod),
+                key: crate::kubelet::pods::pod_key(pod).to_string(),
                 vm_id: RuntimeAnnotations::of_pod(pod).vm_id,
                 hibernate: spec.hibernate,
                 vm_name: spec.vm_name,
@@ -89,7 +89,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
     let mut owed: Vec<(Pod, String)> = Vec::new();
     let mut claimed: HashSet<String> = HashSet::new();
     for ((pkey, m), (pod, view)) in matches.into_iter().zip(pods.iter().zip(views.iter())) {
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         let seed = |p: &CocoonProvider| {
             if let Some(intent) =
                 Intent::from_annotations(&uid, pod.metadata.annotations.as_ref().unwrap_or(&Default::default()))
@@ -154,7 +154,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
     let probed: Vec<(String, String)> = owed
         .iter()
         .filter(|(_, k)| p.state.tracked(k).is_some_and(|t| t.vm.is_some()))
-        .map(|(pod, k)| (k.clone(), super::state::uid_of(pod)))
+        .map(|(pod, k)| (k.clone(), super::table::uid_of(pod)))
         .collect();
     let me = p.arc();
     tokio::spawn(async move {

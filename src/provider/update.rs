@@ -85,8 +85,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(());
     }
-    let lock = p.state.op_lock(&key);
-    let _op = lock.lock().await;
+    let _op = p.state.lock_op(&key).await;
     if p.after_transition(&key, &uid, run_transition(p, pod, &key, step).await) {
         p.metrics.lifecycle("update", "ok", "");
     }
@@ -105,7 +104,7 @@ async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transiti
 
 /// A newer CocoonSet generation is acknowledged by re-stamping the current intent.
 async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) {
-    let uid = super::state::uid_of(pod);
+    let uid = super::table::uid_of(pod);
     let generation = lifecycle::pod_generation(pod.metadata.annotations.as_ref().unwrap_or(&Default::default()));
     if let Some(intent) = p
         .state
@@ -119,9 +118,8 @@ async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) 
 impl CocoonProvider {
     /// Hibernates now, or owes a retry when that fails (resume after restart, CreatePod adoption).
     pub(super) async fn hibernate_or_owe(&self, pod: &Pod, key: &str) {
-        let uid = super::state::uid_of(pod);
-        let lock = self.state.op_lock(key);
-        let _op = lock.lock().await;
+        let uid = super::table::uid_of(pod);
+        let _op = self.state.lock_op(key).await;
         let result = self
             .hibernate(pod, key)
             .await
@@ -163,8 +161,7 @@ impl CocoonProvider {
             if !p.state.retry_due(&key, token) {
                 return;
             }
-            let lock = p.state.op_lock(&key);
-            let Ok(_op) = lock.try_lock() else {
+            let Some(_op) = p.state.try_lock_op(&key) else {
                 p.owe_retry(&key, &uid, kind);
                 return;
             };

@@ -284,7 +284,7 @@ impl CocoonProvider {
             .vm_boot_duration
             .with_label_values(&["clone", invariants::backend_label(&spec.backend)])
             .observe(started.elapsed().as_secs_f64());
-        let uid = super::state::uid_of(pod);
+        let uid = super::table::uid_of(pod);
         if !self.state.set_vm(pkey, &uid, vm.clone()) {
             tracing::info!(pod = %pkey, "wake finished for a superseded incarnation");
             return Ok(());

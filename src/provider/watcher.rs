@@ -70,7 +70,7 @@ impl CocoonProvider {
         self.state.end_vm_event(&vm.id);
     }
 
-    async fn on_vm_gone(&self, key: &str, tracked: &super::state::Tracked, vm: &VmRecord) {
+    async fn on_vm_gone(&self, key: &str, tracked: &super::table::Tracked, vm: &VmRecord) {
         if crate::model::vm_spec::of_pod(&tracked.pod).hibernate || self.state.is_deleting(key) {
             tracing::debug!(pod = %key, vm = %vm.id, "vm event ignored: the pod is hibernating or being deleted");
             return;

@@ -7,7 +7,7 @@
 
 use super::errors::RuntimeError;
 use super::parse::{VmEvent, decode_event_line};
-use crate::backoff::Exponential;
+use crate::retry::{Delays, Schedule};
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use std::time::Duration;
@@ -34,27 +34,32 @@ impl Default for WatchBackoff {
     }
 }
 
-/// Backoff state of the event stream: `initial`, doubling, capped at `max`; `reset` after a
-/// good start; a fixed delay after a clean end.
-#[derive(Debug, Clone)]
+/// Backoff state of the event stream: `initial`, doubling, capped at `max` (jittered, the
+/// daemon's [`Schedule`]); `reset` after a good start; a fixed delay after a clean end.
+#[derive(Debug)]
 pub struct Backoff {
     cfg: WatchBackoff,
-    failures: Exponential,
+    failures: Delays,
 }
 
 impl Backoff {
     pub fn new(cfg: WatchBackoff) -> Self {
+        Self::with(cfg, Schedule::backoff(cfg.initial, cfg.max))
+    }
+
+    fn with(cfg: WatchBackoff, schedule: Schedule) -> Self {
         Backoff {
             cfg,
-            failures: Exponential::new(cfg.initial, cfg.max),
+            failures: schedule.delays(),
         }
     }
+
     /// The delay before the next attempt after a failure; doubles the following one.
     pub fn on_failure(&mut self) -> Duration {
         self.failures.next().unwrap_or(self.cfg.max)
     }
     pub fn reset(&mut self) {
-        kube::runtime::utils::Backoff::reset(&mut self.failures);
+        self.failures.reset();
     }
     pub fn clean_end(&self) -> Duration {
         self.cfg.after_clean_end
@@ -194,7 +199,8 @@ mod tests {
 
     #[test]
     fn backoff_doubles_caps_and_resets() {
-        let mut b = Backoff::new(WatchBackoff::default());
+        let cfg = WatchBackoff::default();
+        let mut b = Backoff::with(cfg, Schedule::backoff(cfg.initial, cfg.max).exact());
         let got: Vec<u64> = (0..8).map(|_| b.on_failure().as_secs()).collect();
         assert_eq!(got, vec![1, 2, 4, 8, 16, 32, 60, 60]);
         b.reset();
@@ -286,20 +292,31 @@ mod tests {
             })
             .collect();
         // fail 10, fail 20, (a line: reset) abnormal end 10, fail 20, (a line: reset) clean end 7,
-        // end without lines 10, fail 20, fail 25 (capped)
-        assert_eq!(
-            delays,
-            vec![
-                (10, false),
-                (20, false),
-                (10, false),
-                (20, false),
-                (7, true),
-                (10, false),
-                (20, false),
-                (25, false)
-            ]
-        );
+        // end without lines 10, fail 20, fail 25 (capped). Failures wait the nominal delay jittered
+        // down by at most half; a clean end waits its fixed delay.
+        let nominal = [
+            (10, false),
+            (20, false),
+            (10, false),
+            (20, false),
+            (7, true),
+            (10, false),
+            (20, false),
+            (25, false),
+        ];
+        assert_eq!(delays.len(), nominal.len(), "{delays:?}");
+        for ((got, clean), (want, want_clean)) in delays.iter().zip(nominal) {
+            assert_eq!(*clean, want_clean, "{delays:?}");
+            if want_clean {
+                assert_eq!(*got, want, "{delays:?}");
+            } else {
+                assert!(
+                    *got >= want / 2 && *got <= want,
+                    "{got} ms outside [{}, {want}]: {delays:?}",
+                    want / 2
+                );
+            }
+        }
         assert_eq!(*calls.lock().unwrap(), 8);
         let events: Vec<_> = items.iter().filter(|i| matches!(i, WatchItem::Event(_))).collect();
         assert_eq!(events.len(), 2, "garbage and blank lines are skipped: {items:?}");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::kubelet::{
-    AgentState, HostResources, KubeletConfig, PodPhase, Provider, ProviderError, ProviderPodStatus, Timings,
+    AgentState, HostResources, KubeletConfig, Next, PodPhase, Provider, ProviderError, ProviderPodStatus, Timings,
     VirtualNode,
 };
 
@@ -84,7 +84,7 @@ impl Provider for RecordingProvider {
         }
     }
 
-    async fn create_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
+    async fn create_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
         self.record("create", pod);
         if self.reject_name.lock().unwrap().as_deref() == Some(pod.name_any().as_str()) {
             return Err(ProviderError::Rejected {
@@ -101,12 +101,12 @@ impl Provider for RecordingProvider {
         }
         let n = self.next_ip.fetch_add(1, Ordering::SeqCst) + 2;
         self.running.lock().unwrap().insert(pod.uid().unwrap_or_default(), n);
-        Ok(())
+        Ok(Next::Done)
     }
 
-    async fn update_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
+    async fn update_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
         self.record("update", pod);
-        Ok(())
+        Ok(Next::Done)
     }
 
     async fn delete_pod(&self, pod: &Pod) -> Result<(), ProviderError> {

@@ -1,0 +1,177 @@
+use super::*;
+use crate::provider::lifecycle::{self, Dropped, Intent, LifecycleState};
+
+fn pod(uid: &str) -> Pod {
+    let mut p = Pod::default();
+    p.metadata.uid = Some(uid.into());
+    p
+}
+
+fn intent(uid: &str, state: LifecycleState) -> Intent {
+    Intent {
+        uid: uid.into(),
+        state,
+        generation: 0,
+        message: String::new(),
+    }
+}
+
+fn vm(id: &str) -> VmRecord {
+    VmRecord {
+        id: id.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_stale_incarnation_cannot_write_after_a_new_one_claims_the_key() {
+    let s = Table::default();
+    s.track("ns/p", &pod("u1"), "vm");
+    s.stage_intent("ns/p", intent("u1", LifecycleState::Creating), None)
+        .unwrap();
+    s.track("ns/p", &pod("u2"), "vm");
+    assert_eq!(
+        s.intent("ns/p"),
+        None,
+        "the old incarnation's intent is dropped on claim"
+    );
+    assert_eq!(
+        s.stage_intent("ns/p", intent("u1", LifecycleState::Failed), None),
+        Err(Dropped::OtherIncarnation)
+    );
+    s.stage_intent("ns/p", intent("u2", LifecycleState::Ready), None)
+        .unwrap();
+    let t = s.tracked("ns/p").unwrap();
+    assert_eq!(t.pod.metadata.annotations.unwrap()[lifecycle::STATE], "ready");
+}
+
+#[test]
+fn vms_index_by_name_and_forget_clears_everything_of_that_incarnation() {
+    let s = Table::default();
+    s.track("ns/p", &pod("u1"), "vm");
+    assert!(!s.set_vm("ns/p", "u0", vm("x")));
+    assert!(s.set_vm("ns/p", "u1", vm("id1")));
+    assert_eq!(s.vm_by_name("vm").unwrap().id, "id1");
+    assert_eq!(s.pod_of_vm("id1", "").map(|(k, _)| k).as_deref(), Some("ns/p"));
+    s.stage_intent("ns/p", intent("u1", LifecycleState::Ready), None)
+        .unwrap();
+    s.forget("ns/p", "u1", "vm");
+    assert!(s.tracked("ns/p").is_none() && s.vm_by_name("vm").is_none() && s.intent("ns/p").is_none());
+    assert_eq!(s.records(), 0, "nothing of the pod is left");
+}
+
+#[test]
+fn an_owed_retry_doubles_and_is_dropped_with_its_incarnation() {
+    let s = Table::default();
+    s.track("ns/p", &pod("u1"), "vm");
+    let (min, max) = (Duration::from_secs(15), Duration::from_secs(300));
+    let (d1, t1) = s.owe_retry("ns/p", "u1", min, max);
+    let (d2, t2) = s.owe_retry("ns/p", "u1", min, max);
+    assert_eq!((d1, d2), (min, min * 2));
+    assert!(!s.retry_due("ns/p", t1), "a later schedule supersedes the earlier one");
+    assert!(s.retry_due("ns/p", t2));
+    s.track("ns/p", &pod("u2"), "vm");
+    assert!(
+        !s.retry_due("ns/p", t2),
+        "owed only while the same incarnation is tracked"
+    );
+    let (_, t3) = s.owe_retry("ns/p", "u2", min, max);
+    s.forget("ns/p", "u2", "vm");
+    assert!(
+        !s.retry_due("ns/p", t3) && s.owed_retry("ns/p").is_none(),
+        "forgetting the pod drops its retry"
+    );
+}
+
+#[test]
+fn the_delete_fence_admits_one() {
+    let s = Table::default();
+    assert!(s.begin_delete("k"));
+    assert!(!s.begin_delete("k"));
+    s.end_delete("k");
+    assert!(s.begin_delete("k"));
+}
+
+#[tokio::test]
+async fn the_operation_lock_is_one_per_pod_and_goes_with_its_record() {
+    let s = Table::default();
+    s.track("ns/p", &pod("u1"), "vm");
+    let held = s.lock_op("ns/p").await;
+    assert!(s.try_lock_op("ns/p").is_none(), "one operation at a time");
+    assert!(s.try_lock_op("ns/q").is_some(), "another pod's lock is its own");
+    drop(held);
+    assert!(s.try_lock_op("ns/p").is_some());
+    s.forget("ns/p", "u1", "vm");
+    assert_eq!(s.records(), 0, "a forgotten pod leaves no lock behind");
+    // A lock taken for a pod the table does not know (a delete of an untracked pod) goes too.
+    drop(s.lock_op("ns/gone").await);
+    assert_eq!(s.records(), 0);
+    // While held, the record stays even when everything else of it is forgotten.
+    s.track("ns/p", &pod("u1"), "vm");
+    let held = s.lock_op("ns/p").await;
+    s.forget("ns/p", "u1", "vm");
+    assert_eq!(s.records(), 1);
+    drop(held);
+    assert_eq!(s.records(), 0);
+}
+
+#[test]
+fn records_of_fences_guest_work_and_failed_creates_are_pruned() {
+    let s = Table::default();
+    assert!(s.claim_resume("ns/a"));
+    assert!(!s.claim_resume("ns/a"));
+    s.release_resume("ns/a");
+    s.begin_delete("ns/b");
+    s.end_delete("ns/b");
+    let work = s.begin_guest_work("ns/c", "u1");
+    s.end_guest_work("ns/c", &work);
+    assert_eq!(s.records(), 0);
+    // A failed create keeps its intent (re-flushed later), then the next incarnation replaces it.
+    s.track("ns/d", &pod("u1"), "vm");
+    s.stage_intent("ns/d", intent("u1", LifecycleState::Failed), Some(&pod("u1")))
+        .unwrap();
+    s.untrack("ns/d", "u1");
+    assert_eq!(s.unflushed().len(), 1);
+    s.drop_intent("ns/d", "u1");
+    assert_eq!(s.records(), 0);
+}
+
+#[test]
+fn an_evicted_incarnation_keeps_its_final_status_until_a_new_one_claims_the_key() {
+    let s = Table::default();
+    s.track("ns/p", &pod("u1"), "vm");
+    s.set_vm("ns/p", "u1", vm("id1"));
+    s.evicted("ns/p", "u1", ProviderPodStatus::failed("VMGone", "gone"));
+    assert!(s.tracked("ns/p").is_none() && s.vm_count() == 0);
+    assert_eq!(
+        s.terminal_status("ns/p", "u1").unwrap().reason.as_deref(),
+        Some("VMGone")
+    );
+    assert!(s.terminal_status("ns/p", "u2").is_none());
+    s.track("ns/p", &pod("u2"), "vm");
+    assert!(s.terminal_status("ns/p", "u1").is_none());
+}
+
+#[test]
+fn the_watchers_memory_lives_on_the_vms_row() {
+    let s = Table::default();
+    s.track("ns/p", &pod("u1"), "vm");
+    s.set_vm("ns/p", "u1", vm("id1"));
+    assert!(s.begin_vm_event("id1") && !s.begin_vm_event("id1"));
+    s.end_vm_event("id1");
+    assert!(s.begin_recheck("id1") && !s.begin_recheck("id1"));
+    s.end_recheck("id1");
+    let at = Instant::now();
+    s.record_restart("id1", at);
+    assert_eq!(s.last_restart("id1"), Some(at));
+    assert!(s.refresh_vm("ns/p", "u1", vm("id1")));
+    assert_eq!(s.last_restart("id1"), Some(at), "a refresh keeps it");
+    assert!(!s.refresh_vm("ns/p", "u1", vm("id2")), "another VM is not a refresh");
+    s.detach_vm("ns/p", "u1", true);
+    assert!(s.tracked("ns/p").unwrap().hibernated);
+    assert_eq!(s.last_restart("id1"), None, "gone with its VM");
+    assert!(
+        !s.begin_vm_event("id1"),
+        "no events are handled for a VM the table lost"
+    );
+}
