@@ -19,7 +19,7 @@ use super::metrics::ProviderMetrics;
 use super::plan;
 use super::reconcile::OwedOp;
 use super::wake::restore;
-use crate::kubelet::ProviderError;
+use crate::kubelet::{Next, ProviderError};
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, first_container_resources, pod_facts, vm_spec};
 use crate::policy::contract::bring_up::{self, CloneOptions, ClonePlan, ForkPlan, HibernateEvidence, Outcome, Plan};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
@@ -56,7 +56,7 @@ fn fresh(vm: VmRecord, origin: BootOrigin, source_image: String) -> BroughtUp {
     }
 }
 
-pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
+pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<Next, ProviderError> {
     let facts = pod_facts(pod);
     let key = facts.key();
     let uid = facts.uid.clone();
@@ -99,7 +99,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     // 3. Claim the incarnation.
     p.state.track(&key, pod, &spec.vm_name);
     if spec.managed && spec.hibernate {
-        return stay_hibernated(p, pod, &key, &spec).await;
+        return stay_hibernated(p, pod, &key, &spec).await.map(|()| Next::Done);
     }
     p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
 
@@ -131,7 +131,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     let ip = p.resolve_ip(&vm);
     if !p.state.set_vm(&key, &uid, vm.clone()) {
         tracing::info!(pod = %key, "create finished for a superseded incarnation");
-        return Ok(());
+        return Ok(Next::Done);
     }
     if spec.managed {
         p.write_runtime(pod, &key, &vm.id, &ip).await;
@@ -141,16 +141,16 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     p.finish_boot(pod, &key, &vm, up.finish, up.restoring).await;
     p.metrics
         .lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
-    Ok(())
+    Ok(Next::Done)
 }
 
-async fn fail_create(
+async fn fail_create<T>(
     p: &CocoonProvider,
     key: &str,
     pod: &Pod,
     restoring: bool,
     f: Failure,
-) -> Result<(), ProviderError> {
+) -> Result<T, ProviderError> {
     p.metrics.wake_ended(restoring, false);
     p.fail_op(pod, key, f.reason, "create", &f.message).await;
     p.state.untrack(key, &super::table::uid_of(pod));
@@ -166,10 +166,11 @@ async fn adopt_tracked(
     key: &str,
     spec: &VmSpec,
     vm: VmRecord,
-) -> Result<(), ProviderError> {
+) -> Result<Next, ProviderError> {
     p.state.refresh(key, pod);
+    let mut next = Next::Done;
     if spec.managed && spec.hibernate {
-        p.hibernate_or_owe(pod, key).await;
+        next = p.hibernate_or_owe(pod, key).await;
     } else if p.state.guest_work_running(key) {
         p.notify(key);
     } else {
@@ -181,7 +182,7 @@ async fn adopt_tracked(
         p.finish_boot(pod, key, &vm, finish, false).await;
     }
     p.metrics.lifecycle("create", "ok", "adopted");
-    Ok(())
+    Ok(next)
 }
 
 /// What an adopted VM still needs, from the markers its pod carries (behaviour spec §4h).

@@ -39,7 +39,6 @@ mod reclaim;
 pub mod reconcile;
 mod registry_adapter;
 mod resume;
-pub mod retry;
 mod serving;
 mod startup;
 pub mod status;
@@ -161,6 +160,14 @@ impl CocoonProvider {
         self.probes.stop_all();
     }
 
+    /// Asks the pod controller for the requeue hook of the pod after the next wait of `after`
+    /// (work owed outside a pod operation).
+    fn requeue(&self, key: &str, after: crate::retry::Schedule) {
+        if let Some(n) = self.notifier.get() {
+            n.requeue(key, after);
+        }
+    }
+
     fn notify(&self, key: &str) {
         self.metrics
             .vm_table_size
@@ -244,11 +251,15 @@ impl Provider for CocoonProvider {
     }
 
     async fn create_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
-        create::create(self, pod).await.map(|()| Next::Done)
+        create::create(self, pod).await
     }
 
     async fn update_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
-        update::update(self, pod).await.map(|()| Next::Done)
+        update::update(self, pod).await
+    }
+
+    async fn requeue_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+        update::requeue(self, pod).await
     }
 
     async fn delete_pod(&self, pod: &Pod) -> Result<(), ProviderError> {

@@ -143,11 +143,19 @@ pub trait EventRecorder: Send + Sync {
 /// Notifies the virtual node that a pod's status changed.
 pub trait StatusNotifier: Send + Sync {
     fn notify(&self, key: &str);
+
+    /// Asks the pod controller to call [`crate::kubelet::Provider::requeue_pod`] for the pod after
+    /// the next wait of `after` (work owed outside a pod operation: a resumed hibernate).
+    fn requeue(&self, key: &str, after: crate::retry::Schedule);
 }
 
 impl StatusNotifier for crate::kubelet::Notifier {
     fn notify(&self, key: &str) {
-        crate::kubelet::Notifier::notify(self, key.to_string());
+        crate::kubelet::Notifier::notify(self, key);
+    }
+
+    fn requeue(&self, key: &str, after: crate::retry::Schedule) {
+        crate::kubelet::Notifier::requeue(self, key, Some(after));
     }
 }
 

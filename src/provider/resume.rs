@@ -12,6 +12,7 @@ use super::CocoonProvider;
 use super::create::hibernate_evidence;
 use super::guest::Finish;
 use super::reconcile::{OwedOp, owed_for};
+use crate::kubelet::Next;
 use crate::model::{VmSpec, vm_spec};
 use crate::policy::contract::bring_up::HibernateEvidence;
 
@@ -45,7 +46,11 @@ impl CocoonProvider {
                 let (p, pod, key) = (self.arc(), pod.clone(), key.to_string());
                 tokio::spawn(async move {
                     match op {
-                        OwedOp::Hibernate => p.hibernate_or_owe(&pod, &key).await,
+                        OwedOp::Hibernate => {
+                            if let Next::Requeue(after) = p.hibernate_or_owe(&pod, &key).await {
+                                p.requeue(&key, after);
+                            }
+                        }
                         OwedOp::FinishHibernate => p.finish_interrupted_hibernate(&pod, &key, &spec.vm_name).await,
                         _ => p.classify_drop_nic(&pod, &key, &spec).await,
                     }

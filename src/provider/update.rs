@@ -1,17 +1,19 @@
 //! UpdatePod (lifecycle document; behaviour spec §3.4, decision 10): the only update honoured is
 //! the hibernate transition. The CPU-class gate runs first, so a wake never resumes a snapshot on
-//! a foreign CPU class. A failed hibernate or wake is reported on the pod and retried in the
-//! background (15 s doubling to 5 min) while the same incarnation is tracked; it is not returned
-//! as an error. Any other update is a no-op that publishes nothing (no status echo).
+//! a foreign CPU class. A failed hibernate or wake is reported on the pod and owed a retry: the
+//! operation returns [`Next::Requeue`] with the retry's schedule (15 s doubling to 5 min,
+//! jittered), the pod controller waits it out and calls [`requeue`], while the same incarnation
+//! is tracked; it is not returned as an error. Any other update is a no-op that publishes nothing (no status echo).
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use super::lifecycle;
-use crate::kubelet::ProviderError;
+use crate::kubelet::{Next, ProviderError};
 use crate::model::{pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::RefusalKind;
+use crate::retry::Schedule;
 
 /// What an update asks of the provider (§3.4 decision table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +46,7 @@ pub fn transition(was: bool, now: bool, has_vm: bool, hibernated: bool) -> Trans
     owed_step(now, has_vm, hibernated)
 }
 
-pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
+pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<Next, ProviderError> {
     let facts = pod_facts(pod);
     let key = facts.key();
     let uid = facts.uid.clone();
@@ -62,14 +64,14 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     }
     let Some(tracked) = p.state.tracked_as(&key, &uid) else {
         p.metrics.lifecycle("update", "skipped", "noop");
-        return Ok(());
+        return Ok(Next::Done);
     };
     p.state.refresh(&key, pod);
     let spec = vm_spec::of_pod(pod);
     if !spec.managed {
         // Decision 8: an unmanaged VM is not ours to hibernate.
         p.metrics.lifecycle("update", "skipped", "noop");
-        return Ok(());
+        return Ok(Next::Done);
     }
     let step = transition(
         vm_spec::of_pod(&tracked.pod).hibernate,
@@ -83,13 +85,14 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<(), Provider
     if step == Transition::Noop {
         republish_if_generation_rose(p, pod, &key).await;
         p.metrics.lifecycle("update", "skipped", "noop");
-        return Ok(());
+        return Ok(Next::Done);
     }
     let _op = p.state.lock_op(&key).await;
-    if p.after_transition(&key, &uid, run_transition(p, pod, &key, step).await) {
+    let result = run_transition(p, pod, &key, step).await;
+    if result.is_ok() {
         p.metrics.lifecycle("update", "ok", "");
     }
-    Ok(())
+    Ok(p.after_transition(&key, &uid, result))
 }
 
 /// `Err(kind)`: the transition failed (reported on the pod), and `kind` says what a retry can do.
@@ -115,9 +118,38 @@ async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) 
     }
 }
 
+/// The provider's requeue hook: runs the retry owed to the pod's failed hibernate or wake, if the
+/// same incarnation is still owed one and still wants that transition; asks to be asked again
+/// while an operation of the pod (a resumed hibernate) holds its lock.
+pub(super) async fn requeue(p: &CocoonProvider, pod: &Pod) -> Result<Next, ProviderError> {
+    let (key, uid) = (crate::kubelet::PodKey::of(pod), super::table::uid_of(pod));
+    let Some(owed) = p.state.owed_retry_of(&key, &uid) else {
+        return Ok(Next::Done);
+    };
+    let Some(_op) = p.state.try_lock_op(&key) else {
+        return Ok(Next::Requeue(owed.schedule));
+    };
+    let Some(tracked) = p.state.tracked_as(&key, &uid) else {
+        return Ok(Next::Done);
+    };
+    let step = owed_step(
+        vm_spec::of_pod(&tracked.pod).hibernate,
+        tracked.vm.is_some(),
+        tracked.hibernated,
+    );
+    if !matches!(step, Transition::Hibernate | Transition::Wake) {
+        p.state.settle_retry(&key, &uid);
+        return Ok(Next::Done);
+    }
+    tracing::info!(pod = %key, ?step, "retrying the owed transition");
+    let result = run_transition(p, &tracked.pod, &key, step).await;
+    Ok(p.after_transition(&key, &uid, result))
+}
+
 impl CocoonProvider {
-    /// Hibernates now, or owes a retry when that fails (resume after restart, CreatePod adoption).
-    pub(super) async fn hibernate_or_owe(&self, pod: &Pod, key: &str) {
+    /// Hibernates now, or owes a retry when that fails (resume after restart, CreatePod adoption):
+    /// what the pod controller should do next.
+    pub(super) async fn hibernate_or_owe(&self, pod: &Pod, key: &str) -> Next {
         let uid = super::table::uid_of(pod);
         let _op = self.state.lock_op(key).await;
         let result = self
@@ -125,62 +157,38 @@ impl CocoonProvider {
             .await
             .then_some(())
             .ok_or(RefusalKind::RetryLater);
-        self.after_transition(key, &uid, result);
+        self.after_transition(key, &uid, result)
     }
 
     /// After a hibernate or wake: nothing owed once it worked; when it failed, the retry its
     /// kind says (backoff, the slowest pace while an operator must act, none when only a
-    /// change of the pod can help). The status is republished either way. Returns whether it
-    /// worked.
-    fn after_transition(&self, key: &str, uid: &str, result: Result<(), RefusalKind>) -> bool {
-        match result {
-            Ok(()) | Err(RefusalKind::Permanent) => self.state.settle_retry(key, uid),
-            Err(kind) => self.owe_retry(key, uid, kind),
-        }
+    /// change of the pod can help), for the pod controller to schedule. The status is
+    /// republished either way.
+    fn after_transition(&self, key: &str, uid: &str, result: Result<(), RefusalKind>) -> Next {
+        let next = match result {
+            Ok(()) | Err(RefusalKind::Permanent) => {
+                self.state.settle_retry(key, uid);
+                Next::Done
+            }
+            Err(kind) => {
+                let schedule = self.retry_schedule(kind);
+                self.state.owe_retry(key, uid, schedule);
+                tracing::info!(pod = %key, ?kind, "hibernate/wake failed; retry owed");
+                Next::Requeue(schedule)
+            }
+        };
         self.notify(key);
-        result.is_ok()
+        next
     }
 
-    /// Schedules the next retry of the pod's failed transition (decision 10): doubling from the
-    /// minimum, or at the cap when an operator must act. A due retry yields to an operation in
-    /// flight, and is dropped once the incarnation is forgotten.
-    pub(super) fn owe_retry(&self, key: &str, uid: &str, kind: RefusalKind) {
+    /// The schedule of a failed transition's retries (decision 10): doubling from the minimum to
+    /// the cap, or at the cap when an operator must act.
+    fn retry_schedule(&self, kind: RefusalKind) -> Schedule {
         let t = &self.cfg.timings;
-        let min = match kind {
-            RefusalKind::NeedsOperator => t.op_retry_max,
-            RefusalKind::RetryLater | RefusalKind::Permanent => t.op_retry_min,
-        };
-        let (delay, token) = self.state.owe_retry(key, uid, min, t.op_retry_max);
-        tracing::info!(pod = %key, ?delay, "hibernate/wake failed; retry owed");
-        let (p, key, uid) = (self.arc(), key.to_string(), uid.to_string());
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = p.closing.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            if !p.state.retry_due(&key, token) {
-                return;
-            }
-            let Some(_op) = p.state.try_lock_op(&key) else {
-                p.owe_retry(&key, &uid, kind);
-                return;
-            };
-            let Some(tracked) = p.state.tracked_as(&key, &uid) else {
-                return;
-            };
-            let step = owed_step(
-                vm_spec::of_pod(&tracked.pod).hibernate,
-                tracked.vm.is_some(),
-                tracked.hibernated,
-            );
-            if !matches!(step, Transition::Hibernate | Transition::Wake) {
-                p.state.settle_retry(&key, &uid);
-                return;
-            }
-            tracing::info!(pod = %key, ?step, "retrying");
-            let result = run_transition(&p, &tracked.pod, &key, step).await;
-            p.after_transition(&key, &uid, result);
-        });
+        match kind {
+            RefusalKind::NeedsOperator => Schedule::every(t.op_retry_max),
+            RefusalKind::RetryLater | RefusalKind::Permanent => Schedule::backoff(t.op_retry_min, t.op_retry_max),
+        }
     }
 }
 

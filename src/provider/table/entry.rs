@@ -62,14 +62,12 @@ pub struct GuestWork {
     pub stop: CancellationToken,
 }
 
-/// A failed hibernate or wake owed a retry (decision 10).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A failed hibernate or wake owed a retry (decision 10). The pod controller waits it out on
+/// `schedule` and calls the provider's requeue hook, which runs the retry.
+#[derive(Debug, Clone, PartialEq)]
 pub struct OwedRetry {
     pub uid: Uid,
-    /// The delay the retry was scheduled with (the next one doubles it).
-    pub delay: std::time::Duration,
-    /// Identifies the scheduled retry: a later schedule supersedes it.
-    pub token: u64,
+    pub schedule: crate::retry::Schedule,
 }
 
 #[derive(Debug, Default)]

@@ -22,6 +22,7 @@ pub use locks::{KeyedGuard, KeyedLocks};
 pub use vms::{VmRow, VmTable};
 
 use crate::kubelet::{PodKey, ProviderPodStatus, Uid};
+use crate::retry::Schedule;
 use crate::runtime::VmRecord;
 
 /// A copy of a tracked pod's row.
@@ -538,31 +539,20 @@ impl Table {
 
     // ---- owed retries (decision 10) ----
 
-    /// Schedules the next retry of incarnation `uid`: returns the delay (`min` the first time,
-    /// then doubling up to `max`) and the token identifying this schedule.
-    pub fn owe_retry(&self, key: &str, uid: &str, min: Duration, max: Duration) -> (Duration, u64) {
-        let mut s = self.lock();
-        s.next_token += 1;
-        let token = s.next_token;
-        let e = s.entry(key);
-        let previous = e.retry.as_ref().filter(|r| r.uid == uid).map(|r| r.delay);
-        let delay = super::retry::next_delay(previous, min, max);
-        e.retry = Some(OwedRetry {
+    /// Owes incarnation `uid` a retry of its failed transition, on `schedule`.
+    pub fn owe_retry(&self, key: &str, uid: &str, schedule: Schedule) {
+        self.lock().entry(key).retry = Some(OwedRetry {
             uid: Uid::from(uid),
-            delay,
-            token,
+            schedule,
         });
-        (delay, token)
     }
 
-    /// Whether the retry scheduled with `token` is still the one owed to the tracked incarnation.
-    pub fn retry_due(&self, key: &str, token: u64) -> bool {
+    /// The retry owed to incarnation `uid` while it is tracked.
+    pub fn owed_retry_of(&self, key: &str, uid: &str) -> Option<OwedRetry> {
         let s = self.lock();
-        s.pods.get(key).is_some_and(|e| {
-            e.retry
-                .as_ref()
-                .is_some_and(|r| r.token == token && e.claim_of(&r.uid).is_some())
-        })
+        let e = s.pods.get(key)?;
+        e.claim_of(uid)?;
+        e.retry.clone().filter(|r| r.uid == uid)
     }
 
     pub fn owed_retry(&self, key: &str) -> Option<OwedRetry> {

@@ -61,26 +61,21 @@ fn vms_index_by_name_and_forget_clears_everything_of_that_incarnation() {
 }
 
 #[test]
-fn an_owed_retry_doubles_and_is_dropped_with_its_incarnation() {
+fn an_owed_retry_is_dropped_with_its_incarnation() {
     let s = Table::default();
     s.track("ns/p", &pod("u1"), "vm");
-    let (min, max) = (Duration::from_secs(15), Duration::from_secs(300));
-    let (d1, t1) = s.owe_retry("ns/p", "u1", min, max);
-    let (d2, t2) = s.owe_retry("ns/p", "u1", min, max);
-    assert_eq!((d1, d2), (min, min * 2));
-    assert!(!s.retry_due("ns/p", t1), "a later schedule supersedes the earlier one");
-    assert!(s.retry_due("ns/p", t2));
+    let schedule = Schedule::backoff(Duration::from_secs(15), Duration::from_secs(300));
+    s.owe_retry("ns/p", "u1", schedule);
+    assert_eq!(s.owed_retry_of("ns/p", "u1").map(|r| r.schedule), Some(schedule));
     s.track("ns/p", &pod("u2"), "vm");
     assert!(
-        !s.retry_due("ns/p", t2),
-        "owed only while the same incarnation is tracked"
+        s.owed_retry_of("ns/p", "u2").is_none(),
+        "owed only to the incarnation that failed"
     );
-    let (_, t3) = s.owe_retry("ns/p", "u2", min, max);
+    s.owe_retry("ns/p", "u2", schedule);
     s.forget("ns/p", "u2", "vm");
-    assert!(
-        !s.retry_due("ns/p", t3) && s.owed_retry("ns/p").is_none(),
-        "forgetting the pod drops its retry"
-    );
+    assert!(s.owed_retry("ns/p").is_none(), "forgetting the pod drops its retry");
+    assert_eq!(s.records(), 0, "and the record with it");
 }
 
 #[test]
