@@ -8,7 +8,10 @@ mod cli;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    cli::init_logging();
+    if let Err(error) = cli::init_logging() {
+        eprintln!("error: {error:#}");
+        return ExitCode::from(2);
+    }
     match cli::run(cli) {
         Ok(code) => code,
         Err(error) => {

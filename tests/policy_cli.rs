@@ -31,6 +31,29 @@ fn policies_dir() -> String {
 }
 
 #[test]
+fn an_invalid_log_level_or_format_is_an_error_naming_the_variable() {
+    for (var, value) in [("VK_LOG_LEVEL", "info,vk_cocoon=loud"), ("VK_LOG_FORMAT", "xml")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"))
+            .args(["policy", "test", &policies_dir()])
+            .env(var, value)
+            .output()
+            .expect("run vk-cocoon");
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {}", stderr(&out));
+        assert!(stderr(&out).contains(var), "{}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "nothing ran: {}", stdout(&out));
+    }
+    // Valid values run the command (the tables) as usual.
+    let out = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"))
+        .args(["policy", "test", &policies_dir()])
+        .env("VK_LOG_FORMAT", "json")
+        .env("VK_LOG_LEVEL", "info,vk_cocoon::policy=debug")
+        .output()
+        .expect("run vk-cocoon");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).ends_with("0 failed\n"), "{}", stdout(&out));
+}
+
+#[test]
 fn the_default_tables_pass_and_the_report_ends_with_the_counts() {
     let out = vk_cocoon(&["policy", "test", &policies_dir()]);
     let text = stdout(&out);

@@ -31,14 +31,25 @@ enum Command {
     Run(run::RunArgs),
 }
 
-/// Structured logs on stderr; the level comes from `VK_LOG_LEVEL` (default `info`), which also
-/// accepts `tracing` filter directives such as `vk_cocoon::policy=debug`.
-pub fn init_logging() {
-    let filter = std::env::var("VK_LOG_LEVEL").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .try_init();
+/// Structured logs on stderr. The level comes from `VK_LOG_LEVEL` (default `info`), which also
+/// accepts `tracing` filter directives such as `vk_cocoon::policy=debug`; a value that does not
+/// parse is an error, not a silent `info`. `VK_LOG_FORMAT` is `text` (the default; ANSI colours
+/// only when stderr is a terminal) or `json` (one object per line, for log collectors).
+pub fn init_logging() -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let level = std::env::var("VK_LOG_LEVEL").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&level).map_err(|e| {
+        anyhow::anyhow!("VK_LOG_LEVEL={level:?} is not a log level or tracing filter ({e}); use e.g. info, debug or info,vk_cocoon::provider=debug")
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match std::env::var("VK_LOG_FORMAT").as_deref() {
+        Err(_) | Ok("" | "text") => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        Ok("json") => builder.json().try_init(),
+        Ok(other) => anyhow::bail!("VK_LOG_FORMAT={other:?} is not a log format; use text or json"),
+    };
+    Ok(())
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
