@@ -58,6 +58,33 @@ impl Machine {
         }
     }
 
+    /// Turns on the peer snapshot tier: the peer token, the listener on `ip:port` (every node
+    /// of a test on the same port, each on its own loopback address, which is its InternalIP),
+    /// and `registry` when the machine has none of its own (the one registry of the cluster).
+    pub fn with_peer(mut self, ip: &str, port: u16, token: &str, registry: Option<&TestRegistry>) -> Machine {
+        let token_file = self.dir.path().join("peer-token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let mut env = vec![
+            ("VK_PEER_TOKEN_FILE".to_string(), token_file.display().to_string()),
+            ("VK_PEER_ADDR".to_string(), format!("{ip}:{port}")),
+            ("VK_NODE_IP".to_string(), ip.to_string()),
+            // Where this machine's cocoon (the simulator) keeps its snapshots' files.
+            (
+                "VK_COCOON_SNAPSHOT_DIR".to_string(),
+                self.sim.root().join("snapshots").display().to_string(),
+            ),
+        ];
+        if let Some(r) = registry {
+            env.push(("OCI_REGISTRY".into(), r.host()));
+            env.push((
+                "VK_REGISTRY_SPOOL_DIR".into(),
+                self.dir.path().join("spool").display().to_string(),
+            ));
+        }
+        self.daemon_env.extend(env);
+        self
+    }
+
     /// Gives the machine a real registry (Debian's docker-registry on loopback): `OCI_REGISTRY`.
     pub fn with_registry(mut self) -> Machine {
         self.registry = Some(TestRegistry::start());
@@ -298,7 +325,7 @@ impl Drop for DaemonProcess {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

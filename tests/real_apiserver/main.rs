@@ -25,6 +25,7 @@ mod hibernate;
 mod kubelet_api;
 mod lifecycle;
 mod node;
+mod peer;
 mod policy;
 mod preflight;
 mod restart;

@@ -1,0 +1,212 @@
+//! Peer restore vs registry restore (issue 18): waking a pod whose hibernated guest holds 1 GiB of
+//! memory and a sparse disk, once through the registry tier (docker-registry on loopback, the
+//! daemon's pull into `cocoon snapshot import`) and once through the peer tier (node A's
+//! `PeerServer` on loopback, staged sparse, `vm clone --from-dir`), in the same run, on the same
+//! daemon. Target: the peer wake ≥ 2× faster. The figures are create → Ready of the pod (what a
+//! user waits for) and the transfer part alone (the pull's and the peer restore's histograms),
+//! the median of `BENCH_ROUNDS` (default 3) interleaved rounds (the shared machine is noisy).
+//!
+//! `cargo bench --bench peer_restore --profile dev` (dependencies optimised, this crate and
+//! cocoon-sim not; a release build works the same way). Needs Debian's docker-registry.
+//! `BENCH_MEMORY_MIB` (default 1024) sets the guest memory; the disk is 8 GiB apparent, 64 MiB
+//! of data.
+
+#[allow(unused_imports)]
+#[path = "../provider_support/mod.rs"]
+mod provider_support;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cocoon_sim::Sim;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams, PostParams};
+use provider_support::*;
+use tokio_util::sync::CancellationToken;
+use vk_cocoon::peer::server::MAX_STREAMS;
+use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
+use vk_cocoon::provider::ports::SnapshotRegistry;
+use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
+
+const IMAGE: &str = "cocoonset.cocoonstack.io/image";
+const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";
+const TOKEN: &str = "peer-token-for-the-benchmark-0123456789";
+const NODE_A: &str = "node-a";
+
+/// Wakes `vm` through a new pod; returns create → Ready. The pod is deleted again (no snapshot
+/// on delete), so the next round wakes the same hibernated guest.
+async fn wake(env: &Env, pod: &str, vm: &str) -> f64 {
+    let started = Instant::now();
+    let never = ("cocoonset.cocoonstack.io/snapshot-policy", "never");
+    create(env, &managed(pod, vm, &[(IMAGE, "base"), (RESTORE, "true"), never])).await;
+    eventually(600, &format!("{pod} woken"), || {
+        lifecycle(env, pod).as_deref() == Some("ready") && ready(env, pod)
+    })
+    .await;
+    let took = started.elapsed().as_secs_f64();
+    delete(env, pod).await;
+    eventually(120, &format!("{pod} gone"), || get(env, pod).is_none()).await;
+    took
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bench());
+}
+
+async fn bench() {
+    let mib: u64 = std::env::var("BENCH_MEMORY_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+
+    // Node A hibernates two guests of the same size, one woken through each tier: vm-reg names a
+    // from-node without a Node object, so its wakes skip the peer tier (as for a node gone).
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Sim::new(dir.path().join("sim")).unwrap();
+    sim.set_settings(|s| {
+        s.snapshot_memory_bytes = mib << 20;
+        s.snapshot_cow_bytes = 8 << 30;
+        s.snapshot_cow_data_bytes = 64 << 20;
+    })
+    .unwrap();
+    let a = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
+    seed_snapshot_on(&a, "base", "ghcr.io/x/base:1").await;
+    let registry = env.oci.as_ref().unwrap();
+    let pusher = registry.server.lock().unwrap().transfer_client("", NODE_A);
+    let gone = registry.server.lock().unwrap().transfer_client("", "node-gone");
+    let mut data_bytes = 0;
+    for (vm, pusher) in [("vm-reg", &gone), ("vm-peer", &pusher)] {
+        let v = clone_direct_on(&a, "base", vm, None).await;
+        a.snapshot_save(vm, &v.id).await.unwrap();
+        a.remove(&v.id).await.unwrap();
+        let t = Instant::now();
+        let report = pusher
+            .push_snapshot(a.as_ref(), vm, vm, "hibernate", "base")
+            .await
+            .unwrap();
+        data_bytes = report.total_size;
+        eprintln!(
+            "hibernated {vm} on node A: pushed {} MiB in {:.1?}",
+            report.total_size >> 20,
+            t.elapsed()
+        );
+    }
+    let store = sim
+        .snapshot_dir("vm-peer")
+        .unwrap()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let server = PeerServer::new(
+        NODE_A.into(),
+        a.clone() as Arc<dyn CocoonRuntime>,
+        pusher.registry.clone() as Arc<dyn SnapshotRegistry>,
+        store,
+        PeerToken::new(TOKEN).unwrap(),
+        MAX_STREAMS,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = CancellationToken::new();
+    tokio::spawn(server.serve(listener, stop.clone()));
+    let nodes: kube::Api<Node> = kube::Api::all(env.server.client());
+    let mut node = Node::default();
+    node.metadata.name = Some(NODE_A.into());
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let status = serde_json::json!({"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}});
+    nodes
+        .patch_status(NODE_A, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+
+    // Node B with its peer tier; the rounds alternate the tiers.
+    let b = start(&env, Options::default());
+    let metrics = PeerMetrics::unregistered();
+    b.provider.set_peer_tier(Arc::new(PeerTier {
+        client: PeerClient::new(
+            PeerToken::new(TOKEN).unwrap(),
+            Staging::new(env.sim_dir.path().join("vk-staging")),
+            Timeouts::default(),
+        ),
+        nodes: Arc::new(KubeNodes::new(env.server.client())),
+        port,
+        metrics: metrics.clone(),
+    }));
+    let last_clone = |env: &Env| calls(env, "vm clone").pop().unwrap();
+    let (mut registry_wakes, mut peer_wakes, mut pulls, mut restores) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        let pulled = b.provider.metrics().snapshot_pull_duration.get_sample_sum();
+        registry_wakes.push(wake(&env, &format!("agent-reg-{round}"), "vm-reg").await);
+        pulls.push(b.provider.metrics().snapshot_pull_duration.get_sample_sum() - pulled);
+        assert_eq!(
+            last_clone(&env).last().map(String::as_str),
+            Some("vm-reg-hibernate-import"),
+            "the registry round pulled"
+        );
+        let restored = metrics.restore_duration.get_sample_sum();
+        peer_wakes.push(wake(&env, &format!("agent-peer-{round}"), "vm-peer").await);
+        restores.push(metrics.restore_duration.get_sample_sum() - restored);
+        assert_eq!(
+            metrics.count("ok"),
+            round as u64 + 1,
+            "the peer round used the peer tier"
+        );
+        assert!(
+            last_clone(&env).iter().any(|a| a == "--from-dir"),
+            "cloned from the staged directory"
+        );
+        eprintln!(
+            "round {round}: registry wake {:.2} s (pull {:.2} s), peer wake {:.2} s (restore {:.2} s)",
+            registry_wakes[round], pulls[round], peer_wakes[round], restores[round]
+        );
+    }
+    let (registry_wake, pull) = (median(registry_wakes), median(pulls));
+    let (peer_wake, peer) = (median(peer_wakes), median(restores));
+
+    let rate = |secs: f64| (data_bytes as f64 / (1 << 20) as f64) / secs;
+    println!();
+    println!(
+        "peer restore vs registry restore: {mib} MiB memory + 8 GiB sparse disk (64 MiB data); {} MiB of file data per snapshot",
+        data_bytes >> 20
+    );
+    println!("median of {rounds} interleaved rounds");
+    println!("| tier | wake (create → Ready) | transfer | transfer MiB/s |");
+    println!("|---|---|---|---|");
+    println!(
+        "| registry (pull + import) | {:.2} s | {:.2} s | {:.0} |",
+        registry_wake,
+        pull,
+        rate(pull)
+    );
+    println!(
+        "| peer (plan + slices, staged) | {:.2} s | {:.2} s | {:.0} |",
+        peer_wake,
+        peer,
+        rate(peer)
+    );
+    let ratio = registry_wake / peer_wake;
+    println!(
+        "wake speed-up: {ratio:.2}× (target ≥ 2×: {}); transfer speed-up {:.2}×",
+        if ratio >= 2.0 { "met" } else { "NOT met" },
+        pull / peer
+    );
+    stop.cancel();
+    let _ = sim.kill_everything();
+    drop(b);
+}
