@@ -237,7 +237,18 @@ async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hi
 async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the_pod_ip() {
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
-    let d = start(&env, Options::default());
+    // The lease is handed out only after the checks below: a lease wait far longer than they
+    // can take on a loaded machine (the fast 3 s one could run out first when a sim call is slow).
+    let d = start(
+        &env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                ip_wait: Duration::from_secs(60),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
     create(
         &env,
         &managed("dhcp-0", "vm-dhcp", &[(IMAGE, "base"), (NETWORK, "dhcp-net")]),
@@ -247,7 +258,7 @@ async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the
         annotation(&env, "dhcp-0", "vm.cocoonstack.io/id").is_some()
     })
     .await;
-    // An observation window (well inside the 3 s lease wait): the wait polls every ip_poll.
+    // An observation window (well inside the lease wait): the wait polls every ip_poll.
     tokio::time::sleep(fast_timings().ip_poll * 10).await;
     assert_eq!(
         lifecycle(&env, "dhcp-0").as_deref(),
@@ -308,12 +319,13 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
 async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
     let env = env(false).await;
     seed_windows_snapshot(&env, "winbase").await;
-    // Room after the nudge (at 1.5 s) for the test to hand out the lease.
+    // Room after the nudge (at 1.5 s) for the test to hand out the lease, however loaded the
+    // machine: the wait ends with the lease, not with its length.
     let d = start(
         &env,
         Options {
             timings: vk_cocoon::provider::Timings {
-                ip_wait: Duration::from_secs(8),
+                ip_wait: Duration::from_secs(60),
                 ..fast_timings()
             },
             ..Default::default()
