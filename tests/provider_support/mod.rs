@@ -324,8 +324,9 @@ pub async fn env(with_registry: bool) -> Env {
     }
     let server = FakeApiServer::start().await;
     let sim_dir = tempfile::tempdir().unwrap();
-    // The simulator's static guest addresses are on loopback (127.88.x.y) by default: the
-    // daemon's real TCP and ICMP probes reach them without leaving the machine.
+    // The simulator's static guest addresses are on loopback, in a 127.N subnet of this root's
+    // own: the daemon's real TCP and ICMP probes reach them without leaving the machine, and
+    // never another test's guest.
     let sim = Sim::new(sim_dir.path()).unwrap();
     let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
     // A generous decision deadline: these tests share two cores with builds, and a policy

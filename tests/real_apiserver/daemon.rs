@@ -41,8 +41,9 @@ pub struct Machine {
 impl Machine {
     pub fn new(node_prefix: &str) -> Machine {
         let dir = tempfile::tempdir().unwrap();
-        // The simulator's static guest addresses are on loopback (127.88.x.y) by default: the
-        // daemon's real probes reach the "guests" without leaving the machine.
+        // The simulator's static guest addresses are on loopback, in a 127.N subnet of this
+        // root's own: the daemon's real probes reach the "guests" without leaving the machine,
+        // and port-forward reaches this machine's guest, never another test's.
         let sim = Sim::new(dir.path().join("sim")).unwrap();
         let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
         let leases = dir.path().join("leases.json");

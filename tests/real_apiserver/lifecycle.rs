@@ -83,7 +83,7 @@ async fn every_bring_up_path_brings_its_pod_up() {
         assert_eq!(vms.len(), 1, "one VM {vm}: {vms:?}");
         assert_eq!(annotation(pod, VM_ID), Some(vms[0].id.as_str()), "{vm}");
         assert!(
-            pod_ip(pod).is_some_and(|ip| ip.starts_with("127.88.")),
+            pod_ip(pod).is_some_and(|ip| ip.starts_with(&format!("{}.", machine.sim.subnet()))),
             "{vm}: {:?}",
             pod.status
         );

@@ -22,10 +22,9 @@ async fn exec_node(prefix: &str, websockets: bool) -> Option<Node> {
     exec_node_with(prefix, env).await
 }
 
-/// A port nothing on 127.0.0.1 listens on now, for a guest's web server. Not a fixed one:
-/// every simulator numbers its guests from the same loopback subnet, so guests of tests running
-/// at once (in this binary, or in another checkout's) share addresses; a fixed port would be
-/// served by whichever guest bound it first and refused once that test ended.
+/// A port nothing on 127.0.0.1 listens on now, for a guest's web server. Guests of tests
+/// running at once no longer share addresses (each simulator root has a loopback subnet of its
+/// own, `Sim::subnet`); a port of its own as well is a second fence that costs nothing.
 fn guest_web_port() -> u16 {
     std::net::TcpListener::bind(("127.0.0.1", 0))
         .and_then(|l| l.local_addr())
@@ -367,7 +366,10 @@ async fn port_forward_works(node: &Node) {
     let vm = node.machine.vms_named("vm-web").await.remove(0);
     let guest_ip = vm.primary_ip().unwrap().to_string();
     let port = web_port(node);
-    assert!(guest_ip.starts_with("127.88."), "the guest is on loopback: {guest_ip}");
+    assert!(
+        guest_ip.starts_with(&format!("{}.", node.machine.sim.subnet())),
+        "the guest is on its machine's loopback subnet: {guest_ip}"
+    );
     let mut pf = node
         .kubectl_stream(&["port-forward", "pod/web-0", &format!(":{port}"), ":9999"])
         .stdout(Stdio::piped())

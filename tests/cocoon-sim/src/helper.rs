@@ -2,8 +2,10 @@
 
 use crate::control::{Control, ExecRule, Fault, FaultAction, Settings};
 use crate::store::{Resolved, Store};
+use crate::subnet;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One recorded `vm exec` (from `<root>/exec.log`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -46,14 +48,28 @@ pub enum Flip {
 #[derive(Debug, Clone)]
 pub struct Sim {
     pub root: PathBuf,
+    /// The root's guest subnet, held while any clone of this handle lives.
+    subnet: Arc<subnet::Reservation>,
 }
 
 impl Sim {
-    /// Uses (and creates) `root`.
+    /// Uses (and creates) `root`, whose guests get static addresses in a loopback subnet no
+    /// other live root on this machine uses (see [`subnet`]).
     pub fn new(root: impl Into<PathBuf>) -> std::io::Result<Sim> {
-        let sim = Sim { root: root.into() };
+        let sim = Sim {
+            root: root.into(),
+            subnet: Arc::new(subnet::reserve()?),
+        };
         sim.store().ensure_dirs()?;
+        let subnet = sim.subnet().to_string();
+        sim.set_settings(|s| s.static_subnet = subnet)?;
         Ok(sim)
+    }
+
+    /// The first two octets of this root's static guest addresses (`127.N`; its guests are
+    /// `127.N.x.y/16`).
+    pub fn subnet(&self) -> &str {
+        self.subnet.subnet()
     }
 
     pub fn root(&self) -> &Path {

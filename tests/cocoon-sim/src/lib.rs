@@ -15,6 +15,7 @@ pub mod image;
 pub mod model;
 pub mod snapshot;
 pub mod store;
+pub mod subnet;
 pub mod tarfmt;
 pub mod util;
 pub mod vm;
