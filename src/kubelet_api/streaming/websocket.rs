@@ -154,7 +154,10 @@ async fn write_channels<S>(
     S: Sink<Message> + Unpin,
 {
     loop {
+        // Biased: what was queued before the client went away (a refusal, an exit status) is
+        // still offered to it; a random pick could drop the last messages of a session.
         let item = tokio::select! {
+            biased;
             item = out.recv() => item,
             _ = closed.cancelled() => None,
         };

@@ -807,6 +807,9 @@ fn exec(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     Ok(())
 }
 
+/// The uid and gid of `nobody`, which guest commands run as when the simulator is root.
+const NOBODY: u32 = 65534;
+
 /// `vm exec` of an [`ExecRule::run`] rule: the argv as a real child with this process's stdio
 /// (stdin only with `-i`), which the kernel kills if this process dies (PR_SET_PDEATHSIG).
 fn run_for_real(ctx: &Ctx, id: String, name: String, argv: Vec<String>, env: Vec<String>, interactive: bool) -> Res {
@@ -819,7 +822,15 @@ fn run_for_real(ctx: &Ctx, id: String, name: String, argv: Vec<String>, env: Vec
             std::process::Stdio::inherit()
         } else {
             std::process::Stdio::null()
-        });
+        })
+        .current_dir("/");
+    // The simulated guest is this machine: a command meant for a guest (the daemon's post-clone
+    // fixups write /etc/hostname and restart systemd-networkd) must not change the host. Run as
+    // root, the simulator runs it as `nobody`, so such a command fails instead.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.uid(NOBODY).gid(NOBODY); // std drops the supplementary groups too
+    }
     // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
     unsafe {
         cmd.pre_exec(move || {

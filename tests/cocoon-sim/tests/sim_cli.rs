@@ -164,6 +164,17 @@ fn lifecycle_snapshot_round_trip_and_faults() {
     assert_eq!(log.last().unwrap().argv, vec!["false", "x"]);
     assert_eq!(log.last().unwrap().env, vec!["A=1"]);
 
+    // A command run for real never runs as root: the guest is this machine, and a guest's
+    // post-clone fixups (/etc/hostname, systemd-networkd) must not reach the host.
+    sim.on_exec(cocoon_sim::ExecRule {
+        argv_prefix: vec!["id".into()],
+        run: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let uid = ok(&cocoon(&sim, &["vm", "exec", "a", "--", "id", "-u"], None));
+    assert_ne!(uid.trim(), "0", "a guest command ran as root on the host");
+
     ok(&cocoon(&sim, &["vm", "rm", "--force", "a"], None));
     sim.set_settings(|s| s.legacy_empty_list = true).unwrap();
     assert_eq!(
