@@ -72,7 +72,7 @@ async fn node_is_registered_with_measured_capacity_labels_and_taint() {
         (host.memory_bytes as u128 * 75 / 100).to_string()
     );
     let cpu_millis = host.cpus as u128 * 1000 * 75 / 100;
-    let want_cpu = if cpu_millis % 1000 == 0 {
+    let want_cpu = if cpu_millis.is_multiple_of(1000) {
         (cpu_millis / 1000).to_string()
     } else {
         format!("{cpu_millis}m")

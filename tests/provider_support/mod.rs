@@ -8,8 +8,7 @@ pub mod kubelet_support;
 pub mod loopback;
 #[path = "../registry_support/mod.rs"]
 pub mod registry_support;
-#[path = "../runtime_support/mod.rs"]
-pub mod runtime_support;
+pub use registry_support::runtime_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

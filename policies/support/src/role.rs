@@ -48,10 +48,10 @@ pub fn agent_slot(namespace: &str, cocoonset_owner: &str, vm_name: &str) -> Opti
     let hashed_prefix = format!("vk-{}-{}-", namespace, cocoonset_owner.replace('.', "-"));
     if let Some(rest) = vm_name.strip_prefix(&hashed_prefix) {
         let segment = rest.split('-').next().unwrap_or("");
-        if let Some(slot) = parse_slot(segment) {
-            if vm_name_for_deployment(namespace, cocoonset_owner, slot) == vm_name {
-                return Some(slot);
-            }
+        if let Some(slot) = parse_slot(segment)
+            && vm_name_for_deployment(namespace, cocoonset_owner, slot) == vm_name
+        {
+            return Some(slot);
         }
     }
     let legacy_prefix = format!("vk-{namespace}-{cocoonset_owner}-");
