@@ -122,6 +122,22 @@ pub struct Settings {
     /// would: `GET` answers who it is, `POST` echoes its body (for port-forward).
     #[serde(default)]
     pub guest_http_ports: Vec<u16>,
+    /// cocoon-macos: the virtual size (bytes) of an image `image pull` stores; `vm run --storage`
+    /// below it is refused as the real CLI refuses a shrink.
+    #[serde(default = "default_macos_virtual_size")]
+    pub macos_image_virtual_size: u64,
+    /// cocoon-macos: whether a running guest's sshd answers on `<guest ip>:22` with an `SSH-` banner
+    /// (off: the port is closed, as while macOS is still booting).
+    #[serde(default = "default_true")]
+    pub macos_sshd: bool,
+}
+
+fn default_macos_virtual_size() -> u64 {
+    100 << 30
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_vm_cow_data() -> u64 {
@@ -160,6 +176,8 @@ impl Default for Settings {
             vm_cow_data_bytes: default_vm_cow_data(),
             vm_net_tx_bytes: 0,
             guest_http_ports: Vec::new(),
+            macos_image_virtual_size: default_macos_virtual_size(),
+            macos_sshd: true,
         }
     }
 }

@@ -66,6 +66,16 @@ impl Sim {
         Ok(sim)
     }
 
+    /// A handle on another state directory holding this root's subnet reservation (its
+    /// guests share the subnet, so they must not be numbered alike: the cocoon-macos
+    /// simulator's are `<subnet>.250.N`).
+    pub(crate) fn with_root(&self, root: PathBuf) -> Sim {
+        Sim {
+            root,
+            subnet: self.subnet.clone(),
+        }
+    }
+
     /// The first two octets of this root's static guest addresses (`127.N`; its guests are
     /// `127.N.x.y/16`).
     pub fn subnet(&self) -> &str {

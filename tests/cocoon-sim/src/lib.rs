@@ -12,6 +12,7 @@ pub mod control;
 pub mod events;
 pub mod helper;
 pub mod image;
+pub mod macos;
 pub mod model;
 pub mod snapshot;
 pub mod store;

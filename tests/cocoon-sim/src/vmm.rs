@@ -367,7 +367,7 @@ mod console {
     }
 }
 
-mod guest_http {
+pub(crate) mod guest_http {
     //! A guest's web server on its IP: `GET` answers `hello from NAME (IP:PORT): GET PATH`,
     //! `POST`/`PUT` echo the body; one request per connection.
 

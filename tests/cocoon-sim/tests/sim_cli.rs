@@ -203,3 +203,124 @@ fn concurrent_invocations_do_not_lose_updates() {
     }
     assert_eq!(sim.vm_count().unwrap(), 8);
 }
+
+// ---- cocoon-macos-sim ------------------------------------------------------------------------
+
+fn macos(mac: &Sim, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cocoon-macos-sim"))
+        .args(args)
+        .env("COCOON_MACOS_HOME", mac.root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn macos_run_inspect_start_and_rm_with_the_real_texts() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Sim::new(dir.path()).unwrap();
+    let mac = sim.macos().unwrap();
+    let img = "ghcr.io/cocoonstack/cocoon-macos/tahoe:26";
+
+    assert!(err(&macos(&mac, &["vm", "inspect", "m1"])).contains("read vm record: open"));
+    assert!(err(&macos(&mac, &["vm", "inspect", "m1"])).contains("no such file or directory"));
+    assert_eq!(
+        err(&macos(&mac, &["image", "inspect", img])).trim(),
+        format!("Error: image not found: {img}")
+    );
+    let run = [
+        "vm", "run", "--name", "m1", "--cpus", "4", "--memory", "8192", "--vnc", "3",
+    ];
+    let cni = [&run[..], &["--net", "cni", img]].concat();
+    assert!(
+        err(&macos(&mac, &["vm", "run", "--name", "m1", img])).contains("not in the store"),
+        "no image yet"
+    );
+    ok(&macos(&mac, &["image", "pull", img]));
+    let inspected: serde_json::Value = serde_json::from_str(&ok(&macos(&mac, &["image", "inspect", img]))).unwrap();
+    assert_eq!(inspected["type"], "cloudimg");
+    let virtual_size = inspected["virtual_size"].as_u64().unwrap();
+
+    assert!(err(&macos(&mac, &cni)).contains("--vnc-password is required"));
+    let long = [&run[..], &["--net", "cni", "--vnc-password", "123456789", img]].concat();
+    assert!(err(&macos(&mac, &long)).contains("at most 8 characters, got 9"));
+    let small = [
+        &run[..],
+        &["--net", "cni", "--vnc-password", "pw", "--storage", "10Gi", img],
+    ]
+    .concat();
+    assert!(err(&macos(&mac, &small)).contains(&format!("smaller than image virtual size {virtual_size} bytes")));
+    assert!(mac.macos_vm("m1").unwrap().is_none(), "a refused run leaves nothing");
+
+    let good = [
+        &run[..],
+        &[
+            "--net",
+            "cni",
+            "--vnc-password",
+            "pw",
+            "--exit-on-reboot",
+            "--random-smbios",
+            img,
+        ],
+    ]
+    .concat();
+    let out = ok(&macos(&mac, &good));
+    assert!(out.starts_with("m1 (pid "), "{out}");
+    assert!(mac.macos_running("m1").unwrap());
+    assert!(err(&macos(&mac, &good)).contains("vm \"m1\" already exists; rm it first"));
+    let rec: serde_json::Value = serde_json::from_str(&ok(&macos(&mac, &["vm", "inspect", "m1"]))).unwrap();
+    assert_eq!((rec["vnc"].as_i64(), rec["net_mode"].as_str()), (Some(3), Some("cni")));
+    assert_eq!(rec["exit_on_reboot"], true);
+    assert!(rec["mac"].as_str().unwrap().starts_with("52:54:00:"));
+    assert!(rec["smbios"]["serial"].is_string());
+    assert!(rec.get("vnc_password").is_none(), "the password is never persisted");
+
+    // A second VM on the same display: the port is taken, the run fails and leaves nothing.
+    let clash = [
+        "vm",
+        "run",
+        "--name",
+        "m2",
+        "--vnc",
+        "3",
+        "--vnc-password",
+        "pw",
+        "--net",
+        "cni",
+        img,
+    ];
+    assert!(err(&macos(&mac, &clash)).contains("bind vnc port: listen tcp 0.0.0.0:5903: bind: address already in use"));
+    assert!(mac.macos_vm("m2").unwrap().is_none());
+
+    // The guest's sshd greets on its address; the display on the host address.
+    let (_, ip) = mac.macos_guest("m1").unwrap().unwrap();
+    let mut banner = [0u8; 8];
+    std::io::Read::read_exact(
+        &mut std::net::TcpStream::connect((ip.as_str(), 22)).unwrap(),
+        &mut banner,
+    )
+    .unwrap();
+    assert_eq!(&banner, b"SSH-2.0-");
+
+    mac.macos_crash("m1").unwrap();
+    assert!(!mac.macos_running("m1").unwrap(), "dead, record kept");
+    let out = ok(&macos(
+        &mac,
+        &["vm", "start", "--vnc", "3", "--vnc-password", "pw", "m1"],
+    ));
+    assert!(out.starts_with("m1 (pid "), "{out}");
+    assert!(mac.macos_running("m1").unwrap());
+
+    assert_eq!(
+        ok(&macos(&mac, &["vm", "rm", "m1", "never-was"])),
+        "m1\nnever-was\n",
+        "absent is not an error"
+    );
+    assert!(mac.macos_vm("m1").unwrap().is_none());
+
+    // Faults use the cocoon simulator's rules.
+    mac.inject_failure("vm inspect", 1, "Error: boom", 1).unwrap();
+    assert_eq!(err(&macos(&mac, &["vm", "inspect", "m1"])).trim(), "Error: boom");
+    assert!(mac.calls().unwrap().iter().any(|c| c.verb == "vm run"));
+}
