@@ -223,6 +223,10 @@ fn command_path(argv: &[String]) -> Result<(String, String, Vec<String>), Fail> 
         }
         i += 1;
     }
+    // `cocoon version` is the one top-level verb without a group.
+    if words.first().map(String::as_str) == Some("version") {
+        return Ok(("version".into(), String::new(), rest));
+    }
     if words.len() < 2 {
         return Err(Fail::new(format!(
             "unknown command {:?}: expected `vm|snapshot|image <verb>`",
@@ -258,7 +262,7 @@ fn run_inner(argv: Vec<String>) -> Res {
     let store = Store::from_env();
     store.ensure_dirs()?;
     let (group, verb, rest) = command_path(&argv)?;
-    let verb_key = format!("{group} {verb}");
+    let verb_key = format!("{group} {verb}").trim_end().to_string();
     store.append_jsonl(
         "calls.log",
         &CallLine {
@@ -303,11 +307,33 @@ fn run_inner(argv: Vec<String>) -> Res {
         die();
     }
     match group.as_str() {
+        "version" => version(&ctx.control.settings.version),
         "vm" => crate::vm::dispatch(&ctx, &verb, &rest),
         "snapshot" => crate::snapshot::dispatch(&ctx, &verb, &rest),
         "image" => crate::image::dispatch(&ctx, &verb, &rest),
         _ => Err(Fail::new(format!("unknown command \"{group}\" for \"cocoon\""))),
     }
+}
+
+/// `cocoon version`: cocoon's `version.String()` (version/version.go), the build metadata its
+/// Makefile sets with ldflags (`VERSION` is `git describe --tags`).
+fn version(version: &str) -> Res {
+    let text = format!(
+        "Version:        {version}\nGit hash:       {}\nBuilt:          {}\nGolang version: {}\nOS/Arch:        {}/{}\n",
+        "4feeddc81b63fde93a9a4260672640e13adb8c5c",
+        "2026-08-12T02:20:14",
+        "go1.25.1",
+        "linux",
+        if cfg!(target_arch = "aarch64") {
+            "arm64"
+        } else {
+            "amd64"
+        },
+    );
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
 }
 
 struct RemoveOnDrop(std::path::PathBuf);

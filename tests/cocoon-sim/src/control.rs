@@ -130,6 +130,11 @@ pub struct Settings {
     /// (off: the port is closed, as while macOS is still booting).
     #[serde(default = "default_true")]
     pub macos_sshd: bool,
+    /// What `cocoon version` reports as `Version:` (cocoon's `git describe --tags` of the build,
+    /// `unknown` for a build without ldflags). Set an old one to play a cocoon that predates
+    /// the verbs and flags the daemon uses.
+    #[serde(default = "default_version")]
+    pub version: String,
 }
 
 fn default_macos_virtual_size() -> u64 {
@@ -138,6 +143,13 @@ fn default_macos_virtual_size() -> u64 {
 
 fn default_true() -> bool {
     true
+}
+
+/// A cocoon release with every verb and flag the simulator answers.
+pub const SIM_VERSION: &str = "v0.6.2";
+
+fn default_version() -> String {
+    SIM_VERSION.into()
 }
 
 fn default_vm_cow_data() -> u64 {
@@ -178,6 +190,7 @@ impl Default for Settings {
             guest_http_ports: Vec::new(),
             macos_image_virtual_size: default_macos_virtual_size(),
             macos_sshd: true,
+            version: default_version(),
         }
     }
 }

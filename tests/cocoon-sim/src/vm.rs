@@ -75,7 +75,41 @@ const STATUS: FlagSpec = &[
     ("interval", Some('n'), Value),
 ];
 
+/// What a cocoon older than v0.5.8 lacks (the simulator's model of an old build: the verbs and
+/// flags vk-cocoon sends arrived by then). Such a build answers them as cobra does.
+const NEWER_VERBS: &[&str] = &["reconcile-stale-create", "exec", "net"];
+const NEWER_FLAGS: &[&str] = &[
+    "restore-mode",
+    "from-dir",
+    "cpu-weight",
+    "cpu-quota-us",
+    "cpu-period-us",
+];
+
+/// Whether `version` (`v0.5.7`, `v0.5.7-3-gabc`) is a release before v0.5.8; `unknown` is not.
+fn predates_floor(version: &str) -> bool {
+    let base = version
+        .trim()
+        .trim_start_matches('v')
+        .split(['-', '+'])
+        .next()
+        .unwrap_or("");
+    let parts: Vec<u64> = base.split('.').map_while(|p| p.parse().ok()).collect();
+    matches!(parts.as_slice(), [major, minor, patch] if (*major, *minor, *patch) < (0, 5, 8))
+}
+
 pub fn dispatch(ctx: &Ctx, verb: &str, rest: &[String]) -> Res {
+    if predates_floor(&ctx.control.settings.version) {
+        if NEWER_VERBS.contains(&verb) {
+            return Err(Fail::new(format!("unknown command \"{verb}\" for \"cocoon vm\"")));
+        }
+        if let Some(flag) = rest.iter().find_map(|t| {
+            let name = t.strip_prefix("--")?.split('=').next()?;
+            NEWER_FLAGS.contains(&name).then_some(name)
+        }) {
+            return Err(Fail::new(format!("unknown flag: --{flag}")));
+        }
+    }
     match verb {
         "run" | "create" => run(ctx, verb, &parse(rest, RUN)?),
         "clone" => clone(ctx, &parse(rest, CLONE)?),

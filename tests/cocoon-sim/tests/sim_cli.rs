@@ -324,3 +324,55 @@ fn macos_run_inspect_start_and_rm_with_the_real_texts() {
     assert_eq!(err(&macos(&mac, &["vm", "inspect", "m1"])).trim(), "Error: boom");
     assert!(mac.calls().unwrap().iter().any(|c| c.verb == "vm run"));
 }
+
+#[test]
+fn version_reports_the_build_and_an_old_one_answers_like_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Sim::new(dir.path()).unwrap();
+    let out = ok(&cocoon(&sim, &["version"], None));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    assert_eq!(lines[0], "Version:        v0.6.2");
+    for (line, key) in lines
+        .iter()
+        .zip(["Version:", "Git hash:", "Built:", "Golang version:", "OS/Arch:"])
+    {
+        assert!(line.starts_with(key), "{out}");
+    }
+    let known = ok(&cocoon(
+        &sim,
+        &["vm", "reconcile-stale-create", "x", "-o", "json"],
+        None,
+    ));
+    assert!(
+        known.contains("\"outcome\": \"not-found\""),
+        "a current build knows the verb: {known}"
+    );
+
+    // An old build: the version it says, and cobra's answers to what it does not have.
+    sim.set_settings(|s| s.version = "v0.5.7".into()).unwrap();
+    assert!(ok(&cocoon(&sim, &["version"], None)).starts_with("Version:        v0.5.7\n"));
+    assert_eq!(
+        err(&cocoon(
+            &sim,
+            &["vm", "reconcile-stale-create", "x", "-o", "json"],
+            None
+        )),
+        "Error: unknown command \"reconcile-stale-create\" for \"cocoon vm\"\n"
+    );
+    assert_eq!(
+        err(&cocoon(&sim, &["vm", "clone", "--restore-mode", "mmap", "snap"], None)),
+        "Error: unknown flag: --restore-mode\n"
+    );
+    assert_eq!(
+        err(&cocoon(&sim, &["vm", "clone", "--pull", "--from-dir=/tmp/x"], None)),
+        "Error: unknown flag: --from-dir\n"
+    );
+    // What it has still works; an unnumbered build (no ldflags) is not old.
+    assert_eq!(ok(&cocoon(&sim, &["vm", "list", "-o", "json"], None)), "[]\n");
+    sim.set_settings(|s| s.version = "unknown".into()).unwrap();
+    assert!(ok(&cocoon(&sim, &["version"], None)).starts_with("Version:        unknown\n"));
+    let exec = cocoon(&sim, &["vm", "exec", "x", "--", "true"], None);
+    let stderr = String::from_utf8_lossy(&exec.stderr);
+    assert!(!stderr.contains("unknown command") && !stderr.is_empty(), "{stderr}");
+}
