@@ -16,4 +16,5 @@ pub mod provider;
 pub mod registry;
 pub mod retry;
 pub mod runtime;
+pub mod settings;
 pub mod stats;

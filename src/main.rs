@@ -2,13 +2,11 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 mod cli;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
-    if let Err(error) = cli::init_logging() {
+    let cli = cli::parse();
+    if let Err(error) = cli::init_logging(&cli.logging) {
         eprintln!("error: {error:#}");
         return ExitCode::from(2);
     }

@@ -1,6 +1,8 @@
-//! The policy authors' tools, run as the `vk-cocoon` binary.
+//! The `vk-cocoon` binary's command line: the policy authors' tools, and `run`'s settings
+//! (`run_settings`).
 
 mod registry_support;
+mod run_settings;
 
 use std::fs;
 use std::path::Path;

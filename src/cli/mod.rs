@@ -18,6 +18,8 @@ use clap::{Parser, Subcommand};
     about = "Kubernetes virtual-kubelet node daemon for cocoon microVMs"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub logging: LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,27 +29,50 @@ enum Command {
     /// Tools for policy authors: create, test, evaluate and check policy components.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
-    /// Run the node daemon (configuration from the environment).
-    Run(run::RunArgs),
+    /// Run the node daemon. Every setting is an environment variable (or its flag); an empty
+    /// variable counts as unset.
+    Run(Box<run::RunArgs>),
 }
 
-/// Structured logs on stderr. The level comes from `VK_LOG_LEVEL` (default `info`), which also
-/// accepts `tracing` filter directives such as `vk_cocoon::policy=debug`; a value that does not
-/// parse is an error, not a silent `info`. `VK_LOG_FORMAT` is `text` (the default; ANSI colours
-/// only when stderr is a terminal) or `json` (one object per line, for log collectors).
-pub fn init_logging() -> anyhow::Result<()> {
+/// Structured logs on stderr (every subcommand).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Logging")]
+pub struct LogArgs {
+    /// Log level, or tracing filter directives such as info,vk_cocoon::provider=debug
+    #[arg(long, global = true, env = "VK_LOG_LEVEL", value_name = "FILTER", default_value = "info",
+          value_parser = vk_cocoon::settings::parser("VK_LOG_LEVEL", "a log level or tracing filter such as info, debug or info,vk_cocoon::provider=debug",
+              |v| tracing_subscriber::EnvFilter::try_new(v).map(|_| v.to_string()).map_err(|e| format!("not a log level or tracing filter ({e})"))))]
+    pub log_level: String,
+    /// text (ANSI colours only when stderr is a terminal) or json (one object per line, for log collectors)
+    #[arg(long, global = true, env = "VK_LOG_FORMAT", value_name = "FORMAT", default_value = "text",
+          value_parser = vk_cocoon::settings::parser("VK_LOG_FORMAT", "text or json", |v| match v {
+              "text" | "json" => Ok(v.to_string()),
+              _ => Err("not a log format".to_string()),
+          }))]
+    pub log_format: String,
+}
+
+/// The command line and the environment, read by clap with the settings' rules (an empty
+/// variable counts as unset: `vk_cocoon::settings`). A value that does not parse ends the
+/// process here with clap's message, which names the variable and what it accepts.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = vk_cocoon::settings::without_blank_env(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Installs the subscriber: the level and format were checked when the settings were parsed.
+pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
     use std::io::IsTerminal;
-    let level = std::env::var("VK_LOG_LEVEL").unwrap_or_else(|_| "info".into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&level).map_err(|e| {
-        anyhow::anyhow!("VK_LOG_LEVEL={level:?} is not a log level or tracing filter ({e}); use e.g. info, debug or info,vk_cocoon::provider=debug")
-    })?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .map_err(|e| anyhow::anyhow!("VK_LOG_LEVEL={:?}: {e}", args.log_level))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = match std::env::var("VK_LOG_FORMAT").as_deref() {
-        Err(_) | Ok("" | "text") => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
-        Ok("json") => builder.json().try_init(),
-        Ok(other) => anyhow::bail!("VK_LOG_FORMAT={other:?} is not a log format; use text or json"),
+    let _ = if args.log_format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).try_init()
     };
     Ok(())
 }
@@ -55,6 +80,6 @@ pub fn init_logging() -> anyhow::Result<()> {
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Policy(command) => policy::run(command),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
     }
 }

@@ -1,9 +1,8 @@
-//! `vk-cocoon run`: the node daemon. Reads the environment (behaviour spec §2), builds the
+//! `vk-cocoon run`: the node daemon. Takes its settings (behaviour spec §2, [`RunArgs`]), builds the
 //! policies (defaults, then the operator's components, watched for hot reload), the cocoon
 //! runtime, the optional registry, the provider, the peer snapshot tier and the `/metrics`
 //! server, then runs the virtual node until SIGINT or SIGTERM.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,61 +10,112 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
+use vk_cocoon::kubelet::config::KubeletArgs;
 use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::kubelet_api::auth::Auth;
-use vk_cocoon::kubelet_api::streaming::{GuestScope, Streaming, StreamingConfig};
+use vk_cocoon::kubelet_api::config::ApiArgs;
+use vk_cocoon::kubelet_api::streaming::{GuestScope, Streaming, StreamingArgs, StreamingConfig};
 use vk_cocoon::kubelet_api::tls::manager::CertTimings;
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
-use vk_cocoon::peer::{KubeNodes, PeerClient, PeerConfig, PeerMetrics, PeerServer, PeerTier, Staging, Timeouts};
-use vk_cocoon::policy::config::PolicyConfig;
-use vk_cocoon::policy::decision_log::{DecisionLog, LogTarget};
+use vk_cocoon::peer::{
+    KubeNodes, PeerArgs, PeerClient, PeerConfig, PeerMetrics, PeerServer, PeerTier, Staging, Timeouts,
+};
+use vk_cocoon::policy::config::{PolicyArgs, PolicyConfig};
+use vk_cocoon::policy::decision_log::{DecisionLog, DecisionLogArgs, LogTarget};
 use vk_cocoon::policy::reload::PolicyReloader;
 use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
-use vk_cocoon::provider::cocoon_net::{ControlSocket, DEFAULT_CONTROL_SOCKET, DEFAULT_LEASES_PATH, LeaseFile};
-use vk_cocoon::provider::metrics::{self, ProviderMetrics};
+use vk_cocoon::provider::cocoon_net::{CocoonNetArgs, LeaseFile};
+use vk_cocoon::provider::config::ProviderArgs;
+use vk_cocoon::provider::metrics::{self, MetricsArgs, ProviderMetrics};
 use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
 use vk_cocoon::provider::probe::{NetProber, Prober};
-use vk_cocoon::provider::probe_scope::{ProbeNetworks, ScopedProber};
+use vk_cocoon::provider::probe_scope::{ProbeArgs, ScopedProber};
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
+use vk_cocoon::registry::config::RegistryArgs;
 use vk_cocoon::registry::{Registry, RegistryConfig};
+use vk_cocoon::runtime::config::CocoonArgs;
+use vk_cocoon::runtime::version::{self, Reported};
 use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig, CocoonRuntime};
 use vk_cocoon::stats::collector::VmCollector;
+use vk_cocoon::stats::paths::PathsArgs;
 use vk_cocoon::stats::sample::SAMPLE_TTL;
 use vk_cocoon::stats::{HostPaths, Sampler};
 
-/// `vk-cocoon run` takes no flags: everything comes from the environment.
+/// `vk-cocoon run`: the settings of every concern, each declared by its owner (behaviour spec
+/// §2; `deploy/vk-cocoon.env.example`).
 #[derive(Debug, Args)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    #[command(flatten)]
+    node: KubeletArgs,
+    #[command(flatten)]
+    cocoon: CocoonArgs,
+    #[command(flatten)]
+    cocoon_net: CocoonNetArgs,
+    #[command(flatten)]
+    provider: ProviderArgs,
+    #[command(flatten)]
+    probes: ProbeArgs,
+    #[command(flatten)]
+    registry: RegistryArgs,
+    #[command(flatten)]
+    peer: PeerArgs,
+    #[command(flatten)]
+    api: ApiArgs,
+    #[command(flatten)]
+    streaming: StreamingArgs,
+    #[command(flatten)]
+    paths: PathsArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
+    #[command(flatten)]
+    policies: PolicyArgs,
+    #[command(flatten)]
+    decision_log: DecisionLogArgs,
+}
 
-pub fn run(_args: RunArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(daemon())
+    runtime.block_on(daemon(args))
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok()
-}
-
-async fn daemon() -> anyhow::Result<ExitCode> {
+async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Both rustls providers are compiled in; kube needs one chosen before the first client.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    let kubelet = KubeletConfig::from_env().map_err(|e| anyhow!("{e}"))?;
-    let api_cfg = ApiConfig::from_env(kubelet.kubelet_port).map_err(|e| anyhow!("{e}"))?;
-    let paths = HostPaths::from_env();
-    let provider_cfg = ProviderConfig::from_env().map_err(|e| anyhow!("{e}"))?;
-    let peer_cfg = PeerConfig::from_env().map_err(|e| anyhow!("{e}"))?;
+    let root_dir = args.cocoon.root.root_dir.clone();
+    let kubelet = KubeletConfig::from_args(&args.node, root_dir.clone());
+    let api_cfg = ApiConfig::from_args(&args.api, kubelet.kubelet_port).map_err(|e| anyhow!("{e}"))?;
+    let paths = HostPaths::from_args(&args.paths, &root_dir);
+    let provider_cfg = ProviderConfig::from_args(
+        &args.provider,
+        &kubelet.node_name,
+        kubelet.snapshot_cpu_class.as_deref(),
+        &root_dir,
+    );
+    let peer_cfg = PeerConfig::from_args(&args.peer, &root_dir).map_err(|e| anyhow!("{e}"))?;
+    let registry_cfg = RegistryConfig::from_args(&args.registry).map_err(|e| anyhow!("{e}"))?;
+    // Before anything is loaded or registered: a cocoon that predates the daemon's verbs fails
+    // every clone, so it stops the start.
+    let cocoon = CocoonCli::new(CocoonCliConfig::from_args(&args.cocoon));
+    match version::check(&cocoon).await.map_err(|e| anyhow!("{e}"))? {
+        Reported::Release(found) => tracing::info!(%found, minimum = %version::MINIMUM, "cocoon version"),
+        Reported::Unnumbered(reported) => tracing::warn!(
+            %reported,
+            minimum = %version::MINIMUM,
+            "cocoon reports no release number (a build without release metadata): the version floor cannot be checked"
+        ),
+    }
     let prometheus = prometheus::Registry::new();
 
     // Policies: built-in defaults, then the operator's components (a bad one is fatal at start).
-    let policy_cfg = PolicyConfig::from_env(env).map_err(|e| anyhow!("policy configuration: {e}"))?;
+    let policy_cfg = PolicyConfig::from_args(&args.policies).map_err(|e| anyhow!("policy configuration: {e}"))?;
     let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
     let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
-    let decision_log = match LogTarget::from_env(env).map_err(|e| anyhow!("{e}"))? {
+    let decision_log = match LogTarget::from_args(&args.decision_log) {
         None => None,
         Some(target) => {
             tracing::info!(?target, "logging every policy decision (VK_DECISION_LOG)");
@@ -98,8 +148,8 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let client = kube::Client::try_default()
         .await
         .context("building the Kubernetes client (KUBECONFIG or in-cluster)")?;
-    let runtime: Arc<dyn CocoonRuntime> = Arc::new(CocoonCli::new(CocoonCliConfig::from_env()));
-    let registry: Option<Arc<dyn SnapshotRegistry>> = match RegistryConfig::from_env().map_err(|e| anyhow!("{e}"))? {
+    let runtime: Arc<dyn CocoonRuntime> = Arc::new(cocoon);
+    let registry: Option<Arc<dyn SnapshotRegistry>> = match registry_cfg {
         Some(cfg) => Some(Arc::new(
             Registry::new(cfg, kubelet.node_name.clone()).map_err(|e| anyhow!("registry: {e}"))?,
         )),
@@ -108,18 +158,14 @@ async fn daemon() -> anyhow::Result<ExitCode> {
             None
         }
     };
-    let leases = env("VK_LEASES_PATH")
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| DEFAULT_LEASES_PATH.into());
-    let releaser: Option<Arc<dyn LeaseReleaser>> = match env("VK_COCOON_NET_CONTROL_SOCKET") {
-        Some(v) if v.is_empty() => None,
-        Some(v) => Some(Arc::new(ControlSocket::new(PathBuf::from(v)))),
-        None => Some(Arc::new(ControlSocket::new(DEFAULT_CONTROL_SOCKET))),
-    };
-    let streaming_cfg = StreamingConfig::from_lookup(env).map_err(|e| anyhow!("{e}"))?;
+    let releaser: Option<Arc<dyn LeaseReleaser>> = args
+        .cocoon_net
+        .control_socket()
+        .map(|socket| Arc::new(socket) as Arc<dyn LeaseReleaser>);
+    let streaming_cfg = StreamingConfig::from_args(&args.streaming);
     // VK_PROBE_NETWORKS: probes (and port-forward) reach only the listed networks (unset: any
     // address).
-    let probe_networks = ProbeNetworks::from_lookup(env).map_err(|e| anyhow!(e))?;
+    let probe_networks = args.probes.probe_networks.clone();
     let guests = probe_networks.clone().map(|networks| GuestScope {
         description: format!("VK_PROBE_NETWORKS={networks}"),
         contains: Box::new(move |ip| networks.contains(ip)),
@@ -135,7 +181,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     let ports = Ports {
         runtime: runtime.clone(),
         registry,
-        leases: Arc::new(LeaseFile::new(leases)),
+        leases: Arc::new(LeaseFile::new(args.cocoon_net.leases_path.clone())),
         releaser,
         patcher: Arc::new(KubePodPatcher::new(client.clone())),
         events: Arc::new(EventSink::new(client.clone(), &kubelet.node_name)),
@@ -186,8 +232,7 @@ async fn daemon() -> anyhow::Result<ExitCode> {
     };
     let kubelet_api = api.start(shutdown.clone()).await.map_err(|e| anyhow!("{e}"))?;
     tracing::info!(addr = %kubelet_api.addr, "kubelet API listening (serving once its certificate is ready)");
-    let addr = metrics::parse_listen_addr(&env("VK_METRICS_ADDR").unwrap_or_else(|| ":9091".into()))
-        .map_err(|e| anyhow!(e))?;
+    let addr = args.metrics.metrics_addr;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the metrics listener on {addr}"))?;

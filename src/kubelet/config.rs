@@ -1,7 +1,10 @@
-//! The virtual node's configuration: environment parsing and validation (pure), plus the
-//! controller timings (not from the environment; tests inject short ones).
+//! The virtual node's configuration: its settings ([`KubeletArgs`], environment variables read
+//! through clap) and their validation, plus the controller timings (not settings; tests inject
+//! short ones).
 
 use super::quantity::Quantity;
+use crate::runtime::config::RootArgs;
+use crate::settings::{self, parser};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -134,165 +137,118 @@ pub fn is_dns_subdomain(v: &str) -> bool {
         })
 }
 
-impl KubeletConfig {
-    /// Reads the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+/// The virtual node's settings (behaviour spec §2, §8.3, §8.4), flattened into `vk-cocoon run`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Node")]
+pub struct KubeletArgs {
+    /// The virtual node's name; its pods are those with spec.nodeName=<this>
+    #[arg(long, env = "VK_NODE_NAME", value_name = "NAME", default_value = DEFAULT_NODE_NAME,
+          value_parser = parser("VK_NODE_NAME", DNS_SUBDOMAIN_RULE, |v| rule(v, is_dns_subdomain(v), "not a valid node name")))]
+    pub node_name: String,
+    /// Label cocoonstack.io/pool of the node
+    #[arg(long, env = "VK_NODE_POOL", value_name = "POOL", default_value = DEFAULT_NODE_POOL,
+          value_parser = parser("VK_NODE_POOL", LABEL_VALUE_RULE, |v| rule(v, is_label_value(v), "not a valid label value")))]
+    pub node_pool: String,
+    /// Label cocoonstack.io/snapshot-cpu-class (unset: an unclassified node)
+    #[arg(long, env = "VK_SNAPSHOT_CPU_CLASS", value_name = "CLASS",
+          value_parser = parser("VK_SNAPSHOT_CPU_CLASS", LABEL_VALUE_RULE, |v| rule(v, is_label_value(v), "not a valid label value")))]
+    pub snapshot_cpu_class: Option<String>,
+    /// The node's spec.providerID
+    #[arg(long, env = "VK_PROVIDER_ID", value_name = "ID")]
+    pub provider_id: Option<String>,
+    /// The node's Hostname address, which the apiserver dials first for the kubelet API (unset: the node name)
+    #[arg(long, env = "VK_NODE_HOSTNAME", value_name = "HOST",
+          value_parser = parser("VK_NODE_HOSTNAME", DNS_SUBDOMAIN_RULE, |v| rule(v, is_dns_subdomain(v), "not a host name")))]
+    pub node_hostname: Option<String>,
+    /// The node's InternalIP (unset: the first non-loopback IPv4 of this host)
+    #[arg(long, env = "VK_NODE_IP", value_name = "IP",
+          value_parser = parser("VK_NODE_IP", "an IPv4 or IPv6 address, or unset to detect the first non-loopback IPv4", |v| v.parse::<IpAddr>().map_err(|e| e.to_string())))]
+    pub node_ip: Option<IpAddr>,
+    /// Port of the kubelet API (TLS), advertised in status.daemonEndpoints
+    #[arg(long, env = "VK_KUBELET_PORT", value_name = "PORT", default_value_t = DEFAULT_KUBELET_PORT,
+          value_parser = parser("VK_KUBELET_PORT", "an integer from 1 to 65535", |v| settings::positive::<u16>(v).map_err(|_| "not a TCP port".to_string())))]
+    pub kubelet_port: u16,
+    /// Share of the capacity kept out of allocatable, in percent
+    #[arg(long, env = "VK_RESERVE_PERCENT", value_name = "PERCENT", default_value_t = DEFAULT_RESERVE_PERCENT,
+          value_parser = parser("VK_RESERVE_PERCENT", "an integer from 0 to 100", |v| match v.parse::<u8>() {
+              Ok(p) if p <= 100 => Ok(p),
+              _ => Err("not a percentage".to_string()),
+          }))]
+    pub reserve_percent: u8,
+    /// CPU capacity (unset: this host's CPUs)
+    #[arg(long, env = "VK_NODE_CPU", value_name = "QUANTITY", value_parser = parser("VK_NODE_CPU", QUANTITY_RULE, quantity))]
+    pub node_cpu: Option<Quantity>,
+    /// Memory capacity (unset: MemTotal)
+    #[arg(long, env = "VK_NODE_MEM", value_name = "QUANTITY", value_parser = parser("VK_NODE_MEM", QUANTITY_RULE, quantity))]
+    pub node_mem: Option<Quantity>,
+    /// ephemeral-storage capacity (unset: the filesystem of COCOON_ROOT_DIR)
+    #[arg(long, env = "VK_NODE_STORAGE", value_name = "QUANTITY", value_parser = parser("VK_NODE_STORAGE", QUANTITY_RULE, quantity))]
+    pub node_storage: Option<Quantity>,
+    /// hugepages-<size> capacity (unset: HugePages_Total × Hugepagesize)
+    #[arg(long, env = "VK_NODE_HUGEPAGES", value_name = "QUANTITY", value_parser = parser("VK_NODE_HUGEPAGES", QUANTITY_RULE, quantity))]
+    pub node_hugepages: Option<Quantity>,
+    /// Pods capacity
+    #[arg(long, env = "VK_NODE_PODS", value_name = "COUNT", default_value_t = DEFAULT_MAX_PODS,
+          value_parser = parser("VK_NODE_PODS", "a positive integer", |v| settings::positive::<u32>(v).map_err(|_| "not a pod count".to_string())))]
+    pub node_pods: u32,
+    /// Declare ExtendWebSocketsToKubelet, so a 1.36 apiserver forwards kubectl's WebSockets as they are (false: it speaks SPDY/3.1)
+    #[arg(long, env = "VK_STREAMING_WEBSOCKETS", value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set,
+          value_parser = parser("VK_STREAMING_WEBSOCKETS", "true (declare ExtendWebSocketsToKubelet, the default) or false", settings::boolean))]
+    pub streaming_websockets: bool,
+}
+
+/// `Ok(v)` when `holds`, else the `problem`.
+fn rule(v: &str, holds: bool, problem: &str) -> Result<String, String> {
+    if holds {
+        Ok(v.to_string())
+    } else {
+        Err(problem.to_string())
     }
+}
 
-    /// Reads the configuration through `lookup` (a variable set to "" counts as unset).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let bad = |variable: &'static str, value: &str, problem: String, accepted: &'static str| ConfigError {
-            variable,
-            value: value.to_string(),
-            problem,
-            accepted,
-        };
+fn quantity(v: &str) -> Result<Quantity, String> {
+    Quantity::parse(v).map_err(|e| e.why.to_string())
+}
 
-        let node_name = get("VK_NODE_NAME").unwrap_or_else(|| DEFAULT_NODE_NAME.into());
-        if !is_dns_subdomain(&node_name) {
-            return Err(bad(
-                "VK_NODE_NAME",
-                &node_name,
-                "not a valid node name".into(),
-                DNS_SUBDOMAIN_RULE,
-            ));
-        }
-        let node_pool = get("VK_NODE_POOL").unwrap_or_else(|| DEFAULT_NODE_POOL.into());
-        if !is_label_value(&node_pool) {
-            return Err(bad(
-                "VK_NODE_POOL",
-                &node_pool,
-                "not a valid label value".into(),
-                LABEL_VALUE_RULE,
-            ));
-        }
-        let snapshot_cpu_class = get("VK_SNAPSHOT_CPU_CLASS");
-        if let Some(class) = &snapshot_cpu_class
-            && !is_label_value(class)
-        {
-            return Err(bad(
-                "VK_SNAPSHOT_CPU_CLASS",
-                class,
-                "not a valid label value".into(),
-                LABEL_VALUE_RULE,
-            ));
-        }
-        let provider_id = get("VK_PROVIDER_ID");
-        let declared_features = match get("VK_STREAMING_WEBSOCKETS").as_deref() {
-            None | Some("true") | Some("1") => vec![WEBSOCKETS_FEATURE.to_string()],
-            Some("false") | Some("0") => Vec::new(),
-            Some(v) => {
-                return Err(bad(
-                    "VK_STREAMING_WEBSOCKETS",
-                    v,
-                    "not a boolean".into(),
-                    "true (declare ExtendWebSocketsToKubelet, the default) or false",
-                ));
-            }
-        };
-        let hostname = get("VK_NODE_HOSTNAME").unwrap_or_else(|| node_name.clone());
-        if !is_dns_subdomain(&hostname) {
-            return Err(bad(
-                "VK_NODE_HOSTNAME",
-                &hostname,
-                "not a host name".into(),
-                DNS_SUBDOMAIN_RULE,
-            ));
-        }
-        let node_ip = match get("VK_NODE_IP") {
-            None => None,
-            Some(v) => Some(v.parse::<IpAddr>().map_err(|e| {
-                bad(
-                    "VK_NODE_IP",
-                    &v,
-                    e.to_string(),
-                    "an IPv4 or IPv6 address, or unset to detect the first non-loopback IPv4",
-                )
-            })?),
-        };
-        let kubelet_port = match get("VK_KUBELET_PORT") {
-            None => DEFAULT_KUBELET_PORT,
-            Some(v) => match v.parse::<u16>() {
-                Ok(p) if p > 0 => p,
-                _ => {
-                    return Err(bad(
-                        "VK_KUBELET_PORT",
-                        &v,
-                        "not a TCP port".into(),
-                        "an integer from 1 to 65535 (default 10250)",
-                    ));
-                }
+impl KubeletConfig {
+    /// The node's configuration from its settings; `root_dir` is cocoon's root (`COCOON_ROOT_DIR`,
+    /// owned by the runtime's settings): ephemeral-storage is its filesystem.
+    pub fn from_args(args: &KubeletArgs, root_dir: PathBuf) -> Self {
+        Self {
+            node_name: args.node_name.clone(),
+            node_pool: args.node_pool.clone(),
+            snapshot_cpu_class: args.snapshot_cpu_class.clone(),
+            provider_id: args.provider_id.clone(),
+            hostname: args.node_hostname.clone().unwrap_or_else(|| args.node_name.clone()),
+            node_ip: args.node_ip,
+            kubelet_port: args.kubelet_port,
+            reserve_percent: args.reserve_percent,
+            overrides: ResourceOverrides {
+                cpu: args.node_cpu,
+                memory: args.node_mem,
+                storage: args.node_storage,
+                hugepages: args.node_hugepages,
             },
-        };
-        let reserve_percent = match get("VK_RESERVE_PERCENT") {
-            None => DEFAULT_RESERVE_PERCENT,
-            Some(v) => match v.parse::<u8>() {
-                Ok(p) if p <= 100 => p,
-                _ => {
-                    return Err(bad(
-                        "VK_RESERVE_PERCENT",
-                        &v,
-                        "not a percentage".into(),
-                        "an integer from 0 to 100 (default 20)",
-                    ));
-                }
-            },
-        };
-        let quantity = |variable: &'static str| -> Result<Option<Quantity>, ConfigError> {
-            match get(variable) {
-                None => Ok(None),
-                Some(v) => Quantity::parse(&v)
-                    .map(Some)
-                    .map_err(|e| bad(variable, &v, e.why.to_string(), QUANTITY_RULE)),
-            }
-        };
-        let overrides = ResourceOverrides {
-            cpu: quantity("VK_NODE_CPU")?,
-            memory: quantity("VK_NODE_MEM")?,
-            storage: quantity("VK_NODE_STORAGE")?,
-            hugepages: quantity("VK_NODE_HUGEPAGES")?,
-        };
-        let max_pods = match get("VK_NODE_PODS") {
-            None => DEFAULT_MAX_PODS,
-            Some(v) => match v.parse::<u32>() {
-                Ok(p) if p > 0 => p,
-                _ => {
-                    return Err(bad(
-                        "VK_NODE_PODS",
-                        &v,
-                        "not a pod count".into(),
-                        "a positive integer (default 256)",
-                    ));
-                }
-            },
-        };
-        let root_dir = PathBuf::from(get("COCOON_ROOT_DIR").unwrap_or_else(|| DEFAULT_ROOT_DIR.into()));
-        if !root_dir.is_absolute() {
-            return Err(bad(
-                "COCOON_ROOT_DIR",
-                &root_dir.display().to_string(),
-                "not an absolute path".into(),
-                "an absolute directory path (default /var/lib/cocoon)",
-            ));
-        }
-        Ok(Self {
-            node_name,
-            node_pool,
-            snapshot_cpu_class,
-            provider_id,
-            hostname,
-            node_ip,
-            kubelet_port,
-            reserve_percent,
-            overrides,
-            max_pods,
+            max_pods: args.node_pods,
             root_dir,
             kubelet_version: format!("v{}", env!("CARGO_PKG_VERSION")),
-            declared_features,
+            declared_features: if args.streaming_websockets {
+                vec![WEBSOCKETS_FEATURE.to_string()]
+            } else {
+                Vec::new()
+            },
             timings: Timings::default(),
-        })
+        }
+    }
+
+    /// Reads the node's variables (and `COCOON_ROOT_DIR`) through `lookup`, with the rules of
+    /// the environment ([`crate::settings`]).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let root = settings::parse_lookup::<RootArgs>(&lookup)?;
+        Ok(Self::from_args(
+            &settings::parse_lookup::<KubeletArgs>(&lookup)?,
+            root.root_dir,
+        ))
     }
 }
 
@@ -301,7 +257,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn cfg(vars: &[(&str, &str)]) -> Result<KubeletConfig, ConfigError> {
+    fn cfg(vars: &[(&str, &str)]) -> Result<KubeletConfig, String> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         KubeletConfig::from_lookup(|k| map.get(k).cloned())
     }
@@ -383,10 +339,11 @@ mod tests {
             ("VK_NODE_PODS", "0", "positive integer"),
             ("COCOON_ROOT_DIR", "relative/dir", "absolute"),
         ] {
-            let err = cfg(&[(var, value)]).expect_err(&format!("{var}={value} must be rejected"));
-            assert_eq!(err.variable, var);
-            let msg = err.to_string();
-            assert!(msg.contains(var) && msg.contains(accepted_fragment), "{msg}");
+            let msg = cfg(&[(var, value)]).expect_err(&format!("{var}={value} must be rejected"));
+            assert!(
+                msg.contains(&format!("{var}={value:?}")) && msg.contains(accepted_fragment),
+                "{msg}"
+            );
         }
     }
 

@@ -1,10 +1,11 @@
-//! The kubelet API's settings from the environment (pure).
+//! The kubelet API's settings ([`ApiArgs`]) and their validation (pure).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use super::tls::TlsSource;
 use crate::kubelet::ConfigError;
+use crate::settings::{self, parser};
 
 /// Where the CSR-issued certificate is kept by default.
 pub const DEFAULT_CERT_DIR: &str = "/var/lib/vk-cocoon/pki";
@@ -21,6 +22,33 @@ pub struct ApiConfig {
     pub client_ca: Option<PathBuf>,
 }
 
+/// The kubelet API's listener and certificates (README "The kubelet API").
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Kubelet API")]
+pub struct ApiArgs {
+    /// Address the kubelet API binds (unset: the node IP; 0.0.0.0 or :: for all)
+    #[arg(long, env = "VK_KUBELET_ADDRESS", value_name = "IP",
+          value_parser = parser("VK_KUBELET_ADDRESS", "an IP address to bind the kubelet API to (default: the node IP; 0.0.0.0 or :: for all)",
+                                |v| v.parse::<IpAddr>().map_err(|e| e.to_string())))]
+    pub kubelet_address: Option<IpAddr>,
+    /// The serving certificate (PEM chain; with VK_TLS_KEY, re-read when it changes)
+    #[arg(long, env = "VK_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of VK_TLS_CERT (PEM)
+    #[arg(long, env = "VK_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve a self-signed certificate (clients cannot verify it)
+    #[arg(long, env = "VK_TLS_SELF_SIGNED", value_name = "BOOL", default_value = "false", action = clap::ArgAction::Set,
+          value_parser = parser("VK_TLS_SELF_SIGNED", "true or false", settings::boolean))]
+    pub tls_self_signed: bool,
+    /// Where the certificate issued through a kubelet-serving CSR is kept (without VK_TLS_CERT or VK_TLS_SELF_SIGNED)
+    #[arg(long, env = "VK_TLS_CERT_DIR", value_name = "DIR", default_value = DEFAULT_CERT_DIR)]
+    pub tls_cert_dir: PathBuf,
+    /// CA of the client certificates accepted (the apiserver's kubelet-client certificate; unset: bearer tokens only)
+    #[arg(long, env = "VK_CLIENT_CA_FILE", value_name = "FILE")]
+    pub client_ca_file: Option<PathBuf>,
+}
+
 fn bad(variable: &'static str, value: &str, problem: &str, accepted: &'static str) -> ConfigError {
     ConfigError {
         variable,
@@ -32,27 +60,10 @@ fn bad(variable: &'static str, value: &str, problem: &str, accepted: &'static st
 
 impl ApiConfig {
     /// `port` is the virtual node's `kubelet_port` (one source for what is advertised and bound).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, port: u16) -> Result<Self, ConfigError> {
-        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let address = match get("VK_KUBELET_ADDRESS") {
-            None => None,
-            Some(v) => Some(v.parse::<IpAddr>().map_err(|e| {
-                bad(
-                    "VK_KUBELET_ADDRESS",
-                    &v,
-                    &e.to_string(),
-                    "an IP address to bind the kubelet API to (default: the node IP; 0.0.0.0 or :: for all)",
-                )
-            })?),
-        };
-        let self_signed = match get("VK_TLS_SELF_SIGNED").as_deref() {
-            None | Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(v) => return Err(bad("VK_TLS_SELF_SIGNED", v, "not a boolean", "true or false")),
-        };
-        let tls = match (get("VK_TLS_CERT"), get("VK_TLS_KEY")) {
+    pub fn from_args(args: &ApiArgs, port: u16) -> Result<Self, ConfigError> {
+        let tls = match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => {
-                if self_signed {
+                if args.tls_self_signed {
                     return Err(bad(
                         "VK_TLS_SELF_SIGNED",
                         "true",
@@ -61,8 +72,8 @@ impl ApiConfig {
                     ));
                 }
                 TlsSource::Files {
-                    cert: cert.into(),
-                    key: key.into(),
+                    cert: cert.clone(),
+                    key: key.clone(),
                 }
             }
             (Some(_), None) => {
@@ -81,21 +92,23 @@ impl ApiConfig {
                     "the PEM certificate (chain) of VK_TLS_KEY",
                 ));
             }
-            (None, None) if self_signed => TlsSource::SelfSigned,
+            (None, None) if args.tls_self_signed => TlsSource::SelfSigned,
             (None, None) => TlsSource::Csr {
-                dir: get("VK_TLS_CERT_DIR").unwrap_or_else(|| DEFAULT_CERT_DIR.into()).into(),
+                dir: args.tls_cert_dir.clone(),
             },
         };
         Ok(Self {
-            address,
+            address: args.kubelet_address,
             port,
             tls,
-            client_ca: get("VK_CLIENT_CA_FILE").map(PathBuf::from),
+            client_ca: args.client_ca_file.clone(),
         })
     }
 
-    pub fn from_env(port: u16) -> Result<Self, ConfigError> {
-        Self::from_lookup(|k| std::env::var(k).ok(), port)
+    /// Reads the variables through `lookup`, with the rules of the environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>, port: u16) -> Result<Self, String> {
+        let args = crate::settings::parse_lookup::<ApiArgs>(lookup)?;
+        Self::from_args(&args, port).map_err(|e| e.to_string())
     }
 }
 
@@ -104,7 +117,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn cfg(vars: &[(&str, &str)]) -> Result<ApiConfig, ConfigError> {
+    fn cfg(vars: &[(&str, &str)]) -> Result<ApiConfig, String> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         ApiConfig::from_lookup(|k| map.get(k).cloned(), 10250)
     }
@@ -148,7 +161,7 @@ mod tests {
         for (vars, var) in [
             (vec![("VK_TLS_CERT", "/c")], "VK_TLS_KEY"),
             (vec![("VK_TLS_KEY", "/k")], "VK_TLS_CERT"),
-            (vec![("VK_TLS_SELF_SIGNED", "yes")], "VK_TLS_SELF_SIGNED"),
+            (vec![("VK_TLS_SELF_SIGNED", "maybe")], "VK_TLS_SELF_SIGNED"),
             (
                 vec![
                     ("VK_TLS_SELF_SIGNED", "true"),
@@ -159,7 +172,8 @@ mod tests {
             ),
             (vec![("VK_KUBELET_ADDRESS", "nowhere")], "VK_KUBELET_ADDRESS"),
         ] {
-            assert_eq!(cfg(&vars).unwrap_err().variable, var, "{vars:?}");
+            let e = cfg(&vars).unwrap_err();
+            assert!(e.contains(var), "{vars:?}: {e}");
         }
     }
 }

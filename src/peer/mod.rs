@@ -16,7 +16,7 @@ pub mod server;
 pub mod staging;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
@@ -40,33 +40,49 @@ pub struct PeerConfig {
     pub token: Option<PeerToken>,
 }
 
+/// The peer snapshot tier's settings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Peer snapshot tier")]
+pub struct PeerArgs {
+    /// The peer snapshot listener; its port is what peers dial (one port fleet-wide)
+    #[arg(long, env = "VK_PEER_ADDR", value_name = "ADDR", default_value = ":12501",
+          value_parser = crate::settings::parser("VK_PEER_ADDR", "host:port or :port", crate::provider::metrics::parse_listen_addr))]
+    pub peer_addr: SocketAddr,
+    /// The fleet's shared peer token, at least 16 characters (unset: the tier is off)
+    #[arg(long, env = "VK_PEER_TOKEN_FILE", value_name = "FILE")]
+    pub peer_token_file: Option<PathBuf>,
+    /// Where peer restores are staged; same filesystem as cocoon's data, swept at startup (unset: <COCOON_ROOT_DIR>/vk-staging)
+    #[arg(long, env = "VK_STAGING_DIR", value_name = "DIR")]
+    pub staging_dir: Option<PathBuf>,
+    /// cocoon's localfile snapshot store, served to peers (unset: <COCOON_ROOT_DIR>/snapshot/localfile)
+    #[arg(long, env = "VK_COCOON_SNAPSHOT_DIR", value_name = "DIR")]
+    pub cocoon_snapshot_dir: Option<PathBuf>,
+}
+
 impl PeerConfig {
-    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
-        let addr = get("VK_PEER_ADDR").unwrap_or_else(|| ":12501".into());
-        let listen = crate::provider::metrics::parse_listen_addr(&addr)
-            .map_err(|_| format!("VK_PEER_ADDR={addr:?} is not host:port or :port"))?;
-        let token = match get("VK_PEER_TOKEN_FILE") {
-            Some(path) => Some(PeerToken::from_file(std::path::Path::new(path.trim()))?),
+    /// The tier's configuration (the token file is read here); `root_dir` is cocoon's root.
+    pub fn from_args(args: &PeerArgs, root_dir: &Path) -> Result<Self, String> {
+        let token = match &args.peer_token_file {
+            Some(path) => Some(PeerToken::from_file(path)?),
             None => None,
         };
-        // Both default under cocoon's root (`COCOON_ROOT_DIR`, default /var/lib/cocoon): the
-        // staging directory must share cocoon's filesystem.
-        let root = PathBuf::from(get("COCOON_ROOT_DIR").unwrap_or_else(|| "/var/lib/cocoon".into()));
+        // Both default under cocoon's root: the staging directory must share cocoon's filesystem.
         Ok(Self {
-            listen,
-            staging_dir: get("VK_STAGING_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root.join("vk-staging")),
-            snapshot_dir: get("VK_COCOON_SNAPSHOT_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root.join("snapshot/localfile")),
+            listen: args.peer_addr,
+            staging_dir: args.staging_dir.clone().unwrap_or_else(|| root_dir.join("vk-staging")),
+            snapshot_dir: args
+                .cocoon_snapshot_dir
+                .clone()
+                .unwrap_or_else(|| root_dir.join("snapshot/localfile")),
             token,
         })
     }
 
-    pub fn from_env() -> Result<Self, String> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+    /// Reads the variables (and `COCOON_ROOT_DIR`) through `lookup`, with the rules of the
+    /// environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let root = crate::settings::parse_lookup::<crate::runtime::config::RootArgs>(&lookup)?;
+        Self::from_args(&crate::settings::parse_lookup::<PeerArgs>(&lookup)?, &root.root_dir)
     }
 }
 

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use super::distribution::PolicyRef;
 use super::engine::SandboxLimits;
 use super::slots::Slot;
+use crate::settings::{self, parser};
 
 /// Default location of the compiled-policy cache.
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cocoon/vk-policy-cache";
@@ -160,23 +161,88 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+/// The policy engine's settings. Unset values keep the configuration file's (`VK_POLICY_CONFIG`),
+/// else the built-in defaults; a set value overrides the file.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Policies")]
+pub struct PolicyArgs {
+    /// The policy configuration file (slots, limits, cache; watched: a changed slot is loaded)
+    #[arg(long, env = "VK_POLICY_CONFIG", value_name = "FILE")]
+    pub policy_config: Option<PathBuf>,
+    /// Component of slot snapshot-before-destroy: a .wasm path or oci://HOST/REPO@sha256:… (unset: the file's, else built in)
+    #[arg(long, env = "VK_POLICY_SNAPSHOT_BEFORE_DESTROY", value_name = "SOURCE")]
+    pub policy_snapshot_before_destroy: Option<String>,
+    /// Component of slot bring-up (as above)
+    #[arg(long, env = "VK_POLICY_BRING_UP", value_name = "SOURCE")]
+    pub policy_bring_up: Option<String>,
+    /// Component of slot cpu-class-admission (as above)
+    #[arg(long, env = "VK_POLICY_CPU_CLASS_ADMISSION", value_name = "SOURCE")]
+    pub policy_cpu_class_admission: Option<String>,
+    /// Component of slot resource-translation (as above)
+    #[arg(long, env = "VK_POLICY_RESOURCE_TRANSLATION", value_name = "SOURCE")]
+    pub policy_resource_translation: Option<String>,
+    /// Component of slot guest-fixup (as above)
+    #[arg(long, env = "VK_POLICY_GUEST_FIXUP", value_name = "SOURCE")]
+    pub policy_guest_fixup: Option<String>,
+    /// Cache of compiled components; set but empty disables it (unset: the file's, else /var/lib/cocoon/vk-policy-cache)
+    #[arg(long, env = "VK_POLICY_CACHE_DIR", value_name = "DIR")]
+    pub policy_cache_dir: Option<String>,
+    /// Pulled policy artifacts, kept by digest (unset: the file's, else /var/lib/cocoon/vk-policy-artifacts)
+    #[arg(long, env = "VK_POLICY_ARTIFACT_DIR", value_name = "DIR")]
+    pub policy_artifact_dir: Option<PathBuf>,
+    /// Allow oci://…:TAG sources, resolved once per load (unset: the file's, else false)
+    #[arg(long, env = "VK_POLICY_ALLOW_TAGS", value_name = "BOOL",
+          value_parser = parser("VK_POLICY_ALLOW_TAGS", "true or false", settings::boolean))]
+    pub policy_allow_tags: Option<bool>,
+    /// Per-decision deadline in ms, 1-60000 (unset: the file's, else 100)
+    #[arg(long, env = "VK_POLICY_TIMEOUT_MS", value_name = "MS",
+          value_parser = parser("VK_POLICY_TIMEOUT_MS", "a whole number between 1 and 60000", |v| within(v, 1, 60_000)))]
+    pub policy_timeout_ms: Option<u64>,
+    /// Per-decision memory limit in MiB, 1-4096 (unset: the file's, else 32)
+    #[arg(long, env = "VK_POLICY_MEMORY_MIB", value_name = "MIB",
+          value_parser = parser("VK_POLICY_MEMORY_MIB", "a whole number between 1 and 4096", |v| within(v, 1, 4096)))]
+    pub policy_memory_mib: Option<u64>,
+    /// Decisions running at once (the instance pool), 1-1024 (unset: the file's, else 32)
+    #[arg(long, env = "VK_POLICY_MAX_CONCURRENT", value_name = "COUNT",
+          value_parser = parser("VK_POLICY_MAX_CONCURRENT", "a whole number between 1 and 1024", |v| within(v, 1, 1024)))]
+    pub policy_max_concurrent: Option<u64>,
+}
+
+fn within(text: &str, min: u64, max: u64) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err("out of range".into()),
+    }
+}
+
+impl PolicyArgs {
+    /// The `VK_POLICY_<SLOT>` values by slot.
+    fn slot_sources(&self) -> [(Slot, Option<&str>); Slot::ALL.len()] {
+        Slot::ALL.map(|slot| {
+            let value = match slot {
+                Slot::SnapshotBeforeDestroy => &self.policy_snapshot_before_destroy,
+                Slot::BringUp => &self.policy_bring_up,
+                Slot::CpuClassAdmission => &self.policy_cpu_class_admission,
+                Slot::ResourceTranslation => &self.policy_resource_translation,
+                Slot::GuestFixup => &self.policy_guest_fixup,
+            };
+            (slot, value.as_deref())
+        })
+    }
+}
+
 impl PolicyConfig {
-    /// Reads the configuration: the YAML file named by `VK_POLICY_CONFIG` (if set), then the
-    /// environment overrides `VK_POLICY_<SLOT>` (a component path or `oci://` reference),
-    /// `VK_POLICY_CACHE_DIR` (empty disables the cache), `VK_POLICY_ARTIFACT_DIR`,
-    /// `VK_POLICY_ALLOW_TAGS`, `VK_POLICY_TIMEOUT_MS`, `VK_POLICY_MEMORY_MIB` and
-    /// `VK_POLICY_MAX_CONCURRENT`. `env` is the variable lookup (the process environment in
-    /// the daemon).
-    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut config = match env("VK_POLICY_CONFIG").filter(|v| !v.is_empty()) {
-            Some(path) => Self::from_file(Path::new(&path))?,
+    /// The configuration: the file named by `VK_POLICY_CONFIG` (if set), then the settings that
+    /// override it.
+    pub fn from_args(args: &PolicyArgs) -> Result<Self, ConfigError> {
+        let mut config = match &args.policy_config {
+            Some(path) => Self::from_file(path)?,
             None => PolicyConfig::default(),
         };
-        for slot in Slot::ALL {
-            let variable = slot.env_var();
-            if let Some(text) = env(&variable).filter(|v| !v.is_empty()) {
-                let source = PolicySource::parse(&text).map_err(|problem| ConfigError {
-                    variable: variable.clone(),
+        for (slot, text) in args.slot_sources() {
+            if let Some(text) = text {
+                let source = PolicySource::parse(text).map_err(|problem| ConfigError {
+                    variable: slot.env_var(),
                     problem,
                 })?;
                 let slot_config = SlotConfig { source, cases: None };
@@ -184,45 +250,31 @@ impl PolicyConfig {
                 config.slots.insert(slot, slot_config);
             }
         }
-        if let Some(dir) = env("VK_POLICY_CACHE_DIR") {
-            config.cache_dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
+        if let Some(dir) = &args.policy_cache_dir {
+            config.cache_dir = (!dir.trim().is_empty()).then(|| PathBuf::from(dir.trim()));
         }
-        if let Some(dir) = env("VK_POLICY_ARTIFACT_DIR").filter(|v| !v.is_empty()) {
-            config.artifact_dir = PathBuf::from(dir);
+        if let Some(dir) = &args.policy_artifact_dir {
+            config.artifact_dir = dir.clone();
         }
-        match env("VK_POLICY_ALLOW_TAGS").as_deref().map(str::trim) {
-            None | Some("") => {}
-            Some("true") => config.allow_tags = true,
-            Some("false") => config.allow_tags = false,
-            Some(other) => {
-                return Err(ConfigError {
-                    variable: "VK_POLICY_ALLOW_TAGS".into(),
-                    problem: format!("{other:?} is neither true nor false"),
-                });
-            }
+        if let Some(allow) = args.policy_allow_tags {
+            config.allow_tags = allow;
         }
-        let number = |variable: &str, min: u64, max: u64| -> Result<Option<u64>, ConfigError> {
-            let Some(text) = env(variable).filter(|v| !v.is_empty()) else {
-                return Ok(None);
-            };
-            match text.trim().parse::<u64>() {
-                Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
-                _ => Err(ConfigError {
-                    variable: variable.into(),
-                    problem: format!("{text:?} is not a whole number between {min} and {max}"),
-                }),
-            }
-        };
-        if let Some(ms) = number("VK_POLICY_TIMEOUT_MS", 1, 60_000)? {
+        if let Some(ms) = args.policy_timeout_ms {
             config.limits.timeout = Duration::from_millis(ms);
         }
-        if let Some(mib) = number("VK_POLICY_MEMORY_MIB", 1, 4096)? {
+        if let Some(mib) = args.policy_memory_mib {
             config.limits.memory_bytes = usize::try_from(mib << 20).unwrap_or(usize::MAX);
         }
-        if let Some(n) = number("VK_POLICY_MAX_CONCURRENT", 1, 1024)? {
+        if let Some(n) = args.policy_max_concurrent {
             config.limits.max_concurrent = u32::try_from(n).unwrap_or(u32::MAX);
         }
         Ok(config)
+    }
+
+    /// Reads the variables through `lookup` (the rules of the environment), then the file.
+    pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let args = settings::parse_lookup::<PolicyArgs>(lookup)?;
+        Self::from_args(&args).map_err(|e| e.to_string())
     }
 
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
@@ -332,15 +384,33 @@ mod tests {
         assert_eq!(config.artifact_dir, PathBuf::from(DEFAULT_ARTIFACT_DIR));
         let err =
             PolicyConfig::from_env(env(&[("VK_POLICY_BRING_UP", "oci://127.0.0.1:5000/p@sha256:12")])).unwrap_err();
-        assert_eq!(err.variable, "VK_POLICY_BRING_UP");
-        assert!(err.to_string().contains("64 lower-case hex"), "{err}");
+        assert!(
+            err.contains("VK_POLICY_BRING_UP") && err.contains("64 lower-case hex"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_slot_has_its_variable() {
+        use clap::Args;
+        let cmd = PolicyArgs::augment_args(clap::Command::new("t"));
+        for slot in Slot::ALL {
+            let var = slot.env_var();
+            assert!(
+                cmd.get_arguments()
+                    .any(|a| a.get_env().is_some_and(|e| e == var.as_str())),
+                "{var} is declared"
+            );
+        }
     }
 
     #[test]
     fn bad_values_name_the_variable_and_the_accepted_range() {
         let err = PolicyConfig::from_env(env(&[("VK_POLICY_TIMEOUT_MS", "soon")])).unwrap_err();
-        assert_eq!(err.variable, "VK_POLICY_TIMEOUT_MS");
-        assert!(err.to_string().contains("between 1 and 60000"), "{err}");
+        assert!(
+            err.contains("VK_POLICY_TIMEOUT_MS=\"soon\"") && err.contains("between 1 and 60000"),
+            "{err}"
+        );
         let err = PolicyConfig::from_env(env(&[("VK_POLICY_CONFIG", "/nonexistent/p.yaml")])).unwrap_err();
         assert!(err.to_string().contains("VK_POLICY_CONFIG") && err.to_string().contains("/nonexistent/p.yaml"));
     }

@@ -71,31 +71,40 @@ pub enum LogTarget {
     File { path: PathBuf, max_bytes: u64 },
 }
 
+/// The decision log's settings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Policies")]
+pub struct DecisionLogArgs {
+    /// One JSON line per policy decision: off, stderr or a file path
+    #[arg(long, env = "VK_DECISION_LOG", value_name = "TARGET", default_value = "off")]
+    pub decision_log: String,
+    /// The file moves to <path>.1 at this size, in bytes (at least 4096)
+    #[arg(long, env = "VK_DECISION_LOG_MAX_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES,
+          value_parser = crate::settings::parser("VK_DECISION_LOG_MAX_BYTES", "a whole number of bytes, at least 4096", |v| match v.parse::<u64>() {
+              Ok(n) if n >= 4096 => Ok(n),
+              _ => Err("too small or not a number".to_string()),
+          }))]
+    pub decision_log_max_bytes: u64,
+}
+
 impl LogTarget {
-    /// `VK_DECISION_LOG` (`off` or unset, `stderr`, or a file path) and
-    /// `VK_DECISION_LOG_MAX_BYTES` (rotation size, default 64 MiB).
-    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Option<LogTarget>, super::config::ConfigError> {
-        let value = env("VK_DECISION_LOG").unwrap_or_default();
-        let max_bytes = match env("VK_DECISION_LOG_MAX_BYTES").filter(|v| !v.trim().is_empty()) {
-            None => DEFAULT_MAX_BYTES,
-            Some(text) => match text.trim().parse::<u64>() {
-                Ok(n) if n >= 4096 => n,
-                _ => {
-                    return Err(super::config::ConfigError {
-                        variable: "VK_DECISION_LOG_MAX_BYTES".into(),
-                        problem: format!("{text:?} is not a whole number of bytes, at least 4096"),
-                    });
-                }
-            },
-        };
-        Ok(match value.trim() {
+    /// `None` for `off`.
+    pub fn from_args(args: &DecisionLogArgs) -> Option<LogTarget> {
+        match args.decision_log.trim() {
             "" | "off" => None,
             "stderr" => Some(LogTarget::Stderr),
             path => Some(LogTarget::File {
                 path: PathBuf::from(path),
-                max_bytes,
+                max_bytes: args.decision_log_max_bytes,
             }),
-        })
+        }
+    }
+
+    /// Reads the variables through `lookup`, with the rules of the environment.
+    pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<LogTarget>, String> {
+        Ok(Self::from_args(&crate::settings::parse_lookup::<DecisionLogArgs>(
+            lookup,
+        )?))
     }
 }
 
@@ -298,7 +307,7 @@ mod tests {
             })
         );
         let error = LogTarget::from_env(env(&[("VK_DECISION_LOG_MAX_BYTES", "12")])).unwrap_err();
-        assert_eq!(error.variable, "VK_DECISION_LOG_MAX_BYTES");
+        assert!(error.contains("VK_DECISION_LOG_MAX_BYTES=\"12\""), "{error}");
     }
 
     #[test]

@@ -14,6 +14,26 @@ use super::ports::{LeaseError, LeaseReleaser, LeaseSource};
 pub const DEFAULT_LEASES_PATH: &str = "/var/lib/cocoon/net/leases.json";
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/cocoon-net/control.sock";
 
+/// Where cocoon-net's leases and control socket are.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "cocoon-net")]
+pub struct CocoonNetArgs {
+    /// cocoon-net's DHCP lease file (a guest's IP by MAC; re-read when it changes)
+    #[arg(long, env = "VK_LEASES_PATH", value_name = "FILE", default_value = DEFAULT_LEASES_PATH)]
+    pub leases_path: std::path::PathBuf,
+    /// cocoon-net's control socket, where a gone VM's leases are released (set but empty: release disabled)
+    #[arg(long, env = "VK_COCOON_NET_CONTROL_SOCKET", value_name = "SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+    pub cocoon_net_control_socket: String,
+}
+
+impl CocoonNetArgs {
+    /// The control socket, `None` when release is disabled (an empty value).
+    pub fn control_socket(&self) -> Option<ControlSocket> {
+        let path = self.cocoon_net_control_socket.trim();
+        (!path.is_empty()).then(|| ControlSocket::new(std::path::PathBuf::from(path)))
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 struct Row {
     #[serde(default)]

@@ -1,11 +1,12 @@
-//! Provider settings (environment, behaviour spec §2) and the timings of its background work.
+//! Provider settings ([`ProviderArgs`], behaviour spec §2) and the timings of its background work.
 //! Every timing defaults to the spec's value; tests shorten them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::reconcile::OrphanPolicy;
 use crate::policy::contract::types::RestoreMode;
+use crate::settings::parser;
 
 /// Provider settings.
 #[derive(Debug, Clone)]
@@ -22,36 +23,57 @@ pub struct ProviderConfig {
     pub timings: Timings,
 }
 
+/// The provider's own settings (behaviour spec §2, §3.5, §4b).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Provider")]
+pub struct ProviderArgs {
+    /// How clones restore guest memory: copy, ondemand or mmap (any case)
+    #[arg(long, env = "VK_RESTORE_MODE", value_name = "MODE", default_value = "mmap",
+          value_parser = parser("VK_RESTORE_MODE", "copy, ondemand or mmap", |v| crate::model::vm_spec::restore_mode(v).ok_or_else(|| "not a restore mode".to_string())))]
+    pub restore_mode: RestoreMode,
+    /// What happens to VMs no pod claims at startup: destroy, alert or keep
+    #[arg(long, env = "VK_ORPHAN_POLICY", value_name = "POLICY", default_value = "destroy",
+          value_parser = parser("VK_ORPHAN_POLICY", "destroy, alert or keep", |v| OrphanPolicy::parse(Some(v)).map_err(|_| "not an orphan policy".to_string())))]
+    pub orphan_policy: OrphanPolicy,
+    /// Period of the local snapshot reclaimer (s, m or h; 0 turns it off)
+    #[arg(long, env = "VK_SNAPSHOT_RECLAIM_INTERVAL", value_name = "INTERVAL", default_value = "10m",
+          value_parser = parser("VK_SNAPSHOT_RECLAIM_INTERVAL", "a duration such as 600s, 10m or 1h (0 turns the reclaimer off)",
+                                |v| parse_interval(v).map(Every).ok_or_else(|| "not a duration".to_string())))]
+    pub snapshot_reclaim_interval: Every,
+}
+
+/// A period; `None` = off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Every(pub Option<Duration>);
+
 impl ProviderConfig {
-    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let restore_mode = match env("VK_RESTORE_MODE").filter(|v| !v.trim().is_empty()) {
-            None => RestoreMode::Mmap,
-            Some(text) => crate::model::vm_spec::restore_mode(&text)
-                .ok_or_else(|| format!("VK_RESTORE_MODE={text:?} is not one of copy, ondemand, mmap"))?,
-        };
-        let mut timings = Timings::default();
-        if let Some(text) = env("VK_SNAPSHOT_RECLAIM_INTERVAL").filter(|v| !v.trim().is_empty()) {
-            timings.reclaim_interval = parse_interval(&text).ok_or_else(|| {
-                format!("VK_SNAPSHOT_RECLAIM_INTERVAL={text:?} is not a duration (e.g. 600s, 10m, 1h; 0 turns the reclaimer off)")
-            })?;
+    /// The provider's configuration: its settings, and the node's identity and cocoon's root
+    /// (owned by the node's and the runtime's settings).
+    pub fn from_args(args: &ProviderArgs, node_name: &str, node_class: Option<&str>, root_dir: &Path) -> Self {
+        Self {
+            node_name: node_name.to_string(),
+            node_class: node_class.unwrap_or_default().to_string(),
+            restore_mode: args.restore_mode,
+            orphan_policy: args.orphan_policy,
+            root_dir: root_dir.to_path_buf(),
+            timings: Timings {
+                reclaim_interval: args.snapshot_reclaim_interval.0,
+                ..Timings::default()
+            },
         }
-        Ok(Self {
-            node_name: env("VK_NODE_NAME")
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| crate::kubelet::config::DEFAULT_NODE_NAME.into()),
-            node_class: env("VK_SNAPSHOT_CPU_CLASS").unwrap_or_default(),
-            restore_mode,
-            orphan_policy: OrphanPolicy::parse(env("VK_ORPHAN_POLICY").as_deref())?,
-            root_dir: env("COCOON_ROOT_DIR")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/var/lib/cocoon")),
-            timings,
-        })
     }
 
-    pub fn from_env() -> Result<Self, String> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+    /// Reads the variables (and the node's and cocoon's) through `lookup`, with the rules of the
+    /// environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let node = crate::kubelet::KubeletConfig::from_lookup(&lookup)?;
+        let args = crate::settings::parse_lookup::<ProviderArgs>(&lookup)?;
+        Ok(Self::from_args(
+            &args,
+            &node.node_name,
+            node.snapshot_cpu_class.as_deref(),
+            &node.root_dir,
+        ))
     }
 }
 

@@ -223,6 +223,16 @@ pub fn render(registry: &Registry) -> String {
 }
 
 /// `VK_METRICS_ADDR` (`:9091` = all interfaces, port 9091).
+/// The `/metrics` listener.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Metrics")]
+pub struct MetricsArgs {
+    /// Address of the /metrics listener (host:port or :port)
+    #[arg(long, env = "VK_METRICS_ADDR", value_name = "ADDR", default_value = ":9091",
+          value_parser = crate::settings::parser("VK_METRICS_ADDR", "host:port or :port", parse_listen_addr))]
+    pub metrics_addr: std::net::SocketAddr,
+}
+
 pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
     let v = value.trim();
     let full = if v.starts_with(':') {
@@ -230,8 +240,7 @@ pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
     } else {
         v.to_string()
     };
-    full.parse()
-        .map_err(|e| format!("VK_METRICS_ADDR={value:?} is not host:port or :port ({e})"))
+    full.parse().map_err(|e| format!("not host:port or :port ({e})"))
 }
 
 /// Serves `GET /metrics` until `shutdown`. Gathering runs off the async workers: collectors

@@ -22,6 +22,18 @@ use super::probe::Prober;
 
 pub const ENV: &str = "VK_PROBE_NETWORKS";
 
+/// The probes' scope.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Provider")]
+pub struct ProbeArgs {
+    /// The only networks readiness probes (and port-forward) may reach: CIDRs or addresses, comma-separated (unset: any address)
+    #[arg(long, env = ENV, value_name = "NETWORKS",
+          value_parser = crate::settings::parser(ENV, "CIDRs such as 10.88.0.0/16 or addresses, comma-separated", |v| {
+              ProbeNetworks::parse(v)?.ok_or_else(|| "no network".to_string())
+          }))]
+    pub probe_networks: Option<ProbeNetworks>,
+}
+
 /// A list of networks (CIDRs; a bare address is its own /32 or /128).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeNetworks(Vec<IpNet>);
@@ -36,15 +48,15 @@ impl ProbeNetworks {
                 s.parse::<IpNet>()
                     .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
                     .map(|n| n.trunc())
-                    .map_err(|_| format!("{ENV}: {s:?} is not a network (CIDR such as 10.88.0.0/16) or an address"))
+                    .map_err(|_| format!("{s:?} is not a network (CIDR such as 10.88.0.0/16) or an address"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((!nets.is_empty()).then_some(Self(nets)))
     }
 
-    /// Reads [`ENV`] through `env`.
-    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
-        Self::parse(&env(ENV).unwrap_or_default())
+    /// Reads [`ENV`] through `lookup`, with the rules of the environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+        Ok(crate::settings::parse_lookup::<ProbeArgs>(lookup)?.probe_networks)
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -140,8 +152,11 @@ mod tests {
         assert!(!n.contains("10.89.0.1".parse().unwrap()));
         assert!(!n.contains("::2".parse().unwrap()));
         assert_eq!(ProbeNetworks::parse(" , ").unwrap(), None, "empty = unscoped");
-        let e = ProbeNetworks::parse("127.0.0.0/8,lan").unwrap_err();
-        assert!(e.contains("VK_PROBE_NETWORKS") && e.contains("\"lan\""), "{e}");
+        let e = ProbeNetworks::from_lookup(|k| (k == ENV).then(|| "127.0.0.0/8,lan".to_string())).unwrap_err();
+        assert!(
+            e.contains("VK_PROBE_NETWORKS=\"127.0.0.0/8,lan\"") && e.contains("\"lan\""),
+            "{e}"
+        );
         assert!(ProbeNetworks::parse("10.0.0.0/33").is_err());
     }
 

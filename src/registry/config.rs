@@ -1,6 +1,6 @@
 //! `OCI_REGISTRY=host[:port][/prefix]`: where snapshots and cloud images live, which scheme to speak, and
 //! which credentials to send. Unset (or empty) means registry-less mode (`None`). The `SNAPSHOT_*`
-//! variables tune the transfers ([`TransferSettings`]).
+//! variables tune the transfers ([`TransferArgs`], [`TransferSettings`]).
 
 use super::errors::ConfigError;
 use std::net::IpAddr;
@@ -54,23 +54,21 @@ impl TransferSettings {
         self.zstd_level > 0 || self.chunk_size > 0
     }
 
-    /// Reads the `SNAPSHOT_*` variables through `get`.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<TransferSettings, ConfigError> {
+    /// The transfers' settings; the rules that bind two values (a chunk within the budget) are
+    /// checked here.
+    pub fn from_args(args: &TransferArgs) -> Result<TransferSettings, ConfigError> {
         // Behaviour spec: "Invalid or negative SNAPSHOT_* values become 0" (and 0 means the default).
-        let num =
-            |name: &str| -> u64 { get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0).max(0) as u64 };
         let or = |v: u64, d: u64| if v == 0 { d } else { v };
         let d = TransferSettings::default();
-        let zstd_level = num("SNAPSHOT_ZSTD_LEVEL");
         // zstd's levels are 1..=22 (its library clamps too; a larger value is a typo worth refusing).
-        if zstd_level > 22 {
+        if args.snapshot_zstd_level > 22 {
             return Err(ConfigError::Setting {
                 name: "SNAPSHOT_ZSTD_LEVEL",
-                value: zstd_level.to_string(),
+                value: args.snapshot_zstd_level.to_string(),
                 reason: "zstd levels are 1 to 22 (0 writes uncompressed layers)".into(),
             });
         }
-        let chunk_mib = num("SNAPSHOT_CHUNK_SIZE_MIB");
+        let chunk_mib = args.snapshot_chunk_size_mib;
         if chunk_mib > MAX_CHUNK_MIB {
             return Err(ConfigError::Setting {
                 name: "SNAPSHOT_CHUNK_SIZE_MIB",
@@ -79,14 +77,14 @@ impl TransferSettings {
             });
         }
         let s = TransferSettings {
-            zstd_level: zstd_level as i32,
+            zstd_level: args.snapshot_zstd_level as i32,
             chunk_size: chunk_mib << 20,
-            concurrency: or(num("SNAPSHOT_TRANSFER_CONCURRENCY"), d.concurrency as u64) as usize,
-            push_budget: or(num("SNAPSHOT_MEMORY_BUDGET_MIB"), DEFAULT_PUSH_BUDGET_MIB) << 20,
-            pull_budget: or(num("SNAPSHOT_PULL_BUDGET_MIB"), DEFAULT_PULL_BUDGET_MIB) << 20,
-            stall_timeout: Duration::from_secs(or(num("SNAPSHOT_STALL_TIMEOUT_SECONDS"), d.stall_timeout.as_secs())),
+            concurrency: or(args.snapshot_transfer_concurrency, d.concurrency as u64) as usize,
+            push_budget: or(args.snapshot_memory_budget_mib, DEFAULT_PUSH_BUDGET_MIB) << 20,
+            pull_budget: or(args.snapshot_pull_budget_mib, DEFAULT_PULL_BUDGET_MIB) << 20,
+            stall_timeout: Duration::from_secs(or(args.snapshot_stall_timeout_seconds, d.stall_timeout.as_secs())),
             progress_interval: Duration::from_secs(or(
-                num("SNAPSHOT_PROGRESS_INTERVAL_SECONDS"),
+                args.snapshot_progress_interval_seconds,
                 d.progress_interval.as_secs(),
             )),
         };
@@ -104,6 +102,56 @@ impl TransferSettings {
         }
         Ok(s)
     }
+
+    /// Reads the `SNAPSHOT_*` variables through `lookup`, with the rules of the environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<TransferSettings, String> {
+        let args = crate::settings::parse_lookup::<TransferArgs>(lookup)?;
+        Self::from_args(&args).map_err(|e| e.to_string())
+    }
+}
+
+/// Behaviour spec §2: "Invalid or negative SNAPSHOT_* values become 0" (the Go daemon's rule,
+/// kept: a fleet's environment files were written against it), and 0 means the default.
+fn lenient(text: &str) -> Result<u64, String> {
+    Ok(text.trim().parse::<i64>().map_or(0, |n| n.max(0) as u64))
+}
+
+/// How snapshots move (`SNAPSHOT_*`). Invalid or negative values count as 0, and 0 is the default.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Registry transfers")]
+pub struct TransferArgs {
+    /// >0: the v2 writer, files of at least 1 MiB zstd-compressed at this level (1-22)
+    #[arg(long, env = "SNAPSHOT_ZSTD_LEVEL", value_name = "LEVEL", default_value = "0", value_parser = lenient)]
+    pub snapshot_zstd_level: u64,
+    /// >0: the v2 writer, files cut into blobs of this many MiB (at most 4096)
+    #[arg(long, env = "SNAPSHOT_CHUNK_SIZE_MIB", value_name = "MIB", default_value = "0", value_parser = lenient)]
+    pub snapshot_chunk_size_mib: u64,
+    /// Blobs uploaded or downloaded at once (0: 8)
+    #[arg(long, env = "SNAPSHOT_TRANSFER_CONCURRENCY", value_name = "COUNT", default_value = "0", value_parser = lenient)]
+    pub snapshot_transfer_concurrency: u64,
+    /// MiB a push holds in memory at once, at least twice the chunk size (0: 32)
+    #[arg(long, env = "SNAPSHOT_MEMORY_BUDGET_MIB", value_name = "MIB", default_value = "0", value_parser = lenient)]
+    pub snapshot_memory_budget_mib: u64,
+    /// MiB a pull prefetches (0: 32)
+    #[arg(long, env = "SNAPSHOT_PULL_BUDGET_MIB", value_name = "MIB", default_value = "0", value_parser = lenient)]
+    pub snapshot_pull_budget_mib: u64,
+    /// A push or pull that moves no byte for this many seconds fails (0: 120)
+    #[arg(long, env = "SNAPSHOT_STALL_TIMEOUT_SECONDS", value_name = "SECONDS", default_value = "0", value_parser = lenient)]
+    pub snapshot_stall_timeout_seconds: u64,
+    /// How often a running transfer logs bytes, rate and ETA, in seconds (0: 10)
+    #[arg(long, env = "SNAPSHOT_PROGRESS_INTERVAL_SECONDS", value_name = "SECONDS", default_value = "0", value_parser = lenient)]
+    pub snapshot_progress_interval_seconds: u64,
+}
+
+/// The registry's settings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Registry")]
+pub struct RegistryArgs {
+    /// Registry of snapshots and cloud images, host[:port][/prefix] (http:// or https:// to choose; unset: registry-less, hibernated guests stay in local snapshots)
+    #[arg(long, env = "OCI_REGISTRY", value_name = "REGISTRY")]
+    pub oci_registry: Option<String>,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
 }
 
 /// Parsed registry location plus transfer settings.
@@ -122,15 +170,12 @@ pub struct RegistryConfig {
 }
 
 impl RegistryConfig {
-    /// Reads `OCI_REGISTRY` and the `SNAPSHOT_*` settings. `Ok(None)`: the variable is unset or empty —
-    /// registry-less mode.
-    pub fn from_env() -> Result<Option<RegistryConfig>, ConfigError> {
-        let value = std::env::var("OCI_REGISTRY").unwrap_or_default();
-        let mut cfg = match Self::parse(&value)? {
-            Some(c) => c,
-            None => return Ok(None),
+    /// The registry from its settings. `Ok(None)`: `OCI_REGISTRY` is unset — registry-less mode.
+    pub fn from_args(args: &RegistryArgs) -> Result<Option<RegistryConfig>, ConfigError> {
+        let Some(mut cfg) = Self::parse(args.oci_registry.as_deref().unwrap_or_default())? else {
+            return Ok(None);
         };
-        cfg.transfer = TransferSettings::from_lookup(|k| std::env::var(k).ok())?;
+        cfg.transfer = TransferSettings::from_args(&args.transfer)?;
         Ok(Some(cfg))
     }
 

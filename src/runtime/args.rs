@@ -167,6 +167,9 @@ pub fn clone(spec: &CloneSpec) -> Vec<String> {
 pub fn inspect(reference: &str) -> Vec<String> {
     s(&["vm", "inspect", reference])
 }
+pub fn version() -> Vec<String> {
+    s(&["version"])
+}
 pub fn list() -> Vec<String> {
     s(&["vm", "list", "-o", "json"])
 }

@@ -84,20 +84,6 @@ impl Default for CocoonCliConfig {
     }
 }
 
-impl CocoonCliConfig {
-    /// `VK_COCOON_BIN`, and `VK_COCOON_SUDO` (`1`/`true`) for the sudo prefix.
-    pub fn from_env() -> Self {
-        let mut c = CocoonCliConfig::default();
-        if let Some(bin) = std::env::var_os("VK_COCOON_BIN").filter(|b| !b.is_empty()) {
-            c.bin = PathBuf::from(bin);
-        }
-        c.sudo = std::env::var("VK_COCOON_SUDO")
-            .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
-            .unwrap_or(false);
-        c
-    }
-}
-
 /// The `cocoon` CLI client. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CocoonCli {
@@ -158,6 +144,11 @@ impl CocoonCli {
 
     pub fn config(&self) -> &CocoonCliConfig {
         &self.cfg
+    }
+
+    /// `cocoon version`: the build's metadata (`runtime::version` reads it).
+    pub async fn version(&self) -> Result<String> {
+        self.output(args::version(), "", self.cfg.timeouts.query).await
     }
 
     fn command(&self, args: &[String]) -> Command {

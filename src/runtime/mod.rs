@@ -8,10 +8,12 @@
 
 pub mod args;
 pub mod client;
+pub mod config;
 pub mod errors;
 pub mod events;
 pub mod parse;
 pub mod quantity;
+pub mod version;
 
 pub use args::{Backend, CloneSource, CloneSpec, CpuPolicy, ExecSpec, RestoreMode, RunSpec};
 pub use client::{BusyRetry, CocoonCli, CocoonCliConfig, SnapshotExport, Timeouts, copy_export, runtime_error_of};

@@ -23,8 +23,34 @@ pub struct HostPaths {
 
 impl Default for HostPaths {
     fn default() -> Self {
-        Self::from_lookup(|_| None)
+        Self::from_lookup(|_| None).expect("the default paths are valid")
     }
+}
+
+/// The host's and cocoon's directories the stats read.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Host paths")]
+pub struct PathsArgs {
+    /// Where /proc is
+    #[arg(long, env = "VK_PROC_ROOT", value_name = "DIR", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Where the cgroup v2 tree is
+    #[arg(long, env = "VK_CGROUP_ROOT", value_name = "DIR", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// The slice holding cocoon's vm-<id>.scope cgroups (per-VM cpu.stat)
+    #[arg(
+        long,
+        env = "COCOON_CGROUP_PARENT",
+        value_name = "SLICE",
+        default_value = "cocoon.slice"
+    )]
+    pub cocoon_cgroup_parent: String,
+    /// cocoon's run dir, the VMs' COW disks (unset: <COCOON_ROOT_DIR>/run)
+    #[arg(long, env = "COCOON_RUN_DIR", value_name = "DIR")]
+    pub cocoon_run_dir: Option<PathBuf>,
+    /// cocoon's log dir: <backend>/<id>/<hypervisor>.log (kubectl logs)
+    #[arg(long, env = "COCOON_LOG_DIR", value_name = "DIR", default_value = "/var/log/cocoon")]
+    pub cocoon_log_dir: PathBuf,
 }
 
 /// cocoon's directory name of a backend (`cloudhypervisor`, `firecracker`).
@@ -37,24 +63,27 @@ pub fn backend_dir(hypervisor: &str) -> &'static str {
 }
 
 impl HostPaths {
-    /// Reads the variables through `lookup` (a variable set to "" counts as unset).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
-        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let root_dir = PathBuf::from(get("COCOON_ROOT_DIR").unwrap_or_else(|| "/var/lib/cocoon".into()));
+    /// The paths from their settings; `root_dir` is cocoon's root (`COCOON_ROOT_DIR`, owned by
+    /// the runtime's settings).
+    pub fn from_args(args: &PathsArgs, root_dir: &Path) -> Self {
         Self {
-            proc_root: PathBuf::from(get("VK_PROC_ROOT").unwrap_or_else(|| "/proc".into())),
-            cgroup_root: PathBuf::from(get("VK_CGROUP_ROOT").unwrap_or_else(|| "/sys/fs/cgroup".into())),
-            cgroup_parent: get("COCOON_CGROUP_PARENT").unwrap_or_else(|| "cocoon.slice".into()),
-            run_dir: get("COCOON_RUN_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root_dir.join("run")),
-            log_dir: PathBuf::from(get("COCOON_LOG_DIR").unwrap_or_else(|| "/var/log/cocoon".into())),
-            root_dir,
+            proc_root: args.proc_root.clone(),
+            cgroup_root: args.cgroup_root.clone(),
+            cgroup_parent: args.cocoon_cgroup_parent.clone(),
+            run_dir: args.cocoon_run_dir.clone().unwrap_or_else(|| root_dir.join("run")),
+            log_dir: args.cocoon_log_dir.clone(),
+            root_dir: root_dir.to_path_buf(),
         }
     }
 
-    pub fn from_env() -> Self {
-        Self::from_lookup(|k| std::env::var(k).ok())
+    /// Reads the variables (and `COCOON_ROOT_DIR`) through `lookup`, with the rules of the
+    /// environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let root = crate::settings::parse_lookup::<crate::runtime::config::RootArgs>(&lookup)?;
+        Ok(Self::from_args(
+            &crate::settings::parse_lookup::<PathsArgs>(&lookup)?,
+            &root.root_dir,
+        ))
     }
 
     /// `<cgroup root>/<parent>/vm-<id>.scope/cpu.stat`.
@@ -136,7 +165,8 @@ mod tests {
             "COCOON_ROOT_DIR" => Some("/t/root".into()),
             "COCOON_LOG_DIR" => Some("/t/log".into()),
             _ => None,
-        });
+        })
+        .unwrap();
         assert_eq!(t.cpu_stat("A"), PathBuf::from("/t/cg/x.slice/vm-A.scope/cpu.stat"));
         assert_eq!(t.run_dir, PathBuf::from("/t/root/run"), "the run dir follows the root");
         assert_eq!(

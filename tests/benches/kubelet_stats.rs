@@ -40,7 +40,8 @@ fn build_tree(root: &Path, n: usize) -> (HostPaths, Vec<VmTarget>) {
         "VK_CGROUP_ROOT" => Some(root.join("cgroup").display().to_string()),
         "COCOON_ROOT_DIR" => Some(root.join("cocoon").display().to_string()),
         _ => None,
-    });
+    })
+    .unwrap();
     std::fs::create_dir_all(&paths.proc_root).unwrap();
     std::fs::create_dir_all(&paths.root_dir).unwrap();
     for f in ["stat", "meminfo"] {

@@ -6,6 +6,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
+use vk_cocoon::runtime::CocoonRuntime;
 
 use crate::daemon::*;
 use crate::kube_support::{self, DAEMON_NAMESPACE, KubeCluster};
@@ -85,6 +86,40 @@ async fn a_cluster_role_missing_one_verb_stops_the_daemon_naming_that_verb() {
     let who = format!("the identity system:serviceaccount:{DAEMON_NAMESPACE}:{account} may not:");
     assert!(log.contains(&who), "{log}");
     assert!(log.contains("deploy/rbac.yaml"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cocoon_older_than_the_floor_stops_the_daemon_naming_the_minimum() {
+    let Some(cluster) = kube_support::shared().await else {
+        return;
+    };
+    // The daemon's own identity: only the cocoon build is wrong.
+    let machine = Machine::new("vk-old-cocoon");
+    machine
+        .sim
+        .set_settings(|s| s.version = "v0.5.7-14-g4feeddc".into())
+        .unwrap();
+    let log = stopped_at_startup(cluster, &machine, &cluster.daemon_kubeconfig_path()).await;
+    assert!(
+        log.contains("is v0.5.7-14-g4feeddc, older than v0.5.8") && log.contains("install cocoon v0.5.8 or newer"),
+        "{log}"
+    );
+    assert!(
+        log.contains("VK_COCOON_BIN"),
+        "the message says what to point where: {log}"
+    );
+    let verbs: Vec<String> = machine.sim.calls().unwrap().into_iter().map(|c| c.verb).collect();
+    assert_eq!(verbs, ["version"], "nothing was asked of cocoon beyond its version");
+    // What the floor spares the pods: this build does not know the daemon's verbs.
+    let err = machine.runtime.reconcile_stale_create("vm-x").await.unwrap_err();
+    assert!(format!("{err:?}").contains("unknown command"), "{err:?}");
+
+    // A release at the floor runs (the rest of the suite runs the simulator's newer default).
+    machine.sim.set_settings(|s| s.version = "v0.5.8".into()).unwrap();
+    let mut daemon = machine.start_daemon(cluster);
+    machine.wait_registered(cluster).await;
+    assert!(daemon.log().contains("cocoon version"), "{}", daemon.log());
+    assert!(daemon.terminate().await.success(), "{}", daemon.log());
 }
 
 /// `deploy/rbac.yaml` as a List for ServiceAccount, ClusterRole and binding all named `name`,

@@ -1,9 +1,8 @@
-//! Settings of the streaming endpoints, from the environment (pure), with the kubelet's
-//! defaults.
+//! Settings of the streaming endpoints ([`StreamingArgs`]), with the kubelet's defaults.
 
 use std::time::Duration;
 
-use crate::kubelet::ConfigError;
+use crate::settings::{self, parser};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamingConfig {
@@ -70,53 +69,50 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-fn bad(variable: &'static str, value: &str, problem: String, accepted: &'static str) -> ConfigError {
-    ConfigError {
-        variable,
-        value: value.to_string(),
-        problem,
-        accepted,
+/// kubectl exec / attach / port-forward sessions (README "exec, attach and port-forward").
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Streaming (exec, attach, port-forward)")]
+pub struct StreamingArgs {
+    /// A session with no traffic either way for this long is closed
+    #[arg(long, env = "VK_STREAMING_IDLE_TIMEOUT", value_name = "DURATION", default_value = "4h",
+          value_parser = parser("VK_STREAMING_IDLE_TIMEOUT", DURATION_RULE, nonzero_duration))]
+    pub streaming_idle_timeout: Duration,
+    /// How long a client has to open the streams it asked for after the upgrade
+    #[arg(long, env = "VK_STREAMING_CREATION_TIMEOUT", value_name = "DURATION", default_value = "30s",
+          value_parser = parser("VK_STREAMING_CREATION_TIMEOUT", DURATION_RULE, nonzero_duration))]
+    pub streaming_creation_timeout: Duration,
+    /// Sessions open at once on the node; more are refused with 429
+    #[arg(long, env = "VK_STREAMING_MAX_SESSIONS", value_name = "COUNT", default_value_t = 64,
+          value_parser = parser("VK_STREAMING_MAX_SESSIONS", "a number of at least 1", settings::positive::<usize>))]
+    pub streaming_max_sessions: usize,
+    /// Connections one port-forward session may hold
+    #[arg(long, env = "VK_STREAMING_MAX_PORTFORWARD_STREAMS", value_name = "COUNT", default_value_t = 256,
+          value_parser = parser("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "a number of at least 1", settings::positive::<usize>))]
+    pub streaming_max_portforward_streams: usize,
+}
+
+const DURATION_RULE: &str = "a duration such as 4h, 30s or 1h30m";
+
+fn nonzero_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err("must be more than 0".into()),
+        d => Ok(d),
     }
 }
 
 impl StreamingConfig {
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let mut c = Self::default();
-        let duration = |var: &'static str, default: Duration| -> Result<Duration, ConfigError> {
-            match get(var) {
-                None => Ok(default),
-                Some(v) => match parse_duration(&v) {
-                    Ok(d) if !d.is_zero() => Ok(d),
-                    Ok(_) => Err(bad(
-                        var,
-                        &v,
-                        "must be more than 0".into(),
-                        "a duration such as 4h, 30s or 1h30m",
-                    )),
-                    Err(e) => Err(bad(var, &v, e, "a duration such as 4h, 30s or 1h30m")),
-                },
-            }
-        };
-        c.idle_timeout = duration("VK_STREAMING_IDLE_TIMEOUT", c.idle_timeout)?;
-        c.creation_timeout = duration("VK_STREAMING_CREATION_TIMEOUT", c.creation_timeout)?;
-        let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
-            match get(var) {
-                None => Ok(default),
-                Some(v) => match v.parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(bad(
-                        var,
-                        &v,
-                        "not a positive whole number".into(),
-                        "a number of at least 1",
-                    )),
-                },
-            }
-        };
-        c.max_sessions = count("VK_STREAMING_MAX_SESSIONS", c.max_sessions)?;
-        c.max_forwarded_connections = count("VK_STREAMING_MAX_PORTFORWARD_STREAMS", c.max_forwarded_connections)?;
-        Ok(c)
+    pub fn from_args(args: &StreamingArgs) -> Self {
+        Self {
+            idle_timeout: args.streaming_idle_timeout,
+            creation_timeout: args.streaming_creation_timeout,
+            max_sessions: args.streaming_max_sessions,
+            max_forwarded_connections: args.streaming_max_portforward_streams,
+        }
+    }
+
+    /// Reads the variables through `lookup`, with the rules of the environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        Ok(Self::from_args(&settings::parse_lookup::<StreamingArgs>(lookup)?))
     }
 }
 
@@ -143,7 +139,7 @@ mod tests {
         }
     }
 
-    fn cfg(vars: &[(&str, &str)]) -> Result<StreamingConfig, ConfigError> {
+    fn cfg(vars: &[(&str, &str)]) -> Result<StreamingConfig, String> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         StreamingConfig::from_lookup(|k| map.get(k).cloned())
     }
@@ -178,7 +174,8 @@ mod tests {
             ("VK_STREAMING_MAX_SESSIONS", "0"),
             ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "many"),
         ] {
-            assert_eq!(cfg(&[(var, value)]).unwrap_err().variable, var, "{value}");
+            let e = cfg(&[(var, value)]).unwrap_err();
+            assert!(e.contains(&format!("{var}={value:?}")), "{e}");
         }
     }
 }

@@ -30,7 +30,7 @@ use axum::http::StatusCode;
 use prometheus::IntGauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-pub use config::StreamingConfig;
+pub use config::{StreamingArgs, StreamingConfig};
 
 /// The networks port-forward may dial (the daemon's `VK_PROBE_NETWORKS`): a guest address
 /// outside them is not contacted.
