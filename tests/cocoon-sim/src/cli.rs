@@ -238,7 +238,13 @@ fn command_path(argv: &[String]) -> Result<(String, String, Vec<String>), Fail> 
 
 /// Entry point of the binary: returns the exit code.
 pub fn run(argv: Vec<String>) -> i32 {
-    match run_inner(argv) {
+    exit_code(run_inner(argv))
+}
+
+/// How a verb's outcome leaves the process, the same for both simulated CLIs: a cobra-style
+/// `Error: …` line (or the raw text a verb printed itself) on stderr and the failure's code.
+pub(crate) fn exit_code(outcome: Result<(), Fail>) -> i32 {
+    match outcome {
         Ok(()) => 0,
         Err(f) => {
             let _ = std::io::stdout().flush();

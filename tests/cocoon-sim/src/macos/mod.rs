@@ -57,24 +57,7 @@ pub fn home(argv: &[String]) -> PathBuf {
 
 /// Entry point of the binary: returns the exit code.
 pub fn run(argv: Vec<String>) -> i32 {
-    match run_inner(argv) {
-        Ok(()) => 0,
-        Err(f) => {
-            let _ = std::io::stdout().flush();
-            if f.raw {
-                if !f.msg.is_empty() {
-                    let mut e = std::io::stderr().lock();
-                    let _ = e.write_all(f.msg.as_bytes());
-                    if !f.msg.ends_with('\n') {
-                        let _ = e.write_all(b"\n");
-                    }
-                }
-            } else {
-                eprintln!("Error: {}", f.msg);
-            }
-            f.code
-        }
-    }
+    crate::cli::exit_code(run_inner(argv))
 }
 
 /// Where the two command words are (`--state-dir X` may precede them).
