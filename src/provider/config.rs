@@ -19,6 +19,8 @@ pub struct ProviderConfig {
     pub orphan_policy: OrphanPolicy,
     /// `COCOON_ROOT_DIR`: where cocoon keeps a VM's run dir (the cloud-image overlay is read there).
     pub root_dir: PathBuf,
+    /// The cocoon-macos path's node settings.
+    pub macos: super::macos::MacosSettings,
     pub timings: Timings,
 }
 
@@ -46,6 +48,7 @@ impl ProviderConfig {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/var/lib/cocoon")),
+            macos: super::macos::MacosSettings::from_lookup(&env)?,
             timings,
         })
     }

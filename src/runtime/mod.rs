@@ -10,6 +10,7 @@ pub mod args;
 pub mod client;
 pub mod errors;
 pub mod events;
+pub mod macos;
 pub mod parse;
 pub mod quantity;
 
