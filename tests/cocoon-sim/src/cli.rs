@@ -236,6 +236,17 @@ fn command_path(argv: &[String]) -> Result<(String, String, Vec<String>), Fail> 
     Ok((words[0].clone(), words[1].clone(), rest))
 }
 
+/// An injected `Fail` fault, the same for both simulated CLIs: its stdout is printed as the verb's
+/// own output, its stderr becomes the failure's raw text and its code the exit code.
+pub(crate) fn injected_failure(stdout: &str, stderr: String, exit_code: i32) -> std::io::Result<Fail> {
+    std::io::stdout().write_all(stdout.as_bytes())?;
+    Ok(Fail {
+        msg: stderr,
+        code: exit_code,
+        raw: true,
+    })
+}
+
 /// Entry point of the binary: returns the exit code.
 pub fn run(argv: Vec<String>) -> i32 {
     exit_code(run_inner(argv))
@@ -287,14 +298,7 @@ fn run_inner(argv: Vec<String>) -> Res {
             stdout,
             stderr,
             exit_code,
-        }) => {
-            std::io::stdout().write_all(stdout.as_bytes())?;
-            return Err(Fail {
-                msg: stderr,
-                code: exit_code,
-                raw: true,
-            });
-        }
+        }) => return Err(injected_failure(&stdout, stderr, exit_code)?),
         Some(FaultAction::Delay { ms }) => std::thread::sleep(std::time::Duration::from_millis(ms)),
         Some(FaultAction::Die { after_bytes }) => die_after = Some(after_bytes),
         None => {}

@@ -33,7 +33,6 @@ pub mod vm;
 use crate::cli::Fail;
 use crate::control::{Control, FaultAction};
 use crate::store::Store;
-use std::io::Write;
 use std::path::PathBuf;
 
 /// The state directory of this invocation.
@@ -112,14 +111,7 @@ fn run_inner(argv: Vec<String>) -> Result<(), Fail> {
             stdout,
             stderr,
             exit_code,
-        }) => {
-            std::io::stdout().write_all(stdout.as_bytes())?;
-            return Err(Fail {
-                msg: stderr,
-                code: exit_code,
-                raw: true,
-            });
-        }
+        }) => return Err(crate::cli::injected_failure(&stdout, stderr, exit_code)?),
         Some(FaultAction::Delay { ms }) => std::thread::sleep(std::time::Duration::from_millis(ms)),
         Some(FaultAction::Die { .. }) => crate::cli::die(),
         None => {}
