@@ -195,6 +195,19 @@ struct CallLine<'a> {
     argv: &'a [String],
 }
 
+/// Records one invocation in `calls.log` (the tests' view of what the daemon ran), the same line
+/// for both simulated CLIs.
+pub(crate) fn log_call(store: &Store, verb: &str, argv: &[String]) -> std::io::Result<()> {
+    store.append_jsonl(
+        "calls.log",
+        &CallLine {
+            pid: std::process::id(),
+            verb,
+            argv,
+        },
+    )
+}
+
 /// Splits leading global flags from the argv and finds `group verb`.
 fn command_path(argv: &[String]) -> Result<(String, String, Vec<String>), Fail> {
     let mut words = Vec::new();
@@ -280,14 +293,7 @@ fn run_inner(argv: Vec<String>) -> Res {
     store.ensure_dirs()?;
     let (group, verb, rest) = command_path(&argv)?;
     let verb_key = format!("{group} {verb}").trim_end().to_string();
-    store.append_jsonl(
-        "calls.log",
-        &CallLine {
-            pid: std::process::id(),
-            verb: &verb_key,
-            argv: &argv,
-        },
-    )?;
+    log_call(&store, &verb_key, &argv)?;
     let proc_file = store.path("procs").join(std::process::id().to_string());
     std::fs::write(&proc_file, &verb_key)?;
     let _cleanup = RemoveOnDrop(proc_file);

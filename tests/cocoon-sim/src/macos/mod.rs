@@ -76,13 +76,6 @@ fn word_indices(argv: &[String]) -> Vec<usize> {
     out
 }
 
-#[derive(serde::Serialize)]
-struct CallLine<'a> {
-    pid: u32,
-    verb: &'a str,
-    argv: &'a [String],
-}
-
 fn run_inner(argv: Vec<String>) -> Result<(), Fail> {
     let store = Store::new(home(&argv));
     store.ensure_dirs()?;
@@ -98,14 +91,7 @@ fn run_inner(argv: Vec<String>) -> Result<(), Fail> {
         }
     };
     let verb_key = format!("{group} {verb}");
-    store.append_jsonl(
-        "calls.log",
-        &CallLine {
-            pid: std::process::id(),
-            verb: &verb_key,
-            argv: &argv,
-        },
-    )?;
+    crate::cli::log_call(&store, &verb_key, &argv)?;
     match Control::take_fault(&store, &verb_key, &argv)? {
         Some(FaultAction::Fail {
             stdout,
