@@ -392,6 +392,10 @@ impl vk_cocoon::provider::probe::Prober for NetworkRecorder {
         self.0.lock().unwrap().push(ip.into());
         Ok(())
     }
+    async fn banner(&self, addr: std::net::SocketAddr, _: &str, _: Duration) -> Result<(), String> {
+        self.0.lock().unwrap().push(addr.ip());
+        Ok(())
+    }
 }
 
 fn preassigned(name: &str, ip: &str, probe_port: &str) -> k8s_openapi::api::core::v1::Pod {

@@ -178,8 +178,11 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => Arc::new(NetProber::default()),
     };
     let peer_registry = registry.clone();
+    let macos_cfg = vk_cocoon::runtime::macos::MacosCliConfig::from_args(&args.cocoon);
+    tracing::info!(bin = %macos_cfg.bin.display(), "cocoon-macos CLI for os=macos pods");
     let ports = Ports {
         runtime: runtime.clone(),
+        macos: Arc::new(vk_cocoon::runtime::macos::MacosCli::new(macos_cfg)),
         registry,
         leases: Arc::new(LeaseFile::new(args.cocoon_net.leases_path.clone())),
         releaser,

@@ -137,6 +137,9 @@ impl CocoonProvider {
             let t = p.state.tracked_as(&k, &u)?;
             let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
             let probe = crate::model::vm_spec::of_pod(&t.pod).probe;
+            if t.vm.as_ref().is_some_and(super::macos::plan::is_macos_vm) {
+                return Some(super::probe::macos_target(true, &ip, &probe));
+            }
             Some(super::probe::target(t.vm.is_some(), &ip, &probe))
         });
         let me = self.me.clone();

@@ -20,6 +20,8 @@ pub struct ProviderConfig {
     pub orphan_policy: OrphanPolicy,
     /// `COCOON_ROOT_DIR`: where cocoon keeps a VM's run dir (the cloud-image overlay is read there).
     pub root_dir: PathBuf,
+    /// The cocoon-macos path's node settings.
+    pub macos: super::macos::MacosSettings,
     pub timings: Timings,
 }
 
@@ -40,6 +42,8 @@ pub struct ProviderArgs {
           value_parser = parser("VK_SNAPSHOT_RECLAIM_INTERVAL", "a duration such as 600s, 10m or 1h (0 turns the reclaimer off)",
                                 |v| parse_interval(v).map(Every).ok_or_else(|| "not a duration".to_string())))]
     pub snapshot_reclaim_interval: Every,
+    #[command(flatten)]
+    pub macos: super::macos::MacosArgs,
 }
 
 /// A period; `None` = off.
@@ -60,6 +64,7 @@ impl ProviderConfig {
                 reclaim_interval: args.snapshot_reclaim_interval.0,
                 ..Timings::default()
             },
+            macos: super::macos::MacosSettings::from_args(&args.macos),
         }
     }
 

@@ -93,19 +93,22 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<Next, Provid
 
     // A pod the startup reconcile already tracks with its VM: finish what it is owed.
     if let Some(vm) = p.state.tracked_as(&key, &uid).and_then(|t| t.vm) {
+        if super::macos::is_macos(&spec) {
+            return super::macos::adopt_tracked(p, pod, &key, vm).await;
+        }
         return adopt_tracked(p, pod, &key, &spec, vm).await;
     }
 
     // 3. Claim the incarnation.
     p.state.track(&key, pod, &spec.vm_name);
+    // 1. (lifecycle document) os=macos pods branch to the self-contained cocoon-macos path.
+    if super::macos::is_macos(&spec) {
+        return super::macos::create(p, pod, &key, &spec, facts).await;
+    }
     if spec.managed && spec.hibernate {
         return stay_hibernated(p, pod, &key, &spec).await.map(|()| Next::Done);
     }
     p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
-
-    if let Err(f) = invariants::bootable(&spec) {
-        return fail_create(p, &key, pod, false, f).await;
-    }
 
     let ctx = Ctx { pod, facts, spec };
     let started = Instant::now();
@@ -144,7 +147,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<Next, Provid
     Ok(Next::Done)
 }
 
-async fn fail_create<T>(
+pub(super) async fn fail_create<T>(
     p: &CocoonProvider,
     key: &str,
     pod: &Pod,

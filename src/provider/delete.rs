@@ -55,6 +55,9 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
         p.notify(key);
         return Ok(());
     }
+    if super::macos::is_macos(&spec) {
+        return super::macos::delete(p, pod, key, &uid, tracked.and_then(|t| t.vm)).await;
+    }
     let keep = spec.keep_snapshot_on_delete;
     let vm = tracked
         .and_then(|t| t.vm)
@@ -168,7 +171,7 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
 }
 
 /// The VM stays (decision 3): record the failure and let the delete retry.
-fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
+pub(super) fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
     tracing::warn!(pod = %key, vm = %vm_id, %message, "delete kept the vm");
     p.metrics.lifecycle("delete", "failed", "");
     p.ports.events.record(

@@ -3,25 +3,8 @@
 //! could make differently (README "Host invariants" lists them with the reasons). Each is typed
 //! on the decoded VM spec; nothing here reads an annotation.
 
-use super::failure::Failure;
 use crate::model::VmSpec;
 use crate::policy::contract::types::{Backend, BootMode, GuestOs};
-
-/// This build boots guests through the `cocoon` CLI only: a managed macOS guest needs the
-/// cocoon-macos path, which it does not include, so it is refused before any policy is asked
-/// (an unmanaged one is only adopted, which needs no runtime).
-pub(super) fn bootable(spec: &VmSpec) -> Result<(), Failure> {
-    if spec.managed && spec.os == GuestOs::Macos {
-        return Err(Failure::permanent(
-            "MacOSUnsupported",
-            format!(
-                "vm {}: os=macos guests need the cocoon-macos path, which this build does not include",
-                spec.vm_name
-            ),
-        ));
-    }
-    Ok(())
-}
 
 /// A cloud-hypervisor Windows guest is hibernated without its NIC (its DHCP lease released,
 /// the NIC hot-removed before the save), so its hibernate snapshot has none: the restore adds
@@ -88,16 +71,12 @@ mod tests {
     }
 
     #[test]
-    fn cloned_boots_and_the_macos_refusal() {
+    fn cloned_boots() {
         assert!(cloned_boot(&spec(&[])));
         assert!(!cloned_boot(&spec(&[(MODE, "RUN")])));
         assert!(
             cloned_boot(&spec(&[(MODE, "run"), ("vm.cocoonstack.io/fork-from", "main")])),
             "fork-from overrides mode=run"
         );
-        let macos = spec(&[(OS, "macos"), ("cocoonset.cocoonstack.io/managed", "true")]);
-        assert_eq!(bootable(&macos).unwrap_err().reason, "MacOSUnsupported");
-        let unmanaged = spec(&[(OS, "macos")]);
-        assert!(bootable(&unmanaged).is_ok(), "an unmanaged macOS pod is only adopted");
     }
 }

@@ -29,6 +29,7 @@ mod guest;
 mod hibernate;
 mod invariants;
 pub mod lifecycle;
+pub mod macos;
 pub mod metrics;
 pub mod plan;
 pub mod ports;
@@ -68,6 +69,8 @@ use table::Table;
 /// Everything the provider talks to.
 pub struct Ports {
     pub runtime: Arc<dyn CocoonRuntime>,
+    /// The cocoon-macos CLI (managed `os=macos` pods).
+    pub macos: Arc<dyn crate::runtime::macos::MacosRuntime>,
     /// `None` = registry-less node.
     pub registry: Option<Arc<dyn SnapshotRegistry>>,
     pub leases: Arc<dyn LeaseSource>,
@@ -87,6 +90,8 @@ pub struct CocoonProvider {
     state: Table,
     metrics: ProviderMetrics,
     probes: Probes,
+    /// The node's VNC ports of macOS guests.
+    vnc: macos::vnc::VncPorts,
     notifier: OnceLock<Arc<dyn StatusNotifier>>,
     /// Set once the startup reconcile has tracked the node's pods (the reclaimer waits for it).
     reconciled: tokio::sync::watch::Sender<bool>,
@@ -104,7 +109,9 @@ pub struct CocoonProvider {
 impl CocoonProvider {
     pub fn new(cfg: ProviderConfig, ports: Ports, policies: Arc<Policies>, metrics: ProviderMetrics) -> Arc<Self> {
         let probes = Probes::new(ports.prober.clone(), cfg.timings.probe, metrics.probe_duration.clone());
+        let vnc = macos::vnc::VncPorts::new(cfg.macos.vnc_ports.clone());
         Arc::new_cyclic(|me| Self {
+            vnc,
             cfg,
             ports,
             policies,

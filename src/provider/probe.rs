@@ -89,6 +89,36 @@ pub enum Target {
     Unready(String),
     Tcp(SocketAddr),
     Icmp(Ipv4Addr),
+    /// Connect and read: ready when the service greets with `prefix` (a macOS guest's sshd,
+    /// `SSH-`: an accepted connection alone could be QEMU's user-mode forwarder, not the guest).
+    Banner {
+        addr: SocketAddr,
+        prefix: &'static str,
+    },
+}
+
+/// The probe of a macOS guest (behaviour spec §9, contracts D): a TCP accept on the probe
+/// port when one is set, else an `SSH-` banner on `:22`; no lease yet is its own state.
+pub fn macos_target(has_vm: bool, ip: &str, probe: &ReadinessProbe) -> Target {
+    if !has_vm {
+        return Target::Unready("vm gone".into());
+    }
+    if ip.is_empty() {
+        return Target::Unready("waiting for guest dhcp lease".into());
+    }
+    let Ok(addr) = ip.parse::<IpAddr>() else {
+        return Target::Unready(format!("vm ip {ip:?} is not an IP address"));
+    };
+    match probe {
+        ReadinessProbe::Tcp(port) => Target::Tcp(SocketAddr::new(addr, *port)),
+        ReadinessProbe::Invalid(raw) => Target::Unready(format!(
+            "vm.cocoonstack.io/probe-port {raw:?} is not a port number (1-65535)"
+        )),
+        ReadinessProbe::Icmp => Target::Banner {
+            addr: SocketAddr::new(addr, 22),
+            prefix: "SSH-",
+        },
+    }
 }
 
 /// The probe of a pod whose VM is `has_vm`, resolved IP `ip` ("" while none) and
@@ -125,6 +155,8 @@ pub fn target(has_vm: bool, ip: &str, probe: &ReadinessProbe) -> Target {
 pub trait Prober: Send + Sync {
     async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String>;
     async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String>;
+    /// Connects to `addr` and reads its greeting: `Ok` when it starts with `prefix`.
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String>;
 }
 
 /// Probes one target; `(ready, message)` as the Ready condition shows it.
@@ -138,6 +170,10 @@ pub async fn probe(prober: &dyn Prober, target: &Target, timeout: Duration) -> (
         Target::Icmp(ip) => match prober.ping(*ip, timeout).await {
             Ok(()) => (true, "ping ok".into()),
             Err(e) => (false, format!("ping failed: {e}")),
+        },
+        Target::Banner { addr, prefix } => match prober.banner(*addr, prefix, timeout).await {
+            Ok(()) => (true, format!("{prefix} banner ok")),
+            Err(e) => (false, format!("{prefix} banner on port {}: {e}", addr.port())),
         },
     }
 }
@@ -184,6 +220,34 @@ impl NetProber {
 
 const PING_PAYLOAD: &[u8] = b"vk-cocoon";
 
+/// Connects and reads the greeting until `prefix.len()` bytes are in, within `timeout`.
+pub async fn read_banner(addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    let work = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        // The prefix is all readiness needs: stop reading as soon as it is in (or cannot be).
+        while got.len() < prefix.len() {
+            let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        if got.starts_with(prefix.as_bytes()) {
+            Ok(())
+        } else {
+            let shown = String::from_utf8_lossy(&got[..got.len().min(40)]).trim().to_string();
+            Err(format!("greeting {shown:?} does not start with {prefix:?}"))
+        }
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no greeting within {timeout:?}")),
+    }
+}
+
 #[async_trait]
 impl Prober for NetProber {
     async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
@@ -192,6 +256,10 @@ impl Prober for NetProber {
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no answer within {timeout:?}")),
         }
+    }
+
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+        read_banner(addr, prefix, timeout).await
     }
 
     async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String> {
@@ -433,6 +501,9 @@ mod tests {
             }
         }
         async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+            Ok(())
+        }
+        async fn banner(&self, _: SocketAddr, _: &str, _: Duration) -> Result<(), String> {
             Ok(())
         }
     }

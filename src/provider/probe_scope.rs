@@ -119,6 +119,11 @@ impl Prober for ScopedProber {
         self.admit(IpAddr::V4(ip))?;
         self.inner.ping(ip, timeout).await
     }
+
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+        self.admit(addr.ip())?;
+        self.inner.banner(addr, prefix, timeout).await
+    }
 }
 
 #[cfg(test)]
@@ -136,6 +141,10 @@ mod tests {
             Ok(())
         }
         async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn banner(&self, _: SocketAddr, _: &str, _: Duration) -> Result<(), String> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }

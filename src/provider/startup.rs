@@ -71,7 +71,14 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         }
     }
 
-    // 4. Match pods to VMs.
+    // 4. Match pods to VMs. macOS pods' VMs are never in `cocoon vm list`: cocoon-macos is
+    // asked about each of them instead.
+    let (macos_pods, cocoon_pods): (Vec<&Pod>, Vec<&Pod>) = pods
+        .iter()
+        .partition(|pod| super::macos::is_macos(&vm_spec::of_pod(pod)));
+    super::macos::adopt_at_startup(p, &macos_pods).await;
+    let cocoon_pods: Vec<Pod> = cocoon_pods.into_iter().cloned().collect();
+    let pods = cocoon_pods.as_slice();
     let views: Vec<PodView> = pods
         .iter()
         .map(|pod| {

@@ -73,6 +73,9 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<Next, Provid
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(Next::Done);
     }
+    if super::macos::is_macos(&spec) {
+        return super::macos::update(p, pod, &key, &spec).await;
+    }
     let step = transition(
         vm_spec::of_pod(&tracked.pod).hibernate,
         spec.hibernate,

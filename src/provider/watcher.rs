@@ -63,6 +63,10 @@ impl CocoonProvider {
             return;
         };
         let Some(vm) = tracked.vm.clone() else { return };
+        // cocoon's events never describe a macOS guest (a name clash with one is not its VM).
+        if super::macos::plan::is_macos_vm(&vm) {
+            return;
+        }
         if !self.state.begin_vm_event(&vm.id) {
             return;
         }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::client::CocoonCliConfig;
+use super::macos::MacosCliConfig;
 use crate::settings::{self, parser};
 
 /// `COCOON_ROOT_DIR`: cocoon's data root. One owner (here); the others are handed the value.
@@ -31,6 +32,14 @@ pub struct CocoonArgs {
     #[arg(long = "cocoon-sudo", env = "VK_COCOON_SUDO", value_name = "BOOL", default_value = "false", action = clap::ArgAction::Set,
           value_parser = parser("VK_COCOON_SUDO", "true or false", settings::boolean))]
     pub sudo: bool,
+    /// The cocoon-macos CLI for `os=macos` pods (v0.1.8 or newer; run with the same sudo rule)
+    #[arg(
+        long = "cocoon-macos-bin",
+        env = "VK_COCOON_MACOS_BIN",
+        value_name = "PATH",
+        default_value = "/usr/local/bin/cocoon-macos"
+    )]
+    pub macos_bin: PathBuf,
     #[command(flatten)]
     pub root: RootArgs,
 }
@@ -42,6 +51,17 @@ impl CocoonCliConfig {
             bin: args.bin.clone(),
             sudo: args.sudo,
             ..CocoonCliConfig::default()
+        }
+    }
+}
+
+impl MacosCliConfig {
+    /// The cocoon-macos client's configuration (timeouts keep their defaults).
+    pub fn from_args(args: &CocoonArgs) -> Self {
+        MacosCliConfig {
+            bin: args.macos_bin.clone(),
+            sudo: args.sudo,
+            ..MacosCliConfig::default()
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod errors;
 pub mod events;
+pub mod macos;
 pub mod parse;
 pub mod quantity;
 pub mod version;

@@ -210,6 +210,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         restore_mode: vk_cocoon::policy::contract::types::RestoreMode::Mmap,
         orphan_policy: OrphanPolicy::Alert,
         root_dir: env.sim_dir.path().join("cocoon-root"),
+        macos: Default::default(),
         timings: Timings {
             patch_retry: Duration::from_millis(50),
             reflush_interval: Duration::from_secs(3600),
@@ -218,6 +219,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
     };
     let ports = Ports {
         runtime: runtime as Arc<dyn CocoonRuntime>,
+        macos: env.macos.clone(),
         registry: env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
         leases: Arc::new(LeaseFile::new(&env.leases)),
         releaser: None,

@@ -80,6 +80,11 @@ impl Prober for LoopbackGuard {
         self.admit(IpAddr::V4(ip), "ping")?;
         self.inner.ping(ip, timeout).await
     }
+
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+        self.admit(addr.ip(), &format!("read the banner of port {} of", addr.port()))?;
+        self.inner.banner(addr, prefix, timeout).await
+    }
 }
 
 // ---- `vk-cocoon run` processes ---------------------------------------------------------------

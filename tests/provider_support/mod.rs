@@ -295,6 +295,10 @@ pub struct Env {
     pub sim_dir: tempfile::TempDir,
     pub sim: Sim,
     pub runtime: Arc<CocoonCli>,
+    /// The cocoon-macos simulator's state directory (beside the cocoon root, same subnet) and
+    /// the daemon's client for it.
+    pub mac: Sim,
+    pub macos: Arc<vk_cocoon::runtime::macos::MacosCli>,
     pub registry: Option<Arc<FakeRegistry>>,
     /// A real OCI registry (Debian's docker-registry) and the daemon's client for it, when the
     /// test runs against one instead of the in-memory fake.
@@ -328,6 +332,10 @@ pub async fn env(with_registry: bool) -> Env {
     // never another test's guest.
     let sim = Sim::new(sim_dir.path()).unwrap();
     let runtime = Arc::new(CocoonCli::new(runtime_support::config(&sim)));
+    let mac = sim.macos().unwrap();
+    let macos = Arc::new(vk_cocoon::runtime::macos::MacosCli::new(runtime_support::macos_config(
+        &mac,
+    )));
     // A generous decision deadline: these tests share two cores with builds, and a policy
     // timeout (fail-safe refusal, retried) is not what they are about.
     let engine = PolicyEngine::new(SandboxLimits {
@@ -343,6 +351,8 @@ pub async fn env(with_registry: bool) -> Env {
         sim_dir,
         sim,
         runtime,
+        mac,
+        macos,
         registry: with_registry.then(Arc::default),
         oci: None,
         policies,
@@ -415,6 +425,8 @@ pub struct Options {
     pub releaser: Option<Arc<dyn vk_cocoon::provider::ports::LeaseReleaser>>,
     pub timings: Timings,
     pub root_dir: Option<std::path::PathBuf>,
+    /// The macOS path's node settings (VNC password, port range).
+    pub macos: vk_cocoon::provider::macos::MacosSettings,
     /// What the loopback guard passes probes to (default: the daemon's real `NetProber`).
     pub prober: Option<Arc<dyn Prober>>,
 }
@@ -427,6 +439,7 @@ impl Default for Options {
             releaser: None,
             timings: fast_timings(),
             root_dir: None,
+            macos: Default::default(),
             prober: None,
         }
     }
@@ -526,10 +539,12 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
             .root_dir
             .clone()
             .unwrap_or_else(|| env.sim_dir.path().join("cocoon-root")),
+        macos: opts.macos.clone(),
         timings: opts.timings.clone(),
     };
     let ports = Ports {
         runtime: env.runtime.clone(),
+        macos: env.macos.clone(),
         registry: match &env.oci {
             Some(oci) => Some(oci.client.registry.clone() as Arc<dyn SnapshotRegistry>),
             None => env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),

@@ -32,7 +32,8 @@ fn help() -> String {
 fn help_variables(help: &str) -> BTreeSet<String> {
     help.split("[env: ")
         .skip(1)
-        .map(|rest| rest.split('=').next().unwrap().to_string())
+        // `[env: NAME=value]`, or `[env: NAME]` for a secret whose value help hides.
+        .map(|rest| rest.split(['=', ']']).next().unwrap().to_string())
         .collect()
 }
 

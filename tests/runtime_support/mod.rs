@@ -26,6 +26,33 @@ pub fn sim_bin() -> PathBuf {
     bin
 }
 
+/// The `cocoon-macos-sim` binary: `COCOON_MACOS_SIM_BIN`, else beside `cocoon-sim`.
+pub fn macos_sim_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("COCOON_MACOS_SIM_BIN") {
+        return PathBuf::from(p);
+    }
+    let bin = sim_bin().with_file_name("cocoon-macos-sim");
+    assert!(
+        bin.exists(),
+        "cocoon-macos-sim binary not found at {}: run `cargo build -p cocoon-sim` first (or set COCOON_MACOS_SIM_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+/// A cocoon-macos client for the simulator state directory `mac` (see `Sim::macos`).
+pub fn macos_config(mac: &Sim) -> vk_cocoon::runtime::macos::MacosCliConfig {
+    vk_cocoon::runtime::macos::MacosCliConfig {
+        bin: macos_sim_bin(),
+        env: vec![mac.macos_env()],
+        query_timeout: Duration::from_secs(20),
+        launch_timeout: Duration::from_secs(60),
+        launch_grace: Duration::from_secs(5),
+        pull_timeout: Duration::from_secs(60),
+        ..Default::default()
+    }
+}
+
 pub struct Harness {
     pub dir: tempfile::TempDir,
     pub sim: Sim,
