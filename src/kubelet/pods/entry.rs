@@ -82,6 +82,22 @@ impl Entry {
         }
     }
 
+    /// The pod is being deleted (a deletionTimestamp, or the object is gone). The delete
+    /// supersedes the operation that was waiting to be retried, so that wait (a backoff, or an
+    /// operator wait at the slowest pace) is dropped: the delete runs now, with a backoff of its
+    /// own. Without this a pod whose create kept failing stayed up to `retry_max` after
+    /// `kubectl delete`.
+    pub fn begin_deleting(&mut self) {
+        if self.deleting {
+            return;
+        }
+        self.deleting = true;
+        self.retry_pending = false;
+        self.awaiting_operator = false;
+        self.failures = 0;
+        self.backoff = None;
+    }
+
     /// Operation `op` (of the pod as fingerprinted `fp`) did its work.
     pub fn succeeded(&mut self, op: OpKind, fp: u64) {
         self.failures = 0;

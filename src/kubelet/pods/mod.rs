@@ -216,7 +216,7 @@ impl PodState {
                     let gone: Vec<PodKey> = self.entries.keys().filter(|k| !seen.contains(*k)).cloned().collect();
                     for key in gone {
                         if let Some(e) = self.entries.get_mut(&key) {
-                            e.deleting = true;
+                            e.begin_deleting();
                             e.object_gone = true;
                             e.next = None;
                         }
@@ -230,7 +230,7 @@ impl PodState {
                 if let Some(e) = self.entries.get_mut(&key) {
                     if e.uid == uid {
                         e.pod = pod;
-                        e.deleting = true;
+                        e.begin_deleting();
                         e.object_gone = true;
                     } else if e.next.as_ref().is_some_and(|n| Uid::of(n) == uid) {
                         e.next = None;
@@ -298,7 +298,7 @@ impl PodState {
             }
             Some(e) if e.uid == uid => {
                 if pod.metadata.deletion_timestamp.is_some() {
-                    e.deleting = true;
+                    e.begin_deleting();
                 }
                 if e.awaiting_operator && fingerprint(&pod) != fingerprint(&e.pod) {
                     // The operator edited the pod: try now rather than at the slow pace.
@@ -309,7 +309,7 @@ impl PodState {
             }
             Some(e) => {
                 // Another incarnation owns the name now: the old object is gone.
-                e.deleting = true;
+                e.begin_deleting();
                 e.object_gone = true;
                 e.next = Some(pod);
             }

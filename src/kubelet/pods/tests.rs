@@ -251,6 +251,38 @@ fn transient_failures_retry_with_backoff() {
     assert!(retry_delay(&acts).unwrap() <= Duration::from_millis(100));
 }
 
+#[test]
+fn a_delete_does_not_wait_for_the_backoff_or_the_operator_wait_of_the_operation_it_supersedes() {
+    for outcome in [
+        OpOutcome::Failed {
+            error: "runtime down".into(),
+        },
+        OpOutcome::AwaitingOperator {
+            reason: "HibernateUnsupported".into(),
+            message: "clear the annotation".into(),
+        },
+    ] {
+        let mut s = state();
+        let p = pod("a", "u1");
+        s.on_event(Input::Applied(p.clone()));
+        let acts = finish(&mut s, &p, OpKind::Create, outcome.clone());
+        assert!(retry_delay(&acts).is_some(), "{outcome:?}: the create waits");
+        assert_eq!(
+            runs(&s.on_event(Input::Applied(deleting(&p)))),
+            vec![(OpKind::Delete, "u1".to_string())],
+            "{outcome:?}: kubectl delete acts at once"
+        );
+        // The delete's own failure starts its own backoff at the base.
+        let acts = finish(&mut s, &p, OpKind::Delete, OpOutcome::Failed { error: "busy".into() });
+        assert!(retry_delay(&acts).unwrap() <= Duration::from_millis(100), "{outcome:?}");
+        // And a re-delivery of the deleting pod does not cut that backoff short.
+        assert!(
+            runs(&s.on_event(Input::Applied(deleting(&p)))).is_empty(),
+            "{outcome:?}"
+        );
+    }
+}
+
 fn retry_delay(actions: &[Action]) -> Option<Duration> {
     actions.iter().find_map(|a| match a {
         Action::RetryAfter { delay, .. } => Some(*delay),
