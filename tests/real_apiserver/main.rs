@@ -24,6 +24,7 @@ mod daemon;
 mod hibernate;
 mod kubelet_api;
 mod lifecycle;
+mod macos;
 mod node;
 mod peer;
 mod policy;
