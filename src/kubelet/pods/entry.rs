@@ -127,6 +127,12 @@ impl Entry {
             if !self.object_gone && !self.finalized {
                 return Ok(Some(OpKind::Finalize));
             }
+            // Finalized: kept until the watch reports the object gone, so a late event of this
+            // incarnation (the update of its own final status write) cannot start a second
+            // delete of it as if it were new.
+            if !self.object_gone {
+                return Ok(None);
+            }
             return Err(());
         }
         if self.rejected.is_none() && !is_terminal(&self.pod) {

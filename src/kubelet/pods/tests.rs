@@ -101,9 +101,12 @@ fn kubelet_style_delete_order() {
     let acts = finish(&mut s, &p, OpKind::Delete, OpOutcome::Done);
     assert_eq!(runs(&acts), vec![(OpKind::Finalize, "u1".into())]);
     assert!(finish(&mut s, &p, OpKind::Finalize, OpOutcome::Done).is_empty());
-    // The DELETED event of our own grace-0 delete finds nothing left.
-    assert!(s.tracked().is_empty());
+    // A late event of the finalized incarnation (its own final status write) starts nothing:
+    // the entry waits for the watch to report the object gone.
+    assert!(s.on_event(Input::Applied(deleting(&p))).is_empty());
+    // The DELETED event of our own grace-0 delete ends it.
     assert!(s.on_event(Input::Deleted(deleting(&p))).is_empty());
+    assert!(s.tracked().is_empty());
 }
 
 #[test]
@@ -393,6 +396,7 @@ fn a_requeue_is_dropped_with_its_incarnation_and_ends_with_its_budget() {
     );
     finish(&mut s, &p, OpKind::Delete, OpOutcome::Done);
     finish(&mut s, &p, OpKind::Finalize, OpOutcome::Done);
+    s.on_event(Input::Deleted(deleting(&p)));
     assert!(s.tracked().is_empty());
     assert!(due(&mut s, token).is_empty(), "the deleted pod's requeue is gone");
     assert!(
