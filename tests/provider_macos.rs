@@ -161,6 +161,39 @@ async fn a_macos_pod_runs_waits_for_its_lease_turns_ready_on_the_ssh_banner_and_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_guest_without_a_mac_yet_is_inspected_again_at_the_set_pace_until_one_appears() {
+    let env = env(false).await;
+    env.mac.macos_add_image(TAHOE).unwrap();
+    env.mac.set_settings(|s| s.macos_mac_pending = true).unwrap();
+    let d = start(&env, Options::default());
+    create(&env, &mac_pod("nomac-0", "vm-nomac", &[])).await;
+    eventually(30, "the pod waits for the guest's network interface", || {
+        ready_is(&env, "nomac-0", "False", "no MAC")
+    })
+    .await;
+    // The probe asks every 200 ms here; the inspections keep to one per 500 ms
+    // (fast_timings' mac_reinspect), one more allowed for the interval already begun.
+    let (since, before) = (std::time::Instant::now(), mac_calls_for(&env, "vm inspect", "vm-nomac"));
+    eventually(30, "inspected again", || {
+        mac_calls_for(&env, "vm inspect", "vm-nomac") >= before + 3
+    })
+    .await;
+    let again = (mac_calls_for(&env, "vm inspect", "vm-nomac") - before) as u128;
+    let bound = since.elapsed().as_millis() / 500 + 1;
+    assert!(again <= bound, "{again} inspections in {:?}", since.elapsed());
+
+    let (_, ip) = env.mac.macos_guest("vm-nomac").unwrap().unwrap();
+    lease(&env, &["vm-nomac"]);
+    env.mac.set_settings(|s| s.macos_mac_pending = false).unwrap();
+    eventually(30, "Ready once the MAC shows and its lease is found", || {
+        ready_is(&env, "nomac-0", "True", "")
+    })
+    .await;
+    assert_eq!(pod_ip(&env, "nomac-0").as_deref(), Some(ip.as_str()));
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn run_flags_round_vcpus_to_even_and_never_shrink_the_disk() {
     let env = env(false).await;
     env.mac.macos_add_image(TAHOE).unwrap();

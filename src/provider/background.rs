@@ -132,12 +132,20 @@ impl CocoonProvider {
         }
         let me = self.me.clone();
         let (k, u) = (key.to_string(), uid.to_string());
+        // When this pod's macOS guest was last inspected for its MAC (dies with the probe).
+        let last_inspect = std::sync::Mutex::new(None);
         let target: super::probe::TargetFn = Arc::new(move || {
             let p = me.upgrade()?;
             let t = p.state.tracked_as(&k, &u)?;
             let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
             let probe = crate::model::vm_spec::of_pod(&t.pod).probe;
-            if t.vm.as_ref().is_some_and(super::macos::plan::is_macos_vm) {
+            if let Some(vm) = t.vm.as_ref().filter(|vm| super::macos::plan::is_macos_vm(vm)) {
+                if vm.network_configs.is_empty() {
+                    p.reinspect_for_mac(&k, &u, vm.name(), &last_inspect);
+                    return Some(super::probe::Target::Unready(
+                        "waiting for the guest's network interface (no MAC in cocoon-macos vm inspect yet)".into(),
+                    ));
+                }
                 return Some(super::probe::macos_target(true, &ip, &probe));
             }
             Some(super::probe::target(t.vm.is_some(), &ip, &probe))

@@ -160,6 +160,8 @@ pub struct Timings {
     pub evict_retry_max: Duration,
     /// Classifying a resumed CH+Windows clone (hibernate evidence lookups) gives up after this.
     pub classify_budget: Duration,
+    /// A macOS guest whose record shows no MAC yet is inspected again at most this often (§9).
+    pub mac_reinspect: Duration,
     /// Period of the local snapshot reclaimer (first pass right after the startup reconcile);
     /// `None` = off (`VK_SNAPSHOT_RECLAIM_INTERVAL=0`).
     pub reclaim_interval: Option<Duration>,
@@ -189,6 +191,7 @@ impl Default for Timings {
             evict_backoff: Duration::from_millis(200),
             evict_retry_max: Duration::from_secs(30),
             classify_budget: Duration::from_secs(30 * 60),
+            mac_reinspect: Duration::from_secs(10),
             reclaim_interval: Some(Duration::from_secs(10 * 60)),
         }
     }

@@ -476,6 +476,7 @@ pub fn fast_timings() -> Timings {
         evict_backoff: Duration::from_millis(50),
         evict_retry_max: Duration::from_secs(1),
         classify_budget: Duration::from_secs(5),
+        mac_reinspect: Duration::from_millis(500),
         // The reclaimer is driven by the tests that are about it.
         reclaim_interval: None,
     }

@@ -130,6 +130,10 @@ pub struct Settings {
     /// (off: the port is closed, as while macOS is still booting).
     #[serde(default = "default_true")]
     pub macos_sshd: bool,
+    /// cocoon-macos: `vm inspect` shows no `mac` / `tap` yet (a record inspected before its NIC
+    /// was attached), until cleared.
+    #[serde(default)]
+    pub macos_mac_pending: bool,
     /// What `cocoon version` reports as `Version:` (cocoon's `git describe --tags` of the build,
     /// `unknown` for a build without ldflags). Set an old one to play a cocoon that predates
     /// the verbs and flags the daemon uses.
@@ -190,6 +194,7 @@ impl Default for Settings {
             guest_http_ports: Vec::new(),
             macos_image_virtual_size: default_macos_virtual_size(),
             macos_sshd: true,
+            macos_mac_pending: false,
             version: default_version(),
         }
     }

@@ -56,7 +56,12 @@ pub fn dispatch(ctx: &Ctx, verb: &str, rest: &[String]) -> Res {
             let a = parse(rest, STATE_ONLY)?;
             let name = exactly_one(&a, "inspect")?;
             let _g = ctx.store.lock()?;
-            print_json(&record::load(&ctx.store, name).map_err(Fail::new)?)
+            let mut rec = record::load(&ctx.store, name).map_err(Fail::new)?;
+            if ctx.settings.macos_mac_pending {
+                rec.mac.clear();
+                rec.tap.clear();
+            }
+            print_json(&rec)
         }
         "list" | "ls" => {
             let a = parse(rest, LIST_FLAGS)?;
