@@ -40,13 +40,7 @@ fn with_vnc(password: &str, ports: std::ops::RangeInclusive<u16>) -> Options {
 
 /// The argv of every `cocoon-macos` invocation of `verb` so far.
 fn mac_calls(env: &Env, verb: &str) -> Vec<Vec<String>> {
-    env.mac
-        .calls()
-        .unwrap()
-        .into_iter()
-        .filter(|c| c.verb == verb)
-        .map(|c| c.argv)
-        .collect()
+    calls_of(&env.mac, verb)
 }
 
 fn mac_calls_for(env: &Env, verb: &str, vm: &str) -> usize {

@@ -715,8 +715,12 @@ pub fn has_event(env: &Env, name: &str, reason: &str) -> bool {
 
 /// The argv of every sim invocation of `verb` (e.g. "vm clone").
 pub fn calls(env: &Env, verb: &str) -> Vec<Vec<String>> {
-    env.sim
-        .calls()
+    calls_of(&env.sim, verb)
+}
+
+/// The argv of every invocation of `verb` that simulator `sim` (cocoon's or cocoon-macos's) logged.
+pub fn calls_of(sim: &Sim, verb: &str) -> Vec<Vec<String>> {
+    sim.calls()
         .unwrap()
         .into_iter()
         .filter(|c| c.verb == verb)

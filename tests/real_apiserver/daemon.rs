@@ -368,6 +368,18 @@ pub fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The Ready condition's (status, message).
+pub fn ready_condition(pod: &Pod) -> Option<(String, String)> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.message.clone().unwrap_or_default()))
+}
+
 /// Lifecycle `ready` and the Ready condition True.
 pub fn is_up(pod: &Pod) -> bool {
     lifecycle(pod) == Some("ready") && is_ready(pod)

@@ -30,17 +30,6 @@ fn write_lease(leases: &Path, mac: &str, ip: &str) {
     std::fs::rename(&tmp, leases).unwrap();
 }
 
-fn ready_message(pod: &k8s_openapi::api::core::v1::Pod) -> Option<(String, String)> {
-    let c = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some((c.status.clone(), c.message.clone().unwrap_or_default()))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_macos_pod_comes_up_refuses_hibernate_and_is_deleted_through_kubectl() {
     let Some(cluster) = kube_support::shared().await else {
@@ -73,7 +62,7 @@ async fn a_macos_pod_comes_up_refuses_hibernate_and_is_deleted_through_kubectl()
         60,
         "Running, waiting for the guest's lease",
         |p| {
-            p.and_then(ready_message)
+            p.and_then(ready_condition)
                 .is_some_and(|(s, m)| s == "False" && m.contains("waiting for guest dhcp lease"))
         },
     )

@@ -66,16 +66,6 @@ async fn the_daemon_registers_renews_its_lease_runs_a_pod_serves_metrics_and_sto
         .collect(),
     );
     create_pod(&admin, &lan).await;
-    let ready_condition = |p: &k8s_openapi::api::core::v1::Pod| {
-        let c = p
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|c| c.type_ == "Ready")?;
-        Some((c.status.clone(), c.message.clone().unwrap_or_default()))
-    };
     let why = "Ready=False naming the refused address";
     wait_pod(&admin, &ns, "lan-0", 60, why, |p| {
         p.and_then(ready_condition)
