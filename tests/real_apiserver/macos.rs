@@ -141,6 +141,20 @@ async fn a_macos_pod_comes_up_refuses_hibernate_and_is_deleted_through_kubectl()
     assert_eq!(annotation(&second, VNC_PORT), Some("5900"));
 
     assert!(daemon.probe_refusals().is_empty(), "{:?}", daemon.probe_refusals());
+    // The VNC password went to cocoon-macos in every launch, and nowhere else.
+    assert!(
+        mac.calls()
+            .unwrap()
+            .iter()
+            .any(|c| c.verb == "vm run" && c.argv.iter().any(|a| a == "s3cret"))
+    );
+    assert!(
+        !daemon.log().contains("s3cret"),
+        "the VNC password is in the daemon's log"
+    );
+    for (_, _, note) in events_about(&admin, &ns, "mac-0").await {
+        assert!(!note.contains("s3cret"), "the VNC password is in an Event: {note}");
+    }
     daemon.terminate().await;
 }
 
