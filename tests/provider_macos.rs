@@ -374,7 +374,7 @@ async fn bad_input_is_refused_with_a_clear_event_and_boots_nothing() {
     let d = start(&env, Options::default());
     create(&env, &managed("noimg-0", "vm-noimg", &[(OS, "macos")])).await;
     wait_failed_with(&env, "noimg-0", "none is set").await;
-    let event = event_message(&env, "noimg-0", "MacOSImageMissing").expect("an Event");
+    let event = event_message(&env, "noimg-0", "InvalidVMSpec").expect("an Event");
     assert!(event.contains(IMAGE) && event.contains("vm-noimg"), "{event}");
     d.kill().await;
 

@@ -61,6 +61,9 @@ pub fn decide(facts: &Facts) -> Decision {
     if !spec.managed {
         return adopt_unmanaged(facts);
     }
+    if spec.os == GuestOs::Macos {
+        return macos(spec);
+    }
     let clone_dir = spec.clone_from_dir.trim();
     if !clone_dir.is_empty() && !is_absolute_and_clean(clone_dir) {
         return invalid(
@@ -77,6 +80,35 @@ pub fn decide(facts: &Facts) -> Decision {
         return decision;
     }
     fresh_boot(facts, clone_dir)
+}
+
+/// A managed macOS guest (behaviour spec §9) boots through cocoon-macos from its image: `run`
+/// (an existing VM of that name was adopted above; the host starts a stopped one). No snapshot,
+/// fork or clone path exists for it.
+fn macos(spec: &VmSpec) -> Decision {
+    let vm = spec.vm_name.as_str();
+    let image = spec.image.trim();
+    if image.is_empty() {
+        return invalid(
+            "macos-image-missing",
+            format!(
+                "vm {vm}: a macOS guest boots from an image and none is set: add the cocoonset.cocoonstack.io/image annotation (e.g. ghcr.io/cocoonstack/cocoon-macos/tahoe:26)"
+            ),
+        );
+    }
+    proceed(
+        Plan::Run(RunPlan {
+            vm_name: vm.into(),
+            image: image.into(),
+            force_pull: spec.force_pull,
+            network: spec.network.clone(),
+            backend: Backend::Unspecified,
+            windows: false,
+            no_direct_io: false,
+        }),
+        "macos-run",
+        format!("running macOS vm {vm} from image {image} through cocoon-macos"),
+    )
 }
 
 /// A backend or OS value outside the contract's domains: nothing this node can boot right.

@@ -34,8 +34,10 @@ use super::lifecycle::{Intent, LifecycleState};
 use crate::kubelet::{Next, ProviderError};
 use crate::model::annotations as key;
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, vm_spec};
+use crate::policy::contract::bring_up;
 use crate::policy::contract::resource_translation::BootPath;
 use crate::policy::contract::types::{GuestOs, RefusalKind};
+use crate::policy::slots::BringUp;
 use crate::runtime::VmRecord;
 use crate::runtime::macos::{MacImage, MacRunSpec, MacVm, Vnc};
 
@@ -212,35 +214,36 @@ pub(super) async fn adopt_tracked(
 /// `(vm, adopted)`.
 async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts) -> Result<(VmRecord, bool), Failure> {
     let name = spec.vm_name.as_str();
-    if spec.image.trim().is_empty() {
-        return Err(Failure::permanent(
-            "MacOSImageMissing",
-            format!(
-                "vm {name}: a macOS guest boots from an image and none is set: add the {} annotation (e.g. ghcr.io/cocoonstack/cocoon-macos/tahoe:26)",
-                key::IMAGE
-            ),
-        ));
-    }
     let password = p
         .cfg
         .macos
         .vnc_password
         .clone()
         .map_err(|m| needs_operator("MacOSVNCPasswordInvalid", format!("vm {name}: {m}")))?;
-    // This node already runs a VM of that name (a duplicate pod, or one adopted at restart).
-    if let Some(vm) = p.state.vm_by_name(name).filter(plan::is_macos_vm) {
+    // This node already runs a VM of that name (a duplicate pod, or one adopted at restart),
+    // else cocoon-macos may hold a record of it (live or stopped).
+    let tracked = p.state.vm_by_name(name).filter(plan::is_macos_vm);
+    let inspected = match &tracked {
+        Some(_) => None,
+        None => match p.ports.macos.inspect(name).await {
+            Ok(vm) => Some(vm),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => {
+                return Err(Failure::transient(
+                    "MacOSInspectFailed",
+                    format!("checking whether macOS vm {name} already exists: {e}"),
+                ));
+            }
+        },
+    };
+    let exists = tracked.is_some() || inspected.is_some();
+    let image = match decide(p, pod, spec, &facts, exists).await? {
+        Decided::Adopt => None,
+        Decided::Run(image) => Some(image),
+    };
+    if let Some(vm) = tracked {
         return Ok((vm, true));
     }
-    let inspected = match p.ports.macos.inspect(name).await {
-        Ok(vm) => Some(vm),
-        Err(e) if e.is_not_found() => None,
-        Err(e) => {
-            return Err(Failure::transient(
-                "MacOSInspectFailed",
-                format!("checking whether macOS vm {name} already exists: {e}"),
-            ));
-        }
-    };
     match plan::step(inspected, plan::pid_alive) {
         plan::Step::AdoptLive(vm) => {
             if let Some(d) = vm.vnc_display() {
@@ -262,7 +265,15 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
             Ok((reinspect(p, name).await?, false))
         }
         plan::Step::RunNew => {
-            let image = ensure_image(p, &spec.image).await?;
+            let Some(reference) = image else {
+                return Err(Failure::transient(
+                    "CreateBringUpFailed",
+                    format!(
+                        "the bring-up policy adopts macOS vm {name} but none exists here (it may have just been removed); retried"
+                    ),
+                ));
+            };
+            let image = ensure_image(p, &reference).await?;
             let ctx = super::create::Ctx {
                 pod,
                 facts,
@@ -273,24 +284,84 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
             let vnc = claim_vnc(p, name, password, None)?;
             let run = MacRunSpec {
                 name: name.to_string(),
-                image: spec.image.clone(),
+                image: reference.clone(),
                 cpus: sizes.cpus,
                 memory_mib: sizes.memory_mib,
                 vnc,
                 storage_bytes: sizes.storage_bytes,
             };
-            tracing::info!(vm = %name, image = %spec.image, cpus = sizes.cpus, memory_mib = sizes.memory_mib, storage = ?sizes.storage_bytes, vnc = ?run.vnc, "running a macOS vm");
+            tracing::info!(vm = %name, image = %reference, cpus = sizes.cpus, memory_mib = sizes.memory_mib, storage = ?sizes.storage_bytes, vnc = ?run.vnc, "running a macOS vm");
             // A failed run leaves nothing behind (the CLI's run is atomic): never `rm` here,
             // a same-name VM that appeared meanwhile is not ours to remove.
             if let Err(e) = p.ports.macos.run(&run).await {
                 p.vnc.release(name);
                 return Err(Failure::transient(
                     "MacOSRunFailed",
-                    format!("run macOS vm {name} from image {}: {e}", spec.image),
+                    format!("run macOS vm {name} from image {reference}: {e}"),
                 ));
             }
             Ok((reinspect(p, name).await?, false))
         }
+    }
+}
+
+/// What the bring-up policy chose for a macOS guest.
+enum Decided {
+    /// Adopt the VM of that name (the host adopts a live one, starts a stopped one).
+    Adopt,
+    /// Run a new VM from this image.
+    Run(String),
+}
+
+/// The bring-up policy decides (behaviour spec §9 through the 0.2.0 contract): adopt the VM of
+/// that name, run one from an image, or refuse. A plan no cocoon-macos path can carry out (a
+/// clone, fork, restore, ... from a policy that does not know macOS guests) is refused with the
+/// policy named, never guessed at.
+async fn decide(
+    p: &CocoonProvider,
+    pod: &Pod,
+    spec: &VmSpec,
+    facts: &PodFacts,
+    exists: bool,
+) -> Result<Decided, Failure> {
+    let name = spec.vm_name.as_str();
+    let key = facts.key();
+    let preassigned = RuntimeAnnotations::of_pod(pod);
+    let facts = bring_up::Facts {
+        pod: facts.clone(),
+        spec: spec.clone(),
+        vm_exists_locally: exists,
+        evidence: bring_up::HibernateEvidence::NotChecked,
+        registry_configured: p.ports.registry.is_some(),
+        local_snapshots: Vec::new(),
+        node_restore_mode: p.cfg.restore_mode,
+        preassigned_vm_id: preassigned.vm_id,
+        preassigned_ip: preassigned.ip,
+        preassigned_vnc_port: preassigned.vnc_port,
+    };
+    let decision = p
+        .decide(move |pol| pol.decide::<BringUp>(&facts))
+        .await
+        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+    tracing::info!(pod = %key, reason = %decision.reason, message = %decision.message, "macOS bring-up decision");
+    match decision.outcome {
+        bring_up::Outcome::Refuse(refusal) => Err(Failure::refused(refusal, decision.message)),
+        bring_up::Outcome::Proceed(bring_up::Plan::AdoptExisting(_)) => Ok(Decided::Adopt),
+        bring_up::Outcome::Proceed(bring_up::Plan::Run(run)) if exists => Err(Failure::transient(
+            "CreateBringUpFailed",
+            format!(
+                "the bring-up policy runs macOS vm {name} from {} but a VM of that name exists here: it must adopt it (reason {:?})",
+                run.image, decision.reason
+            ),
+        )),
+        bring_up::Outcome::Proceed(bring_up::Plan::Run(run)) => Ok(Decided::Run(run.image)),
+        bring_up::Outcome::Proceed(_) => Err(Failure::permanent(
+            "CreateBringUpFailed",
+            format!(
+                "the bring-up policy chose {:?} for macOS vm {name}: only adopt-existing, run or a refusal apply to cocoon-macos guests (a policy for the 0.2.0 contract must handle os=macos)",
+                decision.reason
+            ),
+        )),
     }
 }
 
