@@ -1,88 +1,28 @@
 //! [`CocoonCli`]: the process-level implementation of [`CocoonRuntime`] (argv only, never a shell).
+//!
+//! This file owns spawning and supervising `cocoon` processes (deadlines, stderr capture, the
+//! [`CocoonRuntime`] verbs); `config` holds the client's settings and `export` the streaming
+//! `snapshot export` reader.
 
 use super::args::{self, CloneSpec, ExecSpec, RunSpec};
 use super::errors::{Result, RuntimeError};
-use super::events::{self, EventConnection, WatchBackoff, WatchItem};
+use super::events::{self, EventConnection, WatchItem};
 use super::parse::{self, ImageRecord, SnapshotRecord, StaleCreateOutcome, VmRecord};
 use super::{CocoonRuntime, ExecIo};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
 
-/// Per-call deadlines. A call past its deadline is killed and reported as [`RuntimeError::Timeout`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// inspect, list, rm, start, net, logs, reconcile-stale-create, snapshot inspect/rm/list, image inspect.
-    pub query: Duration,
-    /// run, clone, snapshot save, image pull.
-    pub create: Duration,
-    /// snapshot import/export (whole stream), export --to-dir, image import.
-    pub transfer: Duration,
-    /// vm exec.
-    pub exec: Duration,
-}
+mod config;
+mod export;
 
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            query: Duration::from_secs(60),
-            create: Duration::from_secs(600),
-            transfer: Duration::from_secs(2 * 3600),
-            exec: Duration::from_secs(3600),
-        }
-    }
-}
-
-/// How `snapshot rm` is retried while the snapshot is leased (`is in use by an active`): every
-/// `interval` for at most `budget` (500 ms / 30 s in the Go client).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BusyRetry {
-    pub interval: Duration,
-    pub budget: Duration,
-}
-
-impl Default for BusyRetry {
-    fn default() -> Self {
-        BusyRetry {
-            interval: Duration::from_millis(500),
-            budget: Duration::from_secs(30),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct CocoonCliConfig {
-    /// `VK_COCOON_BIN` (default `/usr/local/bin/cocoon`).
-    pub bin: PathBuf,
-    /// Run as `sudo -n <bin> …`.
-    pub sudo: bool,
-    /// Extra environment for every invocation (e.g. `COCOON_ROOT_DIR`).
-    pub env: Vec<(String, String)>,
-    pub timeouts: Timeouts,
-    pub watch_backoff: WatchBackoff,
-    pub busy_retry: BusyRetry,
-}
-
-impl Default for CocoonCliConfig {
-    fn default() -> Self {
-        CocoonCliConfig {
-            bin: PathBuf::from("/usr/local/bin/cocoon"),
-            sudo: false,
-            env: Vec::new(),
-            timeouts: Timeouts::default(),
-            watch_backoff: WatchBackoff::default(),
-            busy_retry: BusyRetry::default(),
-        }
-    }
-}
+pub use config::{BusyRetry, CocoonCliConfig, Timeouts};
+pub use export::{SnapshotExport, copy_export, runtime_error_of};
 
 /// The `cocoon` CLI client. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -289,105 +229,6 @@ impl CocoonCli {
         self.output(args::snapshot_save(name, vm_id), name, self.cfg.timeouts.create)
             .await
             .map(|_| ())
-    }
-
-    /// Opens a streaming export (`snapshot export NAME -o -`).
-    pub async fn open_export(&self, name: &str) -> Result<SnapshotExport> {
-        check_ref("snapshot", name)?;
-        let args = args::snapshot_export(name);
-        let verb = verb_of(&args);
-        let mut child = self.spawn(&args, self.command(&args))?;
-        let stdout = child.stdout.take().expect("stdout piped");
-        {
-            use std::os::unix::io::AsRawFd;
-            widen_pipe(stdout.as_raw_fd());
-        }
-        let stderr = drain_stderr(child.stderr.take());
-        let reference = name.to_string();
-        let v2 = verb.clone();
-        let finish = Box::pin(async move {
-            let status = child.wait().await.map_err(|source| RuntimeError::Io {
-                verb: v2.clone(),
-                source,
-            })?;
-            let stderr = stderr.await.unwrap_or_default();
-            if status.success() {
-                Ok(())
-            } else {
-                Err(parse::classify_failure(&v2, &reference, status.code(), &stderr))
-            }
-        });
-        let timeout = self.cfg.timeouts.transfer;
-        Ok(SnapshotExport {
-            stdout,
-            finish: Some(finish),
-            deadline: Box::pin(tokio::time::sleep(timeout)),
-            timeout,
-            verb,
-            done: false,
-        })
-    }
-}
-
-/// A streaming `snapshot export`: the tar bytes as an [`AsyncRead`]. EOF is reported only after cocoon
-/// exited 0; a failure (or the transfer deadline) surfaces as an `io::Error` wrapping [`RuntimeError`]
-/// (see [`runtime_error_of`]). Dropping it kills the process.
-pub struct SnapshotExport {
-    stdout: ChildStdout,
-    finish: Option<Pin<Box<dyn Future<Output = Result<()>> + Send>>>,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-    timeout: Duration,
-    verb: String,
-    done: bool,
-}
-
-/// Extracts the [`RuntimeError`] carried by an `io::Error` from a stream of this module, if any.
-pub fn runtime_error_of(e: std::io::Error) -> RuntimeError {
-    if e.get_ref().is_some_and(|inner| inner.is::<RuntimeError>()) {
-        if let Ok(inner) = e.into_inner().expect("checked").downcast::<RuntimeError>() {
-            return *inner;
-        }
-        unreachable!("checked type");
-    }
-    RuntimeError::Io {
-        verb: "stream".into(),
-        source: e,
-    }
-}
-
-impl AsyncRead for SnapshotExport {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(Ok(()));
-        }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            this.done = true;
-            this.finish = None; // drops the child: killed
-            return Poll::Ready(Err(std::io::Error::other(RuntimeError::Timeout {
-                verb: this.verb.clone(),
-                after: this.timeout,
-            })));
-        }
-        let before = buf.filled().len();
-        match Pin::new(&mut this.stdout).poll_read(cx, buf) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Ready(Ok(())) if buf.filled().len() > before => return Poll::Ready(Ok(())),
-            Poll::Ready(Ok(())) => {}
-        }
-        // EOF on stdout: the result depends on the exit status.
-        let Some(finish) = this.finish.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        match finish.as_mut().poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(r) => {
-                this.done = true;
-                this.finish = None;
-                Poll::Ready(r.map_err(std::io::Error::other))
-            }
-        }
     }
 }
 
@@ -710,14 +551,4 @@ impl CocoonRuntime for CocoonCli {
         check_ref("image", name)?;
         self.with_stdin(args::image_import(name), name, data).await
     }
-}
-
-/// Copies a streaming export into `out`, returning the byte count; failures come back typed.
-pub async fn copy_export(mut export: impl AsyncRead + Unpin, out: &mut (dyn AsyncWrite + Unpin + Send)) -> Result<u64> {
-    let n = tokio::io::copy(&mut export, out).await.map_err(runtime_error_of)?;
-    out.flush().await.map_err(|source| RuntimeError::Io {
-        verb: "snapshot export".into(),
-        source,
-    })?;
-    Ok(n)
 }

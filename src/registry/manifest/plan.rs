@@ -1,0 +1,330 @@
+//! The pull plan: which blobs make which tar entry of the import stream, in order, validated against
+//! the media-type allowlist and the snapshot config (a manifest that cannot be imported faithfully is
+//! refused here, before a byte is downloaded).
+
+use super::*;
+use crate::registry::media::{self, ArtifactKind, LayerEncoding};
+use std::collections::BTreeMap;
+
+/// One blob that contributes bytes to a tar entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobPart {
+    pub digest: String,
+    pub size: u64,
+    pub encoding: LayerEncoding,
+}
+
+/// One tar entry of the import stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePlan {
+    pub title: String,
+    pub mode: u32,
+    /// The tar entry size (the packed data: for sparse files the sum of the segments).
+    pub size: u64,
+    pub sparse_map: Option<String>,
+    pub sparse_size: Option<u64>,
+    pub parts: Vec<BlobPart>,
+}
+
+impl FilePlan {
+    pub fn stored_bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.size).sum()
+    }
+}
+
+/// Validates a snapshot manifest against its config and returns the tar entries in layer order.
+/// Errors are plain texts (the caller wraps them with the artifact name); unknown media types come back as
+/// `Err(PlanError::MediaType)` so the caller can type them.
+pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<FilePlan>, PlanError> {
+    let v2 = match image_kind(m) {
+        ArtifactKind::SnapshotV1 => false,
+        ArtifactKind::SnapshotV2 => true,
+        k => {
+            return Err(PlanError::Invalid(format!(
+                "the artifact is a {} artifact, not a snapshot",
+                k.name()
+            )));
+        }
+    };
+    let mut order: Vec<String> = Vec::new();
+    let mut by_title: BTreeMap<String, Vec<&OciDescriptor>> = BTreeMap::new();
+    for l in &m.layers {
+        let title = title(l)
+            .ok_or_else(|| PlanError::Invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE)))?
+            .to_string();
+        if title.contains('/') || title == "." || title == ".." || title == "snapshot.json" {
+            return Err(PlanError::Invalid(format!(
+                "layer title {title:?} is not a bare snapshot file name"
+            )));
+        }
+        let enc = media::snapshot_layer_encoding(&l.media_type).ok_or_else(|| PlanError::MediaType {
+            title: title.to_string(),
+            media_type: l.media_type.clone(),
+        })?;
+        let chunked =
+            annotation(l, media::ANN_CHUNK_INDEX).is_some() || annotation(l, media::ANN_CHUNK_COUNT).is_some();
+        if !v2 && (enc == LayerEncoding::Zstd || chunked) {
+            return Err(PlanError::Invalid(format!(
+                "layer {title:?} is zstd-compressed or chunked, which a v1 snapshot artifact may not be"
+            )));
+        }
+        if l.size < 0 {
+            return Err(PlanError::Invalid(format!("layer {title:?} has a negative size")));
+        }
+        if !by_title.contains_key(&title) {
+            order.push(title.clone());
+        }
+        by_title.entry(title).or_default().push(l);
+    }
+    let mut plans = Vec::with_capacity(order.len());
+    for title in order {
+        let layers = &by_title[&title];
+        let info = cfg.files.get(&title).cloned().unwrap_or_default();
+        if !v2 && layers.len() > 1 {
+            return Err(PlanError::Invalid(format!(
+                "file {title:?} has {} layers in a v1 snapshot artifact",
+                layers.len()
+            )));
+        }
+        let parts: Vec<&OciDescriptor> = if info.chunks.is_empty() {
+            let mut ls = layers.clone();
+            ls.sort_by_key(|l| {
+                annotation(l, media::ANN_CHUNK_INDEX)
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .unwrap_or(0)
+            });
+            ls
+        } else {
+            if info.chunks.len() != layers.len() {
+                return Err(PlanError::Invalid(format!(
+                    "file {title:?}: the config lists {} chunks but the manifest has {} layers",
+                    info.chunks.len(),
+                    layers.len()
+                )));
+            }
+            info.chunks
+                .iter()
+                .map(|d| {
+                    layers.iter().copied().find(|l| &l.digest == d).ok_or_else(|| {
+                        PlanError::Invalid(format!(
+                            "file {title:?}: chunk {d} of the config is not a layer of the manifest"
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let parts: Vec<BlobPart> = parts
+            .iter()
+            .map(|l| BlobPart {
+                digest: l.digest.clone(),
+                size: l.size as u64,
+                encoding: media::snapshot_layer_encoding(&l.media_type).unwrap_or(LayerEncoding::Raw),
+            })
+            .collect();
+        let any_zstd = parts.iter().any(|p| p.encoding == LayerEncoding::Zstd);
+        let size = match info.size {
+            Some(s) => {
+                if !any_zstd && s != parts.iter().map(|p| p.size).sum::<u64>() {
+                    return Err(PlanError::Invalid(format!(
+                        "file {title:?}: the config size {s} differs from the layers' sizes"
+                    )));
+                }
+                s
+            }
+            None if any_zstd => {
+                return Err(PlanError::Invalid(format!(
+                    "file {title:?} is compressed but the config carries no uncompressed size"
+                )));
+            }
+            None => parts.iter().map(|p| p.size).sum(),
+        };
+        plans.push(FilePlan {
+            title,
+            mode: if info.mode == 0 { 0o640 } else { info.mode },
+            size,
+            sparse_map: info.sparse_map.clone().filter(|s| !s.is_empty()),
+            sparse_size: info.sparse_size,
+            parts,
+        });
+    }
+    if plans.is_empty() {
+        return Err(PlanError::Invalid("the snapshot artifact has no layers".into()));
+    }
+    Ok(plans)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanError {
+    Invalid(String),
+    MediaType { title: String, media_type: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn layer(title: &str, mt: &str, digest: &str, size: i64, extra: &[(&str, &str)]) -> Value {
+        let mut ann = serde_json::Map::new();
+        ann.insert(media::ANN_TITLE.into(), title.into());
+        for (k, v) in extra {
+            ann.insert((*k).into(), (*v).into());
+        }
+        json!({"mediaType": mt, "digest": digest, "size": size, "annotations": ann})
+    }
+
+    fn manifest(at: &str, layers: Vec<Value>) -> OciImageManifest {
+        match parse_manifest(
+            &serde_json::to_vec(&json!({
+                "schemaVersion": 2, "mediaType": media::OCI_MANIFEST, "artifactType": at,
+                "config": {"mediaType": media::SNAPSHOT_CONFIG, "digest": "sha256:c", "size": 2},
+                "layers": layers,
+            }))
+            .unwrap(),
+        )
+        .unwrap()
+        {
+            OciManifest::Image(m) => m,
+            OciManifest::ImageIndex(_) => panic!("parsed as an index"),
+        }
+    }
+
+    #[test]
+    fn v1_plan_keeps_layer_order_modes_and_sparse_records() {
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![
+                layer("cow.raw", media::DISK_RAW, "sha256:a", 10, &[]),
+                layer("cocoon.json", media::OCTET_STREAM, "sha256:b", 3, &[]),
+            ],
+        );
+        let mut cfg = SnapshotConfig::default();
+        cfg.files.insert(
+            "cow.raw".into(),
+            FileInfo {
+                mode: 0o600,
+                sparse_map: Some("[{\"o\":0,\"l\":10}]".into()),
+                sparse_size: Some(4096),
+                ..Default::default()
+            },
+        );
+        let p = snapshot_plan(&m, &cfg).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            (p[0].title.as_str(), p[0].mode, p[0].size, p[0].sparse_size),
+            ("cow.raw", 0o600, 10, Some(4096))
+        );
+        assert_eq!(p[0].sparse_map.as_deref(), Some("[{\"o\":0,\"l\":10}]"));
+        assert_eq!((p[1].title.as_str(), p[1].mode, p[1].size), ("cocoon.json", 0o640, 3));
+    }
+
+    #[test]
+    fn v1_refuses_zstd_chunks_unknown_types_and_missing_titles() {
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("mem", "application/octet-stream+zstd", "sha256:a", 1, &[])],
+        );
+        assert!(
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("v1"))
+        );
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer(
+                "mem",
+                media::OCTET_STREAM,
+                "sha256:a",
+                1,
+                &[(media::ANN_CHUNK_INDEX, "0")],
+            )],
+        );
+        assert!(matches!(
+            snapshot_plan(&m, &SnapshotConfig::default()),
+            Err(PlanError::Invalid(_))
+        ));
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer(
+                "mem",
+                "application/vnd.oci.image.layer.v1.tar",
+                "sha256:a",
+                1,
+                &[],
+            )],
+        );
+        assert_eq!(
+            snapshot_plan(&m, &SnapshotConfig::default()),
+            Err(PlanError::MediaType {
+                title: "mem".into(),
+                media_type: "application/vnd.oci.image.layer.v1.tar".into()
+            })
+        );
+        let mut m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("mem", media::OCTET_STREAM, "sha256:a", 1, &[])],
+        );
+        m.layers[0].annotations = None;
+        assert!(
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("title"))
+        );
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("../x", media::OCTET_STREAM, "sha256:a", 1, &[])],
+        );
+        assert!(snapshot_plan(&m, &SnapshotConfig::default()).is_err());
+        let m = manifest(
+            media::OS_IMAGE,
+            vec![layer("disk", media::DISK_QCOW2, "sha256:a", 1, &[])],
+        );
+        assert!(
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("cloud-image"))
+        );
+    }
+
+    #[test]
+    fn v2_chunks_follow_the_config_order() {
+        let m = manifest(
+            media::SNAPSHOT_V2,
+            vec![
+                layer(
+                    "memory-ranges",
+                    "application/vnd.cocoonstack.vm.memory+zstd",
+                    "sha256:2",
+                    5,
+                    &[(media::ANN_CHUNK_INDEX, "1")],
+                ),
+                layer(
+                    "memory-ranges",
+                    "application/vnd.cocoonstack.vm.memory+zstd",
+                    "sha256:1",
+                    6,
+                    &[(media::ANN_CHUNK_INDEX, "0")],
+                ),
+                layer("state.json", media::VM_STATE, "sha256:3", 7, &[]),
+            ],
+        );
+        let mut cfg = SnapshotConfig::default();
+        cfg.files.insert(
+            "memory-ranges".into(),
+            FileInfo {
+                mode: 416,
+                size: Some(100),
+                chunks: vec!["sha256:1".into(), "sha256:2".into()],
+                ..Default::default()
+            },
+        );
+        let p = snapshot_plan(&m, &cfg).unwrap();
+        assert_eq!(
+            p[0].parts.iter().map(|x| x.digest.as_str()).collect::<Vec<_>>(),
+            ["sha256:1", "sha256:2"]
+        );
+        assert_eq!((p[0].size, p[0].parts[0].encoding), (100, LayerEncoding::Zstd));
+        assert_eq!(p[1].size, 7);
+        // Without the uncompressed size a compressed file cannot be framed.
+        cfg.files.get_mut("memory-ranges").unwrap().size = None;
+        assert!(snapshot_plan(&m, &cfg).is_err());
+        // A chunk list naming a digest that is not a layer.
+        cfg.files.get_mut("memory-ranges").unwrap().size = Some(100);
+        cfg.files.get_mut("memory-ranges").unwrap().chunks[1] = "sha256:9".into();
+        assert!(snapshot_plan(&m, &cfg).is_err());
+    }
+}
