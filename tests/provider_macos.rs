@@ -470,7 +470,10 @@ async fn a_restarted_daemon_re_registers_a_live_macos_vm_without_booting_it_agai
     create(&env, &mac_pod("mac-0", "vm-r", &[])).await;
     eventually(30, "the VM runs", || env.mac.macos_running("vm-r").unwrap()).await;
     lease(&env, &["vm-r"]);
-    eventually(30, "Ready", || ready_is(&env, "mac-0", "True", "")).await;
+    eventually(30, "Ready with the lease's ip annotated", || {
+        ready_is(&env, "mac-0", "True", "") && annotation(&env, "mac-0", IP).is_some()
+    })
+    .await;
     let pid = env.mac.macos_vm("vm-r").unwrap().unwrap().pid;
     d.kill().await;
 

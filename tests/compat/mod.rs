@@ -28,6 +28,23 @@ pub fn component(slot: Slot) -> Vec<u8> {
 fn intended_differences() -> Vec<(Slot, &'static str, Value)> {
     let permanent = |event: &str| json!({"Refuse": {"kind": "Permanent", "event": event}});
     vec![
+        // The current default runs managed macOS guests through cocoon-macos (behaviour spec §9);
+        // the 0.1.0 build treated them as Linux guests.
+        (
+            Slot::BringUp,
+            "a managed macOS guest is run from its image, whatever the mode",
+            json!({"reason": "fork"}),
+        ),
+        (
+            Slot::BringUp,
+            "a macOS guest without an image is refused",
+            json!({"reason": "missing-image"}),
+        ),
+        (
+            Slot::BringUp,
+            "a macOS guest is never restored from hibernate evidence (cocoon-macos has no memory snapshots)",
+            json!({"reason": "restore-derived"}),
+        ),
         // 0.2.0: the operator settles these (delete the tag, bring the snapshot); 0.1.0 failed the pod.
         (
             Slot::BringUp,
