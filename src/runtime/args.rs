@@ -249,6 +249,17 @@ pub fn image_import(name: &str) -> Vec<String> {
     s(&["image", "import", name])
 }
 
+/// The verb of an argv (`vm clone`, `image pull`): its first two words, for logs and errors.
+pub(crate) fn verb_of(args: &[String]) -> String {
+    args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
+}
+
+/// Why `r` cannot be a positional argument naming `what` (empty, or a CLI would read it as a
+/// flag); `None` when it can. Shared by the cocoon and cocoon-macos clients.
+pub(crate) fn unsafe_ref(what: &str, r: &str) -> Option<String> {
+    (r.is_empty() || r.starts_with('-')).then(|| format!("{what} {r:?} must be non-empty and must not start with '-'"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

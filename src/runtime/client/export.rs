@@ -1,7 +1,8 @@
 //! Streaming `snapshot export`: the child process's stdout as an [`AsyncRead`] whose EOF means
 //! cocoon exited 0, the typed error a stream failure carries, and the copy helper callers use.
 
-use super::{CocoonCli, check_ref, drain_stderr, verb_of, widen_pipe};
+use super::{CocoonCli, check_ref, drain_stderr, widen_pipe};
+use crate::runtime::args::verb_of;
 use crate::runtime::errors::{Result, RuntimeError};
 use crate::runtime::{args, parse};
 use std::future::Future;

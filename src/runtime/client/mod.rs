@@ -4,7 +4,7 @@
 //! [`CocoonRuntime`] verbs); `config` holds the client's settings and `export` the streaming
 //! `snapshot export` reader.
 
-use super::args::{self, CloneSpec, ExecSpec, RunSpec};
+use super::args::{self, CloneSpec, ExecSpec, RunSpec, verb_of};
 use super::errors::{Result, RuntimeError};
 use super::events::{self, EventConnection, WatchItem};
 use super::parse::{self, ImageRecord, SnapshotRecord, StaleCreateOutcome, VmRecord};
@@ -36,17 +36,8 @@ const EXEC_BUF: usize = 256 * 1024;
 /// Keeps only the last `cap` bytes of stderr (errors are classified from it).
 const STDERR_CAP: usize = 64 * 1024;
 
-fn verb_of(args: &[String]) -> String {
-    args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
-}
-
 fn check_ref(what: &str, r: &str) -> Result<()> {
-    if r.is_empty() || r.starts_with('-') {
-        return Err(RuntimeError::InvalidRequest(format!(
-            "{what} {r:?} must be non-empty and must not start with '-'"
-        )));
-    }
-    Ok(())
+    crate::runtime::args::unsafe_ref(what, r).map_or(Ok(()), |m| Err(RuntimeError::InvalidRequest(m)))
 }
 
 fn widen_pipe(fd: std::os::unix::io::RawFd) {

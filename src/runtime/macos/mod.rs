@@ -11,6 +11,7 @@ pub mod record;
 pub use args::{MacRunSpec, Vnc};
 pub use record::{MacImage, MacVm, MacosError};
 
+use crate::runtime::args::verb_of;
 use async_trait::async_trait;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -75,17 +76,8 @@ pub struct MacosCli {
     cfg: Arc<MacosCliConfig>,
 }
 
-fn verb_of(args: &[String]) -> String {
-    args.iter().take(2).cloned().collect::<Vec<_>>().join(" ")
-}
-
 fn check_ref(what: &str, r: &str) -> Result<()> {
-    if r.is_empty() || r.starts_with('-') {
-        return Err(MacosError::InvalidRequest(format!(
-            "{what} {r:?} must be non-empty and must not start with '-'"
-        )));
-    }
-    Ok(())
+    crate::runtime::args::unsafe_ref(what, r).map_or(Ok(()), |m| Err(MacosError::InvalidRequest(m)))
 }
 
 /// Output of one finished invocation.
