@@ -1,0 +1,304 @@
+//! CreatePod end to end (fake apiserver + cocoon-sim + default policies): every bring-up path,
+//! and every conflict or fail-closed case boots no VM and leaves an Event and a lifecycle message.
+
+mod refusals;
+mod restore;
+mod status;
+
+use crate::provider_support;
+
+use std::sync::atomic::Ordering;
+
+use provider_support::*;
+
+const IP_KEY: &str = "vm.cocoonstack.io/ip";
+const ID_KEY: &str = "vm.cocoonstack.io/id";
+
+async fn wait_ready(env: &Env, name: &str) {
+    eventually(60, &format!("{name} ready"), || {
+        lifecycle(env, name).as_deref() == Some("ready") && ready(env, name)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_publishes_the_runtime() {
+    let env = env(false).await;
+    seed_snapshot(&env, "snapshot-repo:v2", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    let pod = with_resources(
+        managed(
+            "agent-0",
+            "vm-clone",
+            &[("cocoonset.cocoonstack.io/image", "snapshot-repo:v2")],
+        ),
+        &[("cpu", "1")],
+        &[("cpu", "1500m")],
+    );
+    create(&env, &pod).await;
+    wait_ready(&env, "agent-0").await;
+
+    let vm = vm_named(&env, "vm-clone").await.expect("the VM exists");
+    assert_eq!(annotation(&env, "agent-0", ID_KEY).as_deref(), Some(vm.id.as_str()));
+    assert_eq!(annotation(&env, "agent-0", IP_KEY).as_deref(), vm.primary_ip());
+    assert_eq!(phase(&env, "agent-0").as_deref(), Some("Running"));
+    let clones = calls(&env, "vm clone");
+    assert_eq!(clones.len(), 1);
+    let argv = clones[0].join(" ");
+    assert!(argv.contains("--pull"), "the snapshot has a base image: {argv}");
+    assert!(
+        argv.contains("--cpu-weight 39 --cpu-quota-us 150000 --cpu-period-us 100000"),
+        "{argv}"
+    );
+    assert!(argv.ends_with(" snapshot-repo:v2"), "{argv}");
+    // Fresh bring-up drops its own lineage's fork snapshot first.
+    assert!(
+        calls(&env, "snapshot rm")
+            .iter()
+            .any(|a| a.contains(&"fork-vm-clone".to_string()))
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_mode_pulls_a_missing_snapshot_from_the_registry_then_clones_it() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "golden", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "golden", "golden", "v3", "ghcr.io/x/base:1")
+        .await
+        .unwrap();
+    env.runtime.snapshot_remove_if_exists("golden").await.unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed(
+            "agent-0",
+            "vm-pulled",
+            &[("cocoonset.cocoonstack.io/image", "golden:v3")],
+        ),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    assert_eq!(registry.pulls.load(Ordering::SeqCst), 1);
+    assert!(
+        env.runtime.snapshot_inspect("golden:v3").await.is_ok(),
+        "imported under the tag-aware name"
+    );
+    assert!(calls(&env, "vm clone")[0].last().unwrap() == "golden:v3");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_mode_ensures_the_image_and_translates_the_resources() {
+    let env = env(true).await;
+    let d = start(&env, Options::default());
+    let pod = with_resources(
+        managed(
+            "tool-0",
+            "vm-run",
+            &[
+                ("cocoonset.cocoonstack.io/image", "ghcr.io/x/ubuntu:24.04"),
+                ("cocoonset.cocoonstack.io/mode", "run"),
+            ],
+        ),
+        &[("cpu", "500m"), ("memory", "2Gi")],
+        &[("cpu", "2"), ("memory", "4Gi")],
+    );
+    create(&env, &pod).await;
+    wait_ready(&env, "tool-0").await;
+    assert_eq!(calls(&env, "image pull").len(), 1);
+    let argv = calls(&env, "vm run")[0].join(" ");
+    assert!(
+        argv.contains("--cpu 2 --cpu-weight 20 --cpu-quota-us 200000 --cpu-period-us 100000"),
+        "{argv}"
+    );
+    assert!(
+        argv.contains("--memory 2147483648"),
+        "memory comes from the requests: {argv}"
+    );
+    assert!(vm_named(&env, "vm-run").await.is_some());
+    assert!(
+        calls(&env, "snapshot rm")
+            .iter()
+            .any(|a| a.last().map(String::as_str) == Some("fork-vm-run")),
+        "run is a fresh bring-up too"
+    );
+
+    // A snapshot artifact is not a run image.
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "golden", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "golden", "golden", "v1", "ghcr.io/x/base:1")
+        .await
+        .unwrap();
+    create(
+        &env,
+        &managed(
+            "tool-1",
+            "vm-run-snap",
+            &[
+                ("cocoonset.cocoonstack.io/image", "golden:v1"),
+                ("cocoonset.cocoonstack.io/mode", "run"),
+            ],
+        ),
+    )
+    .await;
+    wait_failed_with(
+        &env,
+        "tool-1",
+        "is a snapshot artifact; use mode=clone instead of mode=run",
+    )
+    .await;
+    assert!(vm_named(&env, "vm-run-snap").await.is_none());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_share_one_fork_snapshot_of_the_source() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("main-0", "vm-main", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "main-0").await;
+    for i in 1..=4 {
+        create(
+            &env,
+            &managed(
+                &format!("sub-{i}"),
+                &format!("vm-sub-{i}"),
+                &[("vm.cocoonstack.io/fork-from", "vm-main")],
+            ),
+        )
+        .await;
+    }
+    for i in 1..=4 {
+        wait_ready(&env, &format!("sub-{i}")).await;
+    }
+    let saves = calls(&env, "snapshot save");
+    let fork_saves: Vec<_> = saves
+        .iter()
+        .filter(|a| a.contains(&"fork-vm-main".to_string()))
+        .collect();
+    assert_eq!(fork_saves.len(), 1, "one fork snapshot per lineage: {saves:?}");
+    let fork_clones = calls(&env, "vm clone")
+        .into_iter()
+        .filter(|a| a.last().map(String::as_str) == Some("fork-vm-main"))
+        .count();
+    assert_eq!(fork_clones, 4);
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_from_dir_clones_the_exported_directory() {
+    let env = env(false).await;
+    seed_snapshot(&env, "staged", "ghcr.io/x/base:1").await;
+    let dir = env.sim_dir.path().join("export");
+    env.runtime.snapshot_export_to_dir("staged", &dir).await.unwrap();
+    let d = start(&env, Options::default());
+    let dir_s = dir.display().to_string();
+    create(
+        &env,
+        &managed("agent-0", "vm-dir", &[("vm.cocoonstack.io/clone-from-dir", &dir_s)]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let argv = calls(&env, "vm clone")[0].join(" ");
+    assert!(
+        argv.contains(&format!("--from-dir {dir_s}")) && argv.contains("--pull"),
+        "{argv}"
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
+    let env = env(false).await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &agent_pod(
+            "win-0",
+            &[
+                ("vm.cocoonstack.io/name", "win"),
+                ("vm.cocoonstack.io/id", "ext-1"),
+                ("vm.cocoonstack.io/ip", "127.1.2.3"),
+            ],
+        ),
+    )
+    .await;
+    wait_ready(&env, "win-0").await;
+    assert!(calls(&env, "vm run").is_empty() && calls(&env, "vm clone").is_empty());
+    assert_eq!(
+        get(&env, "win-0").unwrap().status.unwrap().pod_ip.as_deref(),
+        Some("127.1.2.3")
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_existing_vm_is_adopted_not_booted_twice() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-a", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    d.kill().await;
+    // Same pod, new incarnation under a fresh name, same VM name: adopted.
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-1", "vm-a", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-1").await;
+    assert_eq!(calls(&env, "vm clone").len(), 1, "no second boot");
+    // The restarted node re-delivers agent-0's create (idempotent: adopted) and agent-1's; the
+    // two arrive through the watch in either order.
+    eventually(20, "both creates adopted", || {
+        d.provider.metrics().lifecycle_count("create", "ok", "adopted") >= 2
+    })
+    .await;
+    assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-a").count(), 1);
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "golden", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "golden", "golden", "v3", "ghcr.io/x/base:1")
+        .await
+        .unwrap();
+    env.runtime.snapshot_remove_if_exists("golden").await.unwrap();
+    let d = start(&env, Options::default());
+    for i in 0..8 {
+        create(
+            &env,
+            &managed(
+                &format!("burst-{i}"),
+                &format!("vm-burst-{i}"),
+                &[("cocoonset.cocoonstack.io/image", "golden:v3")],
+            ),
+        )
+        .await;
+    }
+    eventually(120, "all ready", || {
+        (0..8).all(|i| lifecycle(&env, &format!("burst-{i}")).as_deref() == Some("ready"))
+    })
+    .await;
+    assert_eq!(registry.pulls.load(Ordering::SeqCst), 1, "one pull shared by the burst");
+    assert_eq!(calls(&env, "vm clone").len(), 8);
+    d.kill().await;
+}

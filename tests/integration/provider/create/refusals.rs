@@ -1,0 +1,115 @@
+//! Bad input and cocoon failures: the create boots no VM, leaves a Warning Event and a lifecycle
+//! message, and a retry after the fault boots exactly one VM.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
+    let env = env(false).await;
+    seed_snapshot(&env, "fc-snap", "ghcr.io/x/base:1").await;
+    let d = start(
+        &env,
+        Options {
+            node_class: "icx".into(),
+            ..Default::default()
+        },
+    );
+    // Seeded after the startup reconcile: a mismatched pod listed at startup would (rightly) be fatal.
+    eventually(30, "node registered", || {
+        env.server
+            .store()
+            .get_as::<k8s_openapi::api::core::v1::Node>(None, NODE)
+            .is_some()
+    })
+    .await;
+    // No VM name.
+    create(
+        &env,
+        &agent_pod("noname", &[("cocoonset.cocoonstack.io/managed", "true")]),
+    )
+    .await;
+    // Wrong CPU class.
+    let mut classy = managed("classy", "vm-classy", &[("cocoonset.cocoonstack.io/image", "fc-snap")]);
+    classy.spec.as_mut().unwrap().node_selector =
+        Some([("cocoonstack.io/snapshot-cpu-class".to_string(), "spr".to_string())].into());
+    create(&env, &classy).await;
+    // Relative clone-from-dir.
+    create(
+        &env,
+        &managed(
+            "reldir",
+            "vm-reldir",
+            &[("vm.cocoonstack.io/clone-from-dir", "exports/x")],
+        ),
+    )
+    .await;
+    // Backend mismatch (the snapshot was taken on cloud-hypervisor).
+    create(
+        &env,
+        &managed(
+            "fc",
+            "vm-fc",
+            &[
+                ("cocoonset.cocoonstack.io/image", "fc-snap"),
+                ("vm.cocoonstack.io/backend", "firecracker"),
+            ],
+        ),
+    )
+    .await;
+    for (name, why) in [
+        ("noname", "missing vm.cocoonstack.io/name"),
+        ("classy", "spr"),
+        ("reldir", "absolute"),
+        (
+            "fc",
+            "was taken with cloud-hypervisor but CocoonSet requests firecracker",
+        ),
+    ] {
+        wait_failed_with(&env, name, why).await;
+        eventually(10, &format!("{name} phase Failed"), || {
+            phase(&env, name).as_deref() == Some("Failed")
+        })
+        .await;
+    }
+    eventually(10, "events", || {
+        has_event(&env, "noname", "MissingVMName")
+            && has_event(&env, "classy", "SnapshotCPUClassMismatch")
+            && has_event(&env, "reldir", "InvalidVMSpec")
+            && has_event(&env, "fc", "SnapshotBackendMismatch")
+    })
+    .await;
+    assert!(calls(&env, "vm clone").is_empty(), "nothing cloned");
+    assert!(vms(&env).await.is_empty(), "nothing booted");
+    assert_eq!(
+        d.provider
+            .metrics()
+            .lifecycle_count("create", "failed", "snapshot_cpu_class_mismatch"),
+        1
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cocoon_clone_failure_is_reported_and_the_retry_boots_one_vm() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    env.sim
+        .inject_failure("vm clone", 1, "Error: clone: disk quota exceeded", 1)
+        .unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("cf-0", "vm-cf", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    eventually(60, "the failure event", || {
+        events(&env, "cf-0")
+            .iter()
+            .any(|(r, n)| r == "CloneFailed" && n.contains("disk quota exceeded") && n.contains("vm-cf"))
+    })
+    .await;
+    wait_ready(&env, "cf-0").await;
+    assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-cf").count(), 1);
+    assert_eq!(calls(&env, "vm clone").len(), 2);
+    d.kill().await;
+}

@@ -1,0 +1,201 @@
+//! A create over a hibernated guest restores it and never boots it fresh: from the registry (an
+//! unavailable registry fails closed until the retry), from a verified local copy, or refused
+//! with a reason when a hibernate snapshot conflicts with the pod.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    // The guest hibernated elsewhere: its state sits under vm-h:hibernate only.
+    seed_snapshot(&env, "vm-h", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "vm-h", "vm-h", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    env.runtime.snapshot_remove_if_exists("vm-h").await.unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-h", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let argv = calls(&env, "vm clone")[0].join(" ");
+    assert!(
+        argv.ends_with(" vm-h-hibernate-import"),
+        "restored from the pulled hibernate snapshot: {argv}"
+    );
+    eventually(10, "HibernateSnapshotExists event", || {
+        has_event(&env, "agent-0", "HibernateSnapshotExists")
+    })
+    .await;
+    assert!(
+        !calls(&env, "snapshot rm")
+            .iter()
+            .any(|a| a.contains(&"fork-vm-h".to_string())),
+        "a restore keeps the lineage's fork snapshot"
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "snap", "ghcr.io/x/base:1").await;
+    registry.down.store(true, Ordering::SeqCst);
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-e", &[("cocoonset.cocoonstack.io/image", "snap")]),
+    )
+    .await;
+    wait_failed_with(&env, "agent-0", "refusing fresh boot").await;
+    eventually(10, "warning event", || {
+        has_event(&env, "agent-0", "HibernateEvidenceUnavailable")
+    })
+    .await;
+    assert!(
+        vms(&env).await.iter().all(|v| v.name() != "vm-e"),
+        "no VM boots while the evidence is unknown"
+    );
+    assert!(calls(&env, "vm clone").is_empty());
+    // The registry comes back (no hibernate tag): the retried create boots it.
+    registry.down.store(false, Ordering::SeqCst);
+    wait_ready(&env, "agent-0").await;
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "vm-c", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "vm-c", "vm-c", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    seed_snapshot(&env, "vm-f", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "vm-f", "vm-f", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("img-0", "vm-c", &[("cocoonset.cocoonstack.io/image", "snap:v2")]),
+    )
+    .await;
+    create(
+        &env,
+        &managed(
+            "src-0",
+            "vm-f",
+            &[
+                ("cocoonset.cocoonstack.io/image", "snap:v1"),
+                ("vm.cocoonstack.io/fork-from", "vm-other"),
+            ],
+        ),
+    )
+    .await;
+    wait_failed_with(
+        &env,
+        "img-0",
+        "was hibernated from image snap:v1 but the pod requests snap:v2",
+    )
+    .await;
+    wait_failed_with(&env, "src-0", "explicit clone source").await;
+    eventually(10, "events", || {
+        has_event(&env, "img-0", "HibernateImageConflict") && has_event(&env, "src-0", "HibernateSourceConflict")
+    })
+    .await;
+    // The bring-up policy says an operator must settle these: the pods wait, they do not fail.
+    for name in ["img-0", "src-0"] {
+        eventually(10, "the wait is explained", || {
+            events(&env, name)
+                .iter()
+                .any(|(_, note)| note.contains("waiting for an operator"))
+        })
+        .await;
+        assert_ne!(phase(&env, name).as_deref(), Some("Failed"), "{name}");
+    }
+    assert!(calls(&env, "vm clone").is_empty(), "nothing cloned");
+    assert!(vms(&env).await.is_empty(), "nothing booted");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_less_nodes_use_local_evidence() {
+    // Registry: a local copy whose id matches the :hibernate config is cloned directly.
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "vm-w", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "vm-w", "vm-w", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    // A stale local copy: the tag was pushed from another snapshot.
+    seed_snapshot(&env, "vm-s-other", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(env.runtime.as_ref(), "vm-s-other", "vm-s", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    seed_snapshot(&env, "vm-s", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("w", "vm-w", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    create(
+        &env,
+        &managed("s", "vm-s", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    eventually(60, "both woke", || {
+        lifecycle(&env, "w").as_deref() == Some("ready") && lifecycle(&env, "s").as_deref() == Some("ready")
+    })
+    .await;
+    let sources: Vec<String> = calls(&env, "vm clone")
+        .into_iter()
+        .filter_map(|a| a.last().cloned())
+        .collect();
+    assert!(
+        sources.contains(&"vm-w".to_string()),
+        "verified local copy: {sources:?}"
+    );
+    assert!(
+        sources.contains(&"vm-s-hibernate-import".to_string()),
+        "stale local copy replaced by a pull: {sources:?}"
+    );
+    assert_eq!(registry.pulls.load(Ordering::SeqCst), 1);
+    assert!(
+        calls(&env, "snapshot rm")
+            .iter()
+            .any(|a| a.last().map(String::as_str) == Some("vm-s")),
+        "the stale copy is discarded"
+    );
+    for argv in calls(&env, "vm clone") {
+        assert!(
+            argv.contains(&"--cpu-weight".to_string()),
+            "every clone path passes the cgroup flags: {argv:?}"
+        );
+    }
+    d.kill().await;
+
+    // Registry-less: a local snapshot under the VM name is the evidence.
+    let env = provider_support::env(false).await;
+    seed_snapshot(&env, "vm-l", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("l", "vm-l", &[("cocoonset.cocoonstack.io/image", "whatever:v9")]),
+    )
+    .await;
+    eventually(60, "restored", || lifecycle(&env, "l").as_deref() == Some("ready")).await;
+    assert_eq!(calls(&env, "vm clone")[0].last().map(String::as_str), Some("vm-l"));
+    eventually(10, "restore event", || has_event(&env, "l", "HibernateSnapshotExists")).await;
+    d.kill().await;
+}

@@ -1,0 +1,200 @@
+//! A fault at every step of a hibernate or a wake (the save, the push, the remove, the registry
+//! down during verification, the pull, a deleted tag): the guest stays in its VM or in the
+//! registry, nothing boots fresh, and the owed retry finishes the job.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_save_keeps_the_vm_running_and_the_retry_hibernates() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, slow_retries());
+    ready_pod(&env, "agent-0", "vm-s").await;
+    env.sim
+        .add_fault(Fault {
+            verb: "snapshot save".into(),
+            match_arg: None,
+            times: Some(1),
+            action: fail("Error: pause vm: cloud-hypervisor API timeout"),
+        })
+        .unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    wait_failed_with(&env, "agent-0", "snapshot save vm-s").await;
+    assert!(
+        vm_named(&env, "vm-s").await.is_some_and(|v| v.state.is_running()),
+        "the VM keeps running"
+    );
+    assert!(
+        annotation(&env, "agent-0", ID).is_some(),
+        "its runtime annotations stay"
+    );
+    assert!(!tag_exists(&env, "vm-s").await);
+    eventually(10, "HibernateSnapshotFailed event", || {
+        has_event(&env, "agent-0", "HibernateSnapshotFailed")
+    })
+    .await;
+    hibernated(&env, "agent-0").await;
+    assert!(tag_exists(&env, "vm-s").await && vm_named(&env, "vm-s").await.is_none());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_to_a_dead_registry_keeps_the_vm_and_the_retry_pushes_once_it_is_back() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, slow_retries());
+    ready_pod(&env, "agent-0", "vm-p").await;
+    oci(&env).kill();
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(30, "HibernatePushFailed event", || {
+        has_event(&env, "agent-0", "HibernatePushFailed")
+    })
+    .await;
+    // The Event is recorded just before the lifecycle annotation is written.
+    eventually(30, "lifecycle failed", || {
+        lifecycle(&env, "agent-0").as_deref() == Some("failed")
+    })
+    .await;
+    assert!(
+        vm_named(&env, "vm-p").await.is_some_and(|v| v.state.is_running()),
+        "the guest is still in its VM"
+    );
+    assert!(
+        annotation(&env, "agent-0", ID).is_some(),
+        "its runtime annotations stay"
+    );
+    oci(&env).restart();
+    hibernated(&env, "agent-0").await;
+    assert!(tag_exists(&env, "vm-p").await && vm_named(&env, "vm-p").await.is_none());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_remove_withdraws_the_tag_reapplies_the_runtime_and_the_retry_finishes() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, slow_retries());
+    ready_pod(&env, "agent-0", "vm-r").await;
+    let vm = vm_named(&env, "vm-r").await.unwrap();
+    env.sim
+        .add_fault(Fault {
+            verb: "vm rm".into(),
+            match_arg: Some(vm.id.clone()),
+            times: Some(1),
+            action: fail("Error: vm busy: stop timed out"),
+        })
+        .unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(20, "HibernateRemoveFailed event", || {
+        has_event(&env, "agent-0", "HibernateRemoveFailed")
+    })
+    .await;
+    wait_failed_with(&env, "agent-0", "the hibernate tag was withdrawn").await;
+    assert!(
+        !tag_exists(&env, "vm-r").await,
+        "a wake cannot restore a copy the running VM has moved past"
+    );
+    assert!(
+        vm_named(&env, "vm-r").await.is_some_and(|v| v.state.is_running()),
+        "the guest is in its VM"
+    );
+    assert_eq!(
+        annotation(&env, "agent-0", ID).as_deref(),
+        Some(vm.id.as_str()),
+        "the runtime is re-applied"
+    );
+    hibernated(&env, "agent-0").await;
+    assert!(tag_exists(&env, "vm-r").await, "the retry re-published the tag");
+    assert!(vm_named(&env, "vm-r").await.is_none());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_fails_closed_while_the_registry_cannot_verify_the_local_copy() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, slow_retries());
+    ready_pod(&env, "agent-0", "vm-v").await;
+    hibernate_now(&env, "agent-0").await;
+    oci(&env).kill();
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "wake failed", || {
+        lifecycle(&env, "agent-0").as_deref() == Some("failed")
+    })
+    .await;
+    assert!(
+        vm_named(&env, "vm-v").await.is_none(),
+        "no guest boots from an unverified copy, nor fresh"
+    );
+    assert!(
+        env.sim.snapshot_dir("vm-v").unwrap().is_some(),
+        "the local copy is kept"
+    );
+    oci(&env).restart();
+    assert!(state_somewhere(&env, "vm-v").await);
+    eventually(30, "woken once the registry answers", || is_up(&env, "agent-0")).await;
+    assert_eq!(
+        calls(&env, "vm clone").last().unwrap().last().map(String::as_str),
+        Some("vm-v"),
+        "from the now verified local copy"
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_pull_keeps_the_tag_boots_nothing_and_the_retry_wakes() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, slow_retries());
+    ready_pod(&env, "agent-0", "vm-u").await;
+    hibernate_now(&env, "agent-0").await;
+    env.runtime.snapshot_remove_if_exists("vm-u").await.unwrap();
+    env.sim
+        .add_fault(Fault {
+            verb: "snapshot import".into(),
+            match_arg: None,
+            times: Some(1),
+            action: FaultAction::Die { after_bytes: 4096 },
+        })
+        .unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "WakePullFailed event", || {
+        has_event(&env, "agent-0", "WakePullFailed")
+    })
+    .await;
+    assert!(vm_named(&env, "vm-u").await.is_none(), "nothing booted");
+    assert!(tag_exists(&env, "vm-u").await, "the guest is still in the registry");
+    eventually(30, "woken by the retry", || is_up(&env, "agent-0")).await;
+    assert!(vm_named(&env, "vm-u").await.is_some());
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, slow_retries());
+    ready_pod(&env, "agent-0", "vm-t").await;
+    hibernate_now(&env, "agent-0").await;
+    oci(&env).client.delete_manifest("vm-t", "hibernate").await.unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    wait_failed_with(&env, "agent-0", "no hibernate snapshot exists").await;
+    eventually(10, "HibernateSnapshotMissing event", || {
+        has_event(&env, "agent-0", "HibernateSnapshotMissing")
+    })
+    .await;
+    let failed_wakes = || d.provider.metrics().wake.with_label_values(&["failed"]).get();
+    eventually(20, "the owed retry of the wake ran and failed too", || {
+        failed_wakes() >= 2
+    })
+    .await;
+    assert!(
+        vm_named(&env, "vm-t").await.is_none(),
+        "no fresh guest, not even after a retry"
+    );
+    assert!(
+        calls(&env, "vm clone").len() == 1 && calls(&env, "vm run").len() == 1,
+        "only the create's clone and the seed's run"
+    );
+    d.kill().await;
+}

@@ -1,0 +1,123 @@
+//! Cloud Hypervisor Windows guests hibernate without their NIC (it is dropped before the save and
+//! a fresh one is attached on wake); a failed drop renews the guest's lease and keeps the VM running.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_with_a_fresh_one() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    let windows = [
+        (IMAGE, "winbase"),
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ];
+    create(&env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "ready", || is_up(&env, "win-0")).await;
+    let first_clone = calls(&env, "vm clone")[0].join(" ");
+    assert!(
+        first_clone.contains("--restore-mode copy"),
+        "Windows guests restore by copy: {first_clone}"
+    );
+    assert_eq!(
+        env.sim.exec_log().unwrap()[0].argv[0],
+        "powershell",
+        "a fresh Windows clone gets its NIC reset"
+    );
+    let id = vm_named(&env, "vm-win").await.unwrap().id;
+
+    hibernate_now(&env, "win-0").await;
+    let seq: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.argv.contains(&id) && matches!(c.verb.as_str(), "vm exec" | "vm net" | "snapshot save" | "vm rm"))
+        .map(|c| match c.verb.as_str() {
+            "vm exec" => c.argv[c.argv.iter().position(|a| a == "--").unwrap() + 1..].join(" "),
+            _ => c.argv.join(" "),
+        })
+        .collect();
+    let pos = |needle: &str| {
+        seq.iter()
+            .position(|s| s.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} in {seq:?}"))
+    };
+    assert!(pos("cmd /c ipconfig /release") < pos("net --nics 0"), "{seq:?}");
+    assert!(
+        pos("net --nics 0") < pos("snapshot save") && pos("snapshot save") < pos("rm --force"),
+        "{seq:?}"
+    );
+    let m = d.provider.metrics();
+    assert_eq!(
+        (
+            m.hibernate.with_label_values(&["dhcp_release", "ok"]).get(),
+            m.hibernate.with_label_values(&["netresize", "ok"]).get()
+        ),
+        (1, 1)
+    );
+
+    let execs_before_wake = env.sim.exec_log().unwrap().len();
+    annotate(&env, "win-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "woken", || is_up(&env, "win-0")).await;
+    let wake_clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(
+        wake_clone.contains("--restore-mode copy") && wake_clone.contains("--nics 1"),
+        "a fresh NIC is hot-added: {wake_clone}"
+    );
+    assert_eq!(
+        env.sim.exec_log().unwrap().len(),
+        execs_before_wake,
+        "a restored Windows guest only waits for its lease"
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, slow_retries());
+    let windows = [
+        (IMAGE, "winbase"),
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ];
+    create(&env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "ready", || lifecycle(&env, "win-0").as_deref() == Some("ready")).await;
+    env.sim
+        .add_fault(Fault {
+            verb: "vm net".into(),
+            match_arg: None,
+            times: Some(1),
+            action: fail("Error: hot-unplug: device busy"),
+        })
+        .unwrap();
+    annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(20, "HibernateNetResizeFailed", || {
+        has_event(&env, "win-0", "HibernateNetResizeFailed")
+    })
+    .await;
+    assert_eq!(
+        calls(&env, "snapshot save").len(),
+        1,
+        "only the seed's: nothing is saved without the NIC dropped"
+    );
+    eventually(10, "the guest renews its lease", || {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+    })
+    .await;
+    assert!(
+        vm_named(&env, "vm-win")
+            .await
+            .is_some_and(|v| v.state.is_running() && !v.network_configs.is_empty())
+    );
+    assert!(!tag_exists(&env, "vm-win").await);
+    hibernated(&env, "win-0").await;
+    d.kill().await;
+}

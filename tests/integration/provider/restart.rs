@@ -1,0 +1,397 @@
+//! Startup reconcile and restarts end to end: adoption by id and by name, the orphan policy,
+//! a CPU-class mismatch keeps the node unregistered, a daemon killed mid-create converges with
+//! no duplicate and no lost VM, and 100 pods created and deleted concurrently.
+
+use crate::provider_support;
+
+use k8s_openapi::api::core::v1::Node;
+use provider_support::*;
+use vk_cocoon::provider::reconcile::OrphanPolicy;
+
+async fn wait_ready(env: &Env, name: &str) {
+    eventually(60, &format!("{name} ready"), || {
+        lifecycle(env, name).as_deref() == Some("ready")
+    })
+    .await;
+}
+
+async fn clone_direct(env: &Env, snapshot: &str, name: &str) -> vk_cocoon::runtime::VmRecord {
+    clone_direct_on(&env.runtime, snapshot, name, None).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_adopts_by_id_and_by_name_and_destroys_orphans() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("a", "vm-a", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "a").await;
+    d.kill().await;
+
+    // While the daemon is down: a VM whose create finished but whose pod never got its id, and an orphan.
+    let b = clone_direct(&env, "base", "vm-b").await;
+    create(
+        &env,
+        &managed(
+            "b",
+            "vm-b",
+            &[
+                ("cocoonset.cocoonstack.io/image", "base"),
+                ("vm.cocoonstack.io/lifecycle-state", "creating"),
+            ],
+        ),
+    )
+    .await;
+    let orphan = clone_direct(&env, "base", "vm-orphan").await;
+    let clones_before = calls(&env, "vm clone").len();
+
+    let d = start(&env, Options::default());
+    wait_ready(&env, "b").await;
+    assert_eq!(
+        annotation(&env, "b", "vm.cocoonstack.io/id").as_deref(),
+        Some(b.id.as_str()),
+        "runtime annotation repaired"
+    );
+    eventually(10, "orphan destroyed", || {
+        env.sim.vm_state(&orphan.id).unwrap().is_none()
+    })
+    .await;
+    assert_eq!(d.provider.metrics().reconcile_adopt_by_name.get(), 1);
+    wait_ready(&env, "a").await;
+    assert_eq!(calls(&env, "vm clone").len(), clones_before, "nothing re-created");
+    let names: Vec<String> = vms(&env).await.iter().map(|v| v.name().to_string()).collect();
+    assert_eq!(names.iter().filter(|n| *n == "vm-a").count(), 1);
+    assert_eq!(names.iter().filter(|n| *n == "vm-b").count(), 1);
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn alert_and_keep_leave_orphans_running() {
+    for policy in [OrphanPolicy::Alert, OrphanPolicy::Keep] {
+        let env = env(false).await;
+        seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+        let orphan = clone_direct(&env, "base", "vm-orphan").await;
+        let d = start(
+            &env,
+            Options {
+                orphan: policy,
+                ..Default::default()
+            },
+        );
+        eventually(10, "node registered", || {
+            env.server.store().get_as::<Node>(None, NODE).is_some()
+        })
+        .await;
+        assert_eq!(
+            env.sim.vm_state(&orphan.id).unwrap().as_deref(),
+            Some("running"),
+            "{policy:?}"
+        );
+        assert_eq!(
+            d.provider.metrics().orphan_vm.get(),
+            u64::from(policy == OrphanPolicy::Alert)
+        );
+        // A pod for that VM name adopts it.
+        create(
+            &env,
+            &managed("late", "vm-orphan", &[("cocoonset.cocoonstack.io/image", "base")]),
+        )
+        .await;
+        wait_ready(&env, "late").await;
+        assert_eq!(
+            annotation(&env, "late", "vm.cocoonstack.io/id").as_deref(),
+            Some(orphan.id.as_str())
+        );
+        d.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cpu_class_mismatch_at_startup_keeps_the_node_unregistered() {
+    let env = env(false).await;
+    let mut pod = managed("classy", "vm-c", &[("cocoonset.cocoonstack.io/image", "base")]);
+    pod.spec.as_mut().unwrap().node_selector =
+        Some([("cocoonstack.io/snapshot-cpu-class".to_string(), "spr".to_string())].into());
+    create(&env, &pod).await;
+    let mut d = start(
+        &env,
+        Options {
+            node_class: "icx".into(),
+            ..Default::default()
+        },
+    );
+    let result = tokio::time::timeout(std::time::Duration::from_secs(20), &mut d.task)
+        .await
+        .expect("the node stops")
+        .unwrap();
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains("startup compatibility check") && err.contains("spr"),
+        "{err}"
+    );
+    assert!(
+        env.server.store().get_as::<Node>(None, NODE).is_none(),
+        "the node never registers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_killed_mid_create_converges_without_duplicates() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // cocoon dies inside the clone (a `creating` record is left) and the daemon is killed with it.
+    env.sim.die_next("vm clone", 0).unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("k", "vm-k", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    eventually(20, "the clone died, leaving its creating record", || {
+        env.sim.vm_state("vm-k").unwrap().as_deref() == Some("creating")
+    })
+    .await;
+    d.kill().await;
+    assert!(
+        vms(&env).await.iter().any(|v| v.name() == "vm-k"),
+        "a stale record is left behind"
+    );
+
+    let d = start(&env, Options::default());
+    wait_ready(&env, "k").await;
+    let list = vms(&env).await;
+    let mine: Vec<_> = list.iter().filter(|v| v.name() == "vm-k").cloned().collect();
+    assert_eq!(mine.len(), 1, "exactly one VM: {list:?}");
+    assert_eq!(
+        annotation(&env, "k", "vm.cocoonstack.io/id").as_deref(),
+        Some(mine[0].id.as_str())
+    );
+    d.kill().await;
+
+    // Killed after the VM came up but before its id, IP and ready were written (the pod looks
+    // exactly as it did then): adopted by name, annotations repaired, not duplicated.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(env.server.client(), "default");
+    let wipe = serde_json::json!({"metadata": {"annotations": {
+        "vm.cocoonstack.io/id": null, "vm.cocoonstack.io/ip": null, "vm.cocoonstack.io/lifecycle-state": "creating"}}});
+    pods.patch("k", &Default::default(), &kube::api::Patch::Merge(wipe))
+        .await
+        .unwrap();
+    let clones = calls(&env, "vm clone").len();
+    let d = start(&env, Options::default());
+    wait_ready(&env, "k").await;
+    assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-k").count(), 1);
+    assert_eq!(calls(&env, "vm clone").len(), clones, "adopted, not re-cloned");
+    assert_eq!(
+        annotation(&env, "k", "vm.cocoonstack.io/id").as_deref(),
+        Some(mine[0].id.as_str())
+    );
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hundred_pods_are_created_and_deleted_concurrently() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    let names: Vec<String> = (0..100).map(|i| format!("p-{i}")).collect();
+    for n in &names {
+        create(
+            &env,
+            &managed(n, &format!("vm-{n}"), &[("cocoonset.cocoonstack.io/image", "base")]),
+        )
+        .await;
+    }
+    eventually(240, "all ready", || {
+        names.iter().all(|n| lifecycle(&env, n).as_deref() == Some("ready"))
+    })
+    .await;
+    assert_eq!(vms(&env).await.len(), 100);
+    for n in &names {
+        delete(&env, n).await;
+    }
+    eventually(240, "all finalized", || names.iter().all(|n| get(&env, n).is_none())).await;
+    assert!(vms(&env).await.is_empty(), "no VM leaked");
+    d.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guest_fixup_cut_by_a_restart_resumes_and_a_failed_one_stays_parked() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // The first fixup hangs long enough for the daemon to die in the middle of it.
+    env.sim.delay("vm exec", Some(1), 3_000).unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("fix-0", "vm-fix", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    eventually(20, "fixup running", || {
+        annotation(&env, "fix-0", "vm.cocoonstack.io/post-clone-state").as_deref() == Some("running")
+    })
+    .await;
+    eventually(20, "its vm exec started", || !calls(&env, "vm exec").is_empty()).await;
+    d.kill().await;
+    assert_eq!(lifecycle(&env, "fix-0").as_deref(), Some("creating"));
+
+    let d = start(&env, Options::default());
+    eventually(30, "the resumed fixup finished the boot", || {
+        lifecycle(&env, "fix-0").as_deref() == Some("ready") && ready(&env, "fix-0")
+    })
+    .await;
+    assert_eq!(
+        annotation(&env, "fix-0", "vm.cocoonstack.io/post-clone-state").as_deref(),
+        Some("done")
+    );
+    eventually(10, "ResumedAfterRestart op=post_clone", || {
+        events(&env, "fix-0")
+            .iter()
+            .any(|(r, n)| r == "ResumedAfterRestart" && n == "op=post_clone")
+    })
+    .await;
+    assert_eq!(calls(&env, "vm clone").len(), 1, "the VM was adopted, not cloned again");
+    d.kill().await;
+
+    // A fixup that was exhausted stays parked across a restart: nothing runs in the guest again.
+    let env2 = env_parked().await;
+    let execs = env2.sim.exec_log().unwrap().len();
+    let d = start(&env2, Options::default());
+    eventually(20, "adopted", || {
+        d.provider
+            .state()
+            .tracked("default/park-0")
+            .is_some_and(|t| t.vm.is_some())
+    })
+    .await;
+    // An observation window, not synchronisation: a retried fixup would run within one interval.
+    tokio::time::sleep(fast_timings().fixup_interval * 5).await;
+    assert_eq!(
+        env2.sim.exec_log().unwrap().len(),
+        execs,
+        "a parked fixup is not retried"
+    );
+    assert_eq!(lifecycle(&env2, "park-0").as_deref(), Some("failed"));
+    d.kill().await;
+}
+
+/// An environment with pod `park-0` whose fixup was exhausted before the daemon restarted.
+async fn env_parked() -> Env {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    env.sim
+        .on_exec(cocoon_sim::ExecRule {
+            vm: Some("vm-park".into()),
+            exit_code: 9,
+            ..Default::default()
+        })
+        .unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("park-0", "vm-park", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    eventually(30, "exhausted", || {
+        lifecycle(&env, "park-0").as_deref() == Some("failed")
+    })
+    .await;
+    d.kill().await;
+    env
+}
+
+/// A create still in progress when the daemon starts is a stale create the daemon watches.
+/// Once the pod's CreatePod has adopted the VM it is the pod's: the guest stopping right after
+/// is restarted in place by the event watcher — the stale-create watcher must not destroy it as
+/// an orphan and release its guest's DHCP lease under the running pod (it did: a lease
+/// released while its VM lived).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_create_its_pod_adopted_is_never_destroyed_as_an_orphan() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // A clone (an earlier daemon's, say) still running when this daemon starts.
+    env.sim.set_settings(|s| s.create_delay_ms = 1_500).unwrap();
+    let runtime = env.runtime.clone();
+    let clone = tokio::spawn(async move { clone_direct_on(&runtime, "base", "vm-s", Some("dhcp-net")).await });
+    eventually(20, "the create in progress", || {
+        env.sim.vm_state("vm-s").unwrap().as_deref() == Some("creating")
+    })
+    .await;
+    // The stale-create watcher hears `busy` until the test lets it look: the interleaving of a
+    // create that ends and a guest that stops right after its pod adopted it, before the
+    // watcher's next tick.
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: "vm reconcile-stale-create".into(),
+            match_arg: None,
+            times: None,
+            action: cocoon_sim::FaultAction::Fail {
+                stdout: r#"{"outcome":"busy"}"#.into(),
+                stderr: String::new(),
+                exit_code: 0,
+            },
+        })
+        .unwrap();
+    create(
+        &env,
+        &managed(
+            "s-0",
+            "vm-s",
+            &[
+                ("cocoonset.cocoonstack.io/image", "base"),
+                ("cocoonset.cocoonstack.io/network", "dhcp-net"),
+            ],
+        ),
+    )
+    .await;
+    let releaser = std::sync::Arc::new(RecordingReleaser::default());
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(releaser.clone()),
+            ..Default::default()
+        },
+    );
+    let vm = clone.await.unwrap();
+    env.sim.set_settings(|s| s.create_delay_ms = 0).unwrap();
+    write_leases(&env, &[(vm.primary_mac().unwrap(), "127.0.0.41")]);
+    eventually(60, "the pod adopted its VM and is ready", || {
+        annotation(&env, "s-0", "vm.cocoonstack.io/id").as_deref() == Some(vm.id.as_str())
+            && lifecycle(&env, "s-0").as_deref() == Some("ready")
+    })
+    .await;
+    assert!(
+        calls(&env, "vm reconcile-stale-create").len() >= 2,
+        "the startup reconcile took the create for a stale one and watches it"
+    );
+
+    // The guest stops; its restart in place is slow, so it is still stopped when the
+    // stale-create watcher looks again (now for real).
+    env.sim.delay("vm start", Some(1), 10_000).unwrap();
+    env.sim.flip_vm("vm-s", cocoon_sim::Flip::Stopped).unwrap();
+    eventually(20, "the event watcher restarting the VM", || {
+        calls(&env, "vm start").iter().any(|a| a.contains(&vm.id))
+    })
+    .await;
+    env.sim.clear_faults().unwrap();
+    eventually(60, "the restart in place done (or the VM gone)", || {
+        env.sim.vm_state(&vm.id).unwrap().as_deref() != Some("stopped")
+    })
+    .await;
+    assert_eq!(
+        env.sim.vm_state(&vm.id).unwrap().as_deref(),
+        Some("running"),
+        "the pod's VM was restarted in place, not destroyed"
+    );
+    assert!(
+        releaser.released.lock().unwrap().is_empty(),
+        "nothing released while the VM lives: {:?}",
+        releaser.released.lock().unwrap()
+    );
+    assert!(get(&env, "s-0").is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+    eventually(10, "VMRestarted event", || has_event(&env, "s-0", "VMRestarted")).await;
+    d.kill().await;
+}
