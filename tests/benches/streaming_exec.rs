@@ -30,7 +30,7 @@ mod daemon;
 #[path = "../kube_support/mod.rs"]
 mod kube_support;
 #[allow(dead_code, unused_imports)]
-#[path = "../real_apiserver/kubelet_api.rs"]
+#[path = "../real_apiserver/kubelet_api/mod.rs"]
 mod kubelet_api;
 #[allow(unused_imports)]
 #[path = "../provider_support/mod.rs"]

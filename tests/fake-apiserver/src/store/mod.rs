@@ -1,6 +1,7 @@
 //! The object store with apiserver semantics: one increasing resourceVersion counter, uid and
-//! creationTimestamp on create, optimistic concurrency, preconditions, graceful pod deletion,
-//! finalizers, and a bounded event history for watches.
+//! creationTimestamp on create, optimistic concurrency, preconditions, and writes; `delete`
+//! (graceful pod deletion, finalizers), `watch` (a bounded event history, 410 Gone) and `typed`
+//! (typed reads and seeds for tests) add to the same `Store`.
 
 use crate::error::ApiError;
 use crate::resource::ResourceType;
@@ -11,6 +12,10 @@ use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::broadcast;
+
+mod delete;
+mod typed;
+mod watch;
 
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -514,192 +519,5 @@ impl Store {
             return Ok(self.commit(inner, rt, ChangeKind::Deleted, new, Some(current)));
         }
         Ok(self.commit(inner, rt, ChangeKind::Modified, new, Some(current)))
-    }
-
-    /// DELETE with the apiserver's graceful semantics.
-    ///
-    /// A pod bound to a node (and not terminal) deleted with a grace period > 0 (default: its
-    /// `terminationGracePeriodSeconds`, else 30) only gets `deletionTimestamp` /
-    /// `deletionGracePeriodSeconds`; a later delete with grace 0 (what the kubelet sends) removes it.
-    /// Objects with finalizers get a `deletionTimestamp` and stay until the finalizers are gone.
-    pub fn delete(
-        &self,
-        rt: ResourceType,
-        ns: Option<&str>,
-        name: &str,
-        opts: &DeleteOptions,
-    ) -> Result<Value, ApiError> {
-        let mut inner = self.lock();
-        let current = inner
-            .objects
-            .get(&Self::key(rt, ns, name))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
-        let cur_uid = meta_str(&current, "uid").unwrap_or("").to_string();
-        let cur_rv = meta_str(&current, "resourceVersion").unwrap_or("").to_string();
-        if let Some(uid) = &opts.precondition_uid
-            && *uid != cur_uid
-        {
-            return Err(ApiError::precondition_failed(
-                rt.group,
-                rt.plural,
-                rt.kind,
-                name,
-                format!(
-                    "the UID in the precondition ({uid}) does not match the UID in record ({cur_uid}). The object might have been deleted and then recreated"
-                ),
-            ));
-        }
-        if let Some(rv) = &opts.precondition_resource_version
-            && *rv != cur_rv
-        {
-            return Err(ApiError::precondition_failed(
-                rt.group,
-                rt.plural,
-                rt.kind,
-                name,
-                format!(
-                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({cur_rv}). The object might have been modified"
-                ),
-            ));
-        }
-
-        let grace = if rt.is_pod() {
-            let bound = current
-                .pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty());
-            let terminal = matches!(
-                current.pointer("/status/phase").and_then(Value::as_str),
-                Some("Succeeded" | "Failed")
-            );
-            if !bound || terminal {
-                0
-            } else {
-                opts.grace_period_seconds
-                    .or_else(|| {
-                        current
-                            .pointer("/spec/terminationGracePeriodSeconds")
-                            .and_then(Value::as_i64)
-                    })
-                    .unwrap_or(30)
-                    .max(0)
-            }
-        } else {
-            0
-        };
-
-        let existing_grace = current
-            .pointer("/metadata/deletionGracePeriodSeconds")
-            .and_then(Value::as_i64);
-        let already_deleting = current.pointer("/metadata/deletionTimestamp").is_some();
-        if grace > 0 || has_finalizers(&current) {
-            if already_deleting && existing_grace.is_some_and(|g| g <= grace) {
-                // A second graceful delete cannot extend the grace period.
-                return Ok(current);
-            }
-            let mut new = current.clone();
-            let m = meta_mut(&mut new);
-            m.insert(
-                "deletionTimestamp".into(),
-                json!(fmt_time(now() + SignedDuration::from_secs(grace))),
-            );
-            m.insert("deletionGracePeriodSeconds".into(), json!(grace));
-            return Ok(self.commit(&mut inner, rt, ChangeKind::Modified, new, Some(current)));
-        }
-        let mut gone = current.clone();
-        if rt.is_pod() {
-            let m = meta_mut(&mut gone);
-            m.entry("deletionTimestamp").or_insert_with(|| json!(fmt_time(now())));
-            m.insert("deletionGracePeriodSeconds".into(), json!(0));
-        }
-        Ok(self.commit(&mut inner, rt, ChangeKind::Deleted, gone, Some(current)))
-    }
-
-    /// Opens a watch.
-    ///
-    /// `since`: `None` or `Some(0)` ⇒ synthetic ADDED events for the current state (as the
-    /// apiserver does for `resourceVersion` unset or "0"); `Some(n)` ⇒ every change after `n` from
-    /// the history, or 410 Gone (`Expired`) when `n` is older than the retained history.
-    pub fn watch(&self, rt: ResourceType, filter: &Filter, since: Option<u64>) -> Result<WatchStart, ApiError> {
-        let inner = self.lock();
-        let live = self.tx.subscribe();
-        match since {
-            None | Some(0) => {
-                let initial = inner
-                    .objects
-                    .iter()
-                    .filter(|((r, _, _), obj)| *r == rt && filter.matches(obj))
-                    .map(|(_, obj)| {
-                        Arc::new(Change {
-                            resource: rt,
-                            kind: ChangeKind::Added,
-                            rv: meta_str(obj, "resourceVersion")
-                                .and_then(|s| s.parse().ok())
-                                .unwrap_or(0),
-                            object: obj.clone(),
-                            previous: None,
-                        })
-                    })
-                    .collect();
-                Ok(WatchStart {
-                    initial,
-                    initial_rv: inner.rv,
-                    live,
-                })
-            }
-            Some(n) => {
-                if n < inner.floor {
-                    return Err(ApiError::expired(n, inner.floor));
-                }
-                let initial = inner
-                    .history
-                    .iter()
-                    .filter(|c| c.rv > n && c.resource == rt)
-                    .cloned()
-                    .collect();
-                Ok(WatchStart {
-                    initial,
-                    initial_rv: inner.rv.max(n),
-                    live,
-                })
-            }
-        }
-    }
-
-    // ---- typed helpers for tests ----
-
-    /// The object as a typed value, if present.
-    pub fn get_as<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(
-        &self,
-        ns: Option<&str>,
-        name: &str,
-    ) -> Option<K> {
-        let rt = ResourceType::of::<K>().expect("resource type served by the fake apiserver");
-        self.get(rt, ns, name)
-            .ok()
-            .map(|v| serde_json::from_value(v).expect("stored object deserialises"))
-    }
-
-    /// Every stored object of a type.
-    pub fn list_as<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(&self) -> Vec<K> {
-        let rt = ResourceType::of::<K>().expect("resource type served by the fake apiserver");
-        self.list(rt, &Filter::default())
-            .0
-            .into_iter()
-            .map(|v| serde_json::from_value(v).expect("stored object deserialises"))
-            .collect()
-    }
-
-    /// Creates an object directly (with create semantics and a watch event); returns the stored object.
-    pub fn seed<K: kube::Resource<DynamicType = ()> + serde::Serialize + DeserializeOwned>(
-        &self,
-        obj: &K,
-    ) -> Result<K, ApiError> {
-        let rt = ResourceType::of::<K>().expect("resource type served by the fake apiserver");
-        let v = serde_json::to_value(obj).expect("object serialises");
-        let ns = meta_str(&v, "namespace").map(str::to_string);
-        let stored = self.create(rt, ns.as_deref().or(Some("default")), v)?;
-        Ok(serde_json::from_value(stored).expect("stored object deserialises"))
     }
 }
