@@ -97,6 +97,16 @@ fn map_provider(result: Result<Next, ProviderError>) -> OpOutcome {
     }
 }
 
+/// The copy of a watched pod the daemon keeps: without `metadata.managedFields`. The apiserver
+/// sends one entry per field manager (the creator, the daemon's annotation and status writes),
+/// each a `fieldsV1` tree decoded into nested JSON maps; nothing here reads them, and they were
+/// the largest part of every tracked pod's memory. The daemon writes with merge patches, which
+/// leave the server's managedFields as they are.
+fn tracked(mut pod: Pod) -> Arc<Pod> {
+    pod.metadata.managed_fields = None;
+    Arc::new(pod)
+}
+
 impl<P: Provider> PodController<P> {
     /// Runs until `shutdown`: watch → core → actions.
     pub async fn run(mut self, shutdown: CancellationToken) {
@@ -145,10 +155,10 @@ impl<P: Provider> PodController<P> {
                     }
                     Some(Ok(event)) => match event {
                         watcher::Event::Init => Input::InitStarted,
-                        watcher::Event::InitApply(p) => Input::InitApplied(Arc::new(p)),
+                        watcher::Event::InitApply(p) => Input::InitApplied(tracked(p)),
                         watcher::Event::InitDone => Input::InitDone,
-                        watcher::Event::Apply(p) => Input::Applied(Arc::new(p)),
-                        watcher::Event::Delete(p) => Input::Deleted(Arc::new(p)),
+                        watcher::Event::Apply(p) => Input::Applied(tracked(p)),
+                        watcher::Event::Delete(p) => Input::Deleted(tracked(p)),
                     },
                 };
                 if tx.send(input).is_err() {
@@ -188,10 +198,13 @@ impl<P: Provider> PodController<P> {
                     let key = PodKey::of(&pod);
                     let uid = Uid::of(&pod);
                     let span = tracing::info_span!("pod_op", pod = %key, %uid, op = ?op);
-                    let outcome = tracing::Instrument::instrument(
+                    // Boxed once the permit is held: a task's allocation is sized for its largest
+                    // state, and the provider's operations are large futures. A burst of events
+                    // queues many tasks behind the permits, each small while it waits.
+                    let outcome = Box::pin(tracing::Instrument::instrument(
                         run_op(op, &pod, rejection, provider.as_ref(), client, &written),
                         span,
-                    )
+                    ))
                     .await;
                     match &outcome {
                         OpOutcome::Done => tracing::debug!(pod = %key, %uid, ?op, "pod operation done"),

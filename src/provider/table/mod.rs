@@ -46,7 +46,10 @@ const TERMINAL_TTL: Duration = Duration::from_secs(600);
 
 #[derive(Default)]
 struct Inner {
-    pods: HashMap<PodKey, PodEntry>,
+    /// Boxed: a record holds whole pod objects inline (several KiB), and a map stores its values
+    /// in its slots, so an unboxed map costs that much for every free slot as well (up to half
+    /// of them after a resize) and moves every record on each resize.
+    pods: HashMap<PodKey, Box<PodEntry>>,
     vms: VmTable,
     next_token: u64,
 }
@@ -54,14 +57,14 @@ struct Inner {
 impl Inner {
     fn entry(&mut self, key: &str) -> &mut PodEntry {
         if !self.pods.contains_key(key) {
-            self.pods.insert(PodKey::from(key), PodEntry::default());
+            self.pods.insert(PodKey::from(key), Box::default());
         }
         self.pods.get_mut(key).expect("just inserted")
     }
 
     /// Drops the record of `key` when nothing is left in it.
     fn prune(&mut self, key: &str) {
-        if self.pods.get(key).is_some_and(PodEntry::is_empty) {
+        if self.pods.get(key).is_some_and(|e| e.is_empty()) {
             self.pods.remove(key);
         }
     }
