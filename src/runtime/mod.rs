@@ -13,6 +13,7 @@ pub mod errors;
 pub mod events;
 pub mod macos;
 pub mod parse;
+mod process;
 pub mod quantity;
 pub mod version;
 

@@ -1,10 +1,10 @@
 //! Streaming `snapshot export`: the child process's stdout as an [`AsyncRead`] whose EOF means
 //! cocoon exited 0, the typed error a stream failure carries, and the copy helper callers use.
 
-use super::{CocoonCli, check_ref, drain_stderr, widen_pipe};
+use super::{CocoonCli, check_ref, exit_of, widen_pipe};
+use crate::runtime::args;
 use crate::runtime::args::verb_of;
 use crate::runtime::errors::{Result, RuntimeError};
-use crate::runtime::{args, parse};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -24,21 +24,7 @@ impl CocoonCli {
             use std::os::unix::io::AsRawFd;
             widen_pipe(stdout.as_raw_fd());
         }
-        let stderr = drain_stderr(child.stderr.take());
-        let reference = name.to_string();
-        let v2 = verb.clone();
-        let finish = Box::pin(async move {
-            let status = child.wait().await.map_err(|source| RuntimeError::Io {
-                verb: v2.clone(),
-                source,
-            })?;
-            let stderr = stderr.await.unwrap_or_default();
-            if status.success() {
-                Ok(())
-            } else {
-                Err(parse::classify_failure(&v2, &reference, status.code(), &stderr))
-            }
-        });
+        let finish = exit_of(child, verb.clone(), name.to_string());
         let timeout = self.cfg.timeouts.transfer;
         Ok(SnapshotExport {
             stdout,

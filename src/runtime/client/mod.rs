@@ -47,6 +47,24 @@ fn widen_pipe(fd: std::os::unix::io::RawFd) {
     }
 }
 
+/// The end of a streaming verb whose stdout the caller reads: waits for `child`, then turns a
+/// failed exit into the typed error its stderr names (`reference`: the object it was about).
+fn exit_of(mut child: Child, verb: String, reference: String) -> futures::future::BoxFuture<'static, Result<()>> {
+    let stderr = drain_stderr(child.stderr.take());
+    Box::pin(async move {
+        let status = child.wait().await.map_err(|source| RuntimeError::Io {
+            verb: verb.clone(),
+            source,
+        })?;
+        let stderr = stderr.await.unwrap_or_default();
+        if status.success() {
+            Ok(())
+        } else {
+            Err(parse::classify_failure(&verb, &reference, status.code(), &stderr))
+        }
+    })
+}
+
 /// Drains a child's stderr in the background, keeping the tail.
 fn drain_stderr(stderr: Option<tokio::process::ChildStderr>) -> tokio::task::JoinHandle<String> {
     tokio::spawn(async move {
@@ -82,20 +100,10 @@ impl CocoonCli {
         self.output(args::version(), "", self.cfg.timeouts.query).await
     }
 
+    /// Killed when dropped: a cancelled or timed-out call leaves no cocoon process behind.
     fn command(&self, args: &[String]) -> Command {
-        let mut cmd = if self.cfg.sudo {
-            let mut c = Command::new("sudo");
-            c.arg("-n").arg(&self.cfg.bin);
-            c
-        } else {
-            Command::new(&self.cfg.bin)
-        };
-        cmd.args(args)
-            .envs(self.cfg.env.iter().map(|(k, v)| (k, v)))
-            .kill_on_drop(true)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = super::process::cli_command(&self.cfg.bin, self.cfg.sudo, &self.cfg.env, args);
+        cmd.kill_on_drop(true);
         cmd
     }
 
@@ -440,22 +448,9 @@ impl CocoonRuntime for CocoonCli {
                     let verb = verb_of(&a);
                     let mut child = me.spawn(&a, me.command(&a))?;
                     let stdout = child.stdout.take().expect("stdout piped");
-                    let stderr = drain_stderr(child.stderr.take());
-                    let finished = Box::pin(async move {
-                        let status = child.wait().await.map_err(|source| RuntimeError::Io {
-                            verb: verb.clone(),
-                            source,
-                        })?;
-                        let stderr = stderr.await.unwrap_or_default();
-                        if status.success() {
-                            Ok(())
-                        } else {
-                            Err(parse::classify_failure(&verb, "", status.code(), &stderr))
-                        }
-                    });
                     Ok(EventConnection {
                         stdout: Box::new(stdout),
-                        finished,
+                        finished: exit_of(child, verb, String::new()),
                     })
                 })
             },

@@ -14,7 +14,6 @@ pub use record::{MacImage, MacVm, MacosError};
 use crate::runtime::args::verb_of;
 use async_trait::async_trait;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -97,19 +96,7 @@ impl MacosCli {
     }
 
     fn command(&self, args: &[String]) -> Command {
-        let mut cmd = if self.cfg.sudo {
-            let mut c = Command::new("sudo");
-            c.arg("-n").arg(&self.cfg.bin);
-            c
-        } else {
-            Command::new(&self.cfg.bin)
-        };
-        cmd.args(args)
-            .envs(self.cfg.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
+        super::process::cli_command(&self.cfg.bin, self.cfg.sudo, &self.cfg.env, args)
     }
 
     /// Runs a verb to completion within `timeout`. `detached`: on its own task (the caller
