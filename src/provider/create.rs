@@ -241,6 +241,33 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
     }
 }
 
+/// The bring-up policy's facts: the pod as decoded, what this node found (a VM of that name,
+/// hibernate evidence, local snapshots), the node's settings, and the runtime values the pod
+/// carries preassigned. One builder for the Linux and the macOS paths.
+pub(super) fn bring_up_facts(
+    p: &CocoonProvider,
+    pod: &Pod,
+    facts: &PodFacts,
+    spec: &VmSpec,
+    vm_exists_locally: bool,
+    evidence: HibernateEvidence,
+    local_snapshots: Vec<bring_up::LocalSnapshot>,
+) -> bring_up::Facts {
+    let preassigned = RuntimeAnnotations::of_pod(pod);
+    bring_up::Facts {
+        pod: facts.clone(),
+        spec: spec.clone(),
+        vm_exists_locally,
+        evidence,
+        registry_configured: p.ports.registry.is_some(),
+        local_snapshots,
+        node_restore_mode: p.cfg.restore_mode,
+        preassigned_vm_id: preassigned.vm_id,
+        preassigned_ip: preassigned.ip,
+        preassigned_vnc_port: preassigned.vnc_port,
+    }
+}
+
 /// Steps 2–3 of the lifecycle document: adopt, or gather facts, decide and execute.
 async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool, Failure)> {
     let spec = &ctx.spec;
@@ -292,19 +319,15 @@ async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, (bool,
     } else {
         Vec::new()
     };
-    let preassigned = RuntimeAnnotations::of_pod(ctx.pod);
-    let facts = bring_up::Facts {
-        pod: ctx.facts.clone(),
-        spec: spec.clone(),
-        vm_exists_locally: existing.is_some(),
+    let facts = bring_up_facts(
+        p,
+        ctx.pod,
+        &ctx.facts,
+        spec,
+        existing.is_some(),
         evidence,
-        registry_configured: p.ports.registry.is_some(),
         local_snapshots,
-        node_restore_mode: p.cfg.restore_mode,
-        preassigned_vm_id: preassigned.vm_id,
-        preassigned_ip: preassigned.ip,
-        preassigned_vnc_port: preassigned.vnc_port,
-    };
+    );
     let decision = p
         .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await

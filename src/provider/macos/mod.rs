@@ -326,19 +326,16 @@ async fn decide(
 ) -> Result<Decided, Failure> {
     let name = spec.vm_name.as_str();
     let key = facts.key();
-    let preassigned = RuntimeAnnotations::of_pod(pod);
-    let facts = bring_up::Facts {
-        pod: facts.clone(),
-        spec: spec.clone(),
-        vm_exists_locally: exists,
-        evidence: bring_up::HibernateEvidence::NotChecked,
-        registry_configured: p.ports.registry.is_some(),
-        local_snapshots: Vec::new(),
-        node_restore_mode: p.cfg.restore_mode,
-        preassigned_vm_id: preassigned.vm_id,
-        preassigned_ip: preassigned.ip,
-        preassigned_vnc_port: preassigned.vnc_port,
-    };
+    // A macOS guest cannot be hibernated, and it is never cloned from a snapshot.
+    let facts = super::create::bring_up_facts(
+        p,
+        pod,
+        facts,
+        spec,
+        exists,
+        bring_up::HibernateEvidence::NotChecked,
+        Vec::new(),
+    );
     let decision = p
         .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await
