@@ -11,12 +11,14 @@
 //!   `PodPatcher`, `EventRecorder`), [`probe::Prober`] (scoped by [`probe_scope`]); adapters: [`cocoon_net`],
 //!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`); [`transfer`] runs
 //!   cocoon's export / import around the registry;
-//! * executors: `create`, `update` (with `hibernate` and `wake`), `delete`, `startup` (with
+//! * executors: `create` (a pipeline of typed steps in `bring_up`: gather, decide, execute;
+//!   its restore shared with the wake), `update` (with `hibernate` and `wake`), `delete`, `startup` (with
 //!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
 //!   flush, Ready, failures), `background` (reconciler loops);
 //! * [`config`]: settings and timings; [`metrics`]: `cocoon_vk_*` and `/metrics`.
 
 mod background;
+mod bring_up;
 pub mod cocoon_net;
 pub mod config;
 mod create;

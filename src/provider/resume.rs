@@ -9,7 +9,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
-use super::create::hibernate_evidence;
+use super::bring_up::hibernate_evidence;
 use super::guest::Finish;
 use super::reconcile::{OwedOp, owed_for};
 use crate::kubelet::Next;

@@ -37,7 +37,6 @@ use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, vm_spec};
 use crate::policy::contract::bring_up;
 use crate::policy::contract::resource_translation::BootPath;
 use crate::policy::contract::types::{GuestOs, RefusalKind};
-use crate::policy::slots::BringUp;
 use crate::runtime::VmRecord;
 use crate::runtime::macos::{MacImage, MacRunSpec, MacVm, Vnc};
 
@@ -274,12 +273,12 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
                 ));
             };
             let image = ensure_image(p, &reference).await?;
-            let ctx = super::create::Ctx {
+            let ctx = super::bring_up::Ctx {
                 pod,
                 facts,
                 spec: spec.clone(),
             };
-            let (_, guest) = super::create::translate(p, &ctx, BootPath::Run).await?;
+            let (_, guest) = super::bring_up::translate(p, &ctx, BootPath::Run).await?;
             let sizes = plan::sizes(guest.as_ref(), image.virtual_size);
             let vnc = claim_vnc(p, name, password, None)?;
             let run = MacRunSpec {
@@ -327,7 +326,7 @@ async fn decide(
     let name = spec.vm_name.as_str();
     let key = facts.key();
     // A macOS guest cannot be hibernated, and it is never cloned from a snapshot.
-    let facts = super::create::bring_up_facts(
+    let facts = super::bring_up::bring_up_facts(
         p,
         pod,
         facts,
@@ -336,11 +335,7 @@ async fn decide(
         bring_up::HibernateEvidence::NotChecked,
         Vec::new(),
     );
-    let decision = p
-        .decide(move |pol| pol.decide::<BringUp>(&facts))
-        .await
-        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
-    tracing::info!(pod = %key, reason = %decision.reason, message = %decision.message, "macOS bring-up decision");
+    let decision = super::bring_up::decide(p, facts, &key, "macOS bring-up decision").await?;
     match decision.outcome {
         bring_up::Outcome::Refuse(refusal) => Err(Failure::refused(refusal, decision.message)),
         bring_up::Outcome::Proceed(bring_up::Plan::AdoptExisting(_)) => Ok(Decided::Adopt),

@@ -121,3 +121,57 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     hibernated(&env, "win-0").await;
     d.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_remove_of_a_nic_less_guest_gives_the_nic_back_and_publishes_its_fresh_address() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, slow_retries());
+    let windows = [
+        (IMAGE, "winbase"),
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ];
+    create(&env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "ready", || is_up(&env, "win-0")).await;
+    let vm = vm_named(&env, "vm-win").await.unwrap();
+    env.sim
+        .add_fault(Fault {
+            verb: "vm rm".into(),
+            match_arg: Some(vm.id.clone()),
+            times: Some(1),
+            action: fail("Error: vm busy: stop timed out"),
+        })
+        .unwrap();
+    annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
+    wait_failed_with(&env, "win-0", "the hibernate tag was withdrawn").await;
+    assert!(!tag_exists(&env, "vm-win").await, "the running VM holds the state");
+
+    // The undos ran after the failed remove: the NIC came back (`vm net --nics 1`) and the pod
+    // shows the VM's id and the address the guest has now.
+    let verbs: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| matches!(c.verb.as_str(), "vm net" | "vm rm"))
+        .map(|c| c.argv.join(" "))
+        .collect();
+    let failed_rm = verbs.iter().position(|c| c.contains("rm --force")).expect("a vm rm");
+    assert!(
+        verbs[failed_rm..].iter().any(|c| c.contains("--nics 1")),
+        "the NIC is given back after the failed remove: {verbs:?}"
+    );
+    let current = vm_named(&env, "vm-win").await.unwrap();
+    assert!(current.state.is_running() && !current.network_configs.is_empty());
+    eventually(10, "the guest's current address on the pod", || {
+        annotation(&env, "win-0", "vm.cocoonstack.io/ip") == Some(d.provider.resolve_ip(&current))
+    })
+    .await;
+    assert_eq!(annotation(&env, "win-0", ID).as_deref(), Some(vm.id.as_str()));
+
+    hibernated(&env, "win-0").await;
+    assert!(tag_exists(&env, "vm-win").await, "the retry re-published the tag");
+    assert!(vm_named(&env, "vm-win").await.is_none());
+    d.kill().await;
+}

@@ -1,0 +1,196 @@
+//! Step 1 of a bring-up: what this node has for the pod. A VM of its name (the table first,
+//! then cocoon itself, so a VM that survived a restart before the reconcile indexed it is never
+//! booted twice), a stale `creating` record settled first, the hibernate evidence, the local
+//! snapshot of its image. Only reads, except settling the stale create.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::super::CocoonProvider;
+use super::super::failure::Failure;
+use super::super::plan;
+use super::super::reconcile::{self, InspectVerdict, StaleStep};
+use crate::model::{PodFacts, RuntimeAnnotations, VmSpec};
+use crate::policy::contract::bring_up::{self, HibernateEvidence, LocalSnapshot};
+use crate::policy::contract::types::BootMode;
+use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
+
+/// The pod a bring-up is for.
+pub(in crate::provider) struct Ctx<'a> {
+    pub pod: &'a Pod,
+    pub facts: PodFacts,
+    pub spec: VmSpec,
+}
+
+/// What the node has for the pod, before the policy is asked.
+pub(super) struct Gathered {
+    /// A VM of the pod's name, live or finished (a stale create already settled).
+    pub existing: Option<VmRecord>,
+    pub evidence: HibernateEvidence,
+    pub local_snapshots: Vec<LocalSnapshot>,
+}
+
+pub(super) async fn gather(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Gathered, Failure> {
+    let spec = &ctx.spec;
+    let existing = match existing_vm(p, spec).await? {
+        Some(vm) if vm.state == VmState::Creating => settle_stale(p, vm).await?,
+        other => other,
+    };
+    let evidence = if existing.is_some() || !spec.managed {
+        HibernateEvidence::NotChecked
+    } else {
+        hibernate_evidence(p, &spec.vm_name).await
+    };
+    let local_snapshots = if spec.managed && existing.is_none() && !spec.image.is_empty() && spec.mode != BootMode::Run
+    {
+        local_snapshot_of_image(p, &spec.image).await
+    } else {
+        Vec::new()
+    };
+    Ok(Gathered {
+        existing,
+        evidence,
+        local_snapshots,
+    })
+}
+
+/// A VM of the pod's name: the table's, else (managed pods) cocoon's.
+async fn existing_vm(p: &CocoonProvider, spec: &VmSpec) -> Result<Option<VmRecord>, Failure> {
+    let name = spec.vm_name.as_str();
+    if let Some(vm) = p.state.vm_by_name(name) {
+        return Ok(Some(vm));
+    }
+    if !spec.managed {
+        return Ok(None);
+    }
+    match p.ports.runtime.inspect(name).await {
+        Ok(vm) => Ok(Some(vm)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(Failure::transient(
+            "VMInspectFailed",
+            format!("checking whether vm {name} already exists: {e}"),
+        )),
+    }
+}
+
+/// The local snapshot cocoon keeps of the pod's image, if any (a fact for the policy; a lookup
+/// error is the same as none: the policy then pulls).
+async fn local_snapshot_of_image(p: &CocoonProvider, image: &str) -> Vec<LocalSnapshot> {
+    let (repo, tag) = plan::parse_ref(image);
+    match p
+        .ports
+        .runtime
+        .snapshot_inspect(&plan::local_snapshot_name(repo, tag))
+        .await
+    {
+        Ok(s) => vec![plan::local_snapshot_fact(&s)],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Settles a `creating` record of this pod's VM name by the startup reconcile's table
+/// ([`reconcile::stale_step`], [`reconcile::after_inspect`]): collected or gone ⇒ none;
+/// finished (running) ⇒ adopt; terminal (never finished, so no state) ⇒ removed; still owned or
+/// undecidable ⇒ the create retries later.
+async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecord>, Failure> {
+    let outcome = p
+        .ports
+        .runtime
+        .reconcile_stale_create(&vm.id)
+        .await
+        .map_err(|e| e.to_string());
+    tracing::info!(vm = %vm.id, outcome = ?outcome, "settling a stale create of this pod's vm");
+    match reconcile::stale_step(&outcome) {
+        StaleStep::Drop => return Ok(None),
+        StaleStep::Watch => return Err(still_creating_or_failed(&vm, &outcome)),
+        StaleStep::Inspect => {}
+    }
+    let current = match p.ports.runtime.inspect(&vm.id).await {
+        Ok(current) => current,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => {
+            return Err(Failure::transient(
+                "StaleCreateFailed",
+                format!("inspect interrupted create {}: {e}", vm.id),
+            ));
+        }
+    };
+    match reconcile::after_inspect(Ok(Some(&current.state))) {
+        InspectVerdict::Drop => Ok(None),
+        InspectVerdict::Keep => Ok(Some(current)),
+        InspectVerdict::Orphan => {
+            p.ports.runtime.remove(&current.id).await.map_err(|e| {
+                Failure::transient(
+                    "StaleCreateFailed",
+                    format!("remove the dead record {} of an interrupted create: {e}", current.id),
+                )
+            })?;
+            Ok(None)
+        }
+        InspectVerdict::Watch => Err(Failure::transient(
+            "VMStillCreating",
+            format!(
+                "vm {} ({}) is still being created; retrying",
+                current.name(),
+                current.id
+            ),
+        )),
+    }
+}
+
+/// The failure of a stale create that is not settled yet: still owned, or the verb failed.
+fn still_creating_or_failed(vm: &VmRecord, outcome: &Result<StaleCreateOutcome, String>) -> Failure {
+    match outcome {
+        Ok(other) => Failure::transient(
+            "VMStillCreating",
+            format!(
+                "vm {} ({}) is still being created ({other:?}); retrying",
+                vm.name(),
+                vm.id
+            ),
+        ),
+        Err(e) => Failure::transient("StaleCreateFailed", format!("reconcile-stale-create {}: {e}", vm.id)),
+    }
+}
+
+/// Hibernate evidence: the registry's `<vm>:hibernate` tag, or a local snapshot when registry-less.
+pub(in crate::provider) async fn hibernate_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
+    match &p.ports.registry {
+        Some(registry) => {
+            let lookup = registry.manifest(vm, plan::HIBERNATE_SNAPSHOT_TAG).await;
+            plan::registry_evidence(
+                lookup
+                    .as_ref()
+                    .map(|m| m.as_ref().map(|a| &a.annotations))
+                    .map_err(|e| e.to_string()),
+            )
+        }
+        None => plan::local_evidence(&p.ports.runtime.snapshot_inspect(vm).await),
+    }
+}
+
+/// The bring-up policy's facts: the pod as decoded, what this node found (a VM of that name,
+/// hibernate evidence, local snapshots), the node's settings, and the runtime values the pod
+/// carries preassigned. One builder for CreatePod, the wake and the macOS path.
+pub(in crate::provider) fn bring_up_facts(
+    p: &CocoonProvider,
+    pod: &Pod,
+    facts: &PodFacts,
+    spec: &VmSpec,
+    vm_exists_locally: bool,
+    evidence: HibernateEvidence,
+    local_snapshots: Vec<LocalSnapshot>,
+) -> bring_up::Facts {
+    let preassigned = RuntimeAnnotations::of_pod(pod);
+    bring_up::Facts {
+        pod: facts.clone(),
+        spec: spec.clone(),
+        vm_exists_locally,
+        evidence,
+        registry_configured: p.ports.registry.is_some(),
+        local_snapshots,
+        node_restore_mode: p.cfg.restore_mode,
+        preassigned_vm_id: preassigned.vm_id,
+        preassigned_ip: preassigned.ip,
+        preassigned_vnc_port: preassigned.vnc_port,
+    }
+}

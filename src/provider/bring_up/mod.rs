@@ -1,0 +1,98 @@
+//! A bring-up as a pipeline of typed steps (lifecycle document steps 2–3): [`gather`] reads
+//! what this node has for the pod (I/O), [`decide`] asks the bring-up policy (pure, sandboxed),
+//! [`execute`] carries out the plan it chose (I/O). Each step fails with its own
+//! [`BringUpError`] case, so the caller knows whether a failed bring-up was a restore (a failed
+//! wake) without a flag threaded through every step. [`restore`] is the one restore of a
+//! hibernated guest, shared by CreatePod and the UpdatePod wake.
+//!
+//! Nothing here imports `create` or `wake`: both import this.
+
+mod execute;
+mod gather;
+mod restore;
+
+pub(super) use execute::{adopted_finish, translate};
+pub(super) use gather::{Ctx, bring_up_facts, hibernate_evidence};
+pub(super) use restore::{restore, restore_finish};
+
+use super::CocoonProvider;
+use super::failure::Failure;
+use super::guest::Finish;
+use super::plan;
+use crate::policy::contract::bring_up::{Decision, Facts, Outcome};
+use crate::policy::slots::BringUp;
+use crate::runtime::VmRecord;
+
+/// A VM that is up, and what it still needs.
+pub(super) struct BroughtUp {
+    pub vm: VmRecord,
+    /// Restored from hibernate (a wake through CreatePod).
+    pub restoring: bool,
+    /// An existing VM was adopted (nothing booted).
+    pub adopted: bool,
+    pub finish: Finish,
+}
+
+/// Which step of the pipeline failed, and why.
+#[derive(Debug)]
+pub(super) enum BringUpError {
+    /// Reading what the node has: the VM table, cocoon, the stale-create settlement.
+    Gather(Failure),
+    /// The bring-up policy could not be asked, or refused.
+    Decide(Failure),
+    /// Carrying out a boot plan: images, snapshots, the clone or run verb.
+    Execute(Failure),
+    /// Restoring a hibernated guest (counted as a failed wake).
+    Restore(Failure),
+}
+
+impl BringUpError {
+    /// A restore failed: the pod was being woken.
+    pub fn restoring(&self) -> bool {
+        matches!(self, Self::Restore(_))
+    }
+
+    pub fn into_failure(self) -> Failure {
+        match self {
+            Self::Gather(f) | Self::Decide(f) | Self::Execute(f) | Self::Restore(f) => f,
+        }
+    }
+}
+
+/// Gather → decide → execute for a Linux guest.
+pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, BringUpError> {
+    let gathered = gather::gather(p, ctx).await.map_err(BringUpError::Gather)?;
+    let facts = bring_up_facts(
+        p,
+        ctx.pod,
+        &ctx.facts,
+        &ctx.spec,
+        gathered.existing.is_some(),
+        gathered.evidence,
+        gathered.local_snapshots,
+    );
+    let decision = decide(p, facts, &ctx.facts.key(), "bring-up decision")
+        .await
+        .map_err(BringUpError::Decide)?;
+    let plan = match decision.outcome {
+        Outcome::Refuse(refusal) => {
+            return Err(BringUpError::Decide(Failure::refused(refusal, decision.message)));
+        }
+        Outcome::Proceed(plan) => plan,
+    };
+    execute::execute(p, ctx, gathered.existing, plan).await
+}
+
+/// Asks the bring-up policy (off the async workers), counts its hibernate-evidence verdict and
+/// logs the decision under `what`. The one call of the slot for CreatePod, a wake and macOS.
+pub(super) async fn decide(p: &CocoonProvider, facts: Facts, key: &str, what: &str) -> Result<Decision, Failure> {
+    let decision = p
+        .decide(move |pol| pol.decide::<BringUp>(&facts))
+        .await
+        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+    if let Some(verdict) = plan::evidence_verdict(&decision.outcome) {
+        p.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
+    }
+    tracing::info!(pod = %key, reason = %decision.reason, message = %decision.message, "{what}");
+    Ok(decision)
+}

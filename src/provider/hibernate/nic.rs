@@ -1,0 +1,82 @@
+//! The NIC step of a cloud-hypervisor Windows hibernate (a host invariant: such a guest is
+//! saved without its NIC) and its undo.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::super::CocoonProvider;
+use super::super::failure::Failure;
+use super::super::plan::ipconfig;
+use crate::runtime::VmRecord;
+
+impl CocoonProvider {
+    /// CH + Windows: release the guest's DHCP lease, then hot-remove its NIC.
+    /// On failure the lease is renewed in the background (the NIC is still there) and the
+    /// hibernate stops with nothing else to undo.
+    pub(super) async fn drop_nic(&self, vm: &VmRecord) -> Result<(), Failure> {
+        let released = tokio::time::timeout(
+            Duration::from_secs(20),
+            self.ports.runtime.exec_capture(&vm.id, &ipconfig("/release"), None),
+        )
+        .await;
+        self.metrics
+            .hibernate_step("dhcp_release", matches!(released, Ok(Ok(ref out)) if out.code == 0));
+        match self.ports.runtime.net_resize(&vm.id, 0).await {
+            Ok(()) => {
+                self.metrics.hibernate_step("netresize", true);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.hibernate_step("netresize", false);
+                self.renew_detached(vm);
+                Err(Failure::transient(
+                    "HibernateNetResizeFailed",
+                    format!("drop the NIC of vm {}: {e}; the VM keeps running", vm.id),
+                ))
+            }
+        }
+    }
+
+    /// The undo of [`Self::drop_nic`]: gives the NIC back (detached from the request, bounded
+    /// at 30 s) and republishes the VM's fresh MAC and address.
+    pub(super) async fn give_nic_back(&self, pod: &Pod, pkey: &str, vm: &VmRecord) {
+        let runtime = self.ports.runtime.clone();
+        let id = vm.id.clone();
+        let restored = tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                runtime.net_resize(&id, 1).await?;
+                let _ = runtime.exec_capture(&id, &ipconfig("/renew"), None).await;
+                runtime.inspect(&id).await
+            })
+            .await
+        })
+        .await;
+        match restored {
+            Ok(Ok(Ok(current))) => {
+                let uid = super::super::table::uid_of(pod);
+                self.state.refresh_vm(pkey, &uid, current.clone());
+                let ip = self.resolve_ip(&current);
+                self.write_runtime(pod, pkey, &current.id, &ip).await;
+            }
+            other => {
+                tracing::warn!(pod = %pkey, vm = %vm.id, outcome = ?other.map(|r| r.map(|r| r.map(|_| ()))), "giving the NIC back failed")
+            }
+        }
+    }
+
+    /// `ipconfig /renew` in the guest, detached from the caller.
+    fn renew_detached(&self, vm: &VmRecord) {
+        let (runtime, id) = (self.ports.runtime.clone(), vm.id.clone());
+        tokio::spawn(async move {
+            if let Err(error) = tokio::time::timeout(
+                Duration::from_secs(30),
+                runtime.exec_capture(&id, &ipconfig("/renew"), None),
+            )
+            .await
+            {
+                tracing::warn!(vm = %id, %error, "ipconfig /renew after a failed NIC drop timed out");
+            }
+        });
+    }
+}
