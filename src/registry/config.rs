@@ -18,7 +18,7 @@ pub struct TransferSettings {
     pub concurrency: usize,
     /// `SNAPSHOT_MEMORY_BUDGET_MIB` (default 32): bytes a push holds in memory at once.
     pub push_budget: u64,
-    /// `SNAPSHOT_PULL_BUDGET_MIB` (default 32): bytes a pull prefetches.
+    /// `SNAPSHOT_PULL_BUDGET_MIB` (default 32): bytes of blobs a pull holds fetched ahead of the writer.
     pub pull_budget: u64,
     /// `SNAPSHOT_STALL_TIMEOUT_SECONDS` (default 120): a transfer that moves no byte for this long fails.
     pub stall_timeout: Duration,
@@ -132,7 +132,8 @@ pub struct TransferArgs {
     /// MiB a push holds in memory at once, at least twice the chunk size (0: 32)
     #[arg(long, env = "SNAPSHOT_MEMORY_BUDGET_MIB", value_name = "MIB", default_value = "0", value_parser = lenient)]
     pub snapshot_memory_budget_mib: u64,
-    /// MiB a pull prefetches (0: 32)
+    /// MiB of blobs a pull holds fetched ahead of the import, downloaded and decoded in parallel; a
+    /// bigger blob is streamed (0: 32)
     #[arg(long, env = "SNAPSHOT_PULL_BUDGET_MIB", value_name = "MIB", default_value = "0", value_parser = lenient)]
     pub snapshot_pull_budget_mib: u64,
     /// A push or pull that moves no byte for this many seconds fails (0: 120)

@@ -2,7 +2,8 @@
 //! [`Registry::open_snapshot`] resolves the manifest (an index resolves to linux/amd64), the config and the
 //! plan — so an absent tag or an unreadable artifact fails before anything is imported — and
 //! [`Registry::write_snapshot`] streams the tar into a writer: `snapshot.json` synthesised from the config,
-//! then each file re-assembled from its blobs, then the end marker. Every blob is verified (size and
+//! then each file re-assembled from its blobs (fetched ahead in parallel within `SNAPSHOT_PULL_BUDGET_MIB`,
+//! see `prefetch`), then the end marker. Every blob is verified (size and
 //! sha256); the caller must discard what it imported when the write fails. v2 and index artifacts hold
 //! one of the node's `max_heavy_pulls` slots from open to the end of the write.
 
@@ -10,6 +11,7 @@ use super::client::Registry;
 use super::errors::RegistryError;
 use super::manifest::{self, BlobPart, FilePlan, PlanError, SnapshotConfig};
 use super::media::{ArtifactKind, LayerEncoding};
+use super::prefetch::{Job, Next, Prefetcher};
 use super::progress::{Progress, watched};
 use super::tarfmt;
 use bytes::BytesMut;
@@ -168,11 +170,53 @@ impl Registry {
         head.extend_from_slice(&envelope);
         head.resize(head.len() + tarfmt::padding(envelope.len() as u64), 0);
         out.write(&head).await?;
+        let jobs = plan
+            .files
+            .iter()
+            .flat_map(|p| {
+                let share = decoded_share(p);
+                p.parts.iter().map(move |part| Job {
+                    title: p.title.clone(),
+                    part: part.clone(),
+                    decoded_share: share,
+                })
+            })
+            .collect();
+        let transfer = &self.cfg.transfer;
+        let mut ahead = Prefetcher::new(
+            self,
+            &src.repo,
+            &src.tag,
+            jobs,
+            transfer.pull_budget,
+            transfer.concurrency,
+        );
         for p in &plan.files {
             out.write(&tarfmt::plan_header(p).map_err(io_err)?).await?;
             let mut written = 0u64;
             for part in &p.parts {
-                written += self.write_part(&mut out, src, &p.title, part, progress).await?;
+                let next = ahead.next().await.expect("one job per part")?;
+                written += match next {
+                    Next::Ready(bytes) => {
+                        let mut n = 0;
+                        for b in bytes {
+                            out.write(&b).await?;
+                            progress.advance(b.len() as u64);
+                            n += b.len() as u64;
+                        }
+                        n
+                    }
+                    Next::Compressed(stored) => {
+                        let stream = futures::stream::iter(stored.into_iter().map(Ok));
+                        self.write_blob(&mut out, src, &p.title, part, stream, progress).await?
+                    }
+                    Next::Stream(job) => {
+                        let stream = self
+                            .blob_stream(&src.repo, &src.tag, &job.part.digest, job.part.size, &job.title)
+                            .await?;
+                        self.write_blob(&mut out, src, &p.title, part, stream, progress).await?
+                    }
+                };
             }
             if written != p.size {
                 return Err(RegistryError::Corrupt {
@@ -199,18 +243,17 @@ impl Registry {
         })
     }
 
-    /// Streams one blob (decompressing zstd parts) into the tar; returns the (uncompressed) bytes written.
-    async fn write_part(
+    /// Streams one blob's bytes (decompressing a zstd part) into the tar; returns the (uncompressed)
+    /// bytes written.
+    async fn write_blob(
         &self,
         out: &mut TarOut<'_>,
         src: &SnapshotSource,
         title: &str,
         part: &BlobPart,
+        stream: impl futures::Stream<Item = Result<bytes::Bytes, RegistryError>> + Send,
         progress: &Progress,
     ) -> Result<u64, RegistryError> {
-        let stream = self
-            .blob_stream(&src.repo, &src.tag, &part.digest, part.size, title)
-            .await?;
         let mut n = 0u64;
         match part.encoding {
             LayerEncoding::Raw => {
@@ -251,6 +294,15 @@ impl Registry {
             }
         }
         Ok(n)
+    }
+}
+
+/// What one blob of a file may decode to: the file's size over its blob count (the v2 writer cuts
+/// equal chunks; the last one is smaller).
+fn decoded_share(p: &FilePlan) -> u64 {
+    match p.parts.len() {
+        0 | 1 => p.size,
+        n => p.size.div_ceil(n as u64),
     }
 }
 

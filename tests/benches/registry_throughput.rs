@@ -14,7 +14,8 @@
 //! v2 (zstd, chunked), alternately, for the v2 target: wall time against v1's on the same snapshot.
 //!
 //! Every figure is the median of `BENCH_RUNS` repetitions (default 3) with the spread (min–max), and a
-//! ratio to its limit. Peak RSS (VmHWM, reset before each transfer) is this process's. Rows per size in
+//! ratio to its limit. Peak RSS (VmHWM, reset before each transfer after `malloc_trim`; glibc capped at two
+//! arenas as in the daemon) is this process's. Rows per size in
 //! `BENCH_SNAPSHOT_MIB` (default `1024`; e.g. `1024,4096`); each size's data lives in temporary
 //! directories removed when its row is done.
 //!
@@ -65,9 +66,24 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Resets VmHWM to the current RSS (`/proc/self/clear_refs`, value 5).
+/// Resets VmHWM to the current RSS (`/proc/self/clear_refs`, value 5), after handing the heap's free
+/// memory back (`malloc_trim`), so a row's peak is its own transfer's and not what earlier rows left
+/// cached in the allocator.
 fn reset_hwm() {
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The daemon's allocator setting (`main.rs`: at most two glibc arenas), so the peaks are the
+/// daemon's and not those of a process with an arena per thread.
+fn cap_malloc_arenas_like_the_daemon() {
+    // SAFETY: mallopt only sets a tunable of the allocator; called before any other thread runs.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }
 
 fn env_list(name: &str, default: &str) -> Vec<u64> {
@@ -122,6 +138,7 @@ impl Row {
 }
 
 fn main() {
+    cap_malloc_arenas_like_the_daemon();
     locate_sim();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
