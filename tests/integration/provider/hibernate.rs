@@ -92,6 +92,18 @@ fn fail(stderr: &str) -> FaultAction {
     }
 }
 
+/// The next `verb` (on `arg`, when given) fails once, exit 1, with cocoon's `stderr` text.
+fn fail_once(env: &Env, verb: &str, arg: Option<&str>, stderr: &str) {
+    env.sim
+        .add_fault(Fault {
+            verb: verb.into(),
+            match_arg: arg.map(Into::into),
+            times: Some(1),
+            action: fail(stderr),
+        })
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     let env = env_with_oci().await;

@@ -10,14 +10,12 @@ async fn a_failed_save_keeps_the_vm_running_and_the_retry_hibernates() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, slow_retries());
     ready_pod(&env, "agent-0", "vm-s").await;
-    env.sim
-        .add_fault(Fault {
-            verb: "snapshot save".into(),
-            match_arg: None,
-            times: Some(1),
-            action: fail("Error: pause vm: cloud-hypervisor API timeout"),
-        })
-        .unwrap();
+    fail_once(
+        &env,
+        "snapshot save",
+        None,
+        "Error: pause vm: cloud-hypervisor API timeout",
+    );
     annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
     wait_failed_with(&env, "agent-0", "snapshot save vm-s").await;
     assert!(
@@ -76,14 +74,7 @@ async fn a_failed_remove_withdraws_the_tag_reapplies_the_runtime_and_the_retry_f
     let d = start(&env, slow_retries());
     ready_pod(&env, "agent-0", "vm-r").await;
     let vm = vm_named(&env, "vm-r").await.unwrap();
-    env.sim
-        .add_fault(Fault {
-            verb: "vm rm".into(),
-            match_arg: Some(vm.id.clone()),
-            times: Some(1),
-            action: fail("Error: vm busy: stop timed out"),
-        })
-        .unwrap();
+    fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
     annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
     eventually(20, "HibernateRemoveFailed event", || {
         has_event(&env, "agent-0", "HibernateRemoveFailed")

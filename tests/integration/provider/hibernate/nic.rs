@@ -3,18 +3,23 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_with_a_fresh_one() {
-    let env = env_with_oci().await;
-    seed_windows_snapshot(&env, "winbase").await;
-    let d = start(&env, Options::default());
+/// Pod `win-0`: a cloud-hypervisor Windows guest `vm-win` cloned from `winbase`, up.
+async fn windows_pod_up(env: &Env) {
     let windows = [
         (IMAGE, "winbase"),
         ("cocoonset.cocoonstack.io/os", "windows"),
         ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
     ];
-    create(&env, &managed("win-0", "vm-win", &windows)).await;
-    eventually(30, "ready", || is_up(&env, "win-0")).await;
+    create(env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "ready", || is_up(env, "win-0")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_with_a_fresh_one() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    windows_pod_up(&env).await;
     let first_clone = calls(&env, "vm clone")[0].join(" ");
     assert!(
         first_clone.contains("--restore-mode copy"),
@@ -79,21 +84,8 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     let env = env_with_oci().await;
     seed_windows_snapshot(&env, "winbase").await;
     let d = start(&env, slow_retries());
-    let windows = [
-        (IMAGE, "winbase"),
-        ("cocoonset.cocoonstack.io/os", "windows"),
-        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
-    ];
-    create(&env, &managed("win-0", "vm-win", &windows)).await;
-    eventually(30, "ready", || lifecycle(&env, "win-0").as_deref() == Some("ready")).await;
-    env.sim
-        .add_fault(Fault {
-            verb: "vm net".into(),
-            match_arg: None,
-            times: Some(1),
-            action: fail("Error: hot-unplug: device busy"),
-        })
-        .unwrap();
+    windows_pod_up(&env).await;
+    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
     annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
     eventually(20, "HibernateNetResizeFailed", || {
         has_event(&env, "win-0", "HibernateNetResizeFailed")
@@ -127,22 +119,9 @@ async fn a_failed_remove_of_a_nic_less_guest_gives_the_nic_back_and_publishes_it
     let env = env_with_oci().await;
     seed_windows_snapshot(&env, "winbase").await;
     let d = start(&env, slow_retries());
-    let windows = [
-        (IMAGE, "winbase"),
-        ("cocoonset.cocoonstack.io/os", "windows"),
-        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
-    ];
-    create(&env, &managed("win-0", "vm-win", &windows)).await;
-    eventually(30, "ready", || is_up(&env, "win-0")).await;
+    windows_pod_up(&env).await;
     let vm = vm_named(&env, "vm-win").await.unwrap();
-    env.sim
-        .add_fault(Fault {
-            verb: "vm rm".into(),
-            match_arg: Some(vm.id.clone()),
-            times: Some(1),
-            action: fail("Error: vm busy: stop timed out"),
-        })
-        .unwrap();
+    fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
     annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
     wait_failed_with(&env, "win-0", "the hibernate tag was withdrawn").await;
     assert!(!tag_exists(&env, "vm-win").await, "the running VM holds the state");
