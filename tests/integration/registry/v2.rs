@@ -327,3 +327,64 @@ async fn a_pull_is_byte_for_byte_whatever_its_budget_and_concurrency() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_chunk_that_is_not_zstd_fails_the_pull_as_corrupt() {
+    // `vm:bad` is `vm:v2` with its first memory chunk replaced by bytes that are not zstd (under
+    // their own, correct digest): only decoding can tell.
+    let Setup { reg, h, v2_digest, .. } = setup().await;
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let at = |tag: &str| oci_client::Reference::with_tag(reg.host(), "vm".into(), tag.into());
+    client
+        .auth(
+            &at("bad"),
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            oci_client::RegistryOperation::Push,
+        )
+        .await
+        .unwrap();
+    let mut m: Value = serde_json::from_slice(&std::fs::read(reg.blob_path(&v2_digest)).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(reg.blob_path(m["config"]["digest"].as_str().unwrap())).unwrap())
+            .unwrap();
+    let garbage = vec![0x5a_u8; 64 << 10];
+    let bad = digest(&garbage);
+    client.push_blob(&at("bad"), garbage.clone(), &bad).await.unwrap();
+    let first = cfg["files"]["memory-ranges"]["chunks"][0].as_str().unwrap().to_string();
+    cfg["files"]["memory-ranges"]["chunks"][0] = json!(bad);
+    for l in m["layers"].as_array_mut().unwrap() {
+        if l["digest"] == first {
+            l["digest"] = json!(bad);
+            l["size"] = json!(garbage.len());
+        }
+    }
+    let cfg_bytes = serde_json::to_vec(&cfg).unwrap();
+    let cd = digest(&cfg_bytes);
+    client.push_blob(&at("bad"), cfg_bytes.clone(), &cd).await.unwrap();
+    m["config"]["digest"] = json!(cd);
+    m["config"]["size"] = json!(cfg_bytes.len());
+    client
+        .push_manifest_raw(
+            &at("bad"),
+            serde_json::to_vec(&m).unwrap(),
+            media::OCI_MANIFEST.parse().unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let r = reg.transfer_client("", "n");
+    let err = r.pull_snapshot(&h.client, "vm", "bad", "from-bad").await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("zstd") && text.contains("memory-ranges") && text.contains(&bad),
+        "the error names the chunk and why: {text}"
+    );
+    assert!(
+        h.client.snapshot_inspect("from-bad").await.is_err(),
+        "nothing half-imported is left"
+    );
+}
