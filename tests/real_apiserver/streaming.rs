@@ -178,7 +178,11 @@ async fn exec_works(node: &Node) {
     // The guest's stdin closes when kubectl's does.
     let (code, out, _) = node.exec(&["-i"], &["wc", "-c"], Some(b"12345".to_vec()));
     assert_eq!((code, String::from_utf8_lossy(&out).trim()), (0, "5"));
-    assert_eq!(streams(node, "exec"), 0.0, "no session left open");
+    // kubectl exits on the status; the session ends when the connection has closed behind it.
+    eventually(30, "no exec session left open", || async {
+        streams(node, "exec") == 0.0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
