@@ -102,7 +102,7 @@ fn map_provider(result: Result<Next, ProviderError>) -> OpOutcome {
 /// each a `fieldsV1` tree decoded into nested JSON maps; nothing here reads them, and they were
 /// the largest part of every tracked pod's memory. The daemon writes with merge patches, which
 /// leave the server's managedFields as they are.
-fn tracked(mut pod: Pod) -> Arc<Pod> {
+pub(super) fn tracked(mut pod: Pod) -> Arc<Pod> {
     pod.metadata.managed_fields = None;
     Arc::new(pod)
 }
@@ -269,7 +269,7 @@ async fn publish(pods: &Api<Pod>, pod: &Pod, status: &ProviderPodStatus) -> Resu
 
 async fn run_op<P: Provider>(
     op: OpKind,
-    pod: &Pod,
+    pod: &Arc<Pod>,
     rejection: Option<Rejection>,
     provider: &P,
     client: Client,

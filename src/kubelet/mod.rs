@@ -145,8 +145,9 @@ impl<P: Provider> VirtualNode<P> {
                 source,
             })?;
         tracing::info!(node = %node_name, pods = listed.items.len(), "startup reconcile");
+        let listed: Vec<Arc<Pod>> = listed.items.into_iter().map(controller::tracked).collect();
         self.provider
-            .reconcile(&listed.items)
+            .reconcile(&listed)
             .await
             .map_err(|source| KubeletError::StartupReconcile {
                 node: node_name.clone(),

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::future::Future;
+use std::sync::Arc;
 
 /// How a provider operation failed; decides what the pod controller does next.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -162,28 +163,34 @@ impl ProviderPodStatus {
 /// The provider of a virtual node. Every hook may be called more than once for the same pod
 /// (restarts, retries) and must be idempotent. The virtual node never runs two hooks for the same
 /// pod at once; hooks for different pods run concurrently (bounded by `Timings::workers`).
+///
+/// Pods come shared, as the core holds them: a provider that keeps one clones the `Arc`, not
+/// the object, so each tracked pod is in memory once.
 pub trait Provider: Send + Sync + 'static {
     /// Startup: every pod currently bound to this node, before the node is registered or its
     /// lease renewed. An error is fatal — the node never registers.
-    fn reconcile(&self, pods: &[Pod]) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    fn reconcile(&self, pods: &[Arc<Pod>]) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
     /// A pod bound to this node that the provider has not run yet.
-    fn create_pod(&self, pod: &Pod) -> impl Future<Output = Result<Next, ProviderError>> + Send;
+    fn create_pod(&self, pod: &Arc<Pod>) -> impl Future<Output = Result<Next, ProviderError>> + Send;
 
     /// The pod object changed (spec, labels or annotations) after a successful create.
-    fn update_pod(&self, pod: &Pod) -> impl Future<Output = Result<Next, ProviderError>> + Send;
+    fn update_pod(&self, pod: &Arc<Pod>) -> impl Future<Output = Result<Next, ProviderError>> + Send;
 
     /// The provider asked to be asked again ([`Next::Requeue`] or the notifier's requeue): bring
     /// the pod closer to what it wants (retry a failed transition, an eviction, a recheck).
-    fn requeue_pod(&self, pod: &Pod) -> impl Future<Output = Result<Next, ProviderError>> + Send {
+    fn requeue_pod(&self, pod: &Arc<Pod>) -> impl Future<Output = Result<Next, ProviderError>> + Send {
         let _ = pod;
         async { Ok(Next::Done) }
     }
 
     /// The pod is being deleted (deletionTimestamp set, or the object is gone). Only when this
     /// returns Ok (or NotFound) is the terminal status published and the object removed.
-    fn delete_pod(&self, pod: &Pod) -> impl Future<Output = Result<(), ProviderError>> + Send;
+    fn delete_pod(&self, pod: &Arc<Pod>) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
     /// The provider's current view of the pod; `None` when it does not know the pod.
-    fn pod_status(&self, pod: &Pod) -> impl Future<Output = Result<Option<ProviderPodStatus>, ProviderError>> + Send;
+    fn pod_status(
+        &self,
+        pod: &Arc<Pod>,
+    ) -> impl Future<Output = Result<Option<ProviderPodStatus>, ProviderError>> + Send;
 }

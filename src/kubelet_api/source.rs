@@ -3,6 +3,7 @@
 //! provider keeps its state.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -22,5 +23,5 @@ pub trait PodSource: Send + Sync {
     /// Every pod the node runs, as last seen.
     fn pods(&self) -> Vec<Pod>;
     /// Pod `namespace/name` with its VM (`None` while it has none: hibernated, creating).
-    fn pod(&self, namespace: &str, name: &str) -> Option<(Pod, Option<PodVm>)>;
+    fn pod(&self, namespace: &str, name: &str) -> Option<(Arc<Pod>, Option<PodVm>)>;
 }

@@ -5,6 +5,7 @@
 //! lifecycle `failed` with the message, and drops the provisional row so the retry is a fresh
 //! create. A pod that asks to stay hibernated boots nothing.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -22,7 +23,7 @@ use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::BootMode;
 use crate::runtime::VmRecord;
 
-pub(super) async fn create(p: &CocoonProvider, pod: &Pod) -> Result<Next, ProviderError> {
+pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
     let facts = pod_facts(pod);
     let key = facts.key();
     let uid = facts.uid.clone();
@@ -131,7 +132,7 @@ pub(super) async fn fail_create<T>(
 /// work that is already running alone, else finish the boot the way the restart owes it.
 async fn adopt_tracked(
     p: &CocoonProvider,
-    pod: &Pod,
+    pod: &Arc<Pod>,
     key: &str,
     spec: &VmSpec,
     vm: VmRecord,

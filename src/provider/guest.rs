@@ -287,6 +287,7 @@ impl CocoonProvider {
             t.pod
                 .metadata
                 .annotations
+                .as_ref()
                 .and_then(|a| a.get(key::POST_CLONE_STATE).cloned())
         });
         if current.as_deref() == Some(STATE_FAILED) || current.as_deref() == Some(value) {

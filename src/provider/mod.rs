@@ -255,27 +255,27 @@ impl CocoonProvider {
 }
 
 impl Provider for CocoonProvider {
-    async fn reconcile(&self, pods: &[Pod]) -> Result<(), ProviderError> {
+    async fn reconcile(&self, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
         startup::reconcile(self, pods).await
     }
 
-    async fn create_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+    async fn create_pod(&self, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
         create::create(self, pod).await
     }
 
-    async fn update_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+    async fn update_pod(&self, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
         update::update(self, pod).await
     }
 
-    async fn requeue_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+    async fn requeue_pod(&self, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
         update::requeue(self, pod).await
     }
 
-    async fn delete_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
+    async fn delete_pod(&self, pod: &Arc<Pod>) -> Result<(), ProviderError> {
         delete::delete(self, pod).await
     }
 
-    async fn pod_status(&self, pod: &Pod) -> Result<Option<ProviderPodStatus>, ProviderError> {
+    async fn pod_status(&self, pod: &Arc<Pod>) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let key = crate::kubelet::pods::pod_key(pod);
         let uid = table::uid_of(pod);
         if let Some(terminal) = self.state.terminal_status(&key, &uid) {

@@ -1,6 +1,7 @@
 //! The provider's read-only face towards the kubelet API and the stats sampler: its tracked
 //! pods and their VMs, copied out of the state table.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -26,11 +27,12 @@ fn start_time(pod: &Pod) -> Option<SystemTime> {
 impl PodSource for CocoonProvider {
     fn pods(&self) -> Vec<Pod> {
         let mut out = Vec::new();
-        self.state.for_each_tracked(|_, claim, _| out.push(claim.pod.clone()));
+        self.state
+            .for_each_tracked(|_, claim, _| out.push(Pod::clone(&claim.pod)));
         out
     }
 
-    fn pod(&self, namespace: &str, name: &str) -> Option<(Pod, Option<PodVm>)> {
+    fn pod(&self, namespace: &str, name: &str) -> Option<(Arc<Pod>, Option<PodVm>)> {
         let t = self.state.tracked(&format!("{namespace}/{name}"))?;
         let vm = t.vm.map(|vm| PodVm {
             ip: self.resolve_ip(&vm).parse().ok(),

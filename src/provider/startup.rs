@@ -20,7 +20,7 @@ use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 
 const FAN_OUT: usize = 8;
 
-pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), ProviderError> {
+pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
     // 1. The VMs (prefetched while the virtual node listed the pods). Failing is fatal.
     let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
     let listed = match prefetched {
@@ -73,11 +73,11 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
 
     // 4. Match pods to VMs. macOS pods' VMs are never in `cocoon vm list`: cocoon-macos is
     // asked about each of them instead.
-    let (macos_pods, cocoon_pods): (Vec<&Pod>, Vec<&Pod>) = pods
+    let (macos_pods, cocoon_pods): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = pods
         .iter()
         .partition(|pod| super::macos::is_macos(&vm_spec::of_pod(pod)));
     super::macos::adopt_at_startup(p, &macos_pods).await;
-    let cocoon_pods: Vec<Pod> = cocoon_pods.into_iter().cloned().collect();
+    let cocoon_pods: Vec<Arc<Pod>> = cocoon_pods.into_iter().cloned().collect();
     let pods = cocoon_pods.as_slice();
     let views: Vec<PodView> = pods
         .iter()
@@ -93,7 +93,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Pod]) -> Result<(), Pr
         })
         .collect();
     let (matches, orphans) = reconcile::match_pods(&views, &settled);
-    let mut owed: Vec<(Pod, String)> = Vec::new();
+    let mut owed: Vec<(Arc<Pod>, String)> = Vec::new();
     let mut claimed: HashSet<String> = HashSet::new();
     for ((pkey, m), (pod, view)) in matches.into_iter().zip(pods.iter().zip(views.iter())) {
         let uid = super::table::uid_of(pod);

@@ -5,6 +5,8 @@
 //! jittered), the pod controller waits it out and calls [`requeue`], while the same incarnation
 //! is tracked; it is not returned as an error. Any other update is a no-op that publishes nothing (no status echo).
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
@@ -46,7 +48,7 @@ pub fn transition(was: bool, now: bool, has_vm: bool, hibernated: bool) -> Trans
     owed_step(now, has_vm, hibernated)
 }
 
-pub(super) async fn update(p: &CocoonProvider, pod: &Pod) -> Result<Next, ProviderError> {
+pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
     let facts = pod_facts(pod);
     let key = facts.key();
     let uid = facts.uid.clone();

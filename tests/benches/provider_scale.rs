@@ -263,6 +263,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// Listed pods as the virtual node hands them to the provider: shared.
+fn shared(pods: Vec<Pod>) -> Vec<Arc<Pod>> {
+    pods.into_iter().map(Arc::new).collect()
+}
+
 fn main() {
     locate_sim();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -351,7 +356,7 @@ async fn run() {
         let p = provider(&env, timed.clone());
         let t = Instant::now();
         p.prefetch_vms();
-        let pods = pods_api.list(&lp).await.unwrap().items;
+        let pods = shared(pods_api.list(&lp).await.unwrap().items);
         let t_listed = t.elapsed();
         let t2 = Instant::now();
         p.reconcile(&pods).await.unwrap();
@@ -371,11 +376,13 @@ async fn run() {
     let timed = Arc::new(TimedRuntime::new(env.runtime.clone()));
     timed.count_all.store(false, Ordering::SeqCst);
     let p = provider(&env, timed.clone());
-    p.reconcile(&pods_api.list(&lp).await.unwrap().items).await.unwrap();
+    p.reconcile(&shared(pods_api.list(&lp).await.unwrap().items))
+        .await
+        .unwrap();
     let mut new_pods = Vec::with_capacity(n_creates);
     for i in 0..n_creates {
         let name = format!("c-{i}");
-        new_pods.push(
+        new_pods.push(Arc::new(
             create(
                 &env,
                 &managed(
@@ -385,14 +392,16 @@ async fn run() {
                 ),
             )
             .await,
-        );
+        ));
     }
     // Warm-up: one create not counted (first policy instantiations, connection pool).
-    let warm = create(
-        &env,
-        &managed("c-warm", "vm-c-warm", &[("cocoonset.cocoonstack.io/image", "base")]),
-    )
-    .await;
+    let warm = Arc::new(
+        create(
+            &env,
+            &managed("c-warm", "vm-c-warm", &[("cocoonset.cocoonstack.io/image", "base")]),
+        )
+        .await,
+    );
     MEASURED.scope((), p.create_pod(&warm)).await.unwrap();
     timed.reset();
     let mut per_pod_overhead = Vec::with_capacity(n_creates);

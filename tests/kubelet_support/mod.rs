@@ -76,15 +76,15 @@ impl RecordingProvider {
 }
 
 impl Provider for RecordingProvider {
-    async fn reconcile(&self, pods: &[Pod]) -> Result<(), ProviderError> {
-        *self.reconciled.lock().unwrap() = Some(pods.iter().map(key).collect());
+    async fn reconcile(&self, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
+        *self.reconciled.lock().unwrap() = Some(pods.iter().map(|p| key(p)).collect());
         match self.reconcile_error.lock().unwrap().clone() {
             Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    async fn create_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+    async fn create_pod(&self, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
         self.record("create", pod);
         if self.reject_name.lock().unwrap().as_deref() == Some(pod.name_any().as_str()) {
             return Err(ProviderError::Rejected {
@@ -104,12 +104,12 @@ impl Provider for RecordingProvider {
         Ok(Next::Done)
     }
 
-    async fn update_pod(&self, pod: &Pod) -> Result<Next, ProviderError> {
+    async fn update_pod(&self, pod: &Arc<Pod>) -> Result<Next, ProviderError> {
         self.record("update", pod);
         Ok(Next::Done)
     }
 
-    async fn delete_pod(&self, pod: &Pod) -> Result<(), ProviderError> {
+    async fn delete_pod(&self, pod: &Arc<Pod>) -> Result<(), ProviderError> {
         self.record("delete_started", pod);
         let gate = self.delete_gate.lock().unwrap().clone();
         if let Some(gate) = gate {
@@ -120,7 +120,7 @@ impl Provider for RecordingProvider {
         Ok(())
     }
 
-    async fn pod_status(&self, pod: &Pod) -> Result<Option<ProviderPodStatus>, ProviderError> {
+    async fn pod_status(&self, pod: &Arc<Pod>) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let gate = self.status_gate.lock().unwrap().clone();
         if let Some(gate) = gate {
             self.record("status_gated", pod);

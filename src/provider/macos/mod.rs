@@ -21,7 +21,7 @@ pub mod vnc;
 use crate::settings::parser;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
@@ -199,7 +199,7 @@ pub(super) async fn create(
 /// CreatePod of a macOS pod the startup reconcile already re-registered: publish again.
 pub(super) async fn adopt_tracked(
     p: &CocoonProvider,
-    pod: &Pod,
+    pod: &Arc<Pod>,
     pkey: &str,
     vm: VmRecord,
 ) -> Result<Next, ProviderError> {
@@ -540,7 +540,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod, pkey: &str, spec: &VmS
 
 /// Startup: re-register the live macOS VMs of `pods` (they are never in `cocoon vm list`); a
 /// dead or missing one is left to the CreatePod replay.
-pub(super) async fn adopt_at_startup(p: &CocoonProvider, pods: &[&Pod]) {
+pub(super) async fn adopt_at_startup(p: &CocoonProvider, pods: &[&Arc<Pod>]) {
     stream::iter(pods.iter().copied())
         .for_each_concurrent(8, |pod| async move {
             let spec = vm_spec::of_pod(pod);

@@ -28,8 +28,9 @@ pub enum Phase {
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub uid: Uid,
-    /// The provider's copy of the pod (its own annotation writes applied).
-    pub pod: Pod,
+    /// The pod, shared with the kubelet core (its own annotation writes applied: the first
+    /// write copies it, and the update the write echoes through the watch shares it again).
+    pub pod: Arc<Pod>,
     /// `vm.cocoonstack.io/name`.
     pub vm_name: String,
     pub phase: Phase,
@@ -41,8 +42,9 @@ pub struct StoredIntent {
     pub intent: Intent,
     /// On the apiserver.
     pub flushed: bool,
-    /// The incarnation's object the intent is written on (kept after a failed create drops its claim).
-    pub pod: Option<Pod>,
+    /// The incarnation's object the intent is written on, kept until the intent is flushed (a
+    /// failed create drops its claim before the lifecycle reconciler re-flushes).
+    pub pod: Option<Arc<Pod>>,
 }
 
 /// The final status of an evicted incarnation, kept for its finalize.

@@ -1,6 +1,8 @@
 //! The lifecycle intents of the table's records (§3.8): staged under the admission rules,
 //! flushed to the apiserver by their caller, re-flushed by the lifecycle reconciler.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use super::super::lifecycle::{self, Dropped, Intent};
@@ -22,13 +24,14 @@ impl Table {
             return Err(dropped);
         }
         let e = s.entry(key);
-        if let Some(c) = e.claim_of_mut(&intent.uid) {
-            apply(&mut c.pod, intent.annotations());
-        }
+        let claimed = e.claim_of_mut(&intent.uid).map(|c| {
+            apply(Arc::make_mut(&mut c.pod), intent.annotations());
+            Arc::clone(&c.pod)
+        });
         e.intent = Some(StoredIntent {
             intent: intent.clone(),
             flushed: false,
-            pod: pod.cloned(),
+            pod: claimed.or_else(|| pod.map(|p| Arc::new(p.clone()))),
         });
         Ok(intent)
     }
@@ -64,6 +67,8 @@ impl Table {
             .filter(|i| i.intent == *intent)
         {
             i.flushed = true;
+            // On the apiserver now: nothing re-flushes it, so its object is not kept.
+            i.pod = None;
         }
     }
 
@@ -78,7 +83,7 @@ impl Table {
     }
 
     /// Intents not yet on the apiserver (re-flushed by the lifecycle reconciler).
-    pub fn unflushed(&self) -> Vec<(String, Intent, Option<Pod>)> {
+    pub fn unflushed(&self) -> Vec<(String, Intent, Option<Arc<Pod>>)> {
         self.lock()
             .pods
             .iter()

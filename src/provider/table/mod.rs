@@ -11,7 +11,7 @@ mod locks;
 mod vms;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -28,7 +28,7 @@ use crate::runtime::VmRecord;
 /// A copy of a tracked pod's row.
 #[derive(Debug, Clone)]
 pub struct Tracked {
-    pub pod: Pod,
+    pub pod: Arc<Pod>,
     pub uid: String,
     pub vm_name: String,
     pub vm: Option<VmRecord>,
@@ -127,7 +127,7 @@ impl Table {
 
     /// Claims the incarnation: tracks `pod` (without a VM unless the same incarnation already
     /// has one). Another incarnation's intent and final status are dropped.
-    pub fn track(&self, key: &str, pod: &Pod, vm_name: &str) {
+    pub fn track(&self, key: &str, pod: &Arc<Pod>, vm_name: &str) {
         let uid = Uid::of(pod);
         let mut s = self.lock();
         let e = s.entry(key);
@@ -140,17 +140,17 @@ impl Table {
         }
         e.claim = Some(Claim {
             uid,
-            pod: pod.clone(),
+            pod: Arc::clone(pod),
             vm_name: vm_name.into(),
             phase,
         });
     }
 
     /// Refreshes the tracked copy of the same incarnation (annotations such as the keep flag).
-    pub fn refresh(&self, key: &str, pod: &Pod) {
+    pub fn refresh(&self, key: &str, pod: &Arc<Pod>) {
         let uid = Uid::of(pod);
         if let Some(c) = self.lock().pods.get_mut(key).and_then(|e| e.claim_of_mut(&uid)) {
-            c.pod = pod.clone();
+            c.pod = Arc::clone(pod);
         }
     }
 
@@ -176,7 +176,10 @@ impl Table {
     /// Sets or removes annotations on the tracked copy (same incarnation).
     pub fn set_annotations(&self, key: &str, uid: &str, changes: &BTreeMap<String, Option<String>>) {
         if let Some(c) = self.lock().pods.get_mut(key).and_then(|e| e.claim_of_mut(uid)) {
-            apply(&mut c.pod, changes.iter().map(|(k, v)| (k.clone(), v.clone())));
+            apply(
+                Arc::make_mut(&mut c.pod),
+                changes.iter().map(|(k, v)| (k.clone(), v.clone())),
+            );
         }
     }
 

@@ -1,10 +1,10 @@
 use super::*;
 use crate::provider::lifecycle::{self, Dropped, Intent, LifecycleState};
 
-fn pod(uid: &str) -> Pod {
+fn pod(uid: &str) -> Arc<Pod> {
     let mut p = Pod::default();
     p.metadata.uid = Some(uid.into());
-    p
+    Arc::new(p)
 }
 
 fn intent(uid: &str, state: LifecycleState) -> Intent {
@@ -42,7 +42,7 @@ fn a_stale_incarnation_cannot_write_after_a_new_one_claims_the_key() {
     s.stage_intent("ns/p", intent("u2", LifecycleState::Ready), None)
         .unwrap();
     let t = s.tracked("ns/p").unwrap();
-    assert_eq!(t.pod.metadata.annotations.unwrap()[lifecycle::STATE], "ready");
+    assert_eq!(t.pod.metadata.annotations.as_ref().unwrap()[lifecycle::STATE], "ready");
 }
 
 #[test]
@@ -168,5 +168,50 @@ fn the_watchers_memory_lives_on_the_vms_row() {
     assert!(
         !s.begin_vm_event("id1"),
         "no events are handled for a VM the table lost"
+    );
+}
+
+#[test]
+fn a_tracked_pod_is_the_cores_object_until_the_provider_writes_and_again_after_the_echo() {
+    let s = Table::default();
+    let watched = pod("u1");
+    s.track("ns/p", &watched, "vm");
+    assert!(
+        Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &watched),
+        "claimed without a copy"
+    );
+
+    // A lifecycle write: the provider's view gains the annotations, the core's object does not.
+    let staged = s
+        .stage_intent("ns/p", intent("u1", LifecycleState::Creating), Some(&watched))
+        .unwrap();
+    let own = s.tracked("ns/p").unwrap().pod;
+    assert!(!Arc::ptr_eq(&own, &watched));
+    assert_eq!(own.metadata.annotations.as_ref().unwrap()[lifecycle::STATE], "creating");
+    assert!(
+        watched.metadata.annotations.is_none(),
+        "the core's object is left as it was"
+    );
+    assert_eq!(
+        s.unflushed().len(),
+        1,
+        "an unflushed intent keeps its object for the re-flush"
+    );
+
+    // Flushed, then echoed by the watch: one object again, and the intent keeps none.
+    s.mark_flushed("ns/p", &staged);
+    assert!(s.unflushed().is_empty());
+    let echoed = {
+        let mut p = (*own).clone();
+        p.metadata.resource_version = Some("2".into());
+        Arc::new(p)
+    };
+    s.refresh("ns/p", &echoed);
+    drop(own);
+    assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &echoed));
+    assert_eq!(
+        Arc::strong_count(&echoed),
+        2,
+        "held by the caller and the claim, by nothing else"
     );
 }
