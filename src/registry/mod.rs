@@ -9,13 +9,15 @@
 //! - [`tarfmt`]: cocoon's A.6 tar headers on top of the `tar` crate (pure).
 //! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams.
 //! - `auth`: the requests oci-client does not make, with the registry's token challenge answered.
-//! - [`push`] (with `push_reader`, the export side, and `upload`, blob uploads), [`pull`] (with `prefetch`: its
+//! - [`push`] (with `push_reader`, the export side, `chunk_compressor`, v2 chunks compressed one per
+//!   core, and `upload`, blob uploads), [`pull`] (with `prefetch`: its
 //!   blobs fetched in parallel ahead of the tar writer, within the pull budget),
 //!   [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
 //! - [`artifact`]: small in-memory artifacts (policy components) pushed and pulled by digest.
 
 pub mod artifact;
 mod auth;
+mod chunk_compressor;
 pub mod client;
 pub mod cloud_image;
 pub mod config;

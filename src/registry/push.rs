@@ -10,6 +10,7 @@
 //! (created, baseimage, from-node), is written last in one PUT: a failed push never leaves a tag
 //! pointing at a partial artifact.
 
+use super::chunk_compressor::ChunkCompressor;
 use super::client::Registry;
 use super::errors::RegistryError;
 use super::manifest::{self, FileInfo, PushedLayer, SnapshotConfig};
@@ -108,6 +109,7 @@ impl Registry {
             push_reader::read_export(bridge, &plan, &feed)
         });
 
+        let compressor = ChunkCompressor::new(st.zstd_level, ChunkCompressor::parallelism(st.concurrency));
         let mut envelope = None;
         let mut files: Vec<FileEntry> = Vec::new();
         let mut done: Vec<Uploaded> = Vec::new();
@@ -123,8 +125,8 @@ impl Registry {
                         progress.grow_total(f.meta.size);
                         files.push(f);
                     }
-                    Some(Item::Whole { layer, data, digest, compress, permit }) => {
-                        uploads.push(self.push_whole(repo, tag, layer, data, digest, compress, permit, &progress).boxed());
+                    Some(Item::Whole { layer, data, digest, permit }) => {
+                        uploads.push(self.push_whole(repo, tag, layer, data, digest, &compressor, permit, &progress).boxed());
                     }
                     Some(Item::Stream { layer, length, pieces, digest }) => {
                         uploads.push(self.push_stream(repo, tag, layer, length, pieces, digest).boxed());
@@ -263,7 +265,7 @@ impl Registry {
         })
     }
 
-    /// A blob in memory: compressed first when asked (on the blocking pool), then `HEAD` + PUT.
+    /// A blob in memory: compressed first when it has no digest yet, then `HEAD` + PUT.
     #[allow(clippy::too_many_arguments)]
     async fn push_whole(
         &self,
@@ -272,31 +274,17 @@ impl Registry {
         layer: Layer,
         data: Bytes,
         digest: Option<String>,
-        compress: Option<i32>,
+        compressor: &ChunkCompressor,
         mut permit: OwnedSemaphorePermit,
         progress: &Progress,
     ) -> Result<Uploaded, RegistryError> {
         let raw = data.len() as u64;
-        let (data, digest) = match (digest, compress) {
-            (Some(d), _) => (data, d),
-            (None, level) => {
-                let level = level.unwrap_or(3);
-                let what = layer.title.clone();
-                let (c, d) = tokio::task::spawn_blocking(move || {
-                    zstd::bulk::compress(&data, level).map(|c| {
-                        let d = manifest::sha256_digest(&c);
-                        (Bytes::from(c), d)
-                    })
-                })
-                .await
-                .map_err(|e| RegistryError::Io {
+        let (data, digest) = match digest {
+            Some(d) => (data, d),
+            None => {
+                let (c, d) = compressor.compress(data).await.map_err(|e| RegistryError::Io {
                     artifact: format!("{repo}:{tag}"),
-                    step: format!("compressing {what}"),
-                    detail: e.to_string(),
-                })?
-                .map_err(|e| RegistryError::Io {
-                    artifact: format!("{repo}:{tag}"),
-                    step: format!("compressing {what}"),
+                    step: format!("compressing {}", layer.title),
                     detail: e.to_string(),
                 })?;
                 // The raw chunk is gone: keep only the compressed bytes' share of the budget.

@@ -60,12 +60,11 @@ pub(crate) struct Piece(pub Bytes, pub OwnedSemaphorePermit);
 pub(crate) enum Item {
     Envelope(Vec<u8>),
     File(FileEntry),
-    /// A blob in memory. `digest` is `None` when the uploader compresses it first (`compress` level).
+    /// A blob in memory. `digest` is `None` when the uploader compresses it first (at the push's level).
     Whole {
         layer: Layer,
         data: Bytes,
         digest: Option<String>,
-        compress: Option<i32>,
         permit: OwnedSemaphorePermit,
     },
     /// A blob streamed as it is read; `length` is known for raw files. The digest of all its pieces
@@ -204,7 +203,6 @@ fn read_file(
                 layer: layer((count > 1).then_some((i, count))),
                 data,
                 digest,
-                compress: compress.then_some(plan.zstd_level),
                 permit,
             };
             if feed.send(item).is_err() {
@@ -226,7 +224,6 @@ fn read_file(
             layer: layer(None),
             data,
             digest,
-            compress: None,
             permit,
         }));
     }

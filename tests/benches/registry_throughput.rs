@@ -198,24 +198,49 @@ async fn size_row(mib: u64, runs: usize) {
     eprintln!("[{mib} MiB] saving the snapshot…");
     let work = tempfile::tempdir().unwrap();
     let reg = tokio::task::spawn_blocking(TestRegistry::start).await.unwrap();
-    let (h, memory) = saved_snapshot(mib, false).await;
-    let m = measure(&reg, &h, &memory, work.path(), runs).await;
-    drop(h);
-    eprintln!("[{mib} MiB] guest-like memory, v1 against v2…");
-    let (h, _) = saved_snapshot(mib, true).await;
-    let v2 = measure_v2(&reg, &h, runs).await;
-    drop(h);
+    let m = if table_wanted("limits") {
+        let (h, memory) = saved_snapshot(mib, false).await;
+        let m = measure(&reg, &h, &memory, work.path(), runs).await;
+        drop(h);
+        Some(m)
+    } else {
+        None
+    };
+    let v2 = if table_wanted("v2") {
+        eprintln!("[{mib} MiB] guest-like memory, v1 against v2…");
+        let (h, _) = saved_snapshot(mib, true).await;
+        let v2 = measure_v2(&reg, &h, runs).await;
+        drop(h);
+        Some(v2)
+    } else {
+        None
+    };
     drop(reg);
     drop(work);
-    print_table(mib, runs, &m);
-    print_v2_table(mib, runs, &v2);
+    if let Some(m) = m {
+        print_table(mib, runs, &m);
+    }
+    if let Some(v2) = v2 {
+        print_v2_table(mib, runs, &v2);
+    }
 }
 
-/// The v2 writer's settings in the bench (the rest at their defaults: 8 transfers, 32 MiB budget).
+/// `BENCH_TABLES` (default `limits,v2`): which tables to measure — `limits` (v1 against the registry's,
+/// the hash's and skopeo's limits) and `v2` (guest-like memory, v1 against v2).
+fn table_wanted(name: &str) -> bool {
+    std::env::var("BENCH_TABLES")
+        .unwrap_or_else(|_| "limits,v2".into())
+        .split(',')
+        .any(|t| t.trim() == name)
+}
+
+/// The v2 writer's settings in the bench: zstd `BENCH_V2_ZSTD_LEVEL` (default 3), `BENCH_V2_CHUNK_MIB` chunks
+/// (default 4), the rest at their defaults (8 transfers, 32 MiB budget).
 fn v2_settings() -> TransferSettings {
+    let knob = |name: &str, default: u64| env_list(name, &default.to_string()).first().copied().unwrap_or(default);
     TransferSettings {
-        zstd_level: 3,
-        chunk_size: 4 << 20,
+        zstd_level: knob("BENCH_V2_ZSTD_LEVEL", 3) as i32,
+        chunk_size: knob("BENCH_V2_CHUNK_MIB", 4) << 20,
         ..TransferSettings::default()
     }
 }
