@@ -1,10 +1,10 @@
 //! zstd compression of a push's v2 chunks, at most one chunk per core at a time.
 //!
 //! A profile of the v2 push (4 MiB chunks, 8 transfers) found each chunk compressed with a fresh zstd
-//! context (about 3 MiB at level 3, its tables cleared on every use) into a fresh `compressBound`-sized
-//! buffer, on as many blocking threads as chunks were in flight: more contexts than cores, allocated
-//! and freed 256 times per GiB, and every compressed chunk kept its whole bound-sized allocation while
-//! it waited for its upload, beyond what the budget counted. Here a push keeps one context and one
+//! context (about 3 MiB at level 3) into a fresh `compressBound`-sized buffer, on as many blocking
+//! threads as chunks were in flight: more contexts than cores, allocated and freed 256 times per GiB,
+//! and every compressed chunk kept its whole bound-sized allocation while it waited for its upload
+//! (`Bytes::from(Vec)` keeps the capacity), beyond what the budget counted. Here a push keeps one context and one
 //! output buffer per core for its whole length, and hands each chunk over as an exact-size copy.
 
 use bytes::Bytes;
