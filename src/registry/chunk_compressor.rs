@@ -4,8 +4,9 @@
 //! context (about 3 MiB at level 3) into a fresh `compressBound`-sized buffer, on as many blocking
 //! threads as chunks were in flight: more contexts than cores, allocated and freed 256 times per GiB,
 //! and every compressed chunk kept its whole bound-sized allocation while it waited for its upload
-//! (`Bytes::from(Vec)` keeps the capacity), beyond what the budget counted. Here a push keeps one context and one
-//! output buffer per core for its whole length, and hands each chunk over as an exact-size copy.
+//! (`Bytes::from(Vec)` keeps the capacity), beyond what the budget counted. Here a push keeps one
+//! context and one output buffer per core for its whole length, and hands each chunk over as an
+//! exact-size copy.
 
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
@@ -104,7 +105,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn chunks_round_trip_with_their_digest_and_exact_size() {
+    async fn chunks_round_trip_with_the_digest_of_their_compressed_bytes() {
         let pool = ChunkCompressor::new(3, 2);
         let chunks: Vec<Vec<u8>> = (0..6).map(|i| guest_like((1 << 20) + i * 4097)).collect();
         let packed = futures::future::join_all(chunks.iter().map(|c| pool.compress(Bytes::from(c.clone())))).await;

@@ -94,6 +94,11 @@ fn env_list(name: &str, default: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The first number of `name` (see [`env_list`]), `default` when it has none.
+fn env_u64(name: &str, default: u64) -> u64 {
+    env_list(name, &default.to_string()).first().copied().unwrap_or(default)
+}
+
 /// One measure: bytes moved and the time of each repetition.
 struct Row {
     name: String,
@@ -144,7 +149,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let runs = env_list("BENCH_RUNS", "3").first().copied().unwrap_or(3).max(1) as usize;
+    let runs = env_u64("BENCH_RUNS", 3).max(1) as usize;
     for mib in env_list("BENCH_SNAPSHOT_MIB", "1024") {
         rt.block_on(size_row(mib, runs));
     }
@@ -237,10 +242,9 @@ fn table_wanted(name: &str) -> bool {
 /// The v2 writer's settings in the bench: zstd `BENCH_V2_ZSTD_LEVEL` (default 3), `BENCH_V2_CHUNK_MIB` chunks
 /// (default 4), the rest at their defaults (8 transfers, 32 MiB budget).
 fn v2_settings() -> TransferSettings {
-    let knob = |name: &str, default: u64| env_list(name, &default.to_string()).first().copied().unwrap_or(default);
     TransferSettings {
-        zstd_level: knob("BENCH_V2_ZSTD_LEVEL", 3) as i32,
-        chunk_size: knob("BENCH_V2_CHUNK_MIB", 4) << 20,
+        zstd_level: env_u64("BENCH_V2_ZSTD_LEVEL", 3) as i32,
+        chunk_size: env_u64("BENCH_V2_CHUNK_MIB", 4) << 20,
         ..TransferSettings::default()
     }
 }
