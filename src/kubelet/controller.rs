@@ -3,6 +3,7 @@
 
 use super::config::Timings;
 use super::events::EventSink;
+use super::pod_copy;
 use super::pods::{Action, CoreConfig, Input, OpKind, OpOutcome, PodKey, PodState, Rejection, Uid};
 use super::provider::{Next, Provider, ProviderError, ProviderPodStatus};
 use super::status::{WriteOutcome, build_pod_status, publish_status, superseded};
@@ -97,16 +98,6 @@ fn map_provider(result: Result<Next, ProviderError>) -> OpOutcome {
     }
 }
 
-/// The copy of a watched pod the daemon keeps: without `metadata.managedFields`. The apiserver
-/// sends one entry per field manager (the creator, the daemon's annotation and status writes),
-/// each a `fieldsV1` tree decoded into nested JSON maps; nothing here reads them, and they were
-/// the largest part of every tracked pod's memory. The daemon writes with merge patches, which
-/// leave the server's managedFields as they are.
-pub(super) fn tracked(mut pod: Pod) -> Arc<Pod> {
-    pod.metadata.managed_fields = None;
-    Arc::new(pod)
-}
-
 impl<P: Provider> PodController<P> {
     /// Runs until `shutdown`: watch → core → actions.
     pub async fn run(mut self, shutdown: CancellationToken) {
@@ -155,10 +146,10 @@ impl<P: Provider> PodController<P> {
                     }
                     Some(Ok(event)) => match event {
                         watcher::Event::Init => Input::InitStarted,
-                        watcher::Event::InitApply(p) => Input::InitApplied(tracked(p)),
+                        watcher::Event::InitApply(p) => Input::InitApplied(pod_copy::keep(p)),
                         watcher::Event::InitDone => Input::InitDone,
-                        watcher::Event::Apply(p) => Input::Applied(tracked(p)),
-                        watcher::Event::Delete(p) => Input::Deleted(tracked(p)),
+                        watcher::Event::Apply(p) => Input::Applied(pod_copy::keep(p)),
+                        watcher::Event::Delete(p) => Input::Deleted(pod_copy::keep(p)),
                     },
                 };
                 if tx.send(input).is_err() {

@@ -20,6 +20,7 @@ pub mod events;
 pub mod keys;
 pub mod lease;
 pub mod node;
+pub mod pod_copy;
 pub mod pods;
 pub mod policy_status;
 pub mod preflight;
@@ -145,7 +146,7 @@ impl<P: Provider> VirtualNode<P> {
                 source,
             })?;
         tracing::info!(node = %node_name, pods = listed.items.len(), "startup reconcile");
-        let listed: Vec<Arc<Pod>> = listed.items.into_iter().map(controller::tracked).collect();
+        let listed: Vec<Arc<Pod>> = listed.items.into_iter().map(pod_copy::keep).collect();
         self.provider
             .reconcile(&listed)
             .await
