@@ -86,6 +86,13 @@ pub(crate) fn channel() -> (mpsc::UnboundedSender<Input>, mpsc::UnboundedReceive
     (tx, rx, notifier)
 }
 
+/// The kept copy of a pod from the watch, shown to the provider first (see [`Provider::observed`]).
+fn observed<P: Provider>(provider: &P, pod: Pod) -> Arc<Pod> {
+    let pod = pod_copy::keep(pod);
+    provider.observed(&pod);
+    pod
+}
+
 fn map_provider(result: Result<Next, ProviderError>) -> OpOutcome {
     match result {
         Ok(Next::Done) => OpOutcome::Done,
@@ -131,6 +138,7 @@ impl<P: Provider> PodController<P> {
         let mut stream = watcher(pods, config).backoff(backoff).boxed();
         let tx = self.tx.clone();
         let node = self.node_name.clone();
+        let provider = self.provider.clone();
         tokio::spawn(async move {
             loop {
                 let item = tokio::select! {
@@ -146,9 +154,9 @@ impl<P: Provider> PodController<P> {
                     }
                     Some(Ok(event)) => match event {
                         watcher::Event::Init => Input::InitStarted,
-                        watcher::Event::InitApply(p) => Input::InitApplied(pod_copy::keep(p)),
+                        watcher::Event::InitApply(p) => Input::InitApplied(observed(&*provider, p)),
                         watcher::Event::InitDone => Input::InitDone,
-                        watcher::Event::Apply(p) => Input::Applied(pod_copy::keep(p)),
+                        watcher::Event::Apply(p) => Input::Applied(observed(&*provider, p)),
                         watcher::Event::Delete(p) => Input::Deleted(pod_copy::keep(p)),
                     },
                 };

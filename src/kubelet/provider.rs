@@ -188,6 +188,13 @@ pub trait Provider: Send + Sync + 'static {
     /// returns Ok (or NotFound) is the terminal status published and the object removed.
     fn delete_pod(&self, pod: &Arc<Pod>) -> impl Future<Output = Result<(), ProviderError>> + Send;
 
+    /// A version of a pod came in on the watch, before the core decides what it needs. A provider
+    /// that keeps pods can share this object in place of an older version it holds (its own
+    /// writes echoed), so that each pod is in memory once. Called inline on the watch: no I/O.
+    fn observed(&self, pod: &Arc<Pod>) {
+        let _ = pod;
+    }
+
     /// The provider's current view of the pod; `None` when it does not know the pod.
     fn pod_status(
         &self,

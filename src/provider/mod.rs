@@ -275,6 +275,10 @@ impl Provider for CocoonProvider {
         delete::delete(self, pod).await
     }
 
+    fn observed(&self, pod: &Arc<Pod>) {
+        self.state.share_echo(&crate::kubelet::pods::pod_key(pod), pod);
+    }
+
     async fn pod_status(&self, pod: &Arc<Pod>) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let key = crate::kubelet::pods::pod_key(pod);
         let uid = table::uid_of(pod);

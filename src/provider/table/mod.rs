@@ -154,6 +154,29 @@ impl Table {
         }
     }
 
+    /// Shares `pod`, a newer version of the claimed incarnation seen on the watch, when it
+    /// differs from the tracked copy only where the provider does not look (status, resource
+    /// version): the echo of the provider's own status and annotation writes. Without this the
+    /// table would keep the version before each echo beside the core's newer one, two objects per
+    /// pod. A version whose spec, labels or annotations differ is left to `update_pod`, which
+    /// refreshes the copy when it runs. Returns whether the copy is now `pod`.
+    pub fn share_echo(&self, key: &str, pod: &Arc<Pod>) -> bool {
+        let uid = Uid::of(pod);
+        let mut s = self.lock();
+        let Some(c) = s.pods.get_mut(key).and_then(|e| e.claim_of_mut(&uid)) else {
+            return false;
+        };
+        let (mine, echo) = (&c.pod, pod);
+        let same_view = Arc::ptr_eq(mine, echo)
+            || (mine.metadata.annotations == echo.metadata.annotations
+                && mine.metadata.labels == echo.metadata.labels
+                && mine.spec == echo.spec);
+        if same_view {
+            c.pod = Arc::clone(pod);
+        }
+        same_view
+    }
+
     /// Attaches `vm` to the tracked incarnation `uid` (its row in the VM table).
     pub fn set_vm(&self, key: &str, uid: &str, vm: VmRecord) -> bool {
         let mut s = self.lock();

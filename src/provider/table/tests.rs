@@ -215,3 +215,39 @@ fn a_tracked_pod_is_the_cores_object_until_the_provider_writes_and_again_after_t
         "held by the caller and the claim, by nothing else"
     );
 }
+
+#[test]
+fn the_echo_of_a_write_is_shared_and_a_change_the_provider_has_not_seen_is_not() {
+    let s = Table::default();
+    let watched = pod("u1");
+    s.track("ns/p", &watched, "vm");
+    s.stage_intent("ns/p", intent("u1", LifecycleState::Creating), Some(&watched))
+        .unwrap();
+    let own = s.tracked("ns/p").unwrap().pod;
+    let version = |from: &Pod, rv: &str, edit: &dyn Fn(&mut Pod)| {
+        let mut p = from.clone();
+        p.metadata.resource_version = Some(rv.into());
+        edit(&mut p);
+        Arc::new(p)
+    };
+
+    // A status echo that lands before the annotation write's: the provider's copy keeps its write.
+    let status_echo = version(&watched, "2", &|p| p.status = Some(Default::default()));
+    assert!(!s.share_echo("ns/p", &status_echo));
+    assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &own));
+
+    // The write's echo (plus a newer status): the same view, so the watch's object is kept.
+    let echo = version(&own, "3", &|p| p.status = Some(Default::default()));
+    assert!(s.share_echo("ns/p", &echo));
+    assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &echo));
+
+    // A label edit by a user is update_pod's to take in, not the echo's.
+    let relabelled = version(&echo, "4", &|p| {
+        p.metadata.labels = Some([("tier".to_string(), "gold".to_string())].into());
+    });
+    assert!(!s.share_echo("ns/p", &relabelled));
+    assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &echo));
+
+    // Another incarnation's object is never taken for this one's.
+    assert!(!s.share_echo("ns/p", &version(&echo, "5", &|p| p.metadata.uid = Some("u2".into()))));
+}
