@@ -132,7 +132,10 @@ mod tests {
 
     #[test]
     fn the_kept_copy_gives_every_reader_what_the_served_pod_gives() {
-        let served = served_pod();
+        let mut served = served_pod();
+        // Being deleted: the core reads the deletion timestamp.
+        served.metadata.deletion_timestamp = served.metadata.creation_timestamp.clone();
+        served.metadata.deletion_grace_period_seconds = Some(30);
         let kept = keep(served.clone());
         assert_eq!(pod_facts(&kept), pod_facts(&served), "policy facts");
         assert_eq!(vm_spec::of_pod(&kept), vm_spec::of_pod(&served), "the VM spec");
@@ -147,7 +150,9 @@ mod tests {
             init.chain(&spec.containers).map(|c| c.name.clone()).collect::<Vec<_>>()
         };
         assert_eq!(names(&kept), ["seed", "agent"], "container names for logs and exec");
+        assert!(kept.metadata.deletion_timestamp.is_some());
         assert_eq!(kept.metadata.deletion_timestamp, served.metadata.deletion_timestamp);
+        assert_eq!(kept.metadata.deletion_grace_period_seconds, Some(30));
         assert_eq!(kept.metadata.resource_version, served.metadata.resource_version);
     }
 

@@ -21,6 +21,7 @@ pub use entry::{Claim, GuestWork, OwedRetry, Phase, PodEntry, StoredIntent, Term
 pub use locks::{KeyedGuard, KeyedLocks};
 pub use vms::{VmRow, VmTable};
 
+use crate::kubelet::pods::same_for_provider;
 use crate::kubelet::{PodKey, ProviderPodStatus, Uid};
 use crate::retry::Schedule;
 use crate::runtime::VmRecord;
@@ -158,19 +159,15 @@ impl Table {
     /// differs from the tracked copy only where the provider does not look (status, resource
     /// version): the echo of the provider's own status and annotation writes. Without this the
     /// table would keep the version before each echo beside the core's newer one, two objects per
-    /// pod. A version whose spec, labels or annotations differ is left to `update_pod`, which
-    /// refreshes the copy when it runs. Returns whether the copy is now `pod`.
+    /// pod. A version the core would run an update for (see [`same_for_provider`]) is left to
+    /// `update_pod`, which refreshes the copy when it runs. Returns whether the copy is now `pod`.
     pub fn share_echo(&self, key: &str, pod: &Arc<Pod>) -> bool {
         let uid = Uid::of(pod);
         let mut s = self.lock();
         let Some(c) = s.pods.get_mut(key).and_then(|e| e.claim_of_mut(&uid)) else {
             return false;
         };
-        let (mine, echo) = (&c.pod, pod);
-        let same_view = Arc::ptr_eq(mine, echo)
-            || (mine.metadata.annotations == echo.metadata.annotations
-                && mine.metadata.labels == echo.metadata.labels
-                && mine.spec == echo.spec);
+        let same_view = Arc::ptr_eq(&c.pod, pod) || same_for_provider(&c.pod, pod);
         if same_view {
             c.pod = Arc::clone(pod);
         }
