@@ -32,6 +32,23 @@ pub enum PolicyCommand {
     Push(super::distribute::PushArgs),
     /// Fetch a policy artifact, verify, validate and test it, and write it with its table.
     Pull(super::distribute::PullArgs),
+    /// The daemon's compiler process: a component on stdin, its compiled artifact on stdout.
+    #[command(hide = true)]
+    CompileWorker(CompileWorkerArgs),
+}
+
+/// The engine's limits, as the daemon has them (they shape the compiled artifact), and how
+/// long the compile may take.
+#[derive(Debug, Args)]
+pub struct CompileWorkerArgs {
+    #[arg(long)]
+    memory_bytes: usize,
+    #[arg(long)]
+    timeout_ms: u64,
+    #[arg(long)]
+    max_concurrent: u32,
+    #[arg(long)]
+    deadline_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -110,6 +127,15 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Check(args) => check(args),
         PolicyCommand::Push(args) => super::distribute::push(args),
         PolicyCommand::Pull(args) => super::distribute::pull(args),
+        PolicyCommand::CompileWorker(args) => {
+            let limits = SandboxLimits {
+                memory_bytes: args.memory_bytes,
+                timeout: std::time::Duration::from_millis(args.timeout_ms),
+                max_concurrent: args.max_concurrent,
+            };
+            let deadline = std::time::Duration::from_millis(args.deadline_ms);
+            Ok(vk_cocoon::policy::compile_worker::serve(limits, deadline))
+        }
         PolicyCommand::New(args) => {
             let made = super::scaffold::scaffold(args.slot, &args.dir)?;
             println!("{}", super::scaffold::next_steps(args.slot, &made));

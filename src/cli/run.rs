@@ -114,6 +114,13 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Policies: built-in defaults, then the operator's components (a bad one is fatal at start).
     let policy_cfg = PolicyConfig::from_args(&args.policies).map_err(|e| anyhow!("policy configuration: {e}"))?;
     let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
+    let engine = match std::env::current_exe() {
+        Ok(exe) => engine.compile_in_worker(exe),
+        Err(error) => {
+            tracing::warn!(%error, "cannot find this binary to run the policy compile worker; policies compile in the daemon");
+            engine
+        }
+    };
     let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
     let decision_log = match LogTarget::from_args(&args.decision_log) {
         None => None,

@@ -145,23 +145,21 @@ fn compile_cached(
     digest: &str,
     bytes: &[u8],
 ) -> wasmtime::Result<Component> {
-    let wasmtime = engine.wasmtime();
     let Some(cache) = cache else {
-        return Component::new(wasmtime, bytes);
+        return engine.compile(bytes).map(|(component, _)| component);
     };
     let compat = engine.compatibility_key();
     if let Some(compiled) = cache.get(digest, &compat) {
         // SAFETY: the entry was produced by `precompile_component` of an engine with the same
         // compatibility key, and its SHA-256 was checked; wasmtime also re-checks its header.
-        match unsafe { Component::deserialize(wasmtime, &compiled) } {
+        match unsafe { Component::deserialize(engine.wasmtime(), &compiled) } {
             Ok(component) => return Ok(component),
             Err(error) => tracing::warn!(%error, "cached policy refused by wasmtime; recompiling"),
         }
     }
-    let compiled = wasmtime.precompile_component(bytes)?;
+    let (component, compiled) = engine.compile(bytes)?;
     cache.put(digest, &compat, &compiled);
-    // SAFETY: `compiled` was just produced by this engine.
-    unsafe { Component::deserialize(wasmtime, &compiled) }
+    Ok(component)
 }
 
 /// `(interface name, version)` of every `cocoonstack:vk-policy/<name>@<version>` export.

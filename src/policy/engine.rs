@@ -2,8 +2,10 @@
 //! clock for deadlines (running only while a decision is in flight), and a cap on concurrent
 //! decisions (the pool has a fixed size). The limits themselves live in [`super::limits`].
 
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
+use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::clock::{EpochClock, InFlight};
@@ -17,6 +19,9 @@ pub struct PolicyEngine {
     limits: SandboxLimits,
     permits: Arc<Permits>,
     clock: Arc<EpochClock>,
+    /// The binary that compiles components in a child process ([`super::compile_worker`]);
+    /// `None` compiles in this process (the authors' tools, tests).
+    compile_worker: Option<Arc<PathBuf>>,
 }
 
 impl PolicyEngine {
@@ -53,7 +58,46 @@ impl PolicyEngine {
             limits,
             permits: Arc::new(Permits::new(n)),
             clock,
+            compile_worker: None,
         })
+    }
+
+    /// Compiles components in child processes started from `exe` (this binary): what the
+    /// daemon does, so that the compiler never runs, or stays resident, in it.
+    pub fn compile_in_worker(mut self, exe: PathBuf) -> Self {
+        self.compile_worker = Some(Arc::new(exe));
+        self
+    }
+
+    /// Compiles a component to native code; returns it loaded and as the artifact the compile
+    /// cache keeps. In the compile worker when there is one: a worker that cannot run (or is
+    /// another build of the binary) costs a warning and an in-process compile; a component the
+    /// worker failed on is an error, since compiling it here would risk the daemon.
+    pub(crate) fn compile(&self, component: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
+        use super::compile_worker::{self, COMPILE_DEADLINE, WorkerError};
+        if let Some(exe) = &self.compile_worker {
+            match compile_worker::compile(exe, self.limits, COMPILE_DEADLINE, component) {
+                // SAFETY: the artifact comes from this binary's own compiler (the daemon trusts
+                // its executable as it trusts its compile cache); wasmtime checks its header
+                // against this engine's settings.
+                Ok(artifact) => match unsafe { Component::deserialize(&self.engine, &artifact) } {
+                    Ok(loaded) => return Ok((loaded, artifact)),
+                    Err(error) => tracing::warn!(
+                        worker = %exe.display(), error = %format!("{error:#}"),
+                        "the compile worker's artifact does not load in this engine (is the binary on disk another build?); compiling in the daemon"
+                    ),
+                },
+                Err(WorkerError::Failed(message)) => return Err(wasmtime::Error::msg(message)),
+                Err(WorkerError::Unavailable(why)) => tracing::warn!(
+                    worker = %exe.display(), %why,
+                    "cannot compile the policy in a worker process; compiling in the daemon"
+                ),
+            }
+        }
+        let artifact = self.engine.precompile_component(component)?;
+        // SAFETY: `artifact` was just produced by this engine.
+        let loaded = unsafe { Component::deserialize(&self.engine, &artifact) }?;
+        Ok((loaded, artifact))
     }
 
     pub fn wasmtime(&self) -> &Engine {

@@ -5,7 +5,8 @@
 //! - [`slots`]: one [`PolicySlot`] per decision slot — facts, decision, pre-instance, call,
 //!   fail-safe, validation, the 0.1.0 adapter; everything below is generic over it.
 //! - [`engine`] and [`limits`]: the wasmtime engine (pooling allocator, an epoch clock that runs
-//!   only while a decision is in flight, concurrency cap) and every limit in one place.
+//!   only while a decision is in flight, concurrency cap) and every limit in one place;
+//!   [`compile_worker`]: the daemon compiles components in a child process.
 //! - [`LoadedPolicy`]: a component validated for a slot; one fresh instance per decision.
 //! - [`Policies`]: the live set, swapped atomically on reload.
 //! - [`cases`] / [`input`]: YAML case tables and decision inputs, run inside the sandbox.
@@ -17,6 +18,7 @@
 pub mod cache;
 pub mod cases;
 mod clock;
+pub mod compile_worker;
 mod component;
 pub mod config;
 pub mod contract;

@@ -273,12 +273,18 @@ fn main() {
 
     let cache_dir = tempfile::tempdir().expect("temp dir");
     let cache = CompileCache::new(cache_dir.path());
-    let load_all = |cache: Option<CompileCache>| {
-        let engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
+    let load_with = |worker: Option<&str>, cache: Option<CompileCache>| {
+        let mut engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
+        if let Some(exe) = worker {
+            engine = engine.compile_in_worker(exe.into());
+        }
         black_box(Policies::with_defaults(engine, cache, PolicyMetrics::unregistered()).expect("defaults load"));
     };
+    let load_all = |cache: Option<CompileCache>| load_with(None, cache);
     load_all(Some(cache.clone())); // fill the cache
     let cold = measure(|| load_all(None), 3);
+    // The daemon's first start: each component compiled by a `vk-cocoon policy compile-worker`.
+    let in_workers = measure(|| load_with(Some(env!("CARGO_BIN_EXE_vk-cocoon")), None), 3);
     let warm = measure(|| load_all(Some(cache.clone())), STARTUP_RUNS);
     println!();
     println!(
@@ -287,6 +293,7 @@ fn main() {
     );
     println!("{:<34} {:>10}", "path", "ms");
     println!("{:<34} {:>10}", "compiled from scratch (baseline)", ms(cold.p50));
+    println!("{:<34} {:>10}", "compiled in worker processes", ms(in_workers.p50));
     println!("{:<34} {:>10}", "from the compile cache", ms(warm.p50));
     println!(
         "{:<34} {:>9.1}x",

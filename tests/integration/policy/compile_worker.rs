@@ -1,0 +1,165 @@
+//! The daemon compiles components in a child process (`vk-cocoon policy compile-worker`): its
+//! artifact is the one the daemon loads and caches, a component it refuses fails the load with
+//! the compiler's own reason, a crashed or overdue compile fails the load without a retry in the
+//! daemon, and a worker that cannot start costs only an in-process compile.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use vk_cocoon::policy::contract::cpu_class_admission::Verdict;
+use vk_cocoon::policy::slots::CpuClassAdmission;
+use vk_cocoon::policy::{CompileCache, LoadError, LoadedPolicy, Origin, PolicyEngine, PolicySlot, SandboxLimits};
+
+fn limits() -> SandboxLimits {
+    SandboxLimits::default()
+}
+
+fn daemon_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vk-cocoon"))
+}
+
+/// A component header followed by bytes that are not a component body: it passes the loader's
+/// header check, so only the compiler can refuse it.
+fn uncompilable() -> Vec<u8> {
+    let mut bytes = b"\0asm\x0d\x00\x01\x00".to_vec();
+    bytes.extend_from_slice(&[0xff; 64]);
+    bytes
+}
+
+/// Writes an executable shell script and waits until it can be run: a test thread elsewhere
+/// that forks while the file is still open for writing makes `exec` fail with ETXTBSY until that
+/// child has exec'd in turn.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    fs::write(&path, format!("#!/bin/sh\n[ \"$1\" = --probe ] && exit 0\n{body}\n")).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    loop {
+        match Command::new(&path).arg("--probe").status() {
+            Ok(status) => {
+                assert!(status.success(), "probing {}: {status}", path.display());
+                return path;
+            }
+            Err(error) if error.raw_os_error() == Some(libc::ETXTBSY) => std::thread::yield_now(),
+            Err(error) => panic!("running {}: {error}", path.display()),
+        }
+    }
+}
+
+fn load(
+    engine: &PolicyEngine,
+    cache: Option<&CompileCache>,
+    bytes: &[u8],
+) -> Result<LoadedPolicy<CpuClassAdmission>, LoadError> {
+    LoadedPolicy::load(engine, cache, Origin::File("policy.wasm".into()), bytes)
+}
+
+fn corrupt_detail(result: Result<LoadedPolicy<CpuClassAdmission>, LoadError>) -> String {
+    match result {
+        Err(LoadError::Corrupt { detail, .. }) => detail,
+        Err(other) => panic!("expected the compiler's refusal, got {other}"),
+        Ok(_) => panic!("the component loaded"),
+    }
+}
+
+#[test]
+fn the_worker_compiles_the_artifact_the_daemon_loads_and_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    // The daemon's binary behind a wrapper that keeps a copy of what the worker wrote.
+    let copy = dir.path().join("artifact");
+    let wrapper = script(
+        dir.path(),
+        "worker",
+        &format!(
+            "\"{}\" \"$@\" > \"{}\"; status=$?; cat \"{}\"; exit $status",
+            daemon_binary().display(),
+            copy.display(),
+            copy.display()
+        ),
+    );
+    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(wrapper);
+    let cache = CompileCache::new(dir.path().join("cache"));
+    let policy = load(&engine, Some(&cache), CpuClassAdmission::default_component()).expect("loads");
+
+    let artifact = fs::read(&copy).expect("the worker ran");
+    assert!(!artifact.is_empty());
+    let cached: Vec<Vec<u8>> = fs::read_dir(cache.dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .map(|p| fs::read(p).unwrap())
+        .collect();
+    assert_eq!(cached, vec![artifact], "the cache keeps the worker's artifact");
+
+    // And it decides: the built-in admission policy rejects a pod classified for another
+    // snapshot CPU class.
+    let input = serde_yaml_ng::from_str(
+        "pod: {metadata: {namespace: ns, name: p}, spec: {nodeSelector: {cocoonstack.io/snapshot-cpu-class: a}}}\nhost: {node-class: b}",
+    )
+    .unwrap();
+    let facts = vk_cocoon::policy::input::facts_for::<CpuClassAdmission>(&input).unwrap();
+    let decision = policy.decide(&engine, &facts).expect("decides");
+    assert!(matches!(decision.verdict, Verdict::Reject(_)), "{decision:?}");
+}
+
+#[test]
+fn a_component_the_compiler_refuses_fails_with_the_compilers_own_reason() {
+    let in_process = corrupt_detail(load(&PolicyEngine::new(limits()).unwrap(), None, &uncompilable()));
+    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(daemon_binary());
+    let in_worker = corrupt_detail(load(&engine, None, &uncompilable()));
+    assert_eq!(in_worker, in_process);
+}
+
+#[test]
+fn a_crashed_compile_fails_the_load_without_compiling_in_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let crasher = script(dir.path(), "worker", "cat > /dev/null; kill -SEGV $$");
+    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(crasher);
+    let detail = corrupt_detail(load(&engine, None, CpuClassAdmission::default_component()));
+    assert!(detail.contains("killed by signal 11"), "{detail}");
+}
+
+#[test]
+fn a_worker_that_cannot_start_costs_an_in_process_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(dir.path().join("missing"));
+    load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
+    // A binary that does not speak the protocol (clap's usage error) is treated the same way.
+    let other = script(
+        dir.path(),
+        "other",
+        "echo \"error: unrecognized subcommand\" >&2; exit 2",
+    );
+    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(other);
+    load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
+}
+
+#[test]
+fn a_compile_past_its_deadline_is_stopped_with_a_message() {
+    let limits = limits();
+    let mut worker = Command::new(daemon_binary())
+        .args(["policy", "compile-worker", "--deadline-ms", "1"])
+        .args(["--memory-bytes", &limits.memory_bytes.to_string()])
+        .args(["--timeout-ms", &limits.timeout.as_millis().to_string()])
+        .args(["--max-concurrent", &limits.max_concurrent.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The worker may be gone before all of it is written.
+    let _ = worker
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(CpuClassAdmission::default_component());
+    let out = worker.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(11), "{stderr}");
+    assert!(stderr.contains("took longer than 1ms"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no partial artifact");
+}
