@@ -114,13 +114,9 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Policies: built-in defaults, then the operator's components (a bad one is fatal at start).
     let policy_cfg = PolicyConfig::from_args(&args.policies).map_err(|e| anyhow!("policy configuration: {e}"))?;
     let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
-    let engine = match std::env::current_exe() {
-        Ok(exe) => engine.compile_in_worker(exe),
-        Err(error) => {
-            tracing::warn!(%error, "cannot find this binary to run the policy compile worker; policies compile in the daemon");
-            engine
-        }
-    };
+    // The compile worker is this binary. `/proc/self/exe` names the running file even after an
+    // upgrade has replaced it on disk, so the worker is always this very build.
+    let engine = engine.compile_in_worker(std::path::PathBuf::from("/proc/self/exe"));
     let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
     let decision_log = match LogTarget::from_args(&args.decision_log) {
         None => None,

@@ -6,7 +6,8 @@
 //! 1,000 pods in under 64 MiB (the `daemon_memory` bench). And a component crafted to crash the
 //! compiler, or to keep it busy forever, would take the node daemon with it.
 //!
-//! So the daemon runs its own binary as a worker, `vk-cocoon policy compile-worker`: the
+//! So the daemon runs its own binary (`/proc/self/exe`: the running build, even after an
+//! upgrade replaced the file) as a worker, `vk-cocoon policy compile-worker`: the
 //! component on stdin, the compiled artifact on stdout, and on failure one message on stderr and
 //! an exit code saying which failure it was. The worker builds its engine from the daemon's
 //! limits, so the artifact loads in the daemon's engine. wasmtime checks this again when it
@@ -36,8 +37,8 @@ const MAX_MESSAGE: usize = 4096;
 /// Why a compile in the worker did not produce an artifact.
 #[derive(Debug)]
 pub(crate) enum WorkerError {
-    /// The worker could not run, or does not speak this protocol (a different build of the
-    /// binary at the daemon's path): the caller compiles in its own process instead.
+    /// The worker could not run (no `/proc`, an exec refused), or the binary at that path does
+    /// not speak this protocol: the caller compiles in its own process instead.
     Unavailable(String),
     /// The component failed to compile: refused, past the deadline, or it crashed the
     /// compiler. Compiling it again in the daemon would risk the daemon.

@@ -70,8 +70,8 @@ impl PolicyEngine {
     }
 
     /// Compiles a component to native code; returns it loaded and as the artifact the compile
-    /// cache keeps. In the compile worker when there is one: a worker that cannot run (or is
-    /// another build of the binary) costs a warning and an in-process compile; a component the
+    /// cache keeps. In the compile worker when there is one: a worker that cannot run, or whose
+    /// artifact this engine refuses, costs a warning and an in-process compile; a component the
     /// worker failed on is an error, since compiling it here would risk the daemon.
     pub(crate) fn compile(&self, component: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
         use super::compile_worker::{self, COMPILE_DEADLINE, WorkerError};
@@ -81,10 +81,17 @@ impl PolicyEngine {
                 // its executable as it trusts its compile cache); wasmtime checks its header
                 // against this engine's settings.
                 Ok(artifact) => match unsafe { Component::deserialize(&self.engine, &artifact) } {
-                    Ok(loaded) => return Ok((loaded, artifact)),
+                    Ok(loaded) => {
+                        tracing::debug!(
+                            component_bytes = component.len(),
+                            artifact_bytes = artifact.len(),
+                            "policy compiled in a worker process"
+                        );
+                        return Ok((loaded, artifact));
+                    }
                     Err(error) => tracing::warn!(
                         worker = %exe.display(), error = %format!("{error:#}"),
-                        "the compile worker's artifact does not load in this engine (is the binary on disk another build?); compiling in the daemon"
+                        "the compile worker's artifact does not load in this engine; compiling in the daemon"
                     ),
                 },
                 Err(WorkerError::Failed(message)) => return Err(wasmtime::Error::msg(message)),

@@ -151,5 +151,9 @@ async fn the_node_shows_the_digest_of_each_slot_and_a_refused_reload() {
         }
     })
     .await;
+    // The daemon compiled every component in a worker process, none in itself.
+    let log = daemon.log();
+    assert!(log.contains("policy compiled in a worker process"), "{log}");
+    assert!(!log.contains("compiling in the daemon"), "{log}");
     assert!(daemon.terminate().await.success(), "{}", daemon.log());
 }
