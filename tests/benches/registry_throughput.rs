@@ -8,10 +8,13 @@
 //!   it; `openssl dgst -sha256` beside it shows it is the hardware rate), `sha256sum` as a secondary row;
 //! - `skopeo copy` push and pull of the same blob (`--preserve-digests`: no recompression);
 //! - the simulator's `snapshot export` to /dev/null and `snapshot import` from a file: the floors under
-//!   vk-cocoon's rows, which include them (the daemon's path is export → push, pull → import).
+//!   vk-cocoon's rows, which include them (the daemon's path is export → push, pull → import);
+//! - the daemon's pull written into a sink instead of the import: its own rate, apart from the
+//!   simulator's.
 //!
 //! A second table pushes and pulls one guest-like snapshot (zero, text-like and random pages) as v1 and as
-//! v2 (zstd, chunked), alternately, for the v2 target: wall time against v1's on the same snapshot.
+//! v2 (zstd, chunked), alternately, for the v2 target: wall time against v1's on the same snapshot
+//! (and both pulls again into a sink, without the import).
 //!
 //! Every figure is the median of `BENCH_RUNS` repetitions (default 3) with the spread (min–max), and a
 //! ratio to its limit. Peak RSS (VmHWM, reset before each transfer after `malloc_trim`; glibc capped at two
@@ -31,7 +34,7 @@ use registry_support::runtime_support;
 use registry_support::{TestRegistry, TransferClient};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vk_cocoon::registry::{RegistryAuth, TransferSettings};
+use vk_cocoon::registry::{Progress, RegistryAuth, TransferSettings};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
 
 const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
@@ -97,6 +100,19 @@ fn env_list(name: &str, default: &str) -> Vec<u64> {
 /// The first number of `name` (see [`env_list`]), `default` when it has none.
 fn env_u64(name: &str, default: u64) -> u64 {
     env_list(name, &default.to_string()).first().copied().unwrap_or(default)
+}
+
+/// The daemon's pull without `cocoon snapshot import`: the same fetch, verification, decoding
+/// and import tar, written into a sink. It separates the daemon's own rate from the
+/// simulator's import, which bounds the pull rows. Returns the time and the tar's bytes.
+async fn pull_into_sink(client: &TransferClient, repo: &str) -> (Duration, u64) {
+    let t = Instant::now();
+    let source = client.open_snapshot(repo, "latest").await.expect("open the snapshot");
+    let report = client
+        .write_snapshot(&source, "restored", &mut tokio::io::sink(), &Progress::new())
+        .await
+        .expect("pull into a sink");
+    (t.elapsed(), report.tar_bytes)
 }
 
 /// One measure: bytes moved and the time of each repetition.
@@ -250,12 +266,12 @@ fn v2_settings() -> TransferSettings {
 }
 
 struct MeasuredV2 {
-    /// push v1, pull v1, push v2, pull v2.
+    /// push v1, pull v1, push v2, pull v2, then the pulls of v1 and v2 into a sink.
     rows: Vec<Row>,
     /// Bytes the registry stores for the v1 and the v2 artifact.
     stored: (u64, u64),
-    /// Peak RSS of push v1, pull v1, push v2, pull v2.
-    hwm_kib: [u64; 4],
+    /// Peak RSS of each row.
+    hwm_kib: [u64; 6],
 }
 
 /// The same guest-like snapshot pushed and pulled as v1 and as v2, alternately.
@@ -267,8 +283,10 @@ async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usiz
         Row::new("vk-cocoon pull v1", 0),
         Row::new("vk-cocoon push v2", 0),
         Row::new("vk-cocoon pull v2", 0),
+        Row::new("pull v1 into a sink (no import)", 0),
+        Row::new("pull v2 into a sink (no import)", 0),
     ];
-    let (mut stored, mut hwm) = ((0, 0), [0; 4]);
+    let (mut stored, mut hwm) = ((0, 0), [0; 6]);
     for run in 0..runs {
         eprintln!("  run {}/{runs}", run + 1);
         for (i, client) in [&v1, &v2].into_iter().enumerate() {
@@ -298,6 +316,11 @@ async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usiz
             rows[2 * i + 1].bytes = push.file_bytes;
             hwm[2 * i + 1] = hwm[2 * i + 1].max(vm_hwm_kib());
             h.client.snapshot_remove_if_exists("restored").await.unwrap();
+            reset_hwm();
+            let (took, _) = pull_into_sink(client, &repo).await;
+            rows[4 + i].times.push(took);
+            rows[4 + i].bytes = push.file_bytes;
+            hwm[4 + i] = hwm[4 + i].max(vm_hwm_kib());
         }
     }
     MeasuredV2 {
@@ -330,6 +353,10 @@ fn print_v2_table(mib: u64, runs: usize, m: &MeasuredV2) {
             2 | 3 => (
                 format!("{:.0} %", 100.0 * r.median_secs() / m.rows[i - 2].median_secs()),
                 "≤ 50 % of v1",
+            ),
+            5 => (
+                format!("{:.0} %", 100.0 * r.median_secs() / m.rows[4].median_secs()),
+                "",
             ),
             _ => ("—".to_string(), ""),
         };
@@ -380,6 +407,7 @@ async fn measure(
         Row::new("vk-cocoon pull v1", 0),
         Row::new("cocoon export to /dev/null (sim)", 0),
         Row::new("cocoon import from a file (sim)", 0),
+        Row::new("vk-cocoon pull v1 into a sink (no import)", 0),
     ];
     let (mut push_hwm, mut pull_hwm, mut layers) = (0, 0, 0);
     for run in 0..runs {
@@ -420,6 +448,9 @@ async fn measure(
         rows[8].bytes = pull.tar_bytes;
         pull_hwm = pull_hwm.max(vm_hwm_kib());
         h.client.snapshot_remove_if_exists("restored").await.unwrap();
+        let (took, tar_bytes) = pull_into_sink(&client, &repo).await;
+        rows[11].times.push(took);
+        rows[11].bytes = tar_bytes;
 
         // The simulator's own rates: the floor under the push (export) and the pull (import) rows.
         let tar = work.join("export.tar");
@@ -474,6 +505,11 @@ fn print_table(mib: u64, runs: usize, m: &Measured) {
             ),
             9 => "floor under push".into(),
             10 => "floor under pull".into(),
+            11 => format!(
+                "{:.0} % of min(serve, hash); {:.2}× skopeo",
+                100.0 * rate(i) / pull_limit,
+                rate(i) / sk_pull
+            ),
             _ => String::new(),
         }
     };
