@@ -256,12 +256,21 @@ fn table_wanted(name: &str) -> bool {
 }
 
 /// The v2 writer's settings in the bench: zstd `BENCH_V2_ZSTD_LEVEL` (default 3), `BENCH_V2_CHUNK_MIB` chunks
-/// (default 4), the rest at their defaults (8 transfers, 32 MiB budget).
+/// (default 4), the rest as [`v1_settings`].
 fn v2_settings() -> TransferSettings {
     TransferSettings {
         zstd_level: env_u64("BENCH_V2_ZSTD_LEVEL", 3) as i32,
         chunk_size: env_u64("BENCH_V2_CHUNK_MIB", 4) << 20,
-        ..TransferSettings::default()
+        ..v1_settings()
+    }
+}
+
+/// The v1 writer's settings in the v2 table: the defaults, with `BENCH_PULL_BUDGET_MIB` if set.
+fn v1_settings() -> TransferSettings {
+    let defaults = TransferSettings::default();
+    TransferSettings {
+        pull_budget: env_u64("BENCH_PULL_BUDGET_MIB", defaults.pull_budget >> 20) << 20,
+        ..defaults
     }
 }
 
@@ -276,7 +285,7 @@ struct MeasuredV2 {
 
 /// The same guest-like snapshot pushed and pulled as v1 and as v2, alternately.
 async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usize) -> MeasuredV2 {
-    let v1: TransferClient = reg.transfer_client("bench", "bench-node");
+    let v1: TransferClient = reg.transfer_client_tuned("bench", "bench-node", RegistryAuth::Anonymous, v1_settings());
     let v2: TransferClient = reg.transfer_client_tuned("bench", "bench-node", RegistryAuth::Anonymous, v2_settings());
     let mut rows = vec![
         Row::new("vk-cocoon push v1", 0),
@@ -334,11 +343,12 @@ fn print_v2_table(mib: u64, runs: usize, m: &MeasuredV2) {
     let s = v2_settings();
     println!();
     println!(
-        "registry_throughput v2: {mib} MiB guest-like memory ({GUEST_ZERO_PCT} % zero pages, {GUEST_TEXT_PCT} % text, the rest random); v2 = zstd {}, {} MiB chunks, {} transfers, {} MiB budget; median of {runs}",
+        "registry_throughput v2: {mib} MiB guest-like memory ({GUEST_ZERO_PCT} % zero pages, {GUEST_TEXT_PCT} % text, the rest random); v2 = zstd {}, {} MiB chunks, {} transfers, {} MiB push and {} MiB pull budgets; median of {runs}",
         s.zstd_level,
         s.chunk_size >> 20,
         s.concurrency,
-        s.push_budget >> 20
+        s.push_budget >> 20,
+        s.pull_budget >> 20
     );
     println!(
         "stored: v1 {:.0} MiB, v2 {:.0} MiB ({:.1} % of v1)",
