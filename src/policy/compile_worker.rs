@@ -91,6 +91,8 @@ pub(crate) fn compile(
         .args(["--timeout-ms", &limits.timeout.as_millis().to_string()])
         .args(["--max-concurrent", &limits.max_concurrent.to_string()])
         .args(["--deadline-ms", &deadline.as_millis().to_string()])
+        // Its stderr carries only its one message, never the daemon's log level's output.
+        .env("VK_LOG_LEVEL", "off")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
