@@ -37,18 +37,13 @@ pub enum PolicyCommand {
     CompileWorker(CompileWorkerArgs),
 }
 
-/// The engine's limits, as the daemon has them (they shape the compiled artifact), and how
-/// long the compile may take.
+/// How long and how big the compile may get.
 #[derive(Debug, Args)]
 pub struct CompileWorkerArgs {
     #[arg(long)]
-    memory_bytes: usize,
-    #[arg(long)]
-    timeout_ms: u64,
-    #[arg(long)]
-    max_concurrent: u32,
-    #[arg(long)]
     deadline_ms: u64,
+    #[arg(long)]
+    address_space_mib: u64,
 }
 
 #[derive(Debug, Args)]
@@ -127,15 +122,12 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Check(args) => check(args),
         PolicyCommand::Push(args) => super::distribute::push(args),
         PolicyCommand::Pull(args) => super::distribute::pull(args),
-        PolicyCommand::CompileWorker(args) => {
-            let limits = SandboxLimits {
-                memory_bytes: args.memory_bytes,
-                timeout: std::time::Duration::from_millis(args.timeout_ms),
-                max_concurrent: args.max_concurrent,
-            };
-            let deadline = std::time::Duration::from_millis(args.deadline_ms);
-            Ok(vk_cocoon::policy::compile_worker::serve(limits, deadline))
-        }
+        PolicyCommand::CompileWorker(args) => Ok(vk_cocoon::policy::compile_worker::serve(
+            vk_cocoon::policy::compile_worker::CompileLimits {
+                deadline: std::time::Duration::from_millis(args.deadline_ms),
+                address_space_mib: args.address_space_mib,
+            },
+        )),
         PolicyCommand::New(args) => {
             let made = super::scaffold::scaffold(args.slot, &args.dir)?;
             println!("{}", super::scaffold::next_steps(args.slot, &made));

@@ -9,20 +9,41 @@
 //! So the daemon runs its own binary (`/proc/self/exe`: the running build, even after an
 //! upgrade replaced the file) as a worker, `vk-cocoon policy compile-worker`: the
 //! component on stdin, the compiled artifact on stdout, and on failure one message on stderr and
-//! an exit code saying which failure it was. The worker builds its engine from the daemon's
-//! limits, so the artifact loads in the daemon's engine. wasmtime checks this again when it
-//! deserializes the artifact.
+//! an exit code saying which failure it was. The worker compiles with the daemon's code
+//! settings but without its instance pool, so it can run under an address-space limit; wasmtime
+//! checks that the artifact fits the daemon's engine when it deserializes it.
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
 
-use super::engine::{PolicyEngine, SandboxLimits};
+use super::engine::compiling_engine;
 
 /// How long one compile may take before the worker gives up on it. Far above any real policy:
 /// the built-in components compile in well under a second.
 pub const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The worker's address space, in MiB (`RLIMIT_AS`): the binary, the compiler's heap and its
+/// threads' stacks. The built-in components need a small fraction of it; a component that
+/// drives the compiler past it fails instead of taking the node's memory.
+pub const COMPILE_ADDRESS_SPACE_MIB: u64 = 4096;
+
+/// How long and how big one compile may get.
+#[derive(Debug, Clone, Copy)]
+pub struct CompileLimits {
+    pub deadline: Duration,
+    pub address_space_mib: u64,
+}
+
+impl Default for CompileLimits {
+    fn default() -> Self {
+        CompileLimits {
+            deadline: COMPILE_DEADLINE,
+            address_space_mib: COMPILE_ADDRESS_SPACE_MIB,
+        }
+    }
+}
 
 /// The worker refused the component; stderr says why.
 const EXIT_REFUSED: u8 = 10;
@@ -45,29 +66,37 @@ pub(crate) enum WorkerError {
     Failed(String),
 }
 
-/// The worker side: reads a component from stdin, compiles it for an engine built from
-/// `limits`, and writes the artifact to stdout.
-pub fn serve(limits: SandboxLimits, deadline: Duration) -> ExitCode {
-    // A thread that ends the process at the deadline: the compiler cannot be interrupted from
-    // within, but the whole process can.
-    std::thread::spawn(move || {
-        std::thread::sleep(deadline);
-        eprintln!("compiling the component took longer than {deadline:?}; the compile was stopped");
-        std::process::exit(i32::from(EXIT_DEADLINE));
-    });
+/// The worker side: reads a component from stdin, compiles it, and writes the artifact to
+/// stdout, within `limits`.
+pub fn serve(limits: CompileLimits) -> ExitCode {
     let refuse = |message: String| {
         eprintln!("{message}");
         ExitCode::from(EXIT_REFUSED)
     };
+    // A thread that ends the process at the deadline: the compiler cannot be interrupted from
+    // within, but the whole process can. Started before the address-space limit, which then
+    // bounds only the compile.
+    let deadline = limits.deadline;
+    let watchdog = std::thread::Builder::new().spawn(move || {
+        std::thread::sleep(deadline);
+        eprintln!("compiling the component took longer than {deadline:?}; the compile was stopped");
+        std::process::exit(i32::from(EXIT_DEADLINE));
+    });
+    if let Err(error) = watchdog {
+        return refuse(format!("cannot start the compile worker's deadline: {error}"));
+    }
+    if let Err(error) = limit_address_space(limits.address_space_mib << 20) {
+        return refuse(format!("cannot limit the compile worker's address space: {error}"));
+    }
     let mut component = Vec::new();
     if let Err(error) = std::io::stdin().read_to_end(&mut component) {
         return refuse(format!("reading the component from stdin: {error}"));
     }
-    let engine = match PolicyEngine::new(limits) {
+    let engine = match compiling_engine() {
         Ok(engine) => engine,
         Err(error) => return refuse(format!("cannot start the wasm engine: {error:#}")),
     };
-    let artifact = match engine.wasmtime().precompile_component(&component) {
+    let artifact = match engine.precompile_component(&component) {
         Ok(artifact) => artifact,
         Err(error) => return refuse(format!("{error:#}")),
     };
@@ -78,19 +107,26 @@ pub fn serve(limits: SandboxLimits, deadline: Duration) -> ExitCode {
     }
 }
 
+/// Sets `RLIMIT_AS`: past it, the compiler's allocations fail and the worker aborts.
+fn limit_address_space(bytes: u64) -> std::io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: setrlimit only reads the struct passed to it.
+    if unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The daemon side: compiles `component` in a worker started from `exe`.
-pub(crate) fn compile(
-    exe: &Path,
-    limits: SandboxLimits,
-    deadline: Duration,
-    component: &[u8],
-) -> Result<Vec<u8>, WorkerError> {
+pub(crate) fn compile(exe: &Path, limits: CompileLimits, component: &[u8]) -> Result<Vec<u8>, WorkerError> {
     let mut child = Command::new(exe)
         .args(["policy", "compile-worker"])
-        .args(["--memory-bytes", &limits.memory_bytes.to_string()])
-        .args(["--timeout-ms", &limits.timeout.as_millis().to_string()])
-        .args(["--max-concurrent", &limits.max_concurrent.to_string()])
-        .args(["--deadline-ms", &deadline.as_millis().to_string()])
+        .args(["--deadline-ms", &limits.deadline.as_millis().to_string()])
+        .args(["--address-space-mib", &limits.address_space_mib.to_string()])
         // Its stderr carries only its one message, never the daemon's log level's output.
         .env("VK_LOG_LEVEL", "off")
         .stdin(Stdio::piped())
@@ -110,11 +146,11 @@ pub(crate) fn compile(
     })
     .map_err(|e| WorkerError::Unavailable(format!("waiting for the compile worker: {e}")))?;
     let message = stderr_message(&output.stderr);
-    verdict(output.status, message).map(|()| output.stdout)
+    verdict(output.status, message, limits).map(|()| output.stdout)
 }
 
 /// What the worker's exit status means.
-fn verdict(status: ExitStatus, message: String) -> Result<(), WorkerError> {
+fn verdict(status: ExitStatus, message: String, limits: CompileLimits) -> Result<(), WorkerError> {
     use std::os::unix::process::ExitStatusExt;
     if status.success() {
         return Ok(());
@@ -125,7 +161,8 @@ fn verdict(status: ExitStatus, message: String) -> Result<(), WorkerError> {
         }
         (Some(EXIT_PANIC), _) => Err(WorkerError::Failed(format!("the compiler panicked: {message}"))),
         (_, Some(signal)) => Err(WorkerError::Failed(format!(
-            "the compile worker was killed by signal {signal} (a compiler crash, or the OOM killer){}",
+            "the compile worker was killed by signal {signal} (a compiler crash, or past its {} MiB address-space limit){}",
+            limits.address_space_mib,
             if message.is_empty() {
                 String::new()
             } else {
@@ -159,19 +196,32 @@ mod tests {
 
     #[test]
     fn exit_statuses_map_to_what_the_daemon_does_next() {
-        assert!(verdict(exited(0), String::new()).is_ok());
+        assert!(verdict(exited(0), String::new(), CompileLimits::default()).is_ok());
         let failed = |r: Result<(), WorkerError>| match r {
             Err(WorkerError::Failed(message)) => message,
             other => panic!("expected a failed compile, got {other:?}"),
         };
-        assert_eq!(failed(verdict(exited(10), "bad section".into())), "bad section");
-        assert_eq!(failed(verdict(exited(11), "took too long".into())), "took too long");
-        assert!(failed(verdict(exited(101), "boom".into())).starts_with("the compiler panicked: boom"));
-        let crashed = failed(verdict(ExitStatus::from_raw(11), String::new()));
+        assert_eq!(
+            failed(verdict(exited(10), "bad section".into(), CompileLimits::default())),
+            "bad section"
+        );
+        assert_eq!(
+            failed(verdict(exited(11), "took too long".into(), CompileLimits::default())),
+            "took too long"
+        );
+        assert!(
+            failed(verdict(exited(101), "boom".into(), CompileLimits::default()))
+                .starts_with("the compiler panicked: boom")
+        );
+        let crashed = failed(verdict(
+            ExitStatus::from_raw(11),
+            String::new(),
+            CompileLimits::default(),
+        ));
         assert!(crashed.contains("killed by signal 11"), "{crashed}");
         // clap's usage error: a binary at that path that has no compile worker.
         assert!(matches!(
-            verdict(exited(2), "unrecognized subcommand".into()),
+            verdict(exited(2), "unrecognized subcommand".into(), CompileLimits::default()),
             Err(WorkerError::Unavailable(m)) if m.contains("unrecognized subcommand")
         ));
     }

@@ -26,10 +26,7 @@ pub struct PolicyEngine {
 
 impl PolicyEngine {
     pub fn new(limits: SandboxLimits) -> wasmtime::Result<Self> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        config.epoch_interruption(true);
-        config.memory_init_cow(true);
+        let mut config = code_settings();
         let mut pool = PoolingAllocationConfig::new();
         let n = limits.max_concurrent.max(1);
         let shape = &PER_DECISION;
@@ -74,9 +71,9 @@ impl PolicyEngine {
     /// artifact this engine refuses, costs a warning and an in-process compile; a component the
     /// worker failed on is an error, since compiling it here would risk the daemon.
     pub(crate) fn compile(&self, component: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
-        use super::compile_worker::{self, COMPILE_DEADLINE, WorkerError};
+        use super::compile_worker::{self, CompileLimits, WorkerError};
         if let Some(exe) = &self.compile_worker {
-            match compile_worker::compile(exe, self.limits, COMPILE_DEADLINE, component) {
+            match compile_worker::compile(exe, CompileLimits::default(), component) {
                 // SAFETY: the artifact comes from this binary's own compiler (the daemon trusts
                 // its executable as it trusts its compile cache); wasmtime checks its header
                 // against this engine's settings.
@@ -147,6 +144,24 @@ impl PolicyEngine {
     }
 }
 
+/// The settings that shape compiled code. The instance allocator is not one of them, so the
+/// compile worker's engine, built from these alone, compiles code the daemon's pooled engine
+/// loads (a test checks it).
+fn code_settings() -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    config.memory_init_cow(true);
+    config
+}
+
+/// An engine that only compiles: the daemon's code settings, no instance pool (which reserves
+/// address space for every pooled memory), so the compile worker can run under an
+/// address-space limit.
+pub(crate) fn compiling_engine() -> wasmtime::Result<Engine> {
+    Engine::new(&code_settings())
+}
+
 /// A counting semaphore over the instance pool: instantiating past the pool's size fails, so
 /// callers wait for a slot instead.
 struct Permits {
@@ -199,6 +214,26 @@ mod tests {
         while !done() {
             assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
             std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn code_compiled_without_the_pool_loads_in_every_daemon_engine() {
+        use crate::policy::slots::{CpuClassAdmission, PolicySlot};
+        let artifact = compiling_engine()
+            .unwrap()
+            .precompile_component(CpuClassAdmission::default_component())
+            .unwrap();
+        let small = SandboxLimits {
+            memory_bytes: 1 << 20,
+            timeout: std::time::Duration::from_millis(5),
+            max_concurrent: 1,
+        };
+        for limits in [SandboxLimits::default(), small] {
+            let engine = PolicyEngine::new(limits).unwrap();
+            // SAFETY: the artifact was just compiled by this test.
+            unsafe { Component::deserialize(engine.wasmtime(), &artifact) }
+                .unwrap_or_else(|e| panic!("{limits:?}: {e:#}"));
         }
     }
 

@@ -1,7 +1,7 @@
 //! The daemon compiles components in a child process (`vk-cocoon policy compile-worker`): its
 //! artifact is the one the daemon loads and caches, a component it refuses fails the load with
-//! the compiler's own reason, a crashed or overdue compile fails the load without a retry in the
-//! daemon, and a worker that cannot start costs only an in-process compile.
+//! the compiler's own reason, a crashed, overdue or oversized compile fails the load without a
+//! retry in the daemon, and a worker that cannot start costs only an in-process compile.
 
 use std::fs;
 use std::io::Write;
@@ -138,14 +138,11 @@ fn a_worker_that_cannot_start_costs_an_in_process_compile() {
     load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
 }
 
-#[test]
-fn a_compile_past_its_deadline_is_stopped_with_a_message() {
-    let limits = limits();
+/// Runs `vk-cocoon policy compile-worker` on the built-in admission component.
+fn worker_with(deadline_ms: &str, address_space_mib: &str) -> std::process::Output {
     let mut worker = Command::new(daemon_binary())
-        .args(["policy", "compile-worker", "--deadline-ms", "1"])
-        .args(["--memory-bytes", &limits.memory_bytes.to_string()])
-        .args(["--timeout-ms", &limits.timeout.as_millis().to_string()])
-        .args(["--max-concurrent", &limits.max_concurrent.to_string()])
+        .args(["policy", "compile-worker", "--deadline-ms", deadline_ms])
+        .args(["--address-space-mib", address_space_mib])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -157,9 +154,29 @@ fn a_compile_past_its_deadline_is_stopped_with_a_message() {
         .take()
         .unwrap()
         .write_all(CpuClassAdmission::default_component());
-    let out = worker.wait_with_output().unwrap();
+    worker.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_compile_past_its_deadline_is_stopped_with_a_message() {
+    let out = worker_with("1", "4096");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(11), "{stderr}");
     assert!(stderr.contains("took longer than 1ms"), "{stderr}");
     assert!(out.stdout.is_empty(), "no partial artifact");
+}
+
+#[test]
+fn a_worker_past_its_address_space_limit_aborts_instead_of_growing() {
+    use std::os::unix::process::ExitStatusExt;
+    // Under what the worker already maps: its first allocation after the limit fails.
+    let out = worker_with("300000", "16");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("memory allocation of"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no artifact");
+    // The default limit leaves the built-in policies ample room.
+    let out = worker_with("300000", "4096");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!out.stdout.is_empty());
 }
