@@ -104,15 +104,28 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// The daemon's pull without `cocoon snapshot import`: the same fetch, verification, decoding
 /// and import tar, written into a sink. It separates the daemon's own rate from the
-/// simulator's import, which bounds the pull rows. Returns the time and the tar's bytes.
-async fn pull_into_sink(client: &TransferClient, repo: &str) -> (Duration, u64) {
-    let t = Instant::now();
+/// simulator's import, which bounds the pull rows. Returns the time, the tar's bytes and the
+/// CPU time this process spent (user + system, every thread).
+async fn pull_into_sink(client: &TransferClient, repo: &str) -> (Duration, u64, Duration) {
+    let (t, cpu) = (Instant::now(), process_cpu());
     let source = client.open_snapshot(repo, "latest").await.expect("open the snapshot");
     let report = client
         .write_snapshot(&source, "restored", &mut tokio::io::sink(), &Progress::new())
         .await
         .expect("pull into a sink");
-    (t.elapsed(), report.tar_bytes)
+    (t.elapsed(), report.tar_bytes, process_cpu() - cpu)
+}
+
+/// User + system CPU time of this process so far (`getrusage`).
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// One measure: bytes moved and the time of each repetition.
@@ -213,6 +226,8 @@ struct Measured {
     push_hwm_kib: u64,
     pull_hwm_kib: u64,
     layers: usize,
+    /// Cores this process kept busy (CPU time over wall time) in each pull into a sink.
+    sink_cores: Vec<f64>,
 }
 
 async fn size_row(mib: u64, runs: usize) {
@@ -326,7 +341,7 @@ async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usiz
             hwm[2 * i + 1] = hwm[2 * i + 1].max(vm_hwm_kib());
             h.client.snapshot_remove_if_exists("restored").await.unwrap();
             reset_hwm();
-            let (took, _) = pull_into_sink(client, &repo).await;
+            let (took, _, _) = pull_into_sink(client, &repo).await;
             rows[4 + i].times.push(took);
             rows[4 + i].bytes = push.file_bytes;
             hwm[4 + i] = hwm[4 + i].max(vm_hwm_kib());
@@ -420,6 +435,7 @@ async fn measure(
         Row::new("vk-cocoon pull v1 into a sink (no import)", 0),
     ];
     let (mut push_hwm, mut pull_hwm, mut layers) = (0, 0, 0);
+    let mut sink_cores = Vec::new();
     for run in 0..runs {
         eprintln!("  run {}/{runs}", run + 1);
         let (d, t) = baselines::sha2_file(memory);
@@ -458,9 +474,10 @@ async fn measure(
         rows[8].bytes = pull.tar_bytes;
         pull_hwm = pull_hwm.max(vm_hwm_kib());
         h.client.snapshot_remove_if_exists("restored").await.unwrap();
-        let (took, tar_bytes) = pull_into_sink(&client, &repo).await;
+        let (took, tar_bytes, cpu) = pull_into_sink(&client, &repo).await;
         rows[11].times.push(took);
         rows[11].bytes = tar_bytes;
+        sink_cores.push(cpu.as_secs_f64() / took.as_secs_f64());
 
         // The simulator's own rates: the floor under the push (export) and the pull (import) rows.
         let tar = work.join("export.tar");
@@ -486,6 +503,7 @@ async fn measure(
         push_hwm_kib: push_hwm,
         pull_hwm_kib: pull_hwm,
         layers,
+        sink_cores,
     }
 }
 
@@ -548,6 +566,15 @@ fn print_table(mib: u64, runs: usize, m: &Measured) {
             target(i)
         );
     }
+    println!(
+        "pull v1 into a sink: this process kept {} of the {} cores busy (CPU time over wall time, per run)",
+        m.sink_cores
+            .iter()
+            .map(|c| format!("{c:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
     let push_ok = rate(7) >= 0.9 * ingest && rate(7) >= 1.5 * sk_push;
     let pull_ok = rate(8) >= 0.8 * pull_limit && rate(8) >= 1.5 * sk_pull;
     let hwm = m.push_hwm_kib.max(m.pull_hwm_kib);
