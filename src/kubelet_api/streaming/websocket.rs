@@ -92,6 +92,7 @@ pub struct Channels {
     /// Cancelled when the client is gone (closed, broke off, or idled out).
     pub closed: CancellationToken,
     writer: tokio::task::JoinHandle<()>,
+    reader: tokio::task::JoinHandle<()>,
 }
 
 impl Channels {
@@ -104,7 +105,7 @@ impl Channels {
         let closed = CancellationToken::new();
         let activity = Activity::new();
         let writer = tokio::spawn(write_channels(sink, out_rx, closed.clone(), activity.clone()));
-        tokio::spawn(read_channels(
+        let reader = tokio::spawn(read_channels(
             stream,
             want_stdin.then_some(stdin_tx),
             v5,
@@ -120,6 +121,7 @@ impl Channels {
             out: out_tx,
             closed,
             writer,
+            reader,
         }
     }
 
@@ -131,15 +133,30 @@ impl Channels {
         }
     }
 
-    /// Sends what was queued, then a normal close; waits at most `within`.
+    /// Sends what was queued, then a normal close, and reads on until the client answers the
+    /// close; waits at most `within` for both.
+    ///
+    /// Dropping the socket with the client's messages still unread in it (a `kubectl exec -t`
+    /// sends a terminal size first) makes the kernel reset the connection, and a reset can
+    /// discard what was sent before it: the client saw an abnormal closure instead of the
+    /// refusal on the error channel. Reading to the client's close first (RFC 6455 §7.1.1:
+    /// the server closes TCP after the close handshake) leaves nothing unread.
     pub async fn close(self, within: Duration) {
         let Self {
-            out, closed, writer, ..
+            out,
+            closed,
+            writer,
+            reader,
+            ..
         } = self;
         let _ = out.send(WsOut::Close).await;
         drop(out);
-        if tokio::time::timeout(within, writer).await.is_err() {
-            tracing::debug!("WebSocket: the client did not take the last messages in time");
+        let handshake = async {
+            let _ = writer.await;
+            let _ = reader.await;
+        };
+        if tokio::time::timeout(within, handshake).await.is_err() {
+            tracing::debug!("WebSocket: the client did not take the last messages or answer the close in time");
         }
         closed.cancel();
     }
