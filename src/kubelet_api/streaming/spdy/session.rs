@@ -33,6 +33,12 @@ pub const STREAM_BUFFER: usize = 16;
 /// to be flooding a session that cannot write.
 const MAX_QUEUED_CONTROL: usize = 4096;
 
+/// After the session ends, how long the reader keeps draining the peer's bytes, waiting for its
+/// EOF, before the connection is dropped. Closing a TCP socket with bytes unread makes the kernel
+/// send a reset instead of a FIN, and a reset can discard what was written just before it (the
+/// GOAWAY, a stream's last DATA, the error of a refused exec): a lingering close.
+pub const LINGER: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     pub limits: Limits,
@@ -328,15 +334,27 @@ async fn write_loop<W>(
         }
         shared.touch();
         if shutdown {
-            let _ = tokio::time::timeout(Duration::from_secs(5), io.shutdown()).await;
             break;
         }
     }
     shared.close();
+    // Whatever ended the session, tell the peer (FIN; TLS close_notify first) while the reader
+    // drains its side: the connection is dropped when both are done.
+    let _ = tokio::time::timeout(LINGER, io.shutdown()).await;
 }
 
 /// A reason to end the whole session.
 struct Fatal(String);
+
+/// How the reader stopped.
+enum ReadEnd {
+    /// The peer's EOF, or a read error: nothing more will come.
+    PeerDone,
+    /// The session was closed from this side (GOAWAY sent, idle timeout, a write error).
+    Closed,
+    /// A malformed frame: GOAWAY (PROTOCOL_ERROR), then close.
+    Fatal(String),
+}
 
 async fn read_loop<R>(mut io: R, incoming: mpsc::Sender<Stream>, shared: Arc<Shared>, config: SessionConfig)
 where
@@ -345,46 +363,70 @@ where
     let mut decoder = Decoder::new(config.limits);
     let mut inflater = Inflater::new(config.max_header_len);
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let outcome: Result<(), Fatal> = 'session: loop {
+    let end = 'session: loop {
         loop {
             match decoder.decode(&mut buf) {
                 Ok(None) => break,
                 Ok(Some(frame)) => {
-                    if let Err(fatal) = on_frame(frame, &mut inflater, &incoming, &shared, &config).await {
-                        break 'session Err(fatal);
+                    if let Err(Fatal(reason)) = on_frame(frame, &mut inflater, &incoming, &shared, &config).await {
+                        break 'session ReadEnd::Fatal(reason);
                     }
                 }
-                Err(e) => break 'session Err(Fatal(e.to_string())),
+                Err(e) => break 'session ReadEnd::Fatal(e.to_string()),
             }
         }
         if shared.is_closed() {
-            break Ok(());
+            break ReadEnd::Closed;
         }
         if buf.capacity() - buf.len() < 16 * 1024 {
             buf.reserve(64 * 1024);
         }
         let read = tokio::select! {
             r = io.read_buf(&mut buf) => r,
-            _ = shared.closed.cancelled() => break Ok(()),
+            _ = shared.closed.cancelled() => break ReadEnd::Closed,
         };
         match read {
-            Ok(0) => break Ok(()),
+            Ok(0) => break ReadEnd::PeerDone,
             Ok(_) => shared.touch(),
             Err(e) => {
                 shared.fail(format!("reading from the peer: {e}"));
-                break Ok(());
+                break ReadEnd::PeerDone;
             }
         }
     };
-    match outcome {
-        Ok(()) => shared.close(),
-        Err(Fatal(reason)) => {
+    match end {
+        ReadEnd::PeerDone => {
+            shared.close();
+            return;
+        }
+        ReadEnd::Closed => {}
+        ReadEnd::Fatal(reason) => {
             tracing::warn!(%reason, "SPDY session: protocol error from the peer; sending GOAWAY and closing");
             shared.fail(format!("protocol error: {reason}"));
             let _ = shared.ctl.send(Out::Shutdown {
                 status: goaway::PROTOCOL_ERROR,
             });
         }
+    }
+    drop(incoming);
+    drain_until_eof(&mut io, buf).await;
+}
+
+/// Reads and drops the peer's bytes until its EOF, a read error or [`LINGER`].
+async fn drain_until_eof<R: AsyncRead + Unpin>(io: &mut R, mut buf: BytesMut) {
+    let drained = tokio::time::timeout(LINGER, async {
+        loop {
+            buf.clear();
+            buf.reserve(16 * 1024);
+            match io.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::debug!(linger = ?LINGER, "SPDY session: the peer did not close in time; dropping the connection");
     }
 }
 

@@ -1,25 +1,26 @@
-//! The session against a scripted peer over an in-memory pipe (the peer uses the same codec,
-//! with its own zlib contexts, as a separate program would).
+//! The session against a scripted peer over an in-memory pipe, or a loopback TCP connection where
+//! the kernel's behaviour matters (the peer uses the same codec, with its own zlib contexts, as a
+//! separate program would).
 
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 
 use super::codec::frame::{encode, goaway, rst};
 use super::codec::{Decoder, Deflater, Frame, HeaderBlock, Inflater, Limits};
 use super::*;
 
-struct Peer {
-    io: DuplexStream,
+struct Peer<IO = DuplexStream> {
+    io: IO,
     decoder: Decoder,
     inflater: Inflater,
     deflater: Deflater,
     buf: BytesMut,
 }
 
-impl Peer {
-    fn new(io: DuplexStream) -> Self {
+impl<IO: AsyncRead + AsyncWrite + Unpin> Peer<IO> {
+    fn new(io: IO) -> Self {
         Self {
             io,
             decoder: Decoder::new(Limits {
@@ -356,4 +357,40 @@ async fn the_peer_leaving_ends_the_session_and_its_streams() {
     let mut buf = Vec::new();
     assert!(stream.reader.read_to_end(&mut buf).await.is_err());
     assert!(stream.writer.write_all(b"x").await.is_err());
+}
+
+/// Over TCP, the close after GOAWAY is a lingering one: the session reads on until the peer's EOF,
+/// so what the peer sends meanwhile is taken, not answered with a reset (which could discard the
+/// GOAWAY and the last DATA before the peer read them).
+#[tokio::test]
+async fn after_goaway_the_session_reads_on_until_the_peer_closes() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let (session, _incoming) = serve(server, SessionConfig::default());
+    let mut peer = Peer::new(client);
+    session.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(
+        peer.next().await,
+        Some(Frame::GoAway {
+            last_good_stream_id: 0,
+            status: goaway::OK
+        })
+    );
+    assert_eq!(peer.next().await, None, "the session's FIN");
+    // The peer has not seen the GOAWAY yet, say, and goes on talking: a socket closed with these
+    // bytes unread would answer with a reset, and the next write would fail.
+    for id in 1..=3u32 {
+        let mut ping = BytesMut::new();
+        encode(&Frame::Ping { id }, &mut ping).unwrap();
+        peer.io
+            .write_all(&ping)
+            .await
+            .expect("the session still reads: no reset");
+        tokio::task::yield_now().await;
+    }
+    peer.io.shutdown().await.expect("the peer closes its side cleanly");
+    assert_eq!(peer.io.read(&mut [0u8; 16]).await.expect("no reset"), 0);
 }
