@@ -10,7 +10,9 @@
 //! - the simulator's `snapshot export` to /dev/null and `snapshot import` from a file: the floors under
 //!   vk-cocoon's rows, which include them (the daemon's path is export → push, pull → import);
 //! - the daemon's pull written into a sink instead of the import: its own rate, apart from the
-//!   simulator's.
+//!   simulator's, with the cores it and the registry kept busy meanwhile (CPU time over wall time;
+//!   the registry's from `/proc`), beside the registry's while it serves curl: on loopback the
+//!   registry, the receive and the hash share the machine's cores.
 //!
 //! A second table pushes and pulls one guest-like snapshot (zero, text-like and random pages) as v1 and as
 //! v2 (zstd, chunked), alternately, for the v2 target: wall time against v1's on the same snapshot
@@ -226,8 +228,11 @@ struct Measured {
     push_hwm_kib: u64,
     pull_hwm_kib: u64,
     layers: usize,
-    /// Cores this process kept busy (CPU time over wall time) in each pull into a sink.
-    sink_cores: Vec<f64>,
+    /// Cores this process and the registry kept busy (CPU time over wall time) in each pull into a
+    /// sink.
+    sink_cores: Vec<(f64, f64)>,
+    /// Cores the registry kept busy while it served curl's GET.
+    serve_cores: Vec<f64>,
 }
 
 async fn size_row(mib: u64, runs: usize) {
@@ -435,7 +440,7 @@ async fn measure(
         Row::new("vk-cocoon pull v1 into a sink (no import)", 0),
     ];
     let (mut push_hwm, mut pull_hwm, mut layers) = (0, 0, 0);
-    let mut sink_cores = Vec::new();
+    let (mut sink_cores, mut serve_cores) = (Vec::new(), Vec::new());
     for run in 0..runs {
         eprintln!("  run {}/{runs}", run + 1);
         let (d, t) = baselines::sha2_file(memory);
@@ -446,7 +451,10 @@ async fn measure(
         rows[3]
             .times
             .push(baselines::ingest(&host, "bench/ingest", memory, &digest));
-        rows[4].times.push(baselines::serve(&host, "bench/ingest", &digest));
+        let registry_cpu = reg.cpu_time();
+        let took = baselines::serve(&host, "bench/ingest", &digest);
+        rows[4].times.push(took);
+        serve_cores.push((reg.cpu_time() - registry_cpu).as_secs_f64() / took.as_secs_f64());
         let skopeo_repo = format!("bench/skopeo-{run}");
         rows[5].times.push(baselines::skopeo_push(&layout, &host, &skopeo_repo));
         rows[6].times.push(baselines::skopeo_pull(&host, &skopeo_repo, work));
@@ -474,10 +482,15 @@ async fn measure(
         rows[8].bytes = pull.tar_bytes;
         pull_hwm = pull_hwm.max(vm_hwm_kib());
         h.client.snapshot_remove_if_exists("restored").await.unwrap();
+        let registry_cpu = reg.cpu_time();
         let (took, tar_bytes, cpu) = pull_into_sink(&client, &repo).await;
         rows[11].times.push(took);
         rows[11].bytes = tar_bytes;
-        sink_cores.push(cpu.as_secs_f64() / took.as_secs_f64());
+        let registry_cpu = reg.cpu_time() - registry_cpu;
+        sink_cores.push((
+            cpu.as_secs_f64() / took.as_secs_f64(),
+            registry_cpu.as_secs_f64() / took.as_secs_f64(),
+        ));
 
         // The simulator's own rates: the floor under the push (export) and the pull (import) rows.
         let tar = work.join("export.tar");
@@ -504,6 +517,7 @@ async fn measure(
         pull_hwm_kib: pull_hwm,
         layers,
         sink_cores,
+        serve_cores,
     }
 }
 
@@ -566,14 +580,19 @@ fn print_table(mib: u64, runs: usize, m: &Measured) {
             target(i)
         );
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "pull v1 into a sink: this process kept {} of the {} cores busy (CPU time over wall time, per run)",
+        "cores kept busy (CPU time over wall time, per run) of the {cores}: pull v1 into a sink {}; registry serving curl {}",
         m.sink_cores
+            .iter()
+            .map(|(us, registry)| format!("{us:.2} here + {registry:.2} registry"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        m.serve_cores
             .iter()
             .map(|c| format!("{c:.2}"))
             .collect::<Vec<_>>()
             .join(", "),
-        std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     let push_ok = rate(7) >= 0.9 * ingest && rate(7) >= 1.5 * sk_push;
     let pull_ok = rate(8) >= 0.8 * pull_limit && rate(8) >= 1.5 * sk_pull;
