@@ -116,7 +116,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let engine = PolicyEngine::new(policy_cfg.limits).map_err(|e| anyhow!("cannot start the wasm engine: {e:#}"))?;
     // The compile worker is this binary. `/proc/self/exe` names the running file even after an
     // upgrade has replaced it on disk, so the worker is always this very build.
-    let engine = engine.compile_in_worker(std::path::PathBuf::from("/proc/self/exe"));
+    let engine = engine.compile_in_worker(std::path::PathBuf::from("/proc/self/exe"), policy_cfg.compile);
     let policy_metrics = PolicyMetrics::register(&prometheus).context("registering the policy metrics")?;
     let decision_log = match LogTarget::from_args(&args.decision_log) {
         None => None,

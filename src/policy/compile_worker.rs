@@ -29,18 +29,40 @@ pub const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
 /// drives the compiler past it fails instead of taking the node's memory.
 pub const COMPILE_ADDRESS_SPACE_MIB: u64 = 4096;
 
-/// How long and how big one compile may get.
-#[derive(Debug, Clone, Copy)]
+/// How long and how big one compile may get (`compile:` in the policy configuration file,
+/// `VK_POLICY_COMPILE_DEADLINE_S` and `VK_POLICY_COMPILE_ADDRESS_SPACE_MIB`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct CompileLimits {
+    #[serde(rename = "deadline-seconds", default = "default_deadline", with = "seconds")]
     pub deadline: Duration,
+    #[serde(default = "default_address_space_mib")]
     pub address_space_mib: u64,
+}
+
+fn default_deadline() -> Duration {
+    COMPILE_DEADLINE
+}
+
+fn default_address_space_mib() -> u64 {
+    COMPILE_ADDRESS_SPACE_MIB
+}
+
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
 }
 
 impl Default for CompileLimits {
     fn default() -> Self {
         CompileLimits {
-            deadline: COMPILE_DEADLINE,
-            address_space_mib: COMPILE_ADDRESS_SPACE_MIB,
+            deadline: default_deadline(),
+            address_space_mib: default_address_space_mib(),
         }
     }
 }

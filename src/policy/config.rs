@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::compile_worker::CompileLimits;
 use super::distribution::PolicyRef;
 use super::engine::SandboxLimits;
 use super::slots::Slot;
@@ -27,6 +28,9 @@ pub struct PolicyConfig {
     pub slots: BTreeMap<Slot, SlotConfig>,
     #[serde(default)]
     pub limits: SandboxLimits,
+    /// How long and how big compiling one component may get, in its worker process.
+    #[serde(default)]
+    pub compile: CompileLimits,
     /// Compiled components are cached here; `null` disables the cache.
     #[serde(default = "default_cache_dir")]
     pub cache_dir: Option<PathBuf>,
@@ -116,6 +120,7 @@ impl Default for PolicyConfig {
         PolicyConfig {
             slots: BTreeMap::new(),
             limits: SandboxLimits::default(),
+            compile: CompileLimits::default(),
             cache_dir: default_cache_dir(),
             artifact_dir: default_artifact_dir(),
             allow_tags: false,
@@ -206,6 +211,14 @@ pub struct PolicyArgs {
     #[arg(long, env = "VK_POLICY_MAX_CONCURRENT", value_name = "COUNT",
           value_parser = parser("VK_POLICY_MAX_CONCURRENT", "a whole number between 1 and 1024", |v| within(v, 1, 1024)))]
     pub policy_max_concurrent: Option<u64>,
+    /// Seconds one component's compile may take, in its worker process, 1-3600 (unset: the file's, else 300)
+    #[arg(long, env = "VK_POLICY_COMPILE_DEADLINE_S", value_name = "SECONDS",
+          value_parser = parser("VK_POLICY_COMPILE_DEADLINE_S", "a whole number between 1 and 3600", |v| within(v, 1, 3600)))]
+    pub policy_compile_deadline_s: Option<u64>,
+    /// Address space of the compile worker in MiB, 256-1048576 (unset: the file's, else 4096)
+    #[arg(long, env = "VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", value_name = "MIB",
+          value_parser = parser("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", "a whole number between 256 and 1048576", |v| within(v, 256, 1 << 20)))]
+    pub policy_compile_address_space_mib: Option<u64>,
 }
 
 fn within(text: &str, min: u64, max: u64) -> Result<u64, String> {
@@ -268,6 +281,12 @@ impl PolicyConfig {
         if let Some(n) = args.policy_max_concurrent {
             config.limits.max_concurrent = u32::try_from(n).unwrap_or(u32::MAX);
         }
+        if let Some(seconds) = args.policy_compile_deadline_s {
+            config.compile.deadline = Duration::from_secs(seconds);
+        }
+        if let Some(mib) = args.policy_compile_address_space_mib {
+            config.compile.address_space_mib = mib;
+        }
         Ok(config)
     }
 
@@ -313,6 +332,8 @@ mod tests {
         assert!(config.slots.is_empty());
         assert_eq!(config.cache_dir.as_deref(), Some(Path::new(DEFAULT_CACHE_DIR)));
         assert_eq!(config.limits, SandboxLimits::default());
+        assert_eq!(config.compile, CompileLimits::default());
+        assert_eq!(config.compile.deadline, Duration::from_secs(300));
     }
 
     #[test]
@@ -321,7 +342,8 @@ mod tests {
         let file = dir.path().join("policies.yaml");
         fs::write(
             &file,
-            "slots:\n  bring-up: {path: bring-up.wasm}\nlimits: {timeout: 20}\ncache-dir: null\n",
+            "slots:\n  bring-up: {path: bring-up.wasm}\nlimits: {timeout: 20}\ncache-dir: null\n\
+             compile: {deadline-seconds: 60, address-space-mib: 2048}\n",
         )
         .unwrap();
         let file_str = file.to_str().unwrap();
@@ -330,6 +352,7 @@ mod tests {
             ("VK_POLICY_CPU_CLASS_ADMISSION", "/etc/admit.wasm"),
             ("VK_POLICY_GUEST_FIXUP", "/etc/fixup.wasm"),
             ("VK_POLICY_MEMORY_MIB", "8"),
+            ("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", "8192"),
         ]))
         .unwrap();
         assert_eq!(
@@ -345,6 +368,11 @@ mod tests {
         assert_eq!(config.env_slots.len(), 2);
         assert_eq!(config.limits.timeout, Duration::from_millis(20));
         assert_eq!(config.limits.memory_bytes, 8 << 20);
+        assert_eq!(config.compile.deadline, Duration::from_secs(60), "the file's");
+        assert_eq!(
+            config.compile.address_space_mib, 8192,
+            "the environment's over the file's"
+        );
         assert_eq!(config.cache_dir, None);
     }
 
@@ -358,6 +386,11 @@ mod tests {
         );
         assert!(!config.allow_tags);
         assert_eq!(config.artifact_dir, PathBuf::from(DEFAULT_ARTIFACT_DIR));
+        assert_eq!(
+            config.compile,
+            CompileLimits::default(),
+            "the example shows the defaults"
+        );
     }
 
     #[test]
@@ -409,6 +442,11 @@ mod tests {
         let err = PolicyConfig::from_env(env(&[("VK_POLICY_TIMEOUT_MS", "soon")])).unwrap_err();
         assert!(
             err.contains("VK_POLICY_TIMEOUT_MS=\"soon\"") && err.contains("between 1 and 60000"),
+            "{err}"
+        );
+        let err = PolicyConfig::from_env(env(&[("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", "64")])).unwrap_err();
+        assert!(
+            err.contains("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB=\"64\"") && err.contains("between 256 and 1048576"),
             "{err}"
         );
         let err = PolicyConfig::from_env(env(&[("VK_POLICY_CONFIG", "/nonexistent/p.yaml")])).unwrap_err();

@@ -9,6 +9,7 @@ use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::clock::{EpochClock, InFlight};
+use super::compile_worker::CompileLimits;
 pub use super::limits::SandboxLimits;
 use super::limits::{KEEP_RESIDENT_BYTES, PER_DECISION, TABLE_KEEP_RESIDENT_BYTES};
 
@@ -19,9 +20,9 @@ pub struct PolicyEngine {
     limits: SandboxLimits,
     permits: Arc<Permits>,
     clock: Arc<EpochClock>,
-    /// The binary that compiles components in a child process ([`super::compile_worker`]);
-    /// `None` compiles in this process (the authors' tools, tests).
-    compile_worker: Option<Arc<PathBuf>>,
+    /// The binary that compiles components in a child process ([`super::compile_worker`]),
+    /// and its limits; `None` compiles in this process (the authors' tools, tests).
+    compile_worker: Option<Arc<(PathBuf, CompileLimits)>>,
 }
 
 impl PolicyEngine {
@@ -61,8 +62,8 @@ impl PolicyEngine {
 
     /// Compiles components in child processes started from `exe` (this binary): what the
     /// daemon does, so that the compiler never runs, or stays resident, in it.
-    pub fn compile_in_worker(mut self, exe: PathBuf) -> Self {
-        self.compile_worker = Some(Arc::new(exe));
+    pub fn compile_in_worker(mut self, exe: PathBuf, limits: CompileLimits) -> Self {
+        self.compile_worker = Some(Arc::new((exe, limits)));
         self
     }
 
@@ -71,9 +72,10 @@ impl PolicyEngine {
     /// artifact this engine refuses, costs a warning and an in-process compile; a component the
     /// worker failed on is an error, since compiling it here would risk the daemon.
     pub(crate) fn compile(&self, component: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
-        use super::compile_worker::{self, CompileLimits, WorkerError};
-        if let Some(exe) = &self.compile_worker {
-            match compile_worker::compile(exe, CompileLimits::default(), component) {
+        use super::compile_worker::{self, WorkerError};
+        if let Some(worker) = &self.compile_worker {
+            let (exe, limits) = &**worker;
+            match compile_worker::compile(exe, *limits, component) {
                 // SAFETY: the artifact comes from this binary's own compiler (the daemon trusts
                 // its executable as it trusts its compile cache); wasmtime checks its header
                 // against this engine's settings.

@@ -276,7 +276,7 @@ fn main() {
     let load_with = |worker: Option<&str>, cache: Option<CompileCache>| {
         let mut engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
         if let Some(exe) = worker {
-            engine = engine.compile_in_worker(exe.into());
+            engine = engine.compile_in_worker(exe.into(), vk_cocoon::policy::compile_worker::CompileLimits::default());
         }
         black_box(Policies::with_defaults(engine, cache, PolicyMetrics::unregistered()).expect("defaults load"));
     };

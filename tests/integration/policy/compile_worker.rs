@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use vk_cocoon::policy::compile_worker::CompileLimits;
 use vk_cocoon::policy::contract::cpu_class_admission::Verdict;
 use vk_cocoon::policy::slots::CpuClassAdmission;
 use vk_cocoon::policy::{CompileCache, LoadError, LoadedPolicy, Origin, PolicyEngine, PolicySlot, SandboxLimits};
@@ -79,7 +80,9 @@ fn the_worker_compiles_the_artifact_the_daemon_loads_and_caches() {
             copy.display()
         ),
     );
-    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(wrapper);
+    let engine = PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(wrapper, CompileLimits::default());
     let cache = CompileCache::new(dir.path().join("cache"));
     let policy = load(&engine, Some(&cache), CpuClassAdmission::default_component()).expect("loads");
 
@@ -107,7 +110,9 @@ fn the_worker_compiles_the_artifact_the_daemon_loads_and_caches() {
 #[test]
 fn a_component_the_compiler_refuses_fails_with_the_compilers_own_reason() {
     let in_process = corrupt_detail(load(&PolicyEngine::new(limits()).unwrap(), None, &uncompilable()));
-    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(daemon_binary());
+    let engine = PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(daemon_binary(), CompileLimits::default());
     let in_worker = corrupt_detail(load(&engine, None, &uncompilable()));
     assert_eq!(in_worker, in_process);
 }
@@ -116,7 +121,9 @@ fn a_component_the_compiler_refuses_fails_with_the_compilers_own_reason() {
 fn a_crashed_compile_fails_the_load_without_compiling_in_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let crasher = script(dir.path(), "worker", "cat > /dev/null; kill -SEGV $$");
-    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(crasher);
+    let engine = PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(crasher, CompileLimits::default());
     let detail = corrupt_detail(load(&engine, None, CpuClassAdmission::default_component()));
     assert!(detail.contains("killed by signal 11"), "{detail}");
 }
@@ -126,7 +133,7 @@ fn a_worker_that_cannot_start_costs_an_in_process_compile() {
     let dir = tempfile::tempdir().unwrap();
     let engine = PolicyEngine::new(limits())
         .unwrap()
-        .compile_in_worker(dir.path().join("missing"));
+        .compile_in_worker(dir.path().join("missing"), CompileLimits::default());
     load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
     // A binary that does not speak the protocol (clap's usage error) is treated the same way.
     let other = script(
@@ -134,7 +141,9 @@ fn a_worker_that_cannot_start_costs_an_in_process_compile() {
         "other",
         "echo \"error: unrecognized subcommand\" >&2; exit 2",
     );
-    let engine = PolicyEngine::new(limits()).unwrap().compile_in_worker(other);
+    let engine = PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(other, CompileLimits::default());
     load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
 }
 
@@ -164,6 +173,20 @@ fn a_compile_past_its_deadline_is_stopped_with_a_message() {
     assert_eq!(out.status.code(), Some(11), "{stderr}");
     assert!(stderr.contains("took longer than 1ms"), "{stderr}");
     assert!(out.stdout.is_empty(), "no partial artifact");
+}
+
+#[test]
+fn the_engine_runs_its_worker_within_the_configured_limits() {
+    // VK_POLICY_COMPILE_DEADLINE_S and the file's `compile:` reach the worker through the engine.
+    let overdue = CompileLimits {
+        deadline: std::time::Duration::from_millis(1),
+        ..CompileLimits::default()
+    };
+    let engine = PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(daemon_binary(), overdue);
+    let detail = corrupt_detail(load(&engine, None, CpuClassAdmission::default_component()));
+    assert!(detail.contains("took longer than 1ms"), "{detail}");
 }
 
 #[test]
