@@ -29,6 +29,12 @@ pub const COMPILE_DEADLINE: Duration = Duration::from_secs(300);
 /// drives the compiler past it fails instead of taking the node's memory.
 pub const COMPILE_ADDRESS_SPACE_MIB: u64 = 4096;
 
+/// The deadlines an operator may set, in seconds (`VK_POLICY_COMPILE_DEADLINE_S`).
+pub const DEADLINE_RANGE_S: std::ops::RangeInclusive<u64> = 1..=3600;
+/// The address spaces an operator may set, in MiB: below 256 the worker cannot even start its
+/// engine.
+pub const ADDRESS_SPACE_RANGE_MIB: std::ops::RangeInclusive<u64> = 256..=(1 << 20);
+
 /// How long and how big one compile may get (`compile:` in the policy configuration file,
 /// `VK_POLICY_COMPILE_DEADLINE_S` and `VK_POLICY_COMPILE_ADDRESS_SPACE_MIB`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -55,6 +61,30 @@ mod seconds {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_secs)
+    }
+}
+
+impl CompileLimits {
+    /// What is wrong with limits read from a file, if anything (the variables are checked when
+    /// parsed).
+    pub fn problem(&self) -> Option<String> {
+        let seconds = self.deadline.as_secs();
+        if !DEADLINE_RANGE_S.contains(&seconds) || self.deadline.subsec_nanos() != 0 {
+            return Some(format!(
+                "compile.deadline-seconds is {seconds}; accepted: a whole number between {} and {}",
+                DEADLINE_RANGE_S.start(),
+                DEADLINE_RANGE_S.end()
+            ));
+        }
+        if !ADDRESS_SPACE_RANGE_MIB.contains(&self.address_space_mib) {
+            return Some(format!(
+                "compile.address-space-mib is {}; accepted: a whole number between {} and {}",
+                self.address_space_mib,
+                ADDRESS_SPACE_RANGE_MIB.start(),
+                ADDRESS_SPACE_RANGE_MIB.end()
+            ));
+        }
+        None
     }
 }
 

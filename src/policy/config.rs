@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::compile_worker::CompileLimits;
+use super::compile_worker::{ADDRESS_SPACE_RANGE_MIB, CompileLimits, DEADLINE_RANGE_S};
 use super::distribution::PolicyRef;
 use super::engine::SandboxLimits;
 use super::slots::Slot;
@@ -213,11 +213,11 @@ pub struct PolicyArgs {
     pub policy_max_concurrent: Option<u64>,
     /// Seconds one component's compile may take, in its worker process, 1-3600 (unset: the file's, else 300)
     #[arg(long, env = "VK_POLICY_COMPILE_DEADLINE_S", value_name = "SECONDS",
-          value_parser = parser("VK_POLICY_COMPILE_DEADLINE_S", "a whole number between 1 and 3600", |v| within(v, 1, 3600)))]
+          value_parser = parser("VK_POLICY_COMPILE_DEADLINE_S", "a whole number between 1 and 3600", |v| within(v, *DEADLINE_RANGE_S.start(), *DEADLINE_RANGE_S.end())))]
     pub policy_compile_deadline_s: Option<u64>,
     /// Address space of the compile worker in MiB, 256-1048576 (unset: the file's, else 4096)
     #[arg(long, env = "VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", value_name = "MIB",
-          value_parser = parser("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", "a whole number between 256 and 1048576", |v| within(v, 256, 1 << 20)))]
+          value_parser = parser("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", "a whole number between 256 and 1048576", |v| within(v, *ADDRESS_SPACE_RANGE_MIB.start(), *ADDRESS_SPACE_RANGE_MIB.end())))]
     pub policy_compile_address_space_mib: Option<u64>,
 }
 
@@ -313,6 +313,9 @@ impl PolicyConfig {
             slot.cases = slot.cases.as_ref().map(|c| base.join(c));
         }
         config.artifact_dir = base.join(&config.artifact_dir);
+        if let Some(wrong) = config.compile.problem() {
+            return Err(problem(format!("{}: {wrong}", path.display())));
+        }
         config.file = Some(path.to_path_buf());
         Ok(config)
     }
@@ -447,6 +450,15 @@ mod tests {
         let err = PolicyConfig::from_env(env(&[("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB", "64")])).unwrap_err();
         assert!(
             err.contains("VK_POLICY_COMPILE_ADDRESS_SPACE_MIB=\"64\"") && err.contains("between 256 and 1048576"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policies.yaml");
+        fs::write(&file, "compile: {deadline-seconds: 0}\n").unwrap();
+        let err = PolicyConfig::from_env(env(&[("VK_POLICY_CONFIG", file.to_str().unwrap())])).unwrap_err();
+        assert!(
+            err.contains("VK_POLICY_CONFIG")
+                && err.contains("compile.deadline-seconds is 0; accepted: a whole number between 1 and 3600"),
             "{err}"
         );
         let err = PolicyConfig::from_env(env(&[("VK_POLICY_CONFIG", "/nonexistent/p.yaml")])).unwrap_err();
