@@ -118,6 +118,11 @@ async fn pull_into_sink(client: &TransferClient, repo: &str) -> (Duration, u64, 
     (t.elapsed(), report.tar_bytes, process_cpu() - cpu)
 }
 
+/// The cores `cpu` kept busy over `wall`.
+fn cores_busy(cpu: Duration, wall: Duration) -> f64 {
+    cpu.as_secs_f64() / wall.as_secs_f64()
+}
+
 /// User + system CPU time of this process so far (`getrusage`).
 fn process_cpu() -> Duration {
     // SAFETY: getrusage only writes the struct it is given.
@@ -454,7 +459,7 @@ async fn measure(
         let registry_cpu = reg.cpu_time();
         let took = baselines::serve(&host, "bench/ingest", &digest);
         rows[4].times.push(took);
-        serve_cores.push((reg.cpu_time() - registry_cpu).as_secs_f64() / took.as_secs_f64());
+        serve_cores.push(cores_busy(reg.cpu_time() - registry_cpu, took));
         let skopeo_repo = format!("bench/skopeo-{run}");
         rows[5].times.push(baselines::skopeo_push(&layout, &host, &skopeo_repo));
         rows[6].times.push(baselines::skopeo_pull(&host, &skopeo_repo, work));
@@ -486,11 +491,7 @@ async fn measure(
         let (took, tar_bytes, cpu) = pull_into_sink(&client, &repo).await;
         rows[11].times.push(took);
         rows[11].bytes = tar_bytes;
-        let registry_cpu = reg.cpu_time() - registry_cpu;
-        sink_cores.push((
-            cpu.as_secs_f64() / took.as_secs_f64(),
-            registry_cpu.as_secs_f64() / took.as_secs_f64(),
-        ));
+        sink_cores.push((cores_busy(cpu, took), cores_busy(reg.cpu_time() - registry_cpu, took)));
 
         // The simulator's own rates: the floor under the push (export) and the pull (import) rows.
         let tar = work.join("export.tar");

@@ -17,6 +17,13 @@ fn limits() -> SandboxLimits {
     SandboxLimits::default()
 }
 
+/// An engine that compiles in workers started from `exe`, within the default limits.
+fn worker_engine(exe: PathBuf) -> PolicyEngine {
+    PolicyEngine::new(limits())
+        .unwrap()
+        .compile_in_worker(exe, CompileLimits::default())
+}
+
 fn daemon_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vk-cocoon"))
 }
@@ -80,9 +87,7 @@ fn the_worker_compiles_the_artifact_the_daemon_loads_and_caches() {
             copy.display()
         ),
     );
-    let engine = PolicyEngine::new(limits())
-        .unwrap()
-        .compile_in_worker(wrapper, CompileLimits::default());
+    let engine = worker_engine(wrapper);
     let cache = CompileCache::new(dir.path().join("cache"));
     let policy = load(&engine, Some(&cache), CpuClassAdmission::default_component()).expect("loads");
 
@@ -110,9 +115,7 @@ fn the_worker_compiles_the_artifact_the_daemon_loads_and_caches() {
 #[test]
 fn a_component_the_compiler_refuses_fails_with_the_compilers_own_reason() {
     let in_process = corrupt_detail(load(&PolicyEngine::new(limits()).unwrap(), None, &uncompilable()));
-    let engine = PolicyEngine::new(limits())
-        .unwrap()
-        .compile_in_worker(daemon_binary(), CompileLimits::default());
+    let engine = worker_engine(daemon_binary());
     let in_worker = corrupt_detail(load(&engine, None, &uncompilable()));
     assert_eq!(in_worker, in_process);
 }
@@ -121,9 +124,7 @@ fn a_component_the_compiler_refuses_fails_with_the_compilers_own_reason() {
 fn a_crashed_compile_fails_the_load_without_compiling_in_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let crasher = script(dir.path(), "worker", "cat > /dev/null; kill -SEGV $$");
-    let engine = PolicyEngine::new(limits())
-        .unwrap()
-        .compile_in_worker(crasher, CompileLimits::default());
+    let engine = worker_engine(crasher);
     let detail = corrupt_detail(load(&engine, None, CpuClassAdmission::default_component()));
     assert!(detail.contains("killed by signal 11"), "{detail}");
 }
@@ -131,9 +132,7 @@ fn a_crashed_compile_fails_the_load_without_compiling_in_the_daemon() {
 #[test]
 fn a_worker_that_cannot_start_costs_an_in_process_compile() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = PolicyEngine::new(limits())
-        .unwrap()
-        .compile_in_worker(dir.path().join("missing"), CompileLimits::default());
+    let engine = worker_engine(dir.path().join("missing"));
     load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
     // A binary that does not speak the protocol (clap's usage error) is treated the same way.
     let other = script(
@@ -141,9 +140,7 @@ fn a_worker_that_cannot_start_costs_an_in_process_compile() {
         "other",
         "echo \"error: unrecognized subcommand\" >&2; exit 2",
     );
-    let engine = PolicyEngine::new(limits())
-        .unwrap()
-        .compile_in_worker(other, CompileLimits::default());
+    let engine = worker_engine(other);
     load(&engine, None, CpuClassAdmission::default_component()).expect("compiled in process");
 }
 
