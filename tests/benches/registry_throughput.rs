@@ -16,7 +16,10 @@
 //!
 //! A second table pushes and pulls one guest-like snapshot (zero, text-like and random pages) as v1 and as
 //! v2 (zstd, chunked), alternately, for the v2 target: wall time against v1's on the same snapshot
-//! (and both pulls again into a sink, without the import).
+//! (and both pulls again into a sink, without the import), with curl's PUT and GET of the memory file
+//! beside them. It is measured once per link in `BENCH_WIRE_MBIT` (default `0,1000`): plain loopback,
+//! where bytes cost nothing but CPU, and a shaped 1 Gbit/s wire (a proxy on loopback, `loopback_wire`),
+//! where they cost time as on a node's network; no byte leaves the machine either way.
 //!
 //! Every figure is the median of `BENCH_RUNS` repetitions (default 3) with the spread (min–max), and a
 //! ratio to its limit. Peak RSS (VmHWM, reset before each transfer after `malloc_trim`; glibc capped at two
@@ -29,11 +32,14 @@
 
 #[path = "registry_baselines.rs"]
 mod baselines;
+#[path = "loopback_wire.rs"]
+mod loopback_wire;
 #[path = "../registry_support/mod.rs"]
 mod registry_support;
 
+use loopback_wire::{Wire, WireShape};
 use registry_support::runtime_support;
-use registry_support::{TestRegistry, TransferClient};
+use registry_support::{TestRegistry, TransferClient, transfer_client_at};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vk_cocoon::registry::{Progress, RegistryAuth, TransferSettings};
@@ -179,6 +185,7 @@ impl Row {
 }
 
 fn main() {
+    loopback_wire::serve_if_asked();
     cap_malloc_arenas_like_the_daemon();
     locate_sim();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -253,11 +260,22 @@ async fn size_row(mib: u64, runs: usize) {
         None
     };
     let v2 = if table_wanted("v2") {
-        eprintln!("[{mib} MiB] guest-like memory, v1 against v2…");
-        let (h, _) = saved_snapshot(mib, true).await;
-        let v2 = measure_v2(&reg, &h, runs).await;
+        let (h, memory) = saved_snapshot(mib, true).await;
+        let (digest, _) = baselines::sha2_file(&memory);
+        let mut tables = Vec::new();
+        for (n, shape) in wires().into_iter().enumerate() {
+            eprintln!("[{mib} MiB] guest-like memory, v1 against v2, {}…", wire_name(shape));
+            let wire = shape.map(|shape| Wire::start(reg.addr(), shape));
+            let host = wire.as_ref().map_or_else(|| reg.host(), Wire::host);
+            let route = Route {
+                host: &host,
+                name: format!("w{n}"),
+            };
+            let m = measure_v2(&route, &h, (&memory, &digest), runs).await;
+            tables.push((shape, m));
+        }
         drop(h);
-        Some(v2)
+        Some(tables)
     } else {
         None
     };
@@ -266,8 +284,8 @@ async fn size_row(mib: u64, runs: usize) {
     if let Some(m) = m {
         print_table(mib, runs, &m);
     }
-    if let Some(v2) = v2 {
-        print_v2_table(mib, runs, &v2);
+    for (shape, v2) in v2.iter().flatten() {
+        print_v2_table(mib, runs, *shape, v2);
     }
 }
 
@@ -280,11 +298,48 @@ fn table_wanted(name: &str) -> bool {
         .any(|t| t.trim() == name)
 }
 
-/// The v2 writer's settings in the bench: zstd `BENCH_V2_ZSTD_LEVEL` (default 3), `BENCH_V2_CHUNK_MIB` chunks
+/// The links the v2 table is measured over: `BENCH_WIRE_MBIT` (default `0,1000`), megabits per second
+/// each way, 0 for plain loopback; a rate runs the transfers through a [`Wire`] of that rate with a
+/// one-way delay of `BENCH_WIRE_DELAY_MS` (default 1: a registry a couple of milliseconds' round trip
+/// away). The v2 target is about a link on which bytes cost time; loopback alone has none.
+fn wires() -> Vec<Option<WireShape>> {
+    let delay = Duration::from_millis(env_u64("BENCH_WIRE_DELAY_MS", 1));
+    env_list("BENCH_WIRE_MBIT", "0,1000")
+        .into_iter()
+        .map(|mbit_per_s| {
+            (mbit_per_s > 0).then_some(WireShape {
+                mbit_per_s,
+                one_way_delay: delay,
+            })
+        })
+        .collect()
+}
+
+fn wire_name(shape: Option<WireShape>) -> String {
+    match shape {
+        None => "plain loopback".into(),
+        Some(s) => format!(
+            "a {} Mbit/s wire ({:.0} MiB/s each way, {} ms one-way delay)",
+            s.mbit_per_s,
+            s.mib_per_s(),
+            s.one_way_delay.as_millis()
+        ),
+    }
+}
+
+/// Where the v2 table's transfers go: the registry's address or a wire in front of it, and a name that
+/// keeps each route's repositories apart (a push into a repository that already links a blob skips it).
+struct Route<'a> {
+    host: &'a str,
+    name: String,
+}
+
+/// The v2 writer's settings in the bench: zstd `BENCH_V2_ZSTD_LEVEL` (default 1: on guest memory it
+/// stores what level 3 stores for less CPU, and the push is CPU-bound), `BENCH_V2_CHUNK_MIB` chunks
 /// (default 4), the rest as [`v1_settings`].
 fn v2_settings() -> TransferSettings {
     TransferSettings {
-        zstd_level: env_u64("BENCH_V2_ZSTD_LEVEL", 3) as i32,
+        zstd_level: env_u64("BENCH_V2_ZSTD_LEVEL", 1) as i32,
         chunk_size: env_u64("BENCH_V2_CHUNK_MIB", 4) << 20,
         ..v1_settings()
     }
@@ -300,7 +355,8 @@ fn v1_settings() -> TransferSettings {
 }
 
 struct MeasuredV2 {
-    /// push v1, pull v1, push v2, pull v2, then the pulls of v1 and v2 into a sink.
+    /// push v1, pull v1, push v2, pull v2, the pulls of v1 and v2 into a sink, then curl's PUT and GET
+    /// of the memory file on the same route (the registry's ingest and serve limits through it).
     rows: Vec<Row>,
     /// Bytes the registry stores for the v1 and the v2 artifact.
     stored: (u64, u64),
@@ -309,9 +365,15 @@ struct MeasuredV2 {
 }
 
 /// The same guest-like snapshot pushed and pulled as v1 and as v2, alternately.
-async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usize) -> MeasuredV2 {
-    let v1: TransferClient = reg.transfer_client_tuned("bench", "bench-node", RegistryAuth::Anonymous, v1_settings());
-    let v2: TransferClient = reg.transfer_client_tuned("bench", "bench-node", RegistryAuth::Anonymous, v2_settings());
+async fn measure_v2(
+    route: &Route<'_>,
+    h: &runtime_support::Harness,
+    (memory, digest): (&Path, &str),
+    runs: usize,
+) -> MeasuredV2 {
+    let client = |settings| transfer_client_at(route.host, "bench", "bench-node", RegistryAuth::Anonymous, settings);
+    let (v1, v2): (TransferClient, TransferClient) = (client(v1_settings()), client(v2_settings()));
+    let memory_bytes = std::fs::metadata(memory).unwrap().len();
     let mut rows = vec![
         Row::new("vk-cocoon push v1", 0),
         Row::new("vk-cocoon pull v1", 0),
@@ -319,12 +381,19 @@ async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usiz
         Row::new("vk-cocoon pull v2", 0),
         Row::new("pull v1 into a sink (no import)", 0),
         Row::new("pull v2 into a sink (no import)", 0),
+        Row::new("registry ingest: one PUT, curl", memory_bytes),
+        Row::new("registry serve: one GET, curl", memory_bytes),
     ];
     let (mut stored, mut hwm) = ((0, 0), [0; 6]);
     for run in 0..runs {
         eprintln!("  run {}/{runs}", run + 1);
+        let curl_repo = format!("bench/guest-{}-curl", route.name);
+        rows[6]
+            .times
+            .push(baselines::ingest(route.host, &curl_repo, memory, digest));
+        rows[7].times.push(baselines::serve(route.host, &curl_repo, digest));
         for (i, client) in [&v1, &v2].into_iter().enumerate() {
-            let repo = format!("guest-{i}-{run}");
+            let repo = format!("guest-{}-{i}-{run}", route.name);
             reset_hwm();
             let t = Instant::now();
             let push = client
@@ -364,11 +433,12 @@ async fn measure_v2(reg: &TestRegistry, h: &runtime_support::Harness, runs: usiz
     }
 }
 
-fn print_v2_table(mib: u64, runs: usize, m: &MeasuredV2) {
+fn print_v2_table(mib: u64, runs: usize, shape: Option<WireShape>, m: &MeasuredV2) {
     let s = v2_settings();
     println!();
     println!(
-        "registry_throughput v2: {mib} MiB guest-like memory ({GUEST_ZERO_PCT} % zero pages, {GUEST_TEXT_PCT} % text, the rest random); v2 = zstd {}, {} MiB chunks, {} transfers, {} MiB push and {} MiB pull budgets; median of {runs}",
+        "registry_throughput v2 over {}: {mib} MiB guest-like memory ({GUEST_ZERO_PCT} % zero pages, {GUEST_TEXT_PCT} % text, the rest random); v2 = zstd {}, {} MiB chunks, {} transfers, {} MiB push and {} MiB pull budgets; median of {runs}",
+        wire_name(shape),
         s.zstd_level,
         s.chunk_size >> 20,
         s.concurrency,
@@ -381,30 +451,33 @@ fn print_v2_table(mib: u64, runs: usize, m: &MeasuredV2) {
         m.stored.1 as f64 / MIB,
         100.0 * m.stored.1 as f64 / m.stored.0 as f64
     );
-    println!("| measure | MiB (files) | s | MiB/s | spread MiB/s | peak RSS MiB | wall time vs v1 | target |");
+    println!("| measure | MiB (files) | s | MiB/s | spread MiB/s | peak RSS MiB | ratio | target |");
     println!("|---|---|---|---|---|---|---|---|");
+    let rate = |i: usize| m.rows[i].median_rate();
+    let wall_vs = |i: usize, of: usize| 100.0 * m.rows[i].median_secs() / m.rows[of].median_secs();
     for (i, r) in m.rows.iter().enumerate() {
-        let (vs, target) = match i {
-            2 | 3 => (
-                format!("{:.0} %", 100.0 * r.median_secs() / m.rows[i - 2].median_secs()),
-                "≤ 50 % of v1",
-            ),
-            5 => (
-                format!("{:.0} %", 100.0 * r.median_secs() / m.rows[4].median_secs()),
-                "",
-            ),
+        let (ratio, target) = match i {
+            0 => (format!("{:.0} % of curl's PUT", 100.0 * rate(0) / rate(6)), ""),
+            4 => (format!("{:.0} % of curl's GET", 100.0 * rate(4) / rate(7)), ""),
+            2 | 3 => (format!("wall {:.0} % of v1's", wall_vs(i, i - 2)), "≤ 50 % of v1"),
+            5 => (format!("wall {:.0} % of v1's", wall_vs(5, 4)), ""),
+            6 | 7 => match shape {
+                Some(s) => (format!("{:.0} % of the wire", 100.0 * rate(i) / s.mib_per_s()), ""),
+                None => ("limit".to_string(), ""),
+            },
             _ => ("—".to_string(), ""),
         };
+        let hwm = m
+            .hwm_kib
+            .get(i)
+            .map_or("—".to_string(), |kib| format!("{:.1}", *kib as f64 / 1024.0));
         println!(
-            "| {} | {:.0} | {:.2} | {:.0} | {} | {:.1} | {} | {} |",
+            "| {} | {:.0} | {:.2} | {:.0} | {} | {hwm} | {ratio} | {target} |",
             r.name,
             r.bytes as f64 / MIB,
             r.median_secs(),
             r.median_rate(),
             r.spread(),
-            m.hwm_kib[i] as f64 / 1024.0,
-            vs,
-            target
         );
     }
     let ok = |i: usize| m.rows[i].median_secs() <= 0.5 * m.rows[i - 2].median_secs();

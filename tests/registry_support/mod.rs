@@ -32,6 +32,37 @@ pub fn registry_bin() -> PathBuf {
     bin
 }
 
+/// A client for the registry at `host` (the registry's own address, or a wire in front of it), with
+/// the `SNAPSHOT_*` tuning `transfer`.
+pub fn client_at(host: &str, prefix: &str, node: &str, auth: RegistryAuth, transfer: TransferSettings) -> Registry {
+    let value = if prefix.is_empty() {
+        host.to_string()
+    } else {
+        format!("{host}/{prefix}")
+    };
+    let mut cfg = RegistryConfig::parse(&value).expect("config").expect("some");
+    // The suite's loopback rule for the registry port: the client only ever talks to cfg.host.
+    let host = cfg.host.rsplit_once(':').map_or(cfg.host.as_str(), |(h, _)| h);
+    let ip: std::net::IpAddr = host.trim_matches(['[', ']']).parse().expect("an IP host");
+    assert!(ip.is_loopback(), "test registries live on loopback, not {}", cfg.host);
+    cfg.transfer = transfer;
+    Registry::with_auth(cfg, node.to_string(), auth).expect("registry client")
+}
+
+/// [`client_at`] with the daemon's transfer path around it.
+pub fn transfer_client_at(
+    host: &str,
+    prefix: &str,
+    node: &str,
+    auth: RegistryAuth,
+    transfer: TransferSettings,
+) -> TransferClient {
+    TransferClient {
+        registry: std::sync::Arc::new(client_at(host, prefix, node, auth, transfer)),
+        transfers: Transfers::new(),
+    }
+}
+
 pub struct TestRegistry {
     pub dir: tempfile::TempDir,
     pub port: u16,
@@ -74,6 +105,10 @@ impl TestRegistry {
         self.dir.path().join("storage")
     }
 
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     pub fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
@@ -90,18 +125,7 @@ impl TestRegistry {
 
     /// A client with the `SNAPSHOT_*` tuning `transfer` (v2 layout, budgets, stall limit).
     pub fn client_tuned(&self, prefix: &str, node: &str, auth: RegistryAuth, transfer: TransferSettings) -> Registry {
-        let value = if prefix.is_empty() {
-            self.host()
-        } else {
-            format!("{}/{}", self.host(), prefix)
-        };
-        let mut cfg = RegistryConfig::parse(&value).expect("config").expect("some");
-        // The suite's loopback rule for the registry port: the client only ever talks to cfg.host.
-        let host = cfg.host.rsplit_once(':').map_or(cfg.host.as_str(), |(h, _)| h);
-        let ip: std::net::IpAddr = host.trim_matches(['[', ']']).parse().expect("an IP host");
-        assert!(ip.is_loopback(), "test registries live on loopback, not {}", cfg.host);
-        cfg.transfer = transfer;
-        Registry::with_auth(cfg, node.to_string(), auth).expect("registry client")
+        client_at(&self.host(), prefix, node, auth, transfer)
     }
 
     /// The registry adapter with the daemon's transfer path around it.
@@ -120,10 +144,7 @@ impl TestRegistry {
         auth: RegistryAuth,
         transfer: TransferSettings,
     ) -> TransferClient {
-        TransferClient {
-            registry: std::sync::Arc::new(self.client_tuned(prefix, node, auth, transfer)),
-            transfers: Transfers::new(),
-        }
+        transfer_client_at(&self.host(), prefix, node, auth, transfer)
     }
 
     /// Stops (`SIGSTOP`) the registry process: its sockets stay open and nothing answers.
