@@ -233,7 +233,7 @@ impl PeerClient {
                 .await?;
             let mut body = resp.into_body();
             let mut writer = SliceWriter::new(file.clone(), s.offset);
-            let (mut got, mut crc, mut trailer) = (0u64, 0u32, None);
+            let (mut got, mut trailer) = (0u64, None);
             while let Some(frame) = self.next_frame(&mut body, addr, &what).await? {
                 match frame.into_data() {
                     Ok(data) => {
@@ -241,8 +241,7 @@ impl PeerClient {
                         if got > s.length {
                             return Err(transfer(addr, &what, format!("more than {} bytes", s.length)));
                         }
-                        crc = crc32c::crc32c_append(crc, &data);
-                        writer.push(&data).await.map_err(|e| staging_io(file_name, e))?;
+                        writer.push(data).await.map_err(|e| staging_io(file_name, e))?;
                     }
                     Err(frame) => {
                         if let Ok(t) = frame.into_trailers() {
@@ -254,6 +253,8 @@ impl PeerClient {
             if got != s.length {
                 return Err(transfer(addr, &what, format!("truncated: {got} of {} bytes", s.length)));
             }
+            writer.flush().await.map_err(|e| staging_io(file_name, e))?;
+            let crc = writer.crc();
             match trailer {
                 Some(t) if t == protocol::crc_text(crc) => {}
                 Some(t) => {
@@ -268,7 +269,6 @@ impl PeerClient {
                 }
                 None => return Err(transfer(addr, &what, format!("no {CRC_TRAILER} trailer"))),
             }
-            writer.flush().await.map_err(|e| staging_io(file_name, e))?;
             received += got;
             written += writer.written;
         }

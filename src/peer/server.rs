@@ -17,7 +17,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -262,24 +261,25 @@ async fn slice(
             format!("{offset}+{length} passes the end of {file} ({size} bytes)"),
         );
     }
+    let f = Arc::new(f.into_std().await);
     let body = async_stream::stream! {
         // The slot is held until the body is done or dropped.
         let _permit = permit;
-        let mut f = f;
-        if let Err(e) = f.seek(std::io::SeekFrom::Start(offset)).await {
-            yield Err(e);
-            return;
-        }
-        let (mut left, mut crc) = (length, 0u32);
-        while left > 0 {
-            let mut buf = vec![0u8; READ_CHUNK.min(left as usize)];
-            if let Err(e) = f.read_exact(&mut buf).await {
-                yield Err(e);
-                return;
-            }
-            crc = crc32c::crc32c_append(crc, &buf);
-            left -= buf.len() as u64;
-            yield Ok(Frame::data(Bytes::from(buf)));
+        let (mut at, end, mut crc) = (offset, offset + length, 0u32);
+        while at < end {
+            let len = READ_CHUNK.min((end - at) as usize);
+            let f = f.clone();
+            let read = tokio::task::spawn_blocking(move || read_chunk(&f, at, len, crc)).await;
+            let (chunk, next_crc) = match read.map_err(std::io::Error::other).and_then(|r| r) {
+                Ok(read) => read,
+                Err(e) => {
+                    yield Err(e);
+                    return;
+                }
+            };
+            crc = next_crc;
+            at += len as u64;
+            yield Ok(Frame::data(chunk));
         }
         let mut trailers = HeaderMap::new();
         trailers.insert(CRC_TRAILER, HeaderValue::from_str(&protocol::crc_text(crc)).expect("hex is a header value"));
@@ -293,6 +293,40 @@ async fn slice(
         HeaderValue::from_static("application/octet-stream"),
     );
     r
+}
+
+/// Reads `len` bytes of `file` at `offset` into a fresh buffer (not zeroed first: the read fills
+/// it) and extends `crc` over them. A file that ends early is an error.
+fn read_chunk(file: &std::fs::File, offset: u64, len: usize, crc: u32) -> std::io::Result<(Bytes, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut buf = bytes::BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let filled = buf.len();
+        let at = libc::off_t::try_from(offset + filled as u64).map_err(std::io::Error::other)?;
+        // SAFETY: pread writes at most `len - filled` bytes into the buffer's spare capacity
+        // (`len` reserved, `filled` used); the length is raised only over bytes it wrote.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf.spare_capacity_mut().as_mut_ptr().cast(),
+                len - filled,
+                at,
+            )
+        };
+        match n {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n if n < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            // SAFETY: pread initialised these `n` bytes.
+            n => unsafe { buf.set_len(filled + n as usize) },
+        }
+    }
+    let crc = crc32c::crc32c_append(crc, &buf);
+    Ok((buf.freeze(), crc))
 }
 
 /// Opens a regular file without following a symlink in its last component.

@@ -9,6 +9,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 /// Chunks of all-zero bytes this long (aligned within a slice) are not written: the staged
 /// file keeps a hole there, as the source had (a guest's untouched memory, a sparse disk).
 pub const ZERO_CHUNK: usize = 1 << 20;
@@ -77,12 +79,16 @@ pub fn sanitize(name: &str) -> String {
     }
 }
 
-/// Writes one slice's bytes at its offset, skipping all-zero [`ZERO_CHUNK`]s, off the async
-/// workers. Bytes arrive in frames of any size; they are cut into chunks here.
+/// Writes one slice's bytes at its offset, skipping all-zero [`ZERO_CHUNK`]s, and keeps the
+/// slice's CRC-32C. Frames of any size are held as they came (no copy) until a chunk is whole;
+/// the chunk's checksum, zero check and writes then run on the blocking pool, off the async
+/// workers that receive the next frames.
 pub struct SliceWriter {
     file: Arc<File>,
     pos: u64,
-    buf: Vec<u8>,
+    pending: Vec<Bytes>,
+    pending_len: usize,
+    crc: u32,
     /// Bytes actually written (the rest stayed holes).
     pub written: u64,
 }
@@ -92,39 +98,58 @@ impl SliceWriter {
         Self {
             file,
             pos: offset,
-            buf: Vec::with_capacity(ZERO_CHUNK),
+            pending: Vec::new(),
+            pending_len: 0,
+            crc: 0,
             written: 0,
         }
     }
 
-    pub async fn push(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+    pub async fn push(&mut self, mut bytes: Bytes) -> io::Result<()> {
         while !bytes.is_empty() {
-            let take = (ZERO_CHUNK - self.buf.len()).min(bytes.len());
-            self.buf.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.buf.len() == ZERO_CHUNK {
+            let take = (ZERO_CHUNK - self.pending_len).min(bytes.len());
+            self.pending.push(bytes.split_to(take));
+            self.pending_len += take;
+            if self.pending_len == ZERO_CHUNK {
                 self.flush().await?;
             }
         }
         Ok(())
     }
 
-    /// Writes what is buffered (the slice's tail).
+    /// Writes what is held (the slice's tail).
     pub async fn flush(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
+        if self.pending_len == 0 {
             return Ok(());
         }
-        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(ZERO_CHUNK));
-        let len = chunk.len() as u64;
-        if !all_zero(&chunk) {
-            let (file, pos) = (self.file.clone(), self.pos);
-            tokio::task::spawn_blocking(move || file.write_all_at(&chunk, pos))
-                .await
-                .map_err(io::Error::other)??;
+        let parts = std::mem::take(&mut self.pending);
+        let len = std::mem::take(&mut self.pending_len) as u64;
+        let (file, pos, crc) = (self.file.clone(), self.pos, self.crc);
+        let (crc, data) = tokio::task::spawn_blocking(move || -> io::Result<(u32, bool)> {
+            let crc = parts.iter().fold(crc, |crc, p| crc32c::crc32c_append(crc, p));
+            if parts.iter().all(|p| all_zero(p)) {
+                return Ok((crc, false));
+            }
+            let mut at = pos;
+            for p in &parts {
+                file.write_all_at(p, at)?;
+                at += p.len() as u64;
+            }
+            Ok((crc, true))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        self.crc = crc;
+        if data {
             self.written += len;
         }
         self.pos += len;
         Ok(())
+    }
+
+    /// The CRC-32C of every byte flushed so far.
+    pub fn crc(&self) -> u32 {
+        self.crc
     }
 }
 
@@ -180,10 +205,11 @@ mod tests {
         let mut bytes = vec![0u8; 3 * ZERO_CHUNK];
         bytes[ZERO_CHUNK + 5] = 9;
         for frame in bytes.chunks(100_003) {
-            w.push(frame).await.unwrap();
+            w.push(Bytes::copy_from_slice(frame)).await.unwrap();
         }
         w.flush().await.unwrap();
         assert_eq!(w.written, ZERO_CHUNK as u64);
+        assert_eq!(w.crc(), crc32c::crc32c(&bytes), "the checksum covers the holes too");
         drop(w);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.len(), 8 * ZERO_CHUNK as u64);
