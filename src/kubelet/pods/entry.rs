@@ -48,7 +48,11 @@ pub(super) struct Entry {
     pub status_dirty: bool,
     pub rejected: Option<Rejection>,
     pub in_flight: Option<OpKind>,
-    pub retry_pending: bool,
+    /// The status write in flight was started while another operation waited for its retry:
+    /// its end must leave that operation's wait, backoff and operator flag alone.
+    pub publishing_beside_wait: bool,
+    /// The operation waiting for its retry (its backoff, or an operator).
+    pub retry_pending: Option<OpKind>,
     /// The pending retry waits for an operator: a change of the pod runs it at once.
     pub awaiting_operator: bool,
     /// Failures in a row, and the waits of the operation backoff they follow.
@@ -73,7 +77,8 @@ impl Entry {
             status_dirty: false,
             rejected: None,
             in_flight: None,
-            retry_pending: false,
+            publishing_beside_wait: false,
+            retry_pending: None,
             awaiting_operator: false,
             failures: 0,
             backoff: None,
@@ -92,7 +97,7 @@ impl Entry {
             return;
         }
         self.deleting = true;
-        self.retry_pending = false;
+        self.retry_pending = None;
         self.awaiting_operator = false;
         self.failures = 0;
         self.backoff = None;
@@ -117,8 +122,16 @@ impl Entry {
 
     /// The next operation, or `Err(())` when the entry is finished and can be dropped.
     pub fn next_op(&self) -> Result<Option<OpKind>, ()> {
-        if self.in_flight.is_some() || self.retry_pending {
+        if self.in_flight.is_some() {
             return Ok(None);
+        }
+        if let Some(waiting) = self.retry_pending {
+            // The status follows the provider's view while another operation waits for its
+            // retry: a pod waiting for an operator (minutes apart) would otherwise keep showing
+            // what it showed before the operation failed. A status write that failed itself
+            // waits for its own retry.
+            let publish = waiting != OpKind::PublishStatus && self.status_dirty && !self.deleting;
+            return Ok(publish.then_some(OpKind::PublishStatus));
         }
         if self.deleting {
             if !self.provider_deleted {

@@ -259,7 +259,7 @@ impl PodState {
                 if let Some(e) = self.entries.get_mut(&key)
                     && e.uid == uid
                 {
-                    e.retry_pending = false;
+                    e.retry_pending = None;
                 }
                 self.drive(&key, &mut actions);
             }
@@ -310,7 +310,7 @@ impl PodState {
                 if e.awaiting_operator && fingerprint(&pod) != fingerprint(&e.pod) {
                     // The operator edited the pod: try now rather than at the slow pace.
                     e.awaiting_operator = false;
-                    e.retry_pending = false;
+                    e.retry_pending = None;
                 }
                 e.pod = pod;
             }
@@ -330,6 +330,13 @@ impl PodState {
             return;
         }
         e.in_flight = None;
+        if op == OpKind::PublishStatus && std::mem::take(&mut e.publishing_beside_wait) {
+            // Written (or not) beside another operation's wait, which stays as it is. A failed
+            // write is not retried here, where it would spin for as long as the wait lasts: the
+            // next notify asks again (the provider's status reconciler does while they differ).
+            e.status_dirty = false;
+            return;
+        }
         e.awaiting_operator = false;
         match outcome {
             OpOutcome::Done => {
@@ -380,7 +387,7 @@ impl PodState {
                 self.retry(key, op, format!("{reason}: {message}"), actions);
             }
             OpOutcome::Failed { error } => self.retry(key, op, error, actions),
-            OpOutcome::AwaitingOperator { reason, message } => self.await_operator(key, reason, message, actions),
+            OpOutcome::AwaitingOperator { reason, message } => self.await_operator(key, op, reason, message, actions),
         }
     }
 
@@ -410,10 +417,10 @@ impl PodState {
 
     /// Records what the operator must do (on the first wait and every doubling of the count,
     /// like a retry) and re-runs the operation after `retry_max`.
-    fn await_operator(&mut self, key: &str, reason: String, message: String, actions: &mut Vec<Action>) {
+    fn await_operator(&mut self, key: &str, op: OpKind, reason: String, message: String, actions: &mut Vec<Action>) {
         let Some(e) = self.entries.get_mut(key) else { return };
         e.failures += 1;
-        e.retry_pending = true;
+        e.retry_pending = Some(op);
         e.awaiting_operator = true;
         let delay = self.config.retry_max;
         if e.failures == 1 || e.failures.is_power_of_two() {
@@ -438,7 +445,7 @@ impl PodState {
         let seed = self.config.jitter_seed;
         let Some(e) = self.entries.get_mut(key) else { return };
         e.failures += 1;
-        e.retry_pending = true;
+        e.retry_pending = Some(op);
         let delay = e
             .backoff
             .get_or_insert_with(|| schedule.delays_seeded(seed))
@@ -473,6 +480,7 @@ impl PodState {
             match e.next_op() {
                 Ok(Some(op)) => {
                     e.in_flight = Some(op);
+                    e.publishing_beside_wait = e.retry_pending.is_some();
                     actions.push(Action::Run {
                         op,
                         pod: e.pod.clone(),

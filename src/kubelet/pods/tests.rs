@@ -196,6 +196,92 @@ fn an_operation_awaiting_an_operator_reruns_at_the_slowest_pace_or_when_the_pod_
 }
 
 #[test]
+fn a_pod_waiting_for_an_operator_still_publishes_its_status() {
+    let mut s = state();
+    let p = pod("a", "u1");
+    s.on_event(Input::Applied(p.clone()));
+    finish(&mut s, &p, OpKind::Create, OpOutcome::Done);
+    finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done);
+    let asked = annotated(&p, "hibernate");
+    s.on_event(Input::Applied(asked.clone()));
+    let waiting = OpOutcome::AwaitingOperator {
+        reason: "HibernateUnsupported".into(),
+        message: "clear the annotation".into(),
+    };
+    let acts = finish(&mut s, &asked, OpKind::Update, waiting);
+    assert_eq!(retry_delay(&acts), Some(Duration::from_secs(10)));
+    assert!(runs(&acts).is_empty());
+    // The provider's view changed (Not Ready, the refusal's message): it is published...
+    assert_eq!(
+        runs(&s.on_event(Input::Notify { key: "ns/a".into() })),
+        vec![(OpKind::PublishStatus, "u1".into())],
+        "the status is not frozen for the operator wait"
+    );
+    let acts = finish(&mut s, &asked, OpKind::PublishStatus, OpOutcome::Done);
+    assert!(runs(&acts).is_empty(), "the update still waits: {acts:?}");
+    // ...and the wait is untouched: the operator's edit still reruns the update at once.
+    let cleared = annotated(&p, "other");
+    assert_eq!(
+        runs(&s.on_event(Input::Applied(cleared))),
+        vec![(OpKind::Update, "u1".into())]
+    );
+}
+
+#[test]
+fn a_status_written_during_a_backoff_leaves_the_backoff_growing_and_a_failed_one_does_not_spin() {
+    let mut s = state();
+    let p = pod("a", "u1");
+    s.on_event(Input::Applied(p.clone()));
+    finish(&mut s, &p, OpKind::Create, OpOutcome::Done);
+    finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done);
+    let p2 = annotated(&p, "x");
+    s.on_event(Input::Applied(p2.clone()));
+    let failed = || OpOutcome::Failed { error: "down".into() };
+    let first = retry_delay(&finish(&mut s, &p2, OpKind::Update, failed())).expect("a retry");
+    // A status write beside the wait, ending well, then one ending badly.
+    s.on_event(Input::Notify { key: "ns/a".into() });
+    assert!(finish(&mut s, &p2, OpKind::PublishStatus, OpOutcome::Done).is_empty());
+    assert_eq!(
+        runs(&s.on_event(Input::Notify { key: "ns/a".into() })),
+        vec![(OpKind::PublishStatus, "u1".into())]
+    );
+    let acts = finish(&mut s, &p2, OpKind::PublishStatus, failed());
+    assert!(
+        acts.is_empty(),
+        "neither rerun at once nor given a retry of its own: {acts:?}"
+    );
+    let acts = s.on_event(Input::RetryDue {
+        key: "ns/a".into(),
+        uid: "u1".into(),
+    });
+    assert_eq!(runs(&acts), vec![(OpKind::Update, "u1".into())]);
+    let second = retry_delay(&finish(&mut s, &p2, OpKind::Update, failed())).expect("a retry");
+    assert!(second > first, "the backoff kept growing: {first:?} then {second:?}");
+}
+
+#[test]
+fn a_failed_status_write_waits_for_its_own_retry() {
+    let mut s = state();
+    let p = pod("a", "u1");
+    s.on_event(Input::Applied(p.clone()));
+    finish(&mut s, &p, OpKind::Create, OpOutcome::Done);
+    let acts = finish(
+        &mut s,
+        &p,
+        OpKind::PublishStatus,
+        OpOutcome::Failed { error: "500".into() },
+    );
+    assert!(retry_delay(&acts).is_some());
+    assert!(runs(&acts).is_empty(), "not rewritten before its retry: {acts:?}");
+    assert!(runs(&s.on_event(Input::Notify { key: "ns/a".into() })).is_empty());
+    let acts = s.on_event(Input::RetryDue {
+        key: "ns/a".into(),
+        uid: "u1".into(),
+    });
+    assert_eq!(runs(&acts), vec![(OpKind::PublishStatus, "u1".into())]);
+}
+
+#[test]
 fn transient_failures_retry_with_backoff() {
     let mut s = state();
     let p = pod("a", "u1");

@@ -527,7 +527,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod, pkey: &str, spec: &VmS
         return Ok(Next::Done);
     }
     let message = format!(
-        "macOS guest {} does not support hibernate (cocoon-macos keeps offline disk snapshots only); the guest keeps running: clear vm.cocoonstack.io/hibernate",
+        "macOS guest {} does not support hibernate (cocoon-macos keeps offline disk snapshots only); the guest keeps running, but its lifecycle is failed and the pod Not Ready until it is recreated: clear vm.cocoonstack.io/hibernate",
         spec.vm_name
     );
     p.fail_op(pod, pkey, "HibernateUnsupported", "update", &message).await;

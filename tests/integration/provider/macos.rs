@@ -429,6 +429,12 @@ async fn hibernate_is_refused_and_the_guest_keeps_running() {
     assert!(env.mac.macos_running("vm-h").unwrap(), "nothing was stopped");
     assert!(env.sim.calls().unwrap().iter().all(|c| c.verb != "snapshot save"));
     assert_eq!(mac_calls(&env, "vm rm").len(), 0);
+    // The lifecycle is failed (sticky, as for any failed operation), and the published status
+    // says so while the update waits for the operator, rather than keeping the Ready it had.
+    eventually(30, "Not Ready, with the refusal", || {
+        ready_is(&env, "mac-0", "False", "does not support hibernate")
+    })
+    .await;
     d.kill().await;
 }
 
