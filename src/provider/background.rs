@@ -111,15 +111,15 @@ impl CocoonProvider {
         }
     }
 
-    /// A probe agent saw readiness flip: repair the endpoint annotation and republish the status.
-    pub(super) async fn on_probe_flip(&self, key: &str, uid: &str) {
+    /// A probe agent saw readiness flip: repair the endpoint annotation (before the new
+    /// readiness is visible to the status, which is republished after).
+    async fn repair_endpoint_on_flip(&self, key: &str, uid: &str) {
         let Some(tracked) = self.state.tracked_as(key, uid) else {
             return;
         };
         if let Some(vm) = &tracked.vm {
             self.reconcile_endpoint(&tracked.pod, key, vm).await;
         }
-        self.notify(key);
     }
 
     /// Starts the probe agent of the tracked incarnation (first probe before returning).
@@ -150,13 +150,23 @@ impl CocoonProvider {
             }
             Some(super::probe::target(t.vm.is_some(), &ip, &probe))
         });
-        let me = self.me.clone();
-        let (k, u) = (key.to_string(), uid.to_string());
-        let on_flip: super::probe::FlipFn = Arc::new(move |_ready| {
-            let Some(p) = me.upgrade() else { return };
-            let (k, u) = (k.clone(), u.clone());
-            tokio::spawn(async move { p.on_probe_flip(&k, &u).await });
-        });
+        let (me, announcer) = (self.me.clone(), self.me.clone());
+        let (k, u, announced) = (key.to_string(), uid.to_string(), key.to_string());
+        let on_flip = super::probe::FlipHooks {
+            prepare: Arc::new(move |_ready| {
+                let (me, k, u) = (me.clone(), k.clone(), u.clone());
+                Box::pin(async move {
+                    if let Some(p) = me.upgrade() {
+                        p.repair_endpoint_on_flip(&k, &u).await;
+                    }
+                })
+            }),
+            announce: Arc::new(move |_ready| {
+                if let Some(p) = announcer.upgrade() {
+                    p.notify(&announced);
+                }
+            }),
+        };
         self.probes.start(key, uid, target, on_flip).await;
     }
 }

@@ -282,8 +282,15 @@ impl Prober for NetProber {
 
 /// Called by an agent to learn what to probe now (`None` = stop: the pod is gone).
 pub type TargetFn = Arc<dyn Fn() -> Option<Target> + Send + Sync>;
-/// Called by an agent when readiness flips.
-pub type FlipFn = Arc<dyn Fn(bool) + Send + Sync>;
+/// What an agent runs when readiness flips (the new readiness given).
+#[derive(Clone)]
+pub struct FlipHooks {
+    /// Awaited before the new result is visible to [`Probes::result`]: what a Ready must follow
+    /// (the IP annotation, §9) is in place before any status can say Ready.
+    pub prepare: Arc<dyn Fn(bool) -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
+    /// Called once the new result is visible: republish the status.
+    pub announce: Arc<dyn Fn(bool) + Send + Sync>,
+}
 
 struct Agent {
     uid: String,
@@ -327,7 +334,7 @@ impl Probes {
 
     /// Starts (or replaces) the agent of pod `key`, incarnation `uid`. The first probe runs
     /// before this returns; `on_flip` runs on every later readiness flip.
-    pub async fn start(&self, key: &str, uid: &str, target: TargetFn, on_flip: FlipFn) {
+    pub async fn start(&self, key: &str, uid: &str, target: TargetFn, on_flip: FlipHooks) {
         let result = Arc::new(Mutex::new(ProbeResult::not_started()));
         let stop = CancellationToken::new();
         if let Some(old) = self.agents.lock().expect("probe agents").insert(
@@ -366,13 +373,20 @@ impl Probes {
                 }
                 let (flipped, next) = schedule.observe(r.ready);
                 delay = next;
-                let ready = r.ready;
+                // The verdict is the schedule's: a ready pod stays ready through the failures
+                // before the third in a row (§3.7), with the latest probe's message.
+                let ready = schedule.ready();
+                let r = ProbeResult { ready, ..r };
                 if flipped {
                     tracing::info!(pod = %key, ready, message = %r.message, "readiness flipped");
+                    (on_flip.prepare)(ready).await;
+                    if stop.is_cancelled() {
+                        return;
+                    }
                 }
                 *result.lock().expect("probe result") = r;
                 if flipped {
-                    on_flip(ready);
+                    (on_flip.announce)(ready);
                 }
             }
         });
@@ -524,24 +538,27 @@ mod tests {
             up: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
         });
-        let probes = Probes::new(
+        let probes = Arc::new(Probes::new(
             prober.clone(),
             fast(),
             prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap(),
-        );
+        ));
         let flips = Arc::new(Mutex::new(Vec::new()));
-        let f = flips.clone();
+        // What `prepare` saw: the flip, and the readiness the status could read meanwhile.
+        let prepared = Arc::new(Mutex::new(Vec::new()));
+        let (f, seen, looked_up) = (flips.clone(), prepared.clone(), probes.clone());
         let target: TargetFn = Arc::new(|| Some(Target::Tcp("127.0.0.1:1".parse().unwrap())));
         // The agent's task holds the other reference: when it ends, this one is the last.
         let held = target.clone();
-        probes
-            .start(
-                "ns/p",
-                "u1",
-                target,
-                Arc::new(move |ready| f.lock().unwrap().push(ready)),
-            )
-            .await;
+        let hooks = FlipHooks {
+            prepare: Arc::new(move |ready| {
+                let visible = looked_up.result("ns/p", "u1").map(|r| r.ready);
+                seen.lock().unwrap().push((ready, visible));
+                Box::pin(async {})
+            }),
+            announce: Arc::new(move |ready| f.lock().unwrap().push(ready)),
+        };
+        probes.start("ns/p", "u1", target, hooks).await;
         assert_eq!(prober.calls.load(Ordering::SeqCst), 1, "the first probe is synchronous");
         let r = probes.result("ns/p", "u1").unwrap();
         assert!(
@@ -570,6 +587,12 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(flips.lock().unwrap().as_slice(), &[true, false]);
+        assert_eq!(
+            prepared.lock().unwrap().as_slice(),
+            &[(true, Some(false)), (false, Some(true))],
+            "each flip is prepared while the status still reads the readiness before it (a \
+             ready pod stays ready through the failures before the third in a row)"
+        );
 
         probes.forget("ns/p", Some("u1"));
         let calls = prober.calls.load(Ordering::SeqCst);
