@@ -5,9 +5,11 @@
 //!
 //! The rate is shared by every connection through the wire, as one node's link is: eight parallel
 //! uploads split it, they do not get it eight times. Each direction has its own budget (a full-duplex
-//! link). The proxy runs in a process of its own, so the transfer it carries neither delays its
-//! pacing nor is charged its memory and CPU. Tokio's timers tick in milliseconds: a delay under 1 ms is rounded up to the
-//! next tick, and pacing lets a burst of up to [`BURST`] through to make up for late ticks.
+//! link). The proxy runs in a process of its own: its pacing does not wait on the transfer's
+//! runtime, and its buffers are not counted in the transfer's peak RSS (its CPU, small at these
+//! rates, still comes from the same cores). Tokio's timers tick in milliseconds: a delay under
+//! 1 ms is rounded up to the next tick, and pacing lets a burst of up to [`BURST`] through to make
+//! up for late ticks.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -38,8 +40,8 @@ impl WireShape {
     }
 }
 
-/// The proxy, a child process (this bench binary, run with [`SERVE_ARG`]) so that its buffers and CPU
-/// are not counted as the transfer's own; killed when dropped.
+/// The proxy, a child process (this bench binary, run with [`SERVE_ARG`]) so that its buffers are
+/// not counted as the transfer's own; killed when dropped.
 pub struct Wire {
     host: String,
     child: std::process::Child,
