@@ -138,9 +138,29 @@ pub fn pid_start_ticks(text: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Fields 14 and 15 of `/proc/<pid>/stat` (`utime` + `stime`, clock ticks): the CPU time of
+/// every thread of the process. Fields are counted after the command name's `)`, as above.
+pub fn pid_cpu_ticks(text: &str) -> Option<u64> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // Field 3 (state) is index 0, so utime and stime are indices 11 and 12.
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime.saturating_add(stime))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_cpu_time_is_its_user_and_system_ticks() {
+        // A command name with spaces and a `)` of its own, as `/proc` prints it.
+        let stat = "4242 (qemu (vm) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 1500 250 0 0 20 0 9 0 777 1000 50";
+        assert_eq!(pid_cpu_ticks(stat), Some(1750));
+        assert_eq!(pid_start_ticks(stat), Some(777));
+        assert_eq!(pid_cpu_ticks("4242 (short) S 1 2"), None);
+    }
 
     #[test]
     fn cpu_stat_with_and_without_the_cpu_controller() {

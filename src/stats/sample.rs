@@ -180,8 +180,20 @@ pub fn collect(paths: &HostPaths, targets: Vec<VmTarget>) -> Sample {
 }
 
 fn collect_vm(paths: &HostPaths, target: VmTarget, boot: Option<SystemTime>, ticks: u64) -> VmSample {
+    let pid_stat = (target.pid > 0)
+        .then(|| read(&paths.pid_file(target.pid, "stat")))
+        .flatten();
+    // A VM outside cocoon's cgroups (a cocoon-macos guest) is charged its VMM process's CPU
+    // time instead: every vCPU is a thread of that process.
     let cpu = read(&paths.cpu_stat(&target.vm_id))
         .and_then(|t| parse::cpu_stat(&t))
+        .or_else(|| {
+            let ticks_used = parse::pid_cpu_ticks(pid_stat.as_deref()?)?;
+            Some(CpuStat {
+                usage_usec: ticks_used.saturating_mul(1_000_000 / ticks),
+                ..CpuStat::default()
+            })
+        })
         .unwrap_or_default();
     let (rss, net, started) = if target.pid > 0 {
         let rss = read(&paths.pid_file(target.pid, "status")).and_then(|t| parse::status_rss(&t));
@@ -190,8 +202,9 @@ fn collect_vm(paths: &HostPaths, target: VmTarget, boot: Option<SystemTime>, tic
                 .and_then(|t| parse::net_dev(&t, tap))
                 .map(|c| GuestNet::from_tap(tap, c))
         });
-        let started = read(&paths.pid_file(target.pid, "stat"))
-            .and_then(|t| parse::pid_start_ticks(&t))
+        let started = pid_stat
+            .as_deref()
+            .and_then(parse::pid_start_ticks)
             .zip(boot)
             .map(|(t, boot)| boot + Duration::from_nanos(t.saturating_mul(1_000_000_000 / ticks)));
         (rss, net, started)
@@ -342,6 +355,38 @@ mod tests {
             "{started:?}"
         );
         assert_eq!(process_start(&HostPaths::default(), 0), None);
+    }
+
+    #[test]
+    fn a_vm_without_a_cocoon_cgroup_is_charged_its_process_cpu_time() {
+        let cgroups = tempfile::tempdir().unwrap();
+        let paths = HostPaths {
+            cgroup_root: cgroups.path().to_path_buf(),
+            ..HostPaths::default()
+        };
+        let cgroup_stat = paths.cpu_stat("ch");
+        std::fs::create_dir_all(cgroup_stat.parent().unwrap()).unwrap();
+        std::fs::write(&cgroup_stat, "usage_usec 1500000\n").unwrap();
+        // This process stands for a VMM: make sure it has used at least a few clock ticks.
+        let until = Instant::now() + Duration::from_millis(60);
+        let mut spin = 0u64;
+        while Instant::now() < until {
+            spin = std::hint::black_box(spin.wrapping_add(1));
+        }
+        let me = i64::from(std::process::id());
+        let target = |vm_id: &str| VmTarget {
+            vm_id: vm_id.into(),
+            pid: me,
+            ..Default::default()
+        };
+        let sample = collect(&paths, vec![target("ch"), target("qemu-mac")]);
+        assert_eq!(
+            sample.vms[0].cpu.usage_usec, 1_500_000,
+            "the cgroup's figure when it has one"
+        );
+        let process = sample.vms[1].cpu.usage_usec;
+        assert!(process >= 10_000, "the process's own CPU time: {process} µs");
+        assert!(sample.vms[1].rss.is_some(), "and its memory, as before");
     }
 
     #[test]
