@@ -374,6 +374,11 @@ async fn bad_input_is_refused_with_a_clear_event_and_boots_nothing() {
     let d = start(&env, Options::default());
     create(&env, &managed("noimg-0", "vm-noimg", &[(OS, "macos")])).await;
     wait_failed_with(&env, "noimg-0", "none is set").await;
+    // The Event is posted on its own, not ordered with the lifecycle patch: wait for it too.
+    eventually(30, "the refusal's Event", || {
+        has_event(&env, "noimg-0", "InvalidVMSpec")
+    })
+    .await;
     let event = event_message(&env, "noimg-0", "InvalidVMSpec").expect("an Event");
     assert!(event.contains(IMAGE) && event.contains("vm-noimg"), "{event}");
     d.kill().await;
