@@ -295,38 +295,14 @@ async fn slice(
     r
 }
 
-/// Reads `len` bytes of `file` at `offset` into a fresh buffer (not zeroed first: the read fills
-/// it) and extends `crc` over them. A file that ends early is an error.
+/// Reads `len` bytes of `file` at `offset` into a fresh buffer and extends `crc` over them. A
+/// file that ends early is an error.
 fn read_chunk(file: &std::fs::File, offset: u64, len: usize, crc: u32) -> std::io::Result<(Bytes, u32)> {
-    use std::os::fd::AsRawFd;
-    let mut buf = bytes::BytesMut::with_capacity(len);
-    while buf.len() < len {
-        let filled = buf.len();
-        let at = libc::off_t::try_from(offset + filled as u64).map_err(std::io::Error::other)?;
-        // SAFETY: pread writes at most `len - filled` bytes into the buffer's spare capacity
-        // (`len` reserved, `filled` used); the length is raised only over bytes it wrote.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                buf.spare_capacity_mut().as_mut_ptr().cast(),
-                len - filled,
-                at,
-            )
-        };
-        match n {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n if n < 0 => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-            // SAFETY: pread initialised these `n` bytes.
-            n => unsafe { buf.set_len(filled + n as usize) },
-        }
-    }
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset)?;
     let crc = crc32c::crc32c_append(crc, &buf);
-    Ok((buf.freeze(), crc))
+    Ok((Bytes::from(buf), crc))
 }
 
 /// Opens a regular file without following a symlink in its last component.
