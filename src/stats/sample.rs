@@ -128,7 +128,8 @@ fn read(path: &std::path::Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
-fn clock_ticks_per_second() -> u64 {
+/// The kernel's clock ticks per second (`/proc` CPU times count in them).
+pub fn clock_ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as u64 } else { 100 }

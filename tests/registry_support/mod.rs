@@ -110,7 +110,7 @@ impl TestRegistry {
     }
 
     pub fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.addr().to_string()
     }
 
     /// A client for this registry with `prefix` (e.g. "cocoon"), anonymous.
@@ -162,13 +162,8 @@ impl TestRegistry {
     pub fn cpu_time(&self) -> std::time::Duration {
         let pid = self.child.as_ref().expect("the registry runs").id();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the registry's /proc stat");
-        // Fields after the command name (which may hold spaces, so split after its closing paren):
-        // utime and stime are the 14th and 15th fields of the line, in clock ticks.
-        let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        // SAFETY: sysconf only reads a configuration value.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let ticks = vk_cocoon::stats::parse::pid_cpu_ticks(&stat).expect("utime and stime in the stat line");
+        let per_second = vk_cocoon::stats::sample::clock_ticks_per_second();
         std::time::Duration::from_secs_f64(ticks as f64 / per_second as f64)
     }
 
