@@ -3,6 +3,7 @@
 //! annotations.
 
 pub mod annotations;
+pub mod names;
 pub mod pod;
 pub mod runtime;
 pub mod vm_spec;

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::annotations as key;
+use super::names;
 use crate::policy::contract::types::{Backend, BootMode, GuestOs, ReadinessProbe, RestoreMode, SnapshotPolicy, VmSpec};
 
 /// A pod whose annotations cannot describe a VM.
@@ -22,6 +23,19 @@ use crate::policy::contract::types::{Backend, BootMode, GuestOs, ReadinessProbe,
 pub enum VmSpecError {
     #[error("pod has no {} annotation: the operator must name the VM", key::VM_NAME)]
     MissingVmName,
+    /// A VM name (the pod's own, or the one it forks) that cocoon would refuse.
+    #[error(
+        "{key} {value:?} is not a VM name cocoon accepts ({}); fix the annotation and recreate the pod",
+        names::VM_NAME_RULE
+    )]
+    InvalidVmName { key: &'static str, value: String },
+    /// A pre-assigned VM id that is not an id (a path, a flag, a control character).
+    #[error(
+        "{} {value:?} is not a VM id ({}); fix the annotation and recreate the pod",
+        key::VM_ID,
+        names::VM_ID_RULE
+    )]
+    InvalidVmId { value: String },
 }
 
 /// The closed-domain rule: trimmed of ASCII whitespace, ASCII-lower-cased.
@@ -131,6 +145,31 @@ pub fn require_vm_name(spec: VmSpec) -> Result<VmSpec, VmSpecError> {
     }
 }
 
+/// The names and the pre-assigned id the pod hands cocoon, by cocoon's rules: the VM name, the
+/// VM it forks, and — for an unmanaged pod, whose VM is named by it — the pre-assigned id.
+pub fn check_names(spec: &VmSpec, preassigned_id: &str) -> Result<(), VmSpecError> {
+    let name = |key: &'static str, value: &str| {
+        if names::is_vm_name(value) {
+            Ok(())
+        } else {
+            Err(VmSpecError::InvalidVmName {
+                key,
+                value: value.to_string(),
+            })
+        }
+    };
+    name(key::VM_NAME, &spec.vm_name)?;
+    if !spec.fork_from.is_empty() {
+        name(key::FORK_FROM, &spec.fork_from)?;
+    }
+    if !spec.managed && !preassigned_id.is_empty() && !names::is_vm_id(preassigned_id) {
+        return Err(VmSpecError::InvalidVmId {
+            value: preassigned_id.to_string(),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +230,25 @@ mod tests {
         for bad in ["0", "65536", "ssh", "-1"] {
             assert_eq!(probe(bad), ReadinessProbe::Invalid(bad.into()), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn names_and_ids_are_checked_by_cocoons_rules() {
+        let spec = |pairs: &[(&str, &str)]| decode(&annotations(pairs));
+        assert_eq!(check_names(&spec(&[(key::VM_NAME, "vk-ns-a-0")]), ""), Ok(()));
+        let err = check_names(&spec(&[(key::VM_NAME, "vk-$(touch x)")]), "").unwrap_err();
+        assert!(
+            err.to_string().contains("vm.cocoonstack.io/name \"vk-$(touch x)\""),
+            "{err}"
+        );
+        let err = check_names(&spec(&[(key::VM_NAME, "vm"), (key::FORK_FROM, "../x")]), "").unwrap_err();
+        assert!(err.to_string().contains(key::FORK_FROM), "{err}");
+        // An unmanaged pod's VM is named by its id: a path there is refused.
+        let err = check_names(&spec(&[(key::VM_NAME, "vm")]), "/tmp/x").unwrap_err();
+        assert_eq!(err, VmSpecError::InvalidVmId { value: "/tmp/x".into() });
+        // A managed pod's id annotation is the daemon's own output, not a name it is given.
+        let managed = spec(&[(key::VM_NAME, "vm"), (key::MANAGED, "true")]);
+        assert_eq!(check_names(&managed, "/tmp/x"), Ok(()));
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub const LIFECYCLE: &str = "vm.cocoonstack.io/lifecycle-state";
 pub const LIFECYCLE_MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";
 pub const VM_ID: &str = "vm.cocoonstack.io/id";
 pub const IMAGE: &str = "cocoonset.cocoonstack.io/image";
+/// A daemon environment value that stands for the machine's guest network: its simulator's
+/// loopback subnet (`127.N.0.0/16`), where its guests and nothing else live.
+pub const GUEST_NETWORK: &str = "<the machine's guest network>";
 
 /// One machine the daemon runs on.
 pub struct Machine {
@@ -197,7 +200,12 @@ impl Machine {
         if let Some(ca) = client_ca {
             command.env("VK_CLIENT_CA_FILE", ca);
         }
-        command.envs(self.daemon_env.iter().map(|(k, v)| (k, v)));
+        let guests = format!("{}.0.0/16", self.sim.subnet());
+        command.envs(
+            self.daemon_env
+                .iter()
+                .map(|(k, v)| (k, if v == GUEST_NETWORK { &guests } else { v })),
+        );
         if let Some(registry) = &self.registry {
             command.env("OCI_REGISTRY", registry.host());
         }
