@@ -194,7 +194,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         prober,
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
-    let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics);
+    let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics).map_err(|e| anyhow!("{e}"))?;
     let node_name = kubelet.node_name.clone();
     let peer_server = peer_tier(
         &peer_cfg,

@@ -51,7 +51,8 @@ impl fmt::Display for Origin {
 /// A component bound to one contract version of its slot's world.
 pub(crate) enum Bound<S: PolicySlot> {
     Current(S::Pre),
-    V0_1(S::LegacyPre),
+    V0_1(S::V0_1Pre),
+    V0_2(S::V0_2Pre),
 }
 
 /// The component-model layer marker in a binary's header (a core module has version 1).
@@ -119,13 +120,18 @@ pub(crate) fn bind<S: PolicySlot>(
     // against the slot's world, so a component with the right names but the wrong signatures
     // is refused here, not at its first decision.
     let bound = match version {
-        ContractVersion::V0_2_0 => {
+        ContractVersion::V0_3_0 => {
             let pre = S::Pre::new(pre).map_err(mismatch)?;
             trial(engine, &pre).map_err(mismatch)?;
             Bound::Current(pre)
         }
+        ContractVersion::V0_2_0 => {
+            let pre = S::V0_2Pre::new(pre).map_err(mismatch)?;
+            trial(engine, &pre).map_err(mismatch)?;
+            Bound::V0_2(pre)
+        }
         ContractVersion::V0_1_0 => {
-            let pre = S::LegacyPre::new(pre).map_err(mismatch)?;
+            let pre = S::V0_1Pre::new(pre).map_err(mismatch)?;
             trial(engine, &pre).map_err(mismatch)?;
             Bound::V0_1(pre)
         }

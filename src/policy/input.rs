@@ -129,6 +129,7 @@ pub fn facts_for<S: PolicySlot>(input: &DecisionInput) -> Result<S::Facts, Strin
     }
     let mut merged = to_contract_json(&defaults);
     merge_contract(&mut merged, &input.host);
+    S::fill_added_fields(&mut merged);
     let facts: S::Facts = serde_path_to_error::deserialize(rename_keys(merged.clone(), '-', '_')).map_err(|e| {
         let at = rename_keys_in_path(&e.path().to_string());
         format!("host facts for slot {}: {} (at {at})", S::SLOT, e.inner())
@@ -235,8 +236,10 @@ host:
             f.evidence,
             HibernateEvidence::Found(FoundEvidence {
                 source: EvidenceSource::Registry,
-                recorded_image: "a:b".into()
-            })
+                recorded_image: "a:b".into(),
+                recorded_owner: String::new(),
+            }),
+            "a field added since the case was written (recorded-owner, 0.3.0) defaults to empty"
         );
         let mut value = serde_json::json!({"evidence": {"Found": {"source": "Registry"}}});
         merge_contract(&mut value, &serde_json::json!({"evidence": {"Unavailable": "503"}}));

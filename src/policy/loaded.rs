@@ -77,7 +77,10 @@ impl<S: PolicySlot> LoadedPolicy<S> {
                 .map(Ok),
             Bound::V0_1(pre) => pre
                 .instantiate(&mut store)
-                .and_then(|world| S::call_legacy(&world, &mut store, facts)),
+                .and_then(|world| S::call_v0_1(&world, &mut store, facts)),
+            Bound::V0_2(pre) => pre
+                .instantiate(&mut store)
+                .and_then(|world| S::call_v0_2(&world, &mut store, facts)),
         };
         let invalid = |detail| DecisionError::InvalidDecision { slot: S::SLOT, detail };
         let decision = answer

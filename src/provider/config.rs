@@ -20,6 +20,11 @@ pub struct ProviderConfig {
     pub orphan_policy: OrphanPolicy,
     /// `COCOON_ROOT_DIR`: where cocoon keeps a VM's run dir (the cloud-image overlay is read there).
     pub root_dir: PathBuf,
+    /// `VK_STATE_DIR`: what the daemon keeps across restarts (which pod holds each VM name);
+    /// `None` keeps it in memory only.
+    pub state_dir: Option<PathBuf>,
+    /// `VK_CLONE_FROM_DIR_ROOTS`: where a clone-from-dir may point.
+    pub clone_roots: super::clone_roots::CloneRoots,
     /// The cocoon-macos path's node settings.
     pub macos: super::macos::MacosSettings,
     pub timings: Timings,
@@ -42,6 +47,14 @@ pub struct ProviderArgs {
           value_parser = parser("VK_SNAPSHOT_RECLAIM_INTERVAL", "a duration such as 600s, 10m or 1h (0 turns the reclaimer off)",
                                 |v| parse_interval(v).map(Every).ok_or_else(|| "not a duration".to_string())))]
     pub snapshot_reclaim_interval: Every,
+    /// What the daemon keeps across restarts: which pod holds each VM name (default <COCOON_ROOT_DIR>/vk-state)
+    #[arg(long, env = "VK_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Directories a clone-from-dir annotation may point below, comma-separated, or none (default <COCOON_ROOT_DIR>/exports)
+    #[arg(long, env = "VK_CLONE_FROM_DIR_ROOTS", value_name = "DIRS",
+          value_parser = parser("VK_CLONE_FROM_DIR_ROOTS", "absolute directories separated by commas, or none",
+                                super::clone_roots::CloneRoots::parse))]
+    pub clone_from_dir_roots: Option<super::clone_roots::CloneRoots>,
     #[command(flatten)]
     pub macos: super::macos::MacosArgs,
 }
@@ -60,6 +73,11 @@ impl ProviderConfig {
             restore_mode: args.restore_mode,
             orphan_policy: args.orphan_policy,
             root_dir: root_dir.to_path_buf(),
+            state_dir: Some(args.state_dir.clone().unwrap_or_else(|| root_dir.join("vk-state"))),
+            clone_roots: args
+                .clone_from_dir_roots
+                .clone()
+                .unwrap_or_else(|| super::clone_roots::CloneRoots::default_for(root_dir)),
             timings: Timings {
                 reclaim_interval: args.snapshot_reclaim_interval.0,
                 ..Timings::default()

@@ -17,8 +17,10 @@ use super::guest::Finish;
 use super::hibernate::{SavedGuest, saved_guest};
 use super::invariants;
 use super::lifecycle::LifecycleState;
+use super::ownership;
 use crate::kubelet::{Next, ProviderError};
-use crate::model::{VmSpec, pod_facts, vm_spec};
+use crate::model::vm_spec::VmSpecError;
+use crate::model::{RuntimeAnnotations, VmSpec, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::BootMode;
 use crate::runtime::VmRecord;
@@ -28,17 +30,29 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     let key = facts.key();
     let uid = facts.uid.clone();
 
-    // 1. The VM spec.
-    let spec = match vm_spec::require_vm_name(vm_spec::of_pod(pod)) {
+    // 1. The VM spec: it names the VM, and every name and id it hands cocoon follows cocoon's
+    // rules (nothing runs for a pod that names a path or a command).
+    let runtime = RuntimeAnnotations::of_pod(pod);
+    let checked = vm_spec::require_vm_name(vm_spec::of_pod(pod))
+        .and_then(|spec| vm_spec::check_names(&spec, &runtime.vm_id).map(|()| spec));
+    let spec = match checked {
         Ok(spec) => spec,
         Err(e) => {
-            p.metrics.lifecycle("create", "skipped", "missing_vmname");
-            let message = format!("pod {key} missing vm.cocoonstack.io/name annotation ({e})");
+            let (reason, result, label, message) = match &e {
+                VmSpecError::MissingVmName => (
+                    "MissingVMName",
+                    "skipped",
+                    "missing_vmname",
+                    format!("pod {key} missing vm.cocoonstack.io/name annotation ({e})"),
+                ),
+                _ => ("InvalidVMSpec", "failed", "invalid_vm_spec", format!("pod {key}: {e}")),
+            };
+            p.metrics.lifecycle("create", result, label);
             p.state.track(&key, pod, "");
-            p.fail_op(pod, &key, "MissingVMName", "create", &message).await;
+            p.fail_op(pod, &key, reason, "create", &message).await;
             p.state.untrack(&key, &uid);
             return Err(ProviderError::Rejected {
-                reason: "MissingVMName".into(),
+                reason: reason.into(),
                 message,
             });
         }
@@ -66,8 +80,14 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         return adopt_tracked(p, pod, &key, &spec, vm).await;
     }
 
-    // 3. Claim the incarnation.
+    // 3. Claim the incarnation. A VM another live pod holds is never this pod's: not by its
+    // name, nor (unmanaged) by a pre-assigned id or address.
     p.state.track(&key, pod, &spec.vm_name);
+    let held = ownership::refuse_held_name(p, &key, &spec.vm_name)
+        .and_then(|()| ownership::refuse_held_preassigned(p, &key, &spec, &runtime.vm_id, &runtime.ip));
+    if let Err(f) = held {
+        return fail_create(p, &key, pod, false, f).await;
+    }
     // 1. (lifecycle document) os=macos pods branch to the self-contained cocoon-macos path.
     if super::macos::is_macos(&spec) {
         return super::macos::create(p, pod, &key, &spec, facts).await;

@@ -44,13 +44,17 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
     }
     let spec = vm_spec::of_pod(pod);
     let vm_name = spec.vm_name.clone();
+    // Only what the pod holds is its to destroy: a VM, snapshots or hibernated state under a
+    // name another pod holds (or nobody) are left alone, whatever this pod's annotations say.
+    let holds = !vm_name.is_empty() && p.state.holds(key, &vm_name);
     // Nothing else acts on a pod being deleted: no probe flips, no guest work.
     p.state.stop_guest_work(key);
     p.probes.forget(key, Some(&uid));
 
     if !spec.managed {
-        // Decision 8: unmanaged VMs belong to someone else; only forget the pod.
+        // Unmanaged VMs belong to someone else; only forget the pod (and its hold on the name).
         p.state.forget(key, &uid, "");
+        p.state.release_name(key, &vm_name);
         p.metrics.lifecycle("delete", "ok", "");
         p.notify(key);
         return Ok(());
@@ -61,11 +65,12 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
     let keep = spec.keep_snapshot_on_delete;
     let vm = tracked
         .and_then(|t| t.vm)
-        .or_else(|| (!vm_name.is_empty()).then(|| p.state.vm_by_name(&vm_name)).flatten());
+        .or_else(|| holds.then(|| p.state.vm_by_name(&vm_name)).flatten());
 
     let Some(vm) = vm else {
-        if !keep && !vm_name.is_empty() {
+        if !keep && holds {
             drop_snapshots(p, &vm_name).await;
+            p.state.release_name(key, &vm_name);
         }
         p.state.forget(key, &uid, &vm_name);
         p.metrics
@@ -160,8 +165,11 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
         return Err(kept(p, pod, key, &vm.id, format!("remove vm {}: {e}", vm.id)));
     }
     p.release_leases(&vm).await;
+    // A seat release keeps the snapshots, and with them the pod's hold on the name: the pod
+    // recreated to wake is the same holder.
     if !keep {
         drop_snapshots(p, &vm_name).await;
+        p.state.release_name(key, &vm_name);
     }
     p.state.forget(key, &uid, &vm_name);
     p.metrics.lifecycle("delete", "ok", "");

@@ -72,6 +72,7 @@ pub fn event_reason(event: EventReason) -> &'static str {
         EventReason::CpuClassAdmissionPolicyFailed => "CPUClassAdmissionPolicyFailed",
         EventReason::ResourceTranslationPolicyFailed => "ResourceTranslationPolicyFailed",
         EventReason::PostClonePolicyFailed => "PostClonePolicyFailed",
+        EventReason::VmOwnedByAnotherPod => super::ownership::VM_OWNED_BY_ANOTHER_POD,
     }
 }
 

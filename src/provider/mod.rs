@@ -19,6 +19,7 @@
 
 mod background;
 mod bring_up;
+pub mod clone_roots;
 pub mod cocoon_net;
 pub mod config;
 mod create;
@@ -33,6 +34,7 @@ mod invariants;
 pub mod lifecycle;
 pub mod macos;
 pub mod metrics;
+mod ownership;
 pub mod plan;
 pub mod ports;
 pub mod probe;
@@ -109,15 +111,30 @@ pub struct CocoonProvider {
 }
 
 impl CocoonProvider {
-    pub fn new(cfg: ProviderConfig, ports: Ports, policies: Arc<Policies>, metrics: ProviderMetrics) -> Arc<Self> {
+    /// The provider, with the VM name holders kept in `cfg.state_dir` (an error when that
+    /// directory cannot be made or read: the daemon must not run without knowing who holds what).
+    pub fn new(
+        cfg: ProviderConfig,
+        ports: Ports,
+        policies: Arc<Policies>,
+        metrics: ProviderMetrics,
+    ) -> Result<Arc<Self>, String> {
+        let holders = match &cfg.state_dir {
+            Some(dir) => {
+                let dir = dir.join("vm-holders");
+                table::Holders::open(&dir)
+                    .map_err(|e| format!("the VM holder records in {}: {e} (VK_STATE_DIR)", dir.display()))?
+            }
+            None => table::Holders::default(),
+        };
         let probes = Probes::new(ports.prober.clone(), cfg.timings.probe, metrics.probe_duration.clone());
         let vnc = macos::vnc::VncPorts::new(cfg.macos.vnc_ports.clone());
-        Arc::new_cyclic(|me| Self {
+        Ok(Arc::new_cyclic(|me| Self {
             vnc,
             cfg,
             ports,
             policies,
-            state: Table::default(),
+            state: Table::with_holders(holders),
             metrics,
             probes,
             notifier: OnceLock::new(),
@@ -127,7 +144,7 @@ impl CocoonProvider {
             vm_prefetch: Default::default(),
             closing: CancellationToken::new(),
             me: me.clone(),
-        })
+        }))
     }
 
     /// The provider as an `Arc`, for work that outlives the current call.

@@ -17,6 +17,8 @@ pub use vk_policy_support::naming::{
 
 /// Manifest annotation recording the image a snapshot was taken from.
 pub use crate::registry::media::ANN_BASEIMAGE as BASE_IMAGE_ANNOTATION;
+/// Manifest annotation recording the pod (`<namespace>/<pod>`) whose VM state a push holds.
+pub const OWNER_ANNOTATION: &str = "cocoonstack.snapshot.owner";
 
 /// Local name a `:hibernate` pull is imported under.
 pub fn hibernate_import_name(vm: &str) -> String {
@@ -44,17 +46,20 @@ pub fn registry_evidence<E: std::fmt::Display>(
         Ok(Some(annotations)) => HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::Registry,
             recorded_image: annotations.get(BASE_IMAGE_ANNOTATION).cloned().unwrap_or_default(),
+            recorded_owner: annotations.get(OWNER_ANNOTATION).cloned().unwrap_or_default(),
         }),
         Err(e) => HibernateEvidence::Unavailable(e.to_string()),
     }
 }
 
-/// Evidence on a registry-less node: a local snapshot named after the VM.
-pub fn local_evidence(lookup: &Result<SnapshotRecord, RuntimeError>) -> HibernateEvidence {
+/// Evidence on a registry-less node: a local snapshot named after the VM; `holder` is who holds
+/// that VM name here (`<namespace>/<pod>`, "" when nobody).
+pub fn local_evidence(lookup: &Result<SnapshotRecord, RuntimeError>, holder: String) -> HibernateEvidence {
     match lookup {
         Ok(_) => HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::LocalSnapshot,
             recorded_image: String::new(),
+            recorded_owner: holder,
         }),
         Err(e) if e.is_snapshot_not_found() || e.is_not_found() => HibernateEvidence::None,
         Err(e) => HibernateEvidence::Unavailable(e.to_string()),
@@ -220,13 +225,17 @@ mod tests {
     use crate::runtime::parse::{Nic, NicNetwork};
 
     #[test]
-    fn registry_evidence_reads_the_recorded_image() {
-        let a = BTreeMap::from([(BASE_IMAGE_ANNOTATION.to_string(), "img:1".to_string())]);
+    fn registry_evidence_reads_the_recorded_image_and_owner() {
+        let a = BTreeMap::from([
+            (BASE_IMAGE_ANNOTATION.to_string(), "img:1".to_string()),
+            (OWNER_ANNOTATION.to_string(), "team-a/web-0".to_string()),
+        ]);
         assert_eq!(
             registry_evidence::<String>(Ok(Some(&a))),
             HibernateEvidence::Found(FoundEvidence {
                 source: EvidenceSource::Registry,
-                recorded_image: "img:1".into()
+                recorded_image: "img:1".into(),
+                recorded_owner: "team-a/web-0".into(),
             })
         );
         assert_eq!(registry_evidence::<String>(Ok(None)), HibernateEvidence::None);
@@ -235,7 +244,8 @@ mod tests {
             registry_evidence::<String>(Ok(Some(&legacy))),
             HibernateEvidence::Found(FoundEvidence {
                 source: EvidenceSource::Registry,
-                recorded_image: String::new()
+                recorded_image: String::new(),
+                recorded_owner: String::new(),
             })
         );
         assert!(matches!(registry_evidence(Err("503")), HibernateEvidence::Unavailable(error) if error == "503"));
@@ -248,16 +258,19 @@ mod tests {
             reference: "v".into(),
             stderr: String::new(),
         });
-        assert_eq!(local_evidence(&nf), HibernateEvidence::None);
+        assert_eq!(local_evidence(&nf, String::new()), HibernateEvidence::None);
         let boom = Err(RuntimeError::Command {
             verb: "snapshot inspect".into(),
             code: Some(1),
             stderr: "db locked".into(),
         });
-        assert!(matches!(local_evidence(&boom), HibernateEvidence::Unavailable(_)));
         assert!(matches!(
-            local_evidence(&Ok(SnapshotRecord::default())),
-            HibernateEvidence::Found(_)
+            local_evidence(&boom, String::new()),
+            HibernateEvidence::Unavailable(_)
+        ));
+        assert!(matches!(
+            local_evidence(&Ok(SnapshotRecord::default()), "ns/p".into()),
+            HibernateEvidence::Found(FoundEvidence { recorded_owner, .. }) if recorded_owner == "ns/p"
         ));
     }
 

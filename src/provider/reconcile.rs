@@ -90,34 +90,66 @@ pub enum PodMatch {
 }
 
 /// Matches every pod to the listed VMs; returns the per-pod outcome and the VMs nobody claimed.
-pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)>, Vec<VmRecord>) {
+///
+/// A pod's annotations are its own to write, so they are not enough to claim a VM:
+/// - a VM whose name `holder` says another pod holds is never matched to this pod;
+/// - an `id` match needs the VM to carry the pod's VM name too (or no name at all: very old
+///   cocoon), so an `id` copied from another pod matches nothing;
+/// - a VM goes to one pod: `id` matches first, then name matches of the VMs still free.
+pub fn match_pods(
+    pods: &[PodView],
+    vms: &[VmRecord],
+    holder: impl Fn(&str) -> Option<String>,
+) -> (Vec<(String, PodMatch)>, Vec<VmRecord>) {
     let by_id: HashMap<&str, &VmRecord> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
     let by_name: HashMap<&str, &VmRecord> = vms
         .iter()
         .filter(|v| !v.name().is_empty())
         .map(|v| (v.name(), v))
         .collect();
-    let mut claimed: HashSet<String> = HashSet::new();
-    let mut out = Vec::new();
-    for pod in pods {
-        let m = if pod.vm_id.is_empty() {
-            match by_name.get(pod.vm_name.as_str()).filter(|_| !pod.vm_name.is_empty()) {
-                Some(vm) => PodMatch::ByName((*vm).clone()),
-                None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: false },
-                None => PodMatch::Skip { stale_id: false },
-            }
+    let may_hold = |pod: &PodView, vm: &VmRecord| {
+        let name = if vm.name().is_empty() {
+            pod.vm_name.as_str()
         } else {
-            match by_id.get(pod.vm_id.as_str()) {
-                Some(vm) => PodMatch::ById((*vm).clone()),
-                None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: true },
-                None => PodMatch::Skip { stale_id: true },
-            }
+            vm.name()
         };
-        if let PodMatch::ById(vm) | PodMatch::ByName(vm) = &m {
-            claimed.insert(vm.id.clone());
-        }
-        out.push((pod.key.clone(), m));
+        holder(name).is_none_or(|key| key == pod.key)
+    };
+    let mut claimed: HashSet<String> = HashSet::new();
+    let mut out: Vec<Option<PodMatch>> = vec![None; pods.len()];
+    for (i, pod) in pods.iter().enumerate().filter(|(_, p)| !p.vm_id.is_empty()) {
+        let found = by_id
+            .get(pod.vm_id.as_str())
+            .filter(|vm| vm.name().is_empty() || vm.name() == pod.vm_name)
+            .filter(|vm| may_hold(pod, vm) && !claimed.contains(&vm.id));
+        out[i] = Some(match found {
+            Some(vm) => {
+                claimed.insert(vm.id.clone());
+                PodMatch::ById((*vm).clone())
+            }
+            None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: true },
+            None => PodMatch::Skip { stale_id: true },
+        });
     }
+    for (i, pod) in pods.iter().enumerate().filter(|(_, p)| p.vm_id.is_empty()) {
+        let found = by_name
+            .get(pod.vm_name.as_str())
+            .filter(|_| !pod.vm_name.is_empty())
+            .filter(|vm| may_hold(pod, vm) && !claimed.contains(&vm.id));
+        out[i] = Some(match found {
+            Some(vm) => {
+                claimed.insert(vm.id.clone());
+                PodMatch::ByName((*vm).clone())
+            }
+            None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: false },
+            None => PodMatch::Skip { stale_id: false },
+        });
+    }
+    let out = pods
+        .iter()
+        .zip(out)
+        .map(|(pod, m)| (pod.key.clone(), m.expect("every pod is matched in one of the passes")))
+        .collect();
     // A pod without an id whose VM was not listed under its name may still be being created;
     // its name also protects a same-named VM.
     let names: HashSet<&str> = pods
@@ -127,7 +159,7 @@ pub fn match_pods(pods: &[PodView], vms: &[VmRecord]) -> (Vec<(String, PodMatch)
         .collect();
     let orphans = vms
         .iter()
-        .filter(|v| !claimed.contains(&v.id) && !names.contains(v.name()))
+        .filter(|v| !claimed.contains(&v.id) && !names.contains(v.name()) && holder(v.name()).is_none())
         .cloned()
         .collect();
     (out, orphans)
@@ -293,7 +325,7 @@ mod tests {
             pod("ns/e", "vm-e", "", true),
             pod("ns/f", "vm-f", "", false),
         ];
-        let (m, orphans) = match_pods(&pods, &vms);
+        let (m, orphans) = match_pods(&pods, &vms, |_| None);
         assert_eq!(m[0].1, PodMatch::ById(vms[0].clone()));
         assert_eq!(m[1].1, PodMatch::ByName(vms[1].clone()));
         assert_eq!(m[2].1, PodMatch::Skip { stale_id: true });
@@ -302,6 +334,35 @@ mod tests {
         assert_eq!(m[5].1, PodMatch::Skip { stale_id: false });
         let ids: Vec<&str> = orphans.iter().map(|v| v.id.as_str()).collect();
         assert_eq!(ids, vec!["id-x", "id-h"]);
+    }
+
+    #[test]
+    fn a_pod_claims_only_a_vm_it_may_hold_and_a_vm_goes_to_one_pod() {
+        let vms = vec![vm("id-a", "vm-a"), vm("id-b", "vm-b"), vm("id-x", "vm-x")];
+        let holders = BTreeMap::from([("vm-a", "ns/a"), ("vm-x", "gone/x")]);
+        let pods = vec![
+            // The holder's pod, by id.
+            pod("ns/a", "vm-a", "id-a", false),
+            // Another tenant copying its id (and naming the VM): nothing.
+            pod("evil/p", "vm-a", "id-a", false),
+            // ... or naming it without an id: nothing either.
+            pod("evil/q", "vm-a", "", false),
+            // An id whose VM carries another name: not this pod's VM.
+            pod("evil/r", "vm-r", "id-b", false),
+            // vm-b is unheld (an upgrade from a daemon that kept no holders): first by id wins,
+            // then by name, and a VM goes to one pod only.
+            pod("ns/b", "vm-b", "", false),
+            pod("ns/b2", "vm-b", "", false),
+        ];
+        let (m, orphans) = match_pods(&pods, &vms, |name| holders.get(name).map(|k| k.to_string()));
+        assert_eq!(m[0].1, PodMatch::ById(vms[0].clone()));
+        assert_eq!(m[1].1, PodMatch::Skip { stale_id: true });
+        assert_eq!(m[2].1, PodMatch::Skip { stale_id: false });
+        assert_eq!(m[3].1, PodMatch::Skip { stale_id: true });
+        assert_eq!(m[4].1, PodMatch::ByName(vms[1].clone()));
+        assert_eq!(m[5].1, PodMatch::Skip { stale_id: false });
+        // vm-x is held by a pod that is gone: kept for the policy to rule on, never an orphan.
+        assert!(orphans.is_empty(), "{orphans:?}");
     }
 
     #[test]

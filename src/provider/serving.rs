@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use crate::kubelet_api::source::{PodSource, PodVm};
+use crate::runtime::VmRecord;
 use crate::stats::{VmTarget, VmTargets};
 
 /// The container name stats are reported under: the pod's first container.
@@ -24,6 +25,50 @@ fn start_time(pod: &Pod) -> Option<SystemTime> {
     Some(SystemTime::from(t.0))
 }
 
+impl CocoonProvider {
+    /// Another pod's VM that pod `key`'s VM record reaches now, by cocoon's ref resolution of its
+    /// id or by its guest address. Only an unmanaged pod's record can (its id and address are
+    /// the operator's words, and a VM of that name or address may have come up since the pod
+    /// adopted them); a managed pod's record is what cocoon reported for its own VM.
+    fn reaches_foreign_vm(&self, key: &str, pod: &Pod, vm: &VmRecord, ip: &str) -> Option<String> {
+        if crate::model::vm_spec::of_pod(pod).managed {
+            return None;
+        }
+        if let Some(name) = self.state.foreign_vm_of_ref(&vm.id, key) {
+            return Some(name);
+        }
+        let mut hit = None;
+        self.state.for_each_foreign_vm(key, |name, other| {
+            if hit.is_none() && !ip.is_empty() && self.resolve_ip(other) == ip {
+                hit = Some(name.to_string());
+            }
+        });
+        hit
+    }
+
+    /// Pod `key`'s VM when it reaches no other pod's: the kubelet API and the stats serve it.
+    /// A record that reaches another pod's VM is served as none, with a Warning Event.
+    fn own_vm(&self, key: &str, pod: &Pod, vm: VmRecord, why: &str) -> Option<(VmRecord, String)> {
+        let ip = self.resolve_ip(&vm);
+        match self.reaches_foreign_vm(key, pod, &vm, &ip) {
+            None => Some((vm, ip)),
+            Some(other) => {
+                tracing::warn!(pod = %key, vm = %vm.id, %other, %why, "refused: the pod's VM record reaches another pod's vm");
+                self.ports.events.record(
+                    pod,
+                    true,
+                    super::ownership::VM_OWNED_BY_ANOTHER_POD,
+                    format!(
+                        "{why}: the pre-assigned vm.cocoonstack.io/id {:?} / ip {ip:?} reach vm {other}, which another pod holds; refused",
+                        vm.id
+                    ),
+                );
+                None
+            }
+        }
+    }
+}
+
 impl PodSource for CocoonProvider {
     fn pods(&self) -> Vec<Pod> {
         let mut out = Vec::new();
@@ -33,13 +78,16 @@ impl PodSource for CocoonProvider {
     }
 
     fn pod(&self, namespace: &str, name: &str) -> Option<(Arc<Pod>, Option<PodVm>)> {
-        let t = self.state.tracked(&format!("{namespace}/{name}"))?;
-        let vm = t.vm.map(|vm| PodVm {
-            ip: self.resolve_ip(&vm).parse().ok(),
-            id: vm.id,
-            hypervisor: vm.hypervisor,
-            pid: vm.pid,
-        });
+        let key = format!("{namespace}/{name}");
+        let t = self.state.tracked(&key)?;
+        let vm =
+            t.vm.and_then(|vm| self.own_vm(&key, &t.pod, vm, "kubelet API"))
+                .map(|(vm, ip)| PodVm {
+                    ip: ip.parse().ok(),
+                    id: vm.id,
+                    hypervisor: vm.hypervisor,
+                    pid: vm.pid,
+                });
         Some((t.pod, vm))
     }
 }
@@ -47,8 +95,13 @@ impl PodSource for CocoonProvider {
 impl VmTargets for CocoonProvider {
     fn vm_targets(&self) -> Vec<VmTarget> {
         let mut out = Vec::new();
+        // Unmanaged pods' records are checked after the table's lock is let go.
+        let mut unmanaged: Vec<(usize, String, Arc<Pod>, VmRecord)> = Vec::new();
         self.state.for_each_tracked(|key, t, vm| {
             let Some(vm) = vm else { return };
+            if !crate::model::vm_spec::of_pod(&t.pod).managed {
+                unmanaged.push((out.len(), key.to_string(), t.pod.clone(), vm.clone()));
+            }
             let (namespace, pod) = key.split_once('/').unwrap_or(("", key));
             out.push(VmTarget {
                 namespace: namespace.to_string(),
@@ -71,6 +124,14 @@ impl VmTargets for CocoonProvider {
                 pod_start: start_time(&t.pod),
             });
         });
+        let foreign: Vec<usize> = unmanaged
+            .into_iter()
+            .filter(|(_, key, pod, vm)| self.reaches_foreign_vm(key, pod, vm, &self.resolve_ip(vm)).is_some())
+            .map(|(i, ..)| i)
+            .collect();
+        for i in foreign.into_iter().rev() {
+            out.remove(i);
+        }
         out
     }
 }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::CocoonProvider;
 use super::lifecycle::Intent;
 use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
+use super::table::NameClaim;
 use crate::kubelet::ProviderError;
 use crate::model::{RuntimeAnnotations, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
@@ -92,7 +93,9 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
             }
         })
         .collect();
-    let (matches, orphans) = reconcile::match_pods(&views, &settled);
+    let (matches, orphans) = reconcile::match_pods(&views, &settled, |name| {
+        p.state.holder_of(name).map(|(h, _)| h.key().to_string())
+    });
     let mut owed: Vec<(Arc<Pod>, String)> = Vec::new();
     let mut claimed: HashSet<String> = HashSet::new();
     for ((pkey, m), (pod, view)) in matches.into_iter().zip(pods.iter().zip(views.iter())) {
@@ -107,6 +110,18 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
         if !view.managed {
             // Unmanaged pods: the operator's pre-written runtime is the VM.
             continue;
+        }
+        // A pod adopts only a VM name it holds, or that nobody holds (it takes it then). Which
+        // pods exist is not settled while this loop runs, so a name another pod holds is left
+        // to that pod, or to the bring-up policy at CreatePod if that pod is gone.
+        if matches!(m, PodMatch::ById(_) | PodMatch::ByName(_) | PodMatch::Hibernated { .. }) {
+            if let NameClaim::Other { holder, .. } = p.state.name_claim(&view.vm_name, &pkey) {
+                tracing::warn!(pod = %pkey, vm = %view.vm_name, holder = %holder.key(), "not adopting a vm name another pod holds");
+                continue;
+            }
+            if p.state.take_name(&view.vm_name, &pkey, &uid).is_err() {
+                continue;
+            }
         }
         match m {
             PodMatch::ById(vm) => {

@@ -90,7 +90,7 @@ impl HostPaths {
     pub fn cpu_stat(&self, vm_id: &str) -> PathBuf {
         self.cgroup_root
             .join(&self.cgroup_parent)
-            .join(format!("vm-{vm_id}.scope"))
+            .join(format!("vm-{}.scope", id_component(vm_id)))
             .join("cpu.stat")
     }
 
@@ -105,7 +105,7 @@ impl HostPaths {
 
     /// The VM's run directory.
     pub fn vm_run_dir(&self, hypervisor: &str, vm_id: &str) -> PathBuf {
-        self.run_dir.join(backend_dir(hypervisor)).join(vm_id)
+        self.run_dir.join(backend_dir(hypervisor)).join(id_component(vm_id))
     }
 
     /// The COW disk candidates, in cocoon's order: a cloud image's `overlay.qcow2` (not on
@@ -127,7 +127,10 @@ impl HostPaths {
         } else {
             "cloud-hypervisor.log"
         };
-        self.log_dir.join(backend_dir(hypervisor)).join(vm_id).join(file)
+        self.log_dir
+            .join(backend_dir(hypervisor))
+            .join(id_component(vm_id))
+            .join(file)
     }
 
     pub fn root_dir(&self) -> &Path {
@@ -135,9 +138,43 @@ impl HostPaths {
     }
 }
 
+/// A VM id as one path component. Ids are checked when a pod is decoded, and cocoon's are
+/// 26 base32 characters; anything else (an absolute path, `..`, a `/`) becomes a name no VM
+/// directory has, so a path built from it never leaves cocoon's directories.
+fn id_component(vm_id: &str) -> &str {
+    if crate::model::names::is_vm_id(vm_id) {
+        vm_id
+    } else {
+        "-not-a-vm-id-"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vm_id_that_is_a_path_never_leaves_cocoons_directories() {
+        let d = HostPaths::default();
+        for id in ["/tmp/x", "../../etc", "a/b", ".."] {
+            let run = d.vm_run_dir("cloud-hypervisor", id);
+            assert_eq!(
+                run,
+                PathBuf::from("/var/lib/cocoon/run/cloudhypervisor/-not-a-vm-id-"),
+                "{id}"
+            );
+            let log = d.vm_log_file("firecracker", id);
+            assert!(
+                log.starts_with("/var/log/cocoon/firecracker/-not-a-vm-id-"),
+                "{id}: {log:?}"
+            );
+            let cpu = d.cpu_stat(id);
+            assert!(
+                cpu.starts_with("/sys/fs/cgroup/cocoon.slice/vm--not-a-vm-id-.scope"),
+                "{id}: {cpu:?}"
+            );
+        }
+    }
 
     #[test]
     fn defaults_are_a_real_hosts_and_every_root_moves() {

@@ -210,6 +210,8 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         restore_mode: vk_cocoon::policy::contract::types::RestoreMode::Mmap,
         orphan_policy: OrphanPolicy::Alert,
         root_dir: env.sim_dir.path().join("cocoon-root"),
+        state_dir: Some(env.sim_dir.path().join("vk-state")),
+        clone_roots: vk_cocoon::provider::clone_roots::CloneRoots::default_for(env.sim_dir.path()),
         macos: Default::default(),
         timings: Timings {
             patch_retry: Duration::from_millis(50),
@@ -227,7 +229,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
         prober: guarded_prober(env, None),
     };
-    CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered())
+    CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()).unwrap()
 }
 
 /// Writes `n` copies of `template` (names `vm-p-<i>`, fresh ids and IPs) into the simulator's state in one update.

@@ -1,8 +1,9 @@
-//! Components built against contract 0.1.0 keep working: the five default policies exactly as
-//! the daemon embedded them at 0.1.0 (`tests/compat/v0.1.0/*.wasm`, rebuilt bit for bit by
-//! `rebuild.sh`) load, say which contract they speak, and decide every case of today's tables
-//! as the current defaults do — except the cases where 0.2.0 changed a rule on purpose, each
-//! listed below with what the 0.1.0 build still answers (what the 0.1.0 host acted on).
+//! Components built against older contracts keep working: the five default policies exactly as
+//! the daemon embedded them at 0.1.0 and at 0.2.0 (`tests/compat/v<version>/*.wasm`, rebuilt
+//! bit for bit by each folder's `rebuild.sh`) load, say which contract they speak, and decide
+//! every case of today's tables as the current defaults do — except the cases where a later
+//! contract changed a rule on purpose, each listed below with what the older build still
+//! answers (what its host acted on).
 
 use std::path::{Path, PathBuf};
 
@@ -14,18 +15,43 @@ use vk_cocoon::policy::{
     ContractVersion, LoadedPolicy, Origin, PolicyEngine, PolicySlot, SandboxLimits, Slot, SlotVisitor, with_slot,
 };
 
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/v0.1.0")
+fn dir(version: ContractVersion) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/compat/v{}", version.as_str()))
 }
 
-pub fn component(slot: Slot) -> Vec<u8> {
-    let path = dir().join(format!("{slot}.wasm"));
+pub fn component_of(version: ContractVersion, slot: Slot) -> Vec<u8> {
+    let path = dir(version).join(format!("{slot}.wasm"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The tenancy cases of 0.3.0: an older build cannot see who holds a VM, so its host keeps its
+/// plan to the pod's namespace with its own message (`policy::slots::bring_up`); the decision
+/// is the current default's.
+fn tenancy_differences() -> Vec<(Slot, &'static str, Value)> {
+    let foreign = json!({
+        "outcome": {"Refuse": {"kind": "Permanent", "event": "VmOwnedByAnotherPod"}},
+        "reason": "vm-owned-by-another-pod",
+    });
+    [
+        "a fork of another namespace's VM is refused",
+        "a VM another namespace's pod held is not adopted, even after that pod is gone",
+        "a clone of another namespace's VM state is refused",
+        "a hibernated guest another namespace pushed is not restored",
+        "an unmanaged pod does not take over another namespace's VM",
+    ]
+    .into_iter()
+    .map(|case| (Slot::BringUp, case, foreign.clone()))
+    .collect()
+}
+
+/// Where the current defaults and the 0.2.0 builds differ on purpose.
+fn differences_from_0_2_0() -> Vec<(Slot, &'static str, Value)> {
+    tenancy_differences()
 }
 
 /// Where the current defaults and the 0.1.0 builds differ on purpose: (slot, case name, what the
 /// 0.1.0 build answers, as a subset of its adapted decision).
-fn intended_differences() -> Vec<(Slot, &'static str, Value)> {
+fn differences_from_0_1_0() -> Vec<(Slot, &'static str, Value)> {
     let permanent = |event: &str| json!({"Refuse": {"kind": "Permanent", "event": event}});
     vec![
         // The current default runs managed macOS guests through cocoon-macos (behaviour spec §9);
@@ -171,11 +197,15 @@ fn intended_differences() -> Vec<(Slot, &'static str, Value)> {
             json!({"outcome": {"Snapshot": {"tag": "latest"}}, "reason": "snapshot"}),
         ),
     ]
+    .into_iter()
+    .chain(tenancy_differences())
+    .collect()
 }
 
-/// Every case of `slot`'s default table, run through the 0.1.0 build and the current default.
+/// Every case of `slot`'s default table, run through the older build and the current default.
 struct Compare<'a> {
     engine: &'a PolicyEngine,
+    version: ContractVersion,
     differences: &'a [(Slot, &'static str, Value)],
 }
 
@@ -187,10 +217,11 @@ impl SlotVisitor for Compare<'_> {
             self.engine,
             None,
             Origin::File(format!("{}.wasm", S::SLOT).into()),
-            &component(S::SLOT),
+            &component_of(self.version, S::SLOT),
         )
-        .expect("the 0.1.0 build loads");
-        assert_eq!(old.version(), ContractVersion::V0_1_0);
+        .expect("the older build loads");
+        assert_eq!(old.version(), self.version);
+        let v = self.version.as_str();
         let now = LoadedPolicy::<S>::builtin(self.engine, None).expect("the default loads");
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("policies")
@@ -216,13 +247,13 @@ impl SlotVisitor for Compare<'_> {
                 .find(|(slot, name, _)| *slot == S::SLOT && *name == case.name);
             match intended {
                 None if was != is => problems.push(format!(
-                    "{}: {}: the 0.1.0 build decided {was}, the current default {is}",
+                    "{}: {}: the {v} build decided {was}, the current default {is}",
                     S::SLOT,
                     case.name
                 )),
                 Some((_, _, old_answer)) => {
                     if let Some(diff) = subset_difference(old_answer, &was, "") {
-                        problems.push(format!("{}: {}: the 0.1.0 build: {diff}", S::SLOT, case.name));
+                        problems.push(format!("{}: {}: the {v} build: {diff}", S::SLOT, case.name));
                     }
                     if was == is {
                         problems.push(format!(
@@ -239,22 +270,23 @@ impl SlotVisitor for Compare<'_> {
     }
 }
 
-#[test]
-fn the_0_1_0_builds_are_the_committed_reproducible_bytes() {
-    let sums = std::fs::read_to_string(dir().join("SHA256SUMS")).unwrap();
+fn the_builds_are_the_committed_reproducible_bytes(version: ContractVersion) {
+    let sums = std::fs::read_to_string(dir(version).join("SHA256SUMS")).unwrap();
     for slot in Slot::ALL {
         let want = sums
             .lines()
             .find_map(|l| l.strip_suffix(&format!("  {slot}.wasm")))
             .unwrap_or_else(|| panic!("SHA256SUMS lists {slot}.wasm"));
-        assert_eq!(hex::encode(Sha256::digest(component(slot))), want, "{slot}");
+        assert_eq!(
+            hex::encode(Sha256::digest(component_of(version, slot))),
+            want,
+            "{version} {slot}"
+        );
     }
 }
 
-#[test]
-fn the_0_1_0_defaults_load_and_decide_as_the_current_defaults_except_where_0_2_0_changed_a_rule() {
+fn the_builds_decide_as_the_current_defaults(version: ContractVersion, differences: &[(Slot, &'static str, Value)]) {
     let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
-    let differences = intended_differences();
     let mut problems = Vec::new();
     let mut compared = 0;
     for slot in Slot::ALL {
@@ -262,7 +294,8 @@ fn the_0_1_0_defaults_load_and_decide_as_the_current_defaults_except_where_0_2_0
             slot,
             Compare {
                 engine: &engine,
-                differences: &differences,
+                version,
+                differences,
             },
         );
         compared += cases;
@@ -270,4 +303,20 @@ fn the_0_1_0_defaults_load_and_decide_as_the_current_defaults_except_where_0_2_0
     }
     assert!(compared > 100, "every default table was compared ({compared} cases)");
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_0_1_0_and_0_2_0_builds_are_the_committed_reproducible_bytes() {
+    the_builds_are_the_committed_reproducible_bytes(ContractVersion::V0_1_0);
+    the_builds_are_the_committed_reproducible_bytes(ContractVersion::V0_2_0);
+}
+
+#[test]
+fn the_0_1_0_defaults_load_and_decide_as_the_current_defaults_except_where_a_later_contract_changed_a_rule() {
+    the_builds_decide_as_the_current_defaults(ContractVersion::V0_1_0, &differences_from_0_1_0());
+}
+
+#[test]
+fn the_0_2_0_defaults_load_and_decide_as_the_current_defaults_except_where_0_3_0_changed_a_rule() {
+    the_builds_decide_as_the_current_defaults(ContractVersion::V0_2_0, &differences_from_0_2_0());
 }

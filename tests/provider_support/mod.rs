@@ -305,6 +305,9 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
             .root_dir
             .clone()
             .unwrap_or_else(|| env.sim_dir.path().join("cocoon-root")),
+        // Kept beside the simulator's state: a restarted daemon of the same Env finds it.
+        state_dir: Some(env.sim_dir.path().join("vk-state")),
+        clone_roots: vk_cocoon::provider::clone_roots::CloneRoots::default_for(env.sim_dir.path()),
         macos: opts.macos.clone(),
         timings: opts.timings.clone(),
     };
@@ -321,7 +324,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
         prober: guarded_prober(env, opts.prober.clone()),
     };
-    CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered())
+    CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()).unwrap()
 }
 
 /// The prober every test daemon gets: `inner` (default: the real `NetProber`) behind the

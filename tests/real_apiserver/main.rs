@@ -32,3 +32,4 @@ mod preflight;
 mod restart;
 mod streaming;
 mod streaming_direct;
+mod tenancy;

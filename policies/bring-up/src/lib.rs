@@ -6,6 +6,12 @@
 //! evidence) behind its guards; then the fresh paths: clone-from-dir, fork, run, clone. A
 //! hibernated guest is never overwritten by a fresh boot: missing or unavailable evidence for a
 //! managed pod fails closed.
+//!
+//! Tenancy: whatever the row, a plan that reaches a VM (or its saved state) held by a pod of
+//! another namespace is refused (`VMOwnedByAnotherPod`): the namespace is the tenant line, as
+//! Kubernetes' own authorization draws it. Within a namespace the operator's flows work as they
+//! are (sub-agents forking their main agent, a released seat woken by its recreated pod). A
+//! single-tenant node that wants otherwise swaps this policy.
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 
@@ -26,7 +32,7 @@ wit_bindgen::generate!({
 });
 
 use cocoonstack::vk_policy::types::{
-    Backend, BootMode, EventReason, GuestOs, Refusal, RefusalKind, RestoreMode, VmSpec,
+    Backend, BootMode, EventReason, GuestOs, Holder, Refusal, RefusalKind, RestoreMode, VmSpec,
 };
 pub use exports::cocoonstack::vk_policy::bring_up::{
     CloneFromDirPlan, CloneOptions, ClonePlan, Decision, EvidenceSource, Facts, ForkPlan, HibernateEvidence, Outcome,
@@ -49,6 +55,52 @@ impl exports::cocoonstack::vk_policy::bring_up::Guest for Policy {
 export!(Policy);
 
 pub fn decide(facts: &Facts) -> Decision {
+    let decision = choose(facts);
+    match &decision.outcome {
+        Outcome::Proceed(plan) => match foreign_holder(facts, plan) {
+            Some(holder) => refuse(
+                RefusalKind::Permanent,
+                EventReason::VmOwnedByAnotherPod,
+                "vm-owned-by-another-pod",
+                format!(
+                    "vm {}: the plan ({}) would reach a VM held by pod {holder} of another namespace; a pod may only use the VMs of its own namespace",
+                    facts.spec.vm_name, decision.reason
+                ),
+            ),
+            None => decision,
+        },
+        Outcome::Refuse(_) => decision,
+    }
+}
+
+/// The pod of another namespace whose VM (or saved state) `plan` reaches, as `namespace/pod`.
+fn foreign_holder(facts: &Facts, plan: &Plan) -> Option<String> {
+    let namespace = facts.pod.namespace.as_str();
+    let foreign = |holder: &Option<Holder>| {
+        holder
+            .as_ref()
+            .filter(|h| h.namespace != namespace)
+            .map(|h| format!("{}/{}", h.namespace, h.pod))
+    };
+    let recorded = || match &facts.evidence {
+        HibernateEvidence::Found(found) => {
+            let owner = found.recorded_owner.as_str();
+            let owner_namespace = owner.split('/').next().unwrap_or_default();
+            (!owner.is_empty() && owner_namespace != namespace).then(|| String::from(owner))
+        }
+        _ => None,
+    };
+    let source = match plan {
+        Plan::AdoptUnmanaged(_) => foreign(&facts.preassigned_holder),
+        Plan::Fork(_) => foreign(&facts.fork_source_holder),
+        Plan::Clone(_) => foreign(&facts.image_holder),
+        Plan::RestoreFromHibernate(_) => recorded(),
+        Plan::AdoptExisting(_) | Plan::CloneFromDir(_) | Plan::Run(_) => None,
+    };
+    source.or_else(|| foreign(&facts.previous_holder))
+}
+
+fn choose(facts: &Facts) -> Decision {
     let spec = &facts.spec;
     let vm = spec.vm_name.as_str();
     if facts.vm_exists_locally {
@@ -455,6 +507,10 @@ mod tests {
             preassigned_vm_id: String::new(),
             preassigned_ip: String::new(),
             preassigned_vnc_port: String::new(),
+            previous_holder: None,
+            fork_source_holder: None,
+            image_holder: None,
+            preassigned_holder: None,
         }
     }
 
@@ -462,7 +518,71 @@ mod tests {
         HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::Registry,
             recorded_image: image.into(),
+            recorded_owner: String::new(),
         })
+    }
+
+    fn holder(namespace: &str, live: bool) -> Option<Holder> {
+        Some(Holder {
+            namespace: namespace.into(),
+            pod: "main-0".into(),
+            uid: "u0".into(),
+            live,
+        })
+    }
+
+    fn refused_as_foreign(d: &Decision) -> bool {
+        d.reason == "vm-owned-by-another-pod"
+            && matches!(
+                d.outcome,
+                Outcome::Refuse(Refusal {
+                    kind: RefusalKind::Permanent,
+                    event: EventReason::VmOwnedByAnotherPod
+                })
+            )
+    }
+
+    #[test]
+    fn a_plan_stays_within_the_pods_namespace() {
+        // A sub-agent forks its own namespace's main agent; another namespace's is refused.
+        let mut f = facts();
+        f.spec.fork_from = "vm-main".into();
+        f.fork_source_holder = holder("ns", true);
+        assert_eq!(decide(&f).reason, "fork");
+        f.fork_source_holder = holder("other", true);
+        assert!(refused_as_foreign(&decide(&f)), "{:?}", decide(&f));
+        // A VM name another namespace's (gone) pod held.
+        let mut f = facts();
+        f.vm_exists_locally = true;
+        f.previous_holder = holder("other", false);
+        assert!(refused_as_foreign(&decide(&f)));
+        f.previous_holder = holder("ns", false);
+        assert_eq!(decide(&f).reason, "adopt-existing");
+        // A snapshot that is another namespace's VM state.
+        let mut f = facts();
+        f.image_holder = holder("other", true);
+        assert!(refused_as_foreign(&decide(&f)));
+        // A hibernated guest another namespace's pod pushed.
+        let mut f = facts();
+        f.evidence = HibernateEvidence::Found(FoundEvidence {
+            source: EvidenceSource::Registry,
+            recorded_image: "snap:v1".into(),
+            recorded_owner: "other/main-0".into(),
+        });
+        assert!(refused_as_foreign(&decide(&f)));
+        f.evidence = HibernateEvidence::Found(FoundEvidence {
+            source: EvidenceSource::Registry,
+            recorded_image: "snap:v1".into(),
+            recorded_owner: "ns/p".into(),
+        });
+        assert_eq!(decide(&f).reason, "restore-derived");
+        // An unmanaged pod pre-assigning another namespace's VM.
+        let mut f = facts();
+        f.spec.managed = false;
+        f.preassigned_vm_id = "K7Q".into();
+        f.preassigned_ip = "10.0.0.2".into();
+        f.preassigned_holder = holder("other", false);
+        assert!(refused_as_foreign(&decide(&f)));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The policy contract as Rust types, generated from the WIT by wasmtime's bindgen: the current
 //! version (`wit/vk-policy.wit`), whose records the host uses as they are (facts it builds,
-//! decisions it acts on; serde for case tables), and the frozen 0.1.0 (`wit/v0.1.0/`), which
-//! [`super::slots`] adapts to the current types.
+//! decisions it acts on; serde for case tables), and the frozen 0.1.0 and 0.2.0 (`wit/v0.1.0/`,
+//! `wit/v0.2.0/`), which [`super::slots`] adapts to the current types.
 //!
 //! The shared `types` interface is generated once per version (in its `snapshot` world) and
 //! reused by the other worlds, so a pod's facts have one Rust type whatever slot they go to.
@@ -13,19 +13,25 @@ use std::fmt;
 pub enum ContractVersion {
     V0_1_0,
     V0_2_0,
+    V0_3_0,
 }
 
 impl ContractVersion {
     /// Every version the host loads, oldest first.
-    pub const SPOKEN: [ContractVersion; 2] = [ContractVersion::V0_1_0, ContractVersion::V0_2_0];
+    pub const SPOKEN: [ContractVersion; 3] = [
+        ContractVersion::V0_1_0,
+        ContractVersion::V0_2_0,
+        ContractVersion::V0_3_0,
+    ];
     /// The version the default policies and `policy new` use.
-    pub const CURRENT: ContractVersion = ContractVersion::V0_2_0;
+    pub const CURRENT: ContractVersion = ContractVersion::V0_3_0;
     pub const PACKAGE: &str = "cocoonstack:vk-policy";
 
     pub fn as_str(self) -> &'static str {
         match self {
             ContractVersion::V0_1_0 => "0.1.0",
             ContractVersion::V0_2_0 => "0.2.0",
+            ContractVersion::V0_3_0 => "0.3.0",
         }
     }
 
@@ -38,7 +44,7 @@ impl ContractVersion {
         format!("{}/{name}@{}", Self::PACKAGE, self.as_str())
     }
 
-    /// "0.1.0, 0.2.0", for messages.
+    /// "0.1.0, 0.2.0, 0.3.0", for messages.
     pub fn spoken_list() -> String {
         Self::SPOKEN.map(|v| v.as_str()).join(", ")
     }
@@ -127,6 +133,50 @@ pub(crate) mod v0_1 {
         });
     }
     pub use snapshot::cocoonstack::vk_policy::types;
+}
+
+/// Bindings of the frozen 0.2.0 contract. Its records have the current shapes minus the 0.3.0
+/// additions, so they derive serde: the adapters carry values across by their JSON form.
+pub(crate) mod v0_2 {
+    pub mod snapshot {
+        wasmtime::component::bindgen!({
+            world: "snapshot-before-destroy-policy",
+            path: "wit/v0.2.0",
+            additional_derives: [serde::Serialize, serde::Deserialize],
+        });
+    }
+    pub mod bring_up {
+        wasmtime::component::bindgen!({
+            world: "bring-up-policy",
+            path: "wit/v0.2.0",
+            additional_derives: [serde::Serialize, serde::Deserialize],
+            with: { "cocoonstack:vk-policy/types": super::snapshot::cocoonstack::vk_policy::types },
+        });
+    }
+    pub mod admission {
+        wasmtime::component::bindgen!({
+            world: "cpu-class-admission-policy",
+            path: "wit/v0.2.0",
+            additional_derives: [serde::Serialize, serde::Deserialize],
+            with: { "cocoonstack:vk-policy/types": super::snapshot::cocoonstack::vk_policy::types },
+        });
+    }
+    pub mod translation {
+        wasmtime::component::bindgen!({
+            world: "resource-translation-policy",
+            path: "wit/v0.2.0",
+            additional_derives: [serde::Serialize, serde::Deserialize],
+            with: { "cocoonstack:vk-policy/types": super::snapshot::cocoonstack::vk_policy::types },
+        });
+    }
+    pub mod guest_fixup {
+        wasmtime::component::bindgen!({
+            world: "guest-fixup-policy",
+            path: "wit/v0.2.0",
+            additional_derives: [serde::Serialize, serde::Deserialize],
+            with: { "cocoonstack:vk-policy/types": super::snapshot::cocoonstack::vk_policy::types },
+        });
+    }
 }
 
 /// Facts and refusal types shared by every slot.

@@ -5,6 +5,7 @@ use wasmtime::Store;
 use super::super::contract::cpu_class_admission::{AdmissionContext, Decision, Facts, Pre, Verdict, World};
 use super::super::contract::types::{EventReason, Refusal, RefusalKind};
 use super::super::contract::v0_1::admission as v0_1;
+use super::super::contract::v0_2::admission as v0_2;
 use super::super::sandbox::Sandbox;
 use super::{POLICY_FAILED, PodInput, PolicySlot, Slot, Summary, legacy, world_pre};
 
@@ -15,6 +16,7 @@ pub struct CpuClassAdmission;
 world_pre! {
     Pre<Sandbox> => World,
     v0_1::CpuClassAdmissionPolicyPre<Sandbox> => v0_1::CpuClassAdmissionPolicy,
+    v0_2::CpuClassAdmissionPolicyPre<Sandbox> => v0_2::CpuClassAdmissionPolicy,
 }
 
 impl PolicySlot for CpuClassAdmission {
@@ -25,7 +27,8 @@ impl PolicySlot for CpuClassAdmission {
     type Facts = Facts;
     type Decision = Decision;
     type Pre = Pre<Sandbox>;
-    type LegacyPre = v0_1::CpuClassAdmissionPolicyPre<Sandbox>;
+    type V0_1Pre = v0_1::CpuClassAdmissionPolicyPre<Sandbox>;
+    type V0_2Pre = v0_2::CpuClassAdmissionPolicyPre<Sandbox>;
 
     fn default_component() -> &'static [u8] {
         policy_artifacts::defaults::CPU_CLASS_ADMISSION
@@ -38,7 +41,7 @@ impl PolicySlot for CpuClassAdmission {
     }
 
     /// A 0.1.0 rejection was final (a CPU-class mismatch) unless it said `policy-failed`.
-    fn call_legacy(
+    fn call_v0_1(
         world: &v0_1::CpuClassAdmissionPolicy,
         store: &mut Store<Sandbox>,
         facts: &Facts,
@@ -68,6 +71,17 @@ impl PolicySlot for CpuClassAdmission {
             reason: d.reason,
             message: d.message,
         }))
+    }
+
+    fn call_v0_2(
+        world: &v0_2::CpuClassAdmissionPolicy,
+        store: &mut Store<Sandbox>,
+        facts: &Facts,
+    ) -> wasmtime::Result<Result<Decision, String>> {
+        let d = world
+            .cocoonstack_vk_policy_cpu_class_admission()
+            .call_decide(store, &legacy::down(facts)?)?;
+        Ok(legacy::up(&d))
     }
 
     fn fail_safe(_facts: &Facts, message: String) -> Decision {

@@ -6,8 +6,9 @@ use super::super::contract::bring_up::{
     CloneFromDirPlan, CloneOptions, ClonePlan, Decision, EvidenceSource, Facts, FoundEvidence, HibernateEvidence,
     Outcome, Plan, Pre, RestorePlan, RunPlan, UnmanagedAdoption, World,
 };
-use super::super::contract::types::{Backend, EventReason, Refusal, RefusalKind, RestoreMode};
+use super::super::contract::types::{Backend, EventReason, Holder, Refusal, RefusalKind, RestoreMode};
 use super::super::contract::v0_1::bring_up as v0_1;
+use super::super::contract::v0_2::bring_up as v0_2;
 use super::super::sandbox::Sandbox;
 use super::{POLICY_FAILED, PodInput, PolicySlot, Slot, Summary, legacy, world_pre};
 use crate::model::RuntimeAnnotations;
@@ -19,6 +20,7 @@ pub struct BringUp;
 world_pre! {
     Pre<Sandbox> => World,
     v0_1::BringUpPolicyPre<Sandbox> => v0_1::BringUpPolicy,
+    v0_2::BringUpPolicyPre<Sandbox> => v0_2::BringUpPolicy,
 }
 
 impl PolicySlot for BringUp {
@@ -29,7 +31,8 @@ impl PolicySlot for BringUp {
     type Facts = Facts;
     type Decision = Decision;
     type Pre = Pre<Sandbox>;
-    type LegacyPre = v0_1::BringUpPolicyPre<Sandbox>;
+    type V0_1Pre = v0_1::BringUpPolicyPre<Sandbox>;
+    type V0_2Pre = v0_2::BringUpPolicyPre<Sandbox>;
 
     fn default_component() -> &'static [u8] {
         policy_artifacts::defaults::BRING_UP
@@ -39,7 +42,7 @@ impl PolicySlot for BringUp {
         world.cocoonstack_vk_policy_bring_up().call_decide(store, facts)
     }
 
-    fn call_legacy(
+    fn call_v0_1(
         world: &v0_1::BringUpPolicy,
         store: &mut Store<Sandbox>,
         facts: &Facts,
@@ -47,7 +50,18 @@ impl PolicySlot for BringUp {
         let d = world
             .cocoonstack_vk_policy_bring_up()
             .call_decide(store, &facts_down(facts))?;
-        Ok(Ok(decision_up(d)))
+        Ok(Ok(within_namespace(facts, decision_up(d))))
+    }
+
+    fn call_v0_2(
+        world: &v0_2::BringUpPolicy,
+        store: &mut Store<Sandbox>,
+        facts: &Facts,
+    ) -> wasmtime::Result<Result<Decision, String>> {
+        let d = world
+            .cocoonstack_vk_policy_bring_up()
+            .call_decide(store, &legacy::down(facts)?)?;
+        Ok(legacy::up(&d).map(|d| within_namespace(facts, d)))
     }
 
     fn fail_safe(_facts: &Facts, message: String) -> Decision {
@@ -101,6 +115,15 @@ impl PolicySlot for BringUp {
         }
     }
 
+    /// `recorded-owner` of found evidence (0.3.0).
+    fn fill_added_fields(facts: &mut serde_json::Value) {
+        if let Some(found) = facts.pointer_mut("/evidence/Found").and_then(|f| f.as_object_mut()) {
+            found
+                .entry("recorded-owner")
+                .or_insert_with(|| serde_json::Value::String(String::new()));
+        }
+    }
+
     /// No local VM, no hibernate evidence, a registry, no local snapshots, restore mode `mmap`,
     /// the pre-assigned runtime from the pod's annotations.
     fn default_facts(pod: PodInput<'_>) -> Facts {
@@ -116,7 +139,60 @@ impl PolicySlot for BringUp {
             preassigned_vm_id: preassigned.vm_id,
             preassigned_ip: preassigned.ip,
             preassigned_vnc_port: preassigned.vnc_port,
+            previous_holder: None,
+            fork_source_holder: None,
+            image_holder: None,
+            preassigned_holder: None,
         }
+    }
+}
+
+/// The holder a plan reaches across namespaces, if any: the VM it adopts, forks, clones from,
+/// restores, or the unmanaged VM it takes over.
+fn foreign_holder(facts: &Facts, plan: &Plan) -> Option<String> {
+    let namespace = facts.pod.namespace.as_str();
+    let foreign = |holder: &Option<Holder>| {
+        holder
+            .as_ref()
+            .filter(|h| h.namespace != namespace)
+            .map(|h| format!("{}/{}", h.namespace, h.pod))
+    };
+    let recorded = || match &facts.evidence {
+        HibernateEvidence::Found(found) => Some(found.recorded_owner.as_str())
+            .filter(|owner| !owner.is_empty() && owner.split('/').next() != Some(namespace))
+            .map(str::to_string),
+        _ => None,
+    };
+    let source = match plan {
+        Plan::AdoptUnmanaged(_) => foreign(&facts.preassigned_holder),
+        Plan::Fork(_) => foreign(&facts.fork_source_holder),
+        Plan::Clone(_) => foreign(&facts.image_holder),
+        Plan::RestoreFromHibernate(_) => recorded(),
+        Plan::AdoptExisting(_) | Plan::CloneFromDir(_) | Plan::Run(_) => None,
+    };
+    source.or_else(|| foreign(&facts.previous_holder))
+}
+
+/// A component built before contract 0.3.0 could not see who holds the VM names its plan
+/// touches, so it cannot have meant to cross namespaces: its plan is kept to the pod's own
+/// namespace, as the default policy's is. (A custom 0.3.0 policy decides for itself.)
+fn within_namespace(facts: &Facts, decision: Decision) -> Decision {
+    let Outcome::Proceed(plan) = &decision.outcome else {
+        return decision;
+    };
+    match foreign_holder(facts, plan) {
+        None => decision,
+        Some(holder) => Decision {
+            outcome: Outcome::Refuse(Refusal {
+                kind: RefusalKind::Permanent,
+                event: EventReason::VmOwnedByAnotherPod,
+            }),
+            reason: "vm-owned-by-another-pod".into(),
+            message: format!(
+                "vm {}: the plan ({}) reaches a VM held by pod {holder} of another namespace, which a policy built before contract 0.3.0 cannot allow; rebuild the policy against 0.3.0 to decide this",
+                facts.spec.vm_name, decision.reason
+            ),
+        },
     }
 }
 
@@ -132,15 +208,15 @@ fn facts_down(facts: &Facts) -> old::Facts {
     let evidence = match &facts.evidence {
         HibernateEvidence::NotChecked => old::HibernateEvidence::NotChecked,
         HibernateEvidence::None => old::HibernateEvidence::None,
-        HibernateEvidence::Found(FoundEvidence { source, recorded_image }) => {
-            old::HibernateEvidence::Found(old::FoundEvidence {
-                source: match source {
-                    EvidenceSource::Registry => "registry".into(),
-                    EvidenceSource::LocalSnapshot => "local-snapshot".into(),
-                },
-                recorded_image: recorded_image.clone(),
-            })
-        }
+        HibernateEvidence::Found(FoundEvidence {
+            source, recorded_image, ..
+        }) => old::HibernateEvidence::Found(old::FoundEvidence {
+            source: match source {
+                EvidenceSource::Registry => "registry".into(),
+                EvidenceSource::LocalSnapshot => "local-snapshot".into(),
+            },
+            recorded_image: recorded_image.clone(),
+        }),
         HibernateEvidence::Unavailable(error) => old::HibernateEvidence::Unavailable(error.clone()),
     };
     old::Facts {

@@ -6,6 +6,7 @@ use wasmtime::Store;
 use super::super::contract::guest_fixup::{BootOrigin, Decision, Facts, Fixup, FixupKind, Nic, Outcome, Pre, World};
 use super::super::contract::types::{Backend, EventReason, Refusal, RefusalKind};
 use super::super::contract::v0_1::guest_fixup as v0_1;
+use super::super::contract::v0_2::guest_fixup as v0_2;
 use super::super::limits::{MAX_ARGV_BYTES, MAX_HINT_BYTES, MAX_REASON_LEN};
 use super::super::sandbox::Sandbox;
 use super::{POLICY_FAILED, PodInput, PolicySlot, Slot, Summary, is_token, legacy, world_pre};
@@ -18,6 +19,7 @@ pub struct GuestFixup;
 world_pre! {
     Pre<Sandbox> => World,
     v0_1::GuestFixupPolicyPre<Sandbox> => v0_1::GuestFixupPolicy,
+    v0_2::GuestFixupPolicyPre<Sandbox> => v0_2::GuestFixupPolicy,
 }
 
 /// `cocoon_vk_postclone_total{kind}`.
@@ -38,7 +40,8 @@ impl PolicySlot for GuestFixup {
     type Facts = Facts;
     type Decision = Decision;
     type Pre = Pre<Sandbox>;
-    type LegacyPre = v0_1::GuestFixupPolicyPre<Sandbox>;
+    type V0_1Pre = v0_1::GuestFixupPolicyPre<Sandbox>;
+    type V0_2Pre = v0_2::GuestFixupPolicyPre<Sandbox>;
 
     fn default_component() -> &'static [u8] {
         policy_artifacts::defaults::GUEST_FIXUP
@@ -51,7 +54,7 @@ impl PolicySlot for GuestFixup {
     /// A 0.1.0 fixup kind was a free `[a-z0-9_-]` token and a metric label: the three the
     /// default used keep their label, any other valid token counts as `other`, and a malformed
     /// one is invalid (as it was). A 0.1.0 refusal failed the lifecycle at once: permanent.
-    fn call_legacy(
+    fn call_v0_1(
         world: &v0_1::GuestFixupPolicy,
         store: &mut Store<Sandbox>,
         facts: &Facts,
@@ -114,6 +117,17 @@ impl PolicySlot for GuestFixup {
             reason: d.reason,
             message: d.message,
         }))
+    }
+
+    fn call_v0_2(
+        world: &v0_2::GuestFixupPolicy,
+        store: &mut Store<Sandbox>,
+        facts: &Facts,
+    ) -> wasmtime::Result<Result<Decision, String>> {
+        let d = world
+            .cocoonstack_vk_policy_guest_fixup()
+            .call_decide(store, &legacy::down(facts)?)?;
+        Ok(legacy::up(&d))
     }
 
     fn fail_safe(_facts: &Facts, message: String) -> Decision {

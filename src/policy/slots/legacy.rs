@@ -1,5 +1,12 @@
-//! Adapting components built against contract 0.1.0 (README "Contract versions" states these
-//! rules for operators):
+//! Adapting components built against older contracts (README "Contract versions" states these
+//! rules for operators).
+//!
+//! 0.2.0 has the current records without the 0.3.0 additions, so a value crosses by its JSON
+//! form ([`down`], [`up`]): the facts lose the fields 0.2.0 does not have, and a 0.2.0 decision
+//! is a current one as it is. What a 0.2.0 bring-up component could not see (who holds the VM
+//! names it touches) is ruled on by its slot's adapter.
+//!
+//! 0.1.0:
 //!
 //! - **Facts down.** A 0.1.0 component gets the facts it was built for: `phase` in the API
 //!   server's spelling, the VM spec's closed domains (mode, os, snapshot policy, backend) and the
@@ -13,6 +20,9 @@
 //!   host derived from its reason token (the tables in each slot's module, and
 //!   [`bring_up_refusal`]): that is the one place a reason token still means something, and
 //!   only for 0.1.0 components.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::super::contract::types::{self as now, Backend, PodFacts, RefusalKind, VmSpec};
 use super::super::contract::v0_1::types as old;
@@ -128,4 +138,17 @@ pub(super) fn kind_of(reason: &str) -> RefusalKind {
     } else {
         RefusalKind::Permanent
     }
+}
+
+/// Current facts as the 0.2.0 records (serde skips the fields 0.2.0 lacks).
+pub(super) fn down<Now: Serialize, Old: DeserializeOwned>(facts: &Now) -> wasmtime::Result<Old> {
+    let value = serde_json::to_value(facts).map_err(wasmtime::Error::msg)?;
+    serde_json::from_value(value).map_err(|e| wasmtime::format_err!("adapting the facts to contract 0.2.0: {e}"))
+}
+
+/// A 0.2.0 decision as the current record (every 0.2.0 value is a current value).
+pub(super) fn up<Old: Serialize, Now: DeserializeOwned>(decision: &Old) -> Result<Now, String> {
+    serde_json::to_value(decision)
+        .and_then(serde_json::from_value)
+        .map_err(|e| format!("a contract 0.2.0 decision has no current meaning: {e}"))
 }

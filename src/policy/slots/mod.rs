@@ -62,7 +62,9 @@ pub trait PolicySlot: SlotCell + Sized + Send + Sync + 'static {
     /// The current contract's pre-instantiated world.
     type Pre: WorldPre;
     /// The 0.1.0 world ([`NoLegacy`] for a slot newer than 0.1.0).
-    type LegacyPre: WorldPre;
+    type V0_1Pre: WorldPre;
+    /// The 0.2.0 world.
+    type V0_2Pre: WorldPre;
 
     /// The embedded default component.
     fn default_component() -> &'static [u8];
@@ -75,8 +77,15 @@ pub trait PolicySlot: SlotCell + Sized + Send + Sync + 'static {
 
     /// Calls a 0.1.0 component: the facts adapted down, its answer adapted up (`Err` when the
     /// answer has no meaning in the current contract).
-    fn call_legacy(
-        world: &<Self::LegacyPre as WorldPre>::World,
+    fn call_v0_1(
+        world: &<Self::V0_1Pre as WorldPre>::World,
+        store: &mut Store<Sandbox>,
+        facts: &Self::Facts,
+    ) -> wasmtime::Result<Result<Self::Decision, String>>;
+
+    /// Calls a 0.2.0 component, the same way.
+    fn call_v0_2(
+        world: &<Self::V0_2Pre as WorldPre>::World,
         store: &mut Store<Sandbox>,
         facts: &Self::Facts,
     ) -> wasmtime::Result<Result<Self::Decision, String>>;
@@ -93,6 +102,12 @@ pub trait PolicySlot: SlotCell + Sized + Send + Sync + 'static {
     /// The facts of a pod with the host's side at its defaults (case tables and `policy eval`
     /// override them with `host:`); see README "Testing a policy" for each slot's defaults.
     fn default_facts(pod: PodInput<'_>) -> Self::Facts;
+
+    /// Fills, in facts written as contract JSON (`host:` of a case table merged over the
+    /// defaults), the fields a contract version added inside a variant's payload since the case
+    /// was written: they take their empty value, so a table written for an older contract keeps
+    /// parsing.
+    fn fill_added_fields(_facts: &mut serde_json::Value) {}
 }
 
 /// Checks every answer: the slot's own rules, and text the host can log and publish.
@@ -153,13 +168,15 @@ macro_rules! world_pre {
 }
 pub(crate) use world_pre;
 
-/// The 0.1.0 world of a slot that did not exist in 0.1.0: nothing can bind to it.
+/// The older world of a slot that did not exist in that contract version: nothing binds to it.
 pub enum NoLegacy {}
 
 impl WorldPre for NoLegacy {
     type World = NoLegacy;
     fn new(_pre: InstancePre<Sandbox>) -> wasmtime::Result<Self> {
-        Err(wasmtime::format_err!("this slot did not exist in contract 0.1.0"))
+        Err(wasmtime::format_err!(
+            "this slot did not exist in that contract version"
+        ))
     }
     fn instantiate(&self, _store: &mut Store<Sandbox>) -> wasmtime::Result<Self::World> {
         match *self {}
@@ -310,8 +327,8 @@ mod tests {
     #[test]
     fn export_names_and_env_vars() {
         assert_eq!(
-            Slot::BringUp.export_name(ContractVersion::V0_2_0),
-            "cocoonstack:vk-policy/bring-up@0.2.0"
+            Slot::BringUp.export_name(ContractVersion::V0_3_0),
+            "cocoonstack:vk-policy/bring-up@0.3.0"
         );
         assert_eq!(
             Slot::GuestFixup.export_name(ContractVersion::V0_1_0),

@@ -4,6 +4,7 @@ use wasmtime::Store;
 
 use super::super::contract::snapshot_before_destroy::{Decision, Facts, Outcome, Pre, SnapshotTarget, World};
 use super::super::contract::v0_1::snapshot as v0_1;
+use super::super::contract::v0_2::snapshot as v0_2;
 use super::super::sandbox::Sandbox;
 use super::{POLICY_FAILED, PodInput, PolicySlot, Slot, Summary, legacy, world_pre};
 
@@ -12,6 +13,7 @@ pub struct SnapshotBeforeDestroy;
 world_pre! {
     Pre<Sandbox> => World,
     v0_1::SnapshotBeforeDestroyPolicyPre<Sandbox> => v0_1::SnapshotBeforeDestroyPolicy,
+    v0_2::SnapshotBeforeDestroyPolicyPre<Sandbox> => v0_2::SnapshotBeforeDestroyPolicy,
 }
 
 impl PolicySlot for SnapshotBeforeDestroy {
@@ -23,7 +25,8 @@ impl PolicySlot for SnapshotBeforeDestroy {
     type Facts = Facts;
     type Decision = Decision;
     type Pre = Pre<Sandbox>;
-    type LegacyPre = v0_1::SnapshotBeforeDestroyPolicyPre<Sandbox>;
+    type V0_1Pre = v0_1::SnapshotBeforeDestroyPolicyPre<Sandbox>;
+    type V0_2Pre = v0_2::SnapshotBeforeDestroyPolicyPre<Sandbox>;
 
     fn default_component() -> &'static [u8] {
         policy_artifacts::defaults::SNAPSHOT_BEFORE_DESTROY
@@ -35,7 +38,7 @@ impl PolicySlot for SnapshotBeforeDestroy {
             .call_decide(store, facts)
     }
 
-    fn call_legacy(
+    fn call_v0_1(
         world: &v0_1::SnapshotBeforeDestroyPolicy,
         store: &mut Store<Sandbox>,
         facts: &Facts,
@@ -63,6 +66,17 @@ impl PolicySlot for SnapshotBeforeDestroy {
             reason: d.reason,
             message: d.message,
         }))
+    }
+
+    fn call_v0_2(
+        world: &v0_2::SnapshotBeforeDestroyPolicy,
+        store: &mut Store<Sandbox>,
+        facts: &Facts,
+    ) -> wasmtime::Result<Result<Decision, String>> {
+        let d = world
+            .cocoonstack_vk_policy_snapshot_before_destroy()
+            .call_decide(store, &legacy::down(facts)?)?;
+        Ok(legacy::up(&d))
     }
 
     /// Preserve state: snapshot to `<vm>:latest` with the pod's image.

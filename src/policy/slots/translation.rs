@@ -8,6 +8,7 @@ use super::super::contract::resource_translation::{
 use super::super::contract::types::{EventReason, KeyValue, Refusal, RefusalKind};
 use super::super::contract::v0_1::translation as v0_1;
 use super::super::contract::v0_1::types as old_types;
+use super::super::contract::v0_2::translation as v0_2;
 use super::super::sandbox::Sandbox;
 use super::{POLICY_FAILED, PodInput, PolicySlot, Slot, Summary, legacy, world_pre};
 
@@ -18,6 +19,7 @@ pub struct ResourceTranslation;
 world_pre! {
     Pre<Sandbox> => World,
     v0_1::ResourceTranslationPolicyPre<Sandbox> => v0_1::ResourceTranslationPolicy,
+    v0_2::ResourceTranslationPolicyPre<Sandbox> => v0_2::ResourceTranslationPolicy,
 }
 
 fn old_pairs(list: &[KeyValue]) -> Vec<old_types::KeyValue> {
@@ -37,7 +39,8 @@ impl PolicySlot for ResourceTranslation {
     type Facts = Facts;
     type Decision = Decision;
     type Pre = Pre<Sandbox>;
-    type LegacyPre = v0_1::ResourceTranslationPolicyPre<Sandbox>;
+    type V0_1Pre = v0_1::ResourceTranslationPolicyPre<Sandbox>;
+    type V0_2Pre = v0_2::ResourceTranslationPolicyPre<Sandbox>;
 
     fn default_component() -> &'static [u8] {
         policy_artifacts::defaults::RESOURCE_TRANSLATION
@@ -49,7 +52,7 @@ impl PolicySlot for ResourceTranslation {
             .call_decide(store, facts)
     }
 
-    fn call_legacy(
+    fn call_v0_1(
         world: &v0_1::ResourceTranslationPolicy,
         store: &mut Store<Sandbox>,
         facts: &Facts,
@@ -92,6 +95,17 @@ impl PolicySlot for ResourceTranslation {
             reason: d.reason,
             message: d.message,
         }))
+    }
+
+    fn call_v0_2(
+        world: &v0_2::ResourceTranslationPolicy,
+        store: &mut Store<Sandbox>,
+        facts: &Facts,
+    ) -> wasmtime::Result<Result<Decision, String>> {
+        let d = world
+            .cocoonstack_vk_policy_resource_translation()
+            .call_decide(store, &legacy::down(facts)?)?;
+        Ok(legacy::up(&d))
     }
 
     fn fail_safe(_facts: &Facts, message: String) -> Decision {

@@ -109,6 +109,14 @@ async fn restore_from_hibernate(
 
 async fn clone_from_dir(p: &CocoonProvider, ctx: &Ctx<'_>, plan: CloneFromDirPlan) -> Result<BroughtUp, Failure> {
     let CloneFromDirPlan { options, dir } = plan;
+    // Host invariant, whatever the policy chose: only a directory the node exports from.
+    let dir = p
+        .cfg
+        .clone_roots
+        .admit(&dir)
+        .map_err(|m| Failure::permanent("InvalidVMSpec", m))?
+        .display()
+        .to_string();
     drop_own_fork(p, &options).await;
     let cpu = translate(p, ctx, BootPath::Clone).await?.0;
     let spec = clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu)?;

@@ -164,7 +164,14 @@ pub(in crate::provider) async fn hibernate_evidence(p: &CocoonProvider, vm: &str
                     .map_err(|e| e.to_string()),
             )
         }
-        None => plan::local_evidence(&p.ports.runtime.snapshot_inspect(vm).await),
+        None => {
+            let holder = p
+                .state
+                .holder_of(vm)
+                .map(|(h, _)| format!("{}/{}", h.namespace, h.pod))
+                .unwrap_or_default();
+            plan::local_evidence(&p.ports.runtime.snapshot_inspect(vm).await, holder)
+        }
     }
 }
 
@@ -181,6 +188,7 @@ pub(in crate::provider) fn bring_up_facts(
     local_snapshots: Vec<LocalSnapshot>,
 ) -> bring_up::Facts {
     let preassigned = RuntimeAnnotations::of_pod(pod);
+    let holders = super::super::ownership::bring_up_holders(p, &facts.key(), spec, &preassigned.vm_id, &preassigned.ip);
     bring_up::Facts {
         pod: facts.clone(),
         spec: spec.clone(),
@@ -192,5 +200,9 @@ pub(in crate::provider) fn bring_up_facts(
         preassigned_vm_id: preassigned.vm_id,
         preassigned_ip: preassigned.ip,
         preassigned_vnc_port: preassigned.vnc_port,
+        previous_holder: holders.previous,
+        fork_source_holder: holders.fork_source,
+        image_holder: holders.image,
+        preassigned_holder: holders.preassigned,
     }
 }

@@ -84,8 +84,11 @@ pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Brough
 }
 
 /// Asks the bring-up policy (off the async workers), counts its hibernate-evidence verdict and
-/// logs the decision under `what`. The one call of the slot for CreatePod, a wake and macOS.
+/// logs the decision under `what`. The one call of the slot for CreatePod, a wake and macOS: a
+/// plan that proceeds takes the pod's VM name for it (refused when another live pod got it
+/// meanwhile), so nothing is booted under a name the pod does not hold.
 pub(super) async fn decide(p: &CocoonProvider, facts: Facts, key: &str, what: &str) -> Result<Decision, Failure> {
+    let (uid, vm_name) = (facts.pod.uid.clone(), facts.spec.vm_name.clone());
     let decision = p
         .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await
@@ -94,5 +97,8 @@ pub(super) async fn decide(p: &CocoonProvider, facts: Facts, key: &str, what: &s
         p.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
     }
     tracing::info!(pod = %key, reason = %decision.reason, message = %decision.message, "{what}");
+    if matches!(decision.outcome, Outcome::Proceed(_)) {
+        super::ownership::take_name(p, key, &uid, &vm_name)?;
+    }
     Ok(decision)
 }

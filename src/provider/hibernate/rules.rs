@@ -83,6 +83,7 @@ mod tests {
         let found = HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::Registry,
             recorded_image: String::new(),
+            recorded_owner: String::new(),
         });
         assert_eq!(saved_guest(found), SavedGuest::Saved);
         assert_eq!(

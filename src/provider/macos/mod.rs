@@ -312,7 +312,7 @@ enum Decided {
     Run(String),
 }
 
-/// The bring-up policy decides (behaviour spec §9 through the 0.2.0 contract): adopt the VM of
+/// The bring-up policy decides (behaviour spec §9 through the contract): adopt the VM of
 /// that name, run one from an image, or refuse. A plan no cocoon-macos path can carry out (a
 /// clone, fork, restore, ... from a policy that does not know macOS guests) is refused with the
 /// policy named, never guessed at.
@@ -350,7 +350,7 @@ async fn decide(
         bring_up::Outcome::Proceed(_) => Err(Failure::permanent(
             "CreateBringUpFailed",
             format!(
-                "the bring-up policy chose {:?} for macOS vm {name}: only adopt-existing, run or a refusal apply to cocoon-macos guests (a policy for the 0.2.0 contract must handle os=macos)",
+                "the bring-up policy chose {:?} for macOS vm {name}: only adopt-existing, run or a refusal apply to cocoon-macos guests (a bring-up policy must handle os=macos)",
                 decision.reason
             ),
         )),
@@ -489,7 +489,8 @@ pub(super) async fn delete(
     tracked_vm: Option<VmRecord>,
 ) -> Result<(), ProviderError> {
     let name = vm_spec::of_pod(pod).vm_name;
-    if name.is_empty() {
+    // A name the pod does not hold is another pod's VM (or nobody's): never removed here.
+    if name.is_empty() || !p.state.holds(pkey, &name) {
         p.state.forget(pkey, uid, "");
         p.notify(pkey);
         return Ok(());
@@ -513,6 +514,7 @@ pub(super) async fn delete(
     }
     let port = p.vnc.release(&name);
     p.state.forget(pkey, uid, &name);
+    p.state.release_name(pkey, &name);
     p.metrics.lifecycle("delete", "ok", "");
     tracing::info!(pod = %pkey, vm = %name, vnc_port = ?port, "macOS vm deleted");
     p.notify(pkey);
@@ -550,6 +552,14 @@ pub(super) async fn adopt_at_startup(p: &CocoonProvider, pods: &[&Arc<Pod>]) {
             }
             let pkey = crate::kubelet::pods::pod_key(pod).to_string();
             let uid = super::table::uid_of(pod);
+            // Only a name this pod holds, or nobody does (then it takes it), is re-registered.
+            if let super::table::NameClaim::Other { holder, .. } = p.state.name_claim(&name, &pkey) {
+                tracing::warn!(pod = %pkey, vm = %name, holder = %holder.key(), "not re-registering a macOS vm name another pod holds");
+                return;
+            }
+            if p.state.take_name(&name, &pkey, &uid).is_err() {
+                return;
+            }
             match p.ports.macos.inspect(&name).await {
                 Ok(vm) if vm.pid > 0 && plan::pid_alive(vm.pid) => {
                     p.state.track(&pkey, pod, &name);

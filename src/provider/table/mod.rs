@@ -6,6 +6,7 @@
 //! an older incarnation can never change a newer one's record.
 
 mod entry;
+mod holders;
 mod intents;
 mod locks;
 mod vms;
@@ -18,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
 pub use entry::{Claim, GuestWork, OwedRetry, Phase, PodEntry, StoredIntent, Terminal};
+pub use holders::{Holder, Holders};
 pub use locks::{KeyedGuard, KeyedLocks};
 pub use vms::{VmRow, VmTable};
 
@@ -52,10 +54,55 @@ struct Inner {
     /// of them after a resize) and moves every record on each resize.
     pods: HashMap<PodKey, Box<PodEntry>>,
     vms: VmTable,
+    /// Who holds each VM name (persisted).
+    holders: Holders,
     next_token: u64,
 }
 
+/// What a VM name is to a pod that wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameClaim {
+    /// No pod holds it.
+    Free,
+    /// A pod of this namespace and name holds it.
+    Own,
+    /// Another pod holds it; `live`: a pod of that namespace and name exists now.
+    Other { holder: Holder, live: bool },
+}
+
 impl Inner {
+    /// A pod of this key exists: the node tracks it, or is deleting it.
+    fn live(&self, key: &str) -> bool {
+        self.pods.get(key).is_some_and(|e| e.claim.is_some() || e.deleting)
+    }
+
+    fn name_claim(&self, name: &str, key: &str) -> NameClaim {
+        match self.holders.get(name) {
+            None => NameClaim::Free,
+            Some(h) if h.key() == key => NameClaim::Own,
+            Some(h) => NameClaim::Other {
+                holder: h.clone(),
+                live: self.live(&h.key()),
+            },
+        }
+    }
+
+    fn holds(&self, key: &str, name: &str) -> bool {
+        self.holders.get(name).is_some_and(|h| h.key() == key)
+    }
+
+    /// Removes the row of `name` when it is `key`'s: its VM, or a VM indexed for adoption
+    /// under a name `key` holds. Another pod's row is never touched.
+    fn remove_row_of(&mut self, key: &str, name: &str) {
+        let ours = self.vms.get(name).is_some_and(|r| match &r.owner {
+            Some(owner) => owner == key,
+            None => self.holds(key, name),
+        });
+        if ours {
+            self.vms.remove(name);
+        }
+    }
+
     fn entry(&mut self, key: &str) -> &mut PodEntry {
         if !self.pods.contains_key(key) {
             self.pods.insert(PodKey::from(key), Box::default());
@@ -102,6 +149,19 @@ impl Inner {
 pub struct Table {
     inner: Mutex<Inner>,
     work: KeyedLocks,
+}
+
+impl Table {
+    /// A table whose VM name holders are `holders` (loaded from the state directory).
+    pub fn with_holders(holders: Holders) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                holders,
+                ..Default::default()
+            }),
+            work: KeyedLocks::default(),
+        }
+    }
 }
 
 /// The operation lock of one pod, held; dropping it releases the lock and lets the record go when
@@ -174,7 +234,9 @@ impl Table {
         same_view
     }
 
-    /// Attaches `vm` to the tracked incarnation `uid` (its row in the VM table).
+    /// Attaches `vm` to the tracked incarnation `uid` (its row in the VM table). False when
+    /// the incarnation is gone, or the pod does not hold the VM's name (a VM is only ever the
+    /// row of the pod holding its name).
     pub fn set_vm(&self, key: &str, uid: &str, vm: VmRecord) -> bool {
         let mut s = self.lock();
         let Some(c) = s.pods.get(key).and_then(|e| e.claim_of(uid)) else {
@@ -185,6 +247,10 @@ impl Table {
         } else {
             vm.name().to_string()
         };
+        if !s.holds(key, &name) {
+            tracing::warn!(pod = key, vm = %name, "a vm whose name the pod does not hold is not attached to it");
+            return false;
+        }
         s.drop_vm_of(key);
         s.vms.put(&name, vm, Some(PodKey::from(key)));
         if let Some(c) = s.pods.get_mut(key).and_then(|e| e.claim_of_mut(uid)) {
@@ -244,7 +310,7 @@ impl Table {
         if let Some(c) = s.pods.get_mut(key).and_then(|e| e.claim_of_mut(uid)) {
             let name = c.vm_name.clone();
             c.phase = if hibernated { Phase::Hibernated } else { Phase::NoVm };
-            s.vms.remove(&name);
+            s.remove_row_of(key, &name);
         }
     }
 
@@ -291,7 +357,7 @@ impl Table {
             s.entry(key).claim = None;
         }
         if !vm_name.is_empty() {
-            s.vms.remove(vm_name);
+            s.remove_row_of(key, vm_name);
         }
         if let Some(e) = s.pods.get_mut(key) {
             if e.intent.as_ref().is_some_and(|i| i.intent.uid == uid) {
@@ -311,6 +377,74 @@ impl Table {
 
     pub fn vm_by_name(&self, name: &str) -> Option<VmRecord> {
         self.lock().vms.get(name).map(|r| r.record.clone())
+    }
+
+    // ---- VM name holders ----
+
+    /// What VM name `name` is to pod `key`.
+    pub fn name_claim(&self, name: &str, key: &str) -> NameClaim {
+        self.lock().name_claim(name, key)
+    }
+
+    /// Pod `key` holds VM name `name`.
+    pub fn holds(&self, key: &str, name: &str) -> bool {
+        self.lock().holds(key, name)
+    }
+
+    /// The holder of `name`, and whether a pod of its key exists now.
+    pub fn holder_of(&self, name: &str) -> Option<(Holder, bool)> {
+        let s = self.lock();
+        let h = s.holders.get(name)?.clone();
+        let live = s.live(&h.key());
+        Some((h, live))
+    }
+
+    /// Pod `key` (incarnation `uid`) takes VM name `name`, unless another pod that exists now
+    /// holds it (`Err` with that holder). Checked and recorded under one lock, so of two pods
+    /// racing for a name exactly one gets it.
+    pub fn take_name(&self, name: &str, key: &str, uid: &str) -> Result<(), Holder> {
+        let mut s = self.lock();
+        if let NameClaim::Other { holder, live: true } = s.name_claim(name, key) {
+            return Err(holder);
+        }
+        s.holders.put(name, Holder::new(key, uid));
+        Ok(())
+    }
+
+    /// Pod `key` gives up VM name `name` (its VM and its snapshots are gone); another pod's
+    /// hold is left alone.
+    pub fn release_name(&self, key: &str, name: &str) {
+        let mut s = self.lock();
+        if s.holds(key, name) {
+            s.holders.release(name);
+        }
+    }
+
+    /// The name of a VM another pod than `key` owns that the cocoon ref `reference` may resolve
+    /// to (cocoon resolves an exact id, then a name, then a unique id prefix of at least 3
+    /// characters).
+    pub fn foreign_vm_of_ref(&self, reference: &str, key: &str) -> Option<String> {
+        if reference.is_empty() {
+            return None;
+        }
+        let s = self.lock();
+        s.vms.rows().find_map(|(name, row)| {
+            row.owner.as_ref().filter(|o| o.as_str() != key)?;
+            let hit = row.record.id == reference
+                || name == reference
+                || (reference.len() >= 3 && row.record.id.starts_with(reference));
+            hit.then(|| name.to_string())
+        })
+    }
+
+    /// Calls `f` with the name, record and owner of every VM row a pod other than `key` owns.
+    pub fn for_each_foreign_vm(&self, key: &str, mut f: impl FnMut(&str, &VmRecord)) {
+        let s = self.lock();
+        for (name, row) in s.vms.rows() {
+            if row.owner.as_ref().is_some_and(|o| o.as_str() != key) {
+                f(name, &row.record);
+            }
+        }
     }
 
     /// Indexes a VM no pod owns yet (a CreatePod adopts it by name).
@@ -437,7 +571,7 @@ impl Table {
         if let Some(c) = s.pods.get(key).and_then(|e| e.claim_of(uid)) {
             let name = c.vm_name.clone();
             s.drop_vm_of(key);
-            s.vms.remove(&name);
+            s.remove_row_of(key, &name);
             s.entry(key).claim = None;
         }
         let now = Instant::now();

@@ -49,6 +49,8 @@ fn a_stale_incarnation_cannot_write_after_a_new_one_claims_the_key() {
 fn vms_index_by_name_and_forget_clears_everything_of_that_incarnation() {
     let s = Table::default();
     s.track("ns/p", &pod("u1"), "vm");
+    assert!(!s.set_vm("ns/p", "u1", vm("id1")), "not before the pod holds the name");
+    s.take_name("vm", "ns/p", "u1").unwrap();
     assert!(!s.set_vm("ns/p", "u0", vm("x")));
     assert!(s.set_vm("ns/p", "u1", vm("id1")));
     assert_eq!(s.vm_by_name("vm").unwrap().id, "id1");
@@ -135,6 +137,7 @@ fn records_of_fences_guest_work_and_failed_creates_are_pruned() {
 fn an_evicted_incarnation_keeps_its_final_status_until_a_new_one_claims_the_key() {
     let s = Table::default();
     s.track("ns/p", &pod("u1"), "vm");
+    s.take_name("vm", "ns/p", "u1").unwrap();
     s.set_vm("ns/p", "u1", vm("id1"));
     s.evicted("ns/p", "u1", ProviderPodStatus::failed("VMGone", "gone"));
     assert!(s.tracked("ns/p").is_none() && s.vm_count() == 0);
@@ -151,6 +154,7 @@ fn an_evicted_incarnation_keeps_its_final_status_until_a_new_one_claims_the_key(
 fn the_watchers_memory_lives_on_the_vms_row() {
     let s = Table::default();
     s.track("ns/p", &pod("u1"), "vm");
+    s.take_name("vm", "ns/p", "u1").unwrap();
     s.set_vm("ns/p", "u1", vm("id1"));
     assert!(s.begin_vm_event("id1") && !s.begin_vm_event("id1"));
     s.end_vm_event("id1");
@@ -250,4 +254,53 @@ fn the_echo_of_a_write_is_shared_and_a_change_the_provider_has_not_seen_is_not()
 
     // Another incarnation's object is never taken for this one's.
     assert!(!s.share_echo("ns/p", &version(&echo, "5", &|p| p.metadata.uid = Some("u2".into()))));
+}
+
+#[test]
+fn a_vm_name_is_held_by_one_pod_and_no_other_pod_reaches_its_row() {
+    let s = Table::default();
+    s.track("a/web", &pod("u1"), "vm-a");
+    s.take_name("vm-a", "a/web", "u1").unwrap();
+    assert!(s.set_vm("a/web", "u1", vm("id-a")));
+
+    // Another pod naming the same VM: refused while the holder exists.
+    s.track("b/evil", &pod("u9"), "vm-a");
+    assert_eq!(
+        s.name_claim("vm-a", "b/evil"),
+        NameClaim::Other {
+            holder: Holder::new("a/web", "u1"),
+            live: true
+        }
+    );
+    assert_eq!(s.take_name("vm-a", "b/evil", "u9"), Err(Holder::new("a/web", "u1")));
+    assert!(!s.set_vm("b/evil", "u9", vm("id-a")));
+    // Its forget (a delete of the pod) leaves the holder's row, and its release does nothing.
+    s.forget("b/evil", "u9", "vm-a");
+    s.release_name("b/evil", "vm-a");
+    assert_eq!(s.vm_by_name("vm-a").unwrap().id, "id-a");
+    assert!(s.holds("a/web", "vm-a"));
+    // A ref another pod resolves to it: by id, by name, by a prefix of 3 or more.
+    for reference in ["id-a", "vm-a", "id-"] {
+        assert_eq!(
+            s.foreign_vm_of_ref(reference, "b/evil").as_deref(),
+            Some("vm-a"),
+            "{reference}"
+        );
+    }
+    assert_eq!(s.foreign_vm_of_ref("id", "b/evil"), None, "too short a prefix");
+    assert_eq!(s.foreign_vm_of_ref("id-a", "a/web"), None, "its own");
+
+    // A recreated pod of the same namespace and name is the same holder.
+    s.forget("a/web", "u1", "vm-a");
+    assert_eq!(s.name_claim("vm-a", "a/web"), NameClaim::Own);
+    // Once the holder's pod is gone, another pod may be told about it (the policy decides).
+    assert_eq!(
+        s.name_claim("vm-a", "b/evil"),
+        NameClaim::Other {
+            holder: Holder::new("a/web", "u1"),
+            live: false
+        }
+    );
+    s.release_name("a/web", "vm-a");
+    assert_eq!(s.name_claim("vm-a", "b/evil"), NameClaim::Free);
 }

@@ -75,6 +75,11 @@ impl VmTable {
         self.rows.len()
     }
 
+    /// Every row, by name.
+    pub fn rows(&self) -> impl Iterator<Item = (&str, &VmRow)> {
+        self.rows.iter().map(|(name, row)| (name.as_str(), row))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }

@@ -191,7 +191,7 @@ fn every_default_component_checks_as_exactly_its_own_slot() {
         assert!(out.status.success(), "{slot}: {}", stderr(&out));
         assert!(
             text.contains(&format!(
-                "implements slot {slot} (world {slot}-policy) of contract cocoonstack:vk-policy@0.2.0"
+                "implements slot {slot} (world {slot}-policy) of contract cocoonstack:vk-policy@0.3.0"
             )),
             "{text}"
         );
@@ -240,7 +240,7 @@ fn check_accepts_a_policy_and_refuses_hostile_components_with_reasons() {
     let out = vk_cocoon(&["policy", "check", &good, "--slot", "bring-up"]);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.2.0"),
+        stderr(&out).contains("must export cocoonstack:vk-policy/bring-up@0.3.0"),
         "{}",
         stderr(&out)
     );
@@ -259,7 +259,7 @@ fn check_names_the_contract_version_it_found_and_refuses_one_it_does_not_speak()
     );
     assert!(
         text.contains("implements slot bring-up (world bring-up-policy) of contract cocoonstack:vk-policy@0.1.0")
-            && text.contains("the host adapts it to cocoonstack:vk-policy@0.2.0"),
+            && text.contains("the host adapts it to cocoonstack:vk-policy@0.3.0"),
         "{text}"
     );
 
@@ -275,7 +275,7 @@ fn check_names_the_contract_version_it_found_and_refuses_one_it_does_not_speak()
         stdout(&out)
     );
     let err = stderr(&out);
-    assert!(err.contains("speaks versions 0.1.0, 0.2.0"), "{err}");
+    assert!(err.contains("speaks versions 0.1.0, 0.2.0, 0.3.0"), "{err}");
     assert_eq!(err.lines().count(), 1, "said once, not per slot: {err}");
 }
 
@@ -323,7 +323,7 @@ fn a_scaffolded_policy_of_every_slot_builds_and_passes_its_own_table() {
             text.contains(&format!("{crate_name}.wasm")),
             "the table's own component ran: {text}"
         );
-        assert!(text.contains("contract cocoonstack:vk-policy@0.2.0"), "{text}");
+        assert!(text.contains("contract cocoonstack:vk-policy@0.3.0"), "{text}");
         assert!(text.trim_end().ends_with("passed, 0 failed"), "{text}");
     }
     let again = vk_cocoon(&[

@@ -168,7 +168,7 @@ fn each_default_serves_only_its_own_slot_at_the_current_contract() {
                 own == slot,
                 load_as(&engine, slot, "default.wasm", own.default_component()),
             ) {
-                (true, Ok(version)) => assert_eq!(version, ContractVersion::V0_2_0),
+                (true, Ok(version)) => assert_eq!(version, ContractVersion::V0_3_0),
                 (false, Err(LoadError::WrongWorld { expected, .. })) => {
                     assert_eq!(expected, slot.export_name(ContractVersion::CURRENT))
                 }
@@ -190,7 +190,7 @@ fn a_component_of_an_unknown_contract_version_is_refused_naming_the_versions_spo
         "{error}"
     );
     let text = error.to_string();
-    assert!(text.contains("0.1.0, 0.2.0") && text.contains("0.9.0"), "{text}");
+    assert!(text.contains("0.1.0, 0.2.0, 0.3.0") && text.contains("0.9.0"), "{text}");
 }
 
 #[test]
@@ -220,10 +220,10 @@ fn a_component_for_another_slot_is_a_wrong_world_listing_its_exports() {
     };
     match &error {
         LoadError::WrongWorld { expected, found, .. } => {
-            assert_eq!(expected, "cocoonstack:vk-policy/bring-up@0.2.0");
+            assert_eq!(expected, "cocoonstack:vk-policy/bring-up@0.3.0");
             assert_eq!(
                 found,
-                &vec!["cocoonstack:vk-policy/cpu-class-admission@0.2.0".to_string()]
+                &vec!["cocoonstack:vk-policy/cpu-class-admission@0.3.0".to_string()]
             );
         }
         other => panic!("expected WrongWorld, got {other}"),

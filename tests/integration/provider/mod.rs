@@ -9,4 +9,5 @@ mod network;
 mod policy;
 mod readiness;
 mod restart;
+mod tenancy;
 mod watcher;

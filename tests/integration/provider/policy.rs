@@ -99,7 +99,7 @@ async fn a_custom_policy_refusing_with_its_own_tokens_gets_the_retry_its_kind_sa
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     assert_eq!(
         install_bring_up(&env, "custom-refuser.wasm", hostile::CUSTOM_REFUSER),
-        ContractVersion::V0_2_0
+        ContractVersion::V0_3_0
     );
     let d = start(&env, Options::default());
     let gated = |name: &str, vm: &str, kind: &str| {
