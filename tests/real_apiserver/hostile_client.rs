@@ -221,7 +221,7 @@ fn frames_of(read: tokio::io::ReadHalf<Tls>) -> tokio::sync::mpsc::UnboundedRece
 async fn frame_matching(
     frames: &mut tokio::sync::mpsc::UnboundedReceiver<Frame>,
     what: &str,
-    want: impl Fn(&Frame) -> bool,
+    mut want: impl FnMut(&Frame) -> bool,
 ) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -237,7 +237,8 @@ async fn frame_matching(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_portforward_flood_of_half_open_streams_stays_bounded() {
-    let Some(node) = exec_node_with("pf-flood", &[]).await else {
+    // A creation timeout long enough that all the streams below are in before any expires.
+    let Some(node) = exec_node_with("pf-flood", &[("VK_STREAMING_CREATION_TIMEOUT", "10s")]).await else {
         return;
     };
     let token = streamer_token(&node, "streamer", &["get", "create"]).await;
@@ -311,6 +312,14 @@ async fn a_portforward_flood_of_half_open_streams_stays_bounded() {
         }
     })
     .await;
+    // The ones that wait are reset when the creation timeout is up: none stays behind.
+    let mut cancelled = std::collections::HashSet::new();
+    while cancelled.len() < limit {
+        frame_matching(&mut frames, "the reset of a connection that never got its error stream", |f| {
+            matches!(f, Frame::RstStream { stream_id, status: rst::CANCEL } if cancelled.insert(*stream_id))
+        })
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
