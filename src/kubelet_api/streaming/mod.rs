@@ -7,7 +7,9 @@
 //! * Protocols: [`remotecommand`] (exec and attach: options, streams, the final status);
 //!   [`portforward`] (a data and an error stream per forwarded connection).
 //! * Endpoints: [`exec`] (`cocoon vm exec`), [`attach`] (the VM's serial console),
-//!   [`portforward`] (TCP to the guest). [`target`] resolves the pod and its VM.
+//!   [`portforward`] (TCP to the guest), with [`pairing`] (its connections waiting for their
+//!   second stream). [`target`] resolves the pod and its VM; [`supervise`] runs a session's tasks
+//!   so that a panic ends the session, counted, instead of leaving it half-open.
 //!
 //! Every route sits behind the API's authentication and authorization (`nodes/proxy`); on top of
 //! that, [`Streaming`] caps the sessions open at once and serialises console attaches.

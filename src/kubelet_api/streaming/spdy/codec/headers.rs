@@ -402,7 +402,7 @@ mod tests {
     /// its length: the inflater's first buffer (4 × L) then fills just under `max_len`, the
     /// growth step the old code computed with `clamp(256, max_len - len)` had min > max, and
     /// the reader task panicked.
-    pub(crate) fn block_landing_under_the_limit(lengths: std::ops::RangeInclusive<usize>) -> Bytes {
+    fn block_landing_under_the_limit(lengths: std::ops::RangeInclusive<usize>) -> Bytes {
         let target = *lengths.start();
         let mut pad = target * 2;
         for _ in 0..10_000 {
