@@ -315,9 +315,11 @@ async fn a_portforward_flood_of_half_open_streams_stays_bounded() {
     // The ones that wait are reset when the creation timeout is up: none stays behind.
     let mut cancelled = std::collections::HashSet::new();
     while cancelled.len() < limit {
-        frame_matching(&mut frames, "the reset of a connection that never got its error stream", |f| {
-            matches!(f, Frame::RstStream { stream_id, status: rst::CANCEL } if cancelled.insert(*stream_id))
-        })
+        frame_matching(
+            &mut frames,
+            "the reset of a connection that never got its error stream",
+            |f| matches!(f, Frame::RstStream { stream_id, status: rst::CANCEL } if cancelled.insert(*stream_id)),
+        )
         .await;
     }
 }
