@@ -14,10 +14,11 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
 
 use super::auth::{self, Auth};
-use super::state::ApiState;
-use super::streaming::{attach, exec, portforward};
+use super::state::{ApiMetrics, ApiState};
+use super::streaming::{attach, exec, portforward, supervise};
 use super::{logs, resource_metrics, summary};
 use crate::stats::families;
 
@@ -94,12 +95,62 @@ async fn count(State(api): State<Arc<ApiState>>, req: Request, next: Next) -> Re
     response
 }
 
+/// Answers a handler's panic with 500 and counts it: without this layer the panic would end the
+/// connection's task, and the client would see its connection reset with no answer.
+fn catch_panics(
+    metrics: &ApiMetrics,
+) -> CatchPanicLayer<impl Fn(Box<dyn std::any::Any + Send + 'static>) -> Response + Clone + use<>> {
+    let panics = metrics.panics.with_label_values(&["handler"]);
+    CatchPanicLayer::custom(move |panic: Box<dyn std::any::Any + Send + 'static>| {
+        panics.inc();
+        tracing::error!(
+            panic = supervise::panic_message(panic.as_ref()),
+            "kubelet API: a handler panicked; answered 500"
+        );
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "vk-cocoon: internal error while serving this request (the daemon's log has the details)\n",
+        )
+            .into_response()
+    })
+}
+
 /// The whole API: every request — an unknown path too — is authenticated and authorized
-/// first, so nothing answers an anonymous caller but 401.
+/// first, so nothing answers an anonymous caller but 401. A panic anywhere below the count is
+/// answered 500 (and counted as a request with that status).
 pub fn router(api: Arc<ApiState>, authn: Arc<Auth>) -> Router {
     endpoints()
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(authn, auth::guard))
+        .layer(catch_panics(&api.metrics))
         .layer(middleware::from_fn_with_state(api.clone(), count))
         .with_state(api)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    async fn boom() -> &'static str {
+        panic!("a handler bug")
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_answered_500_and_counted() {
+        let metrics = ApiMetrics::unregistered();
+        let app: Router = Router::new()
+            .route("/boom", get(boom))
+            .route("/fine", get(|| async { "ok" }))
+            .layer(catch_panics(&metrics));
+        let request = |path: &str| Request::builder().uri(path).body(Body::empty()).unwrap();
+        let r = app.clone().oneshot(request("/boom")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(r.into_body(), 1024).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("internal error"));
+        assert_eq!(metrics.panics.with_label_values(&["handler"]).get(), 1);
+        assert_eq!(app.oneshot(request("/fine")).await.unwrap().status(), StatusCode::OK);
+    }
 }

@@ -11,16 +11,25 @@ use crate::runtime::CocoonRuntime;
 use crate::stats::{HostPaths, Sampler};
 
 /// `cocoon_vk_kubelet_api_*`: requests by endpoint and status, follows and streaming
-/// sessions in flight.
+/// sessions in flight, panics caught.
 #[derive(Clone)]
 pub struct ApiMetrics {
     pub requests: IntCounterVec,
     pub log_follows: IntGauge,
     /// Open exec / attach / portforward sessions, by `kind`.
     pub streams: IntGaugeVec,
+    /// Panics caught instead of ending a connection silently, by `where`: `handler` (a
+    /// request's handler, answered 500) or `session` (a task of an upgraded session, which
+    /// ends it).
+    pub panics: IntCounterVec,
 }
 
 impl ApiMetrics {
+    /// The counter of panics caught in streaming sessions' tasks.
+    pub fn session_panics(&self) -> prometheus::IntCounter {
+        self.panics.with_label_values(&["session"])
+    }
+
     fn build() -> prometheus::Result<Self> {
         Ok(Self {
             requests: IntCounterVec::new(
@@ -40,6 +49,15 @@ impl ApiMetrics {
                     .subsystem("vk_kubelet_api"),
                 &["kind"],
             )?,
+            panics: IntCounterVec::new(
+                Opts::new(
+                    "panics_total",
+                    "Panics caught in the kubelet API (a handler answered 500, or a streaming session ended), by where.",
+                )
+                .namespace("cocoon")
+                .subsystem("vk_kubelet_api"),
+                &["where"],
+            )?,
         })
     }
 
@@ -48,6 +66,7 @@ impl ApiMetrics {
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.log_follows.clone()))?;
         registry.register(Box::new(m.streams.clone()))?;
+        registry.register(Box::new(m.panics.clone()))?;
         Ok(m)
     }
 

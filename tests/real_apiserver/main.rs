@@ -22,6 +22,7 @@ mod signer;
 
 mod daemon;
 mod hibernate;
+mod hostile_client;
 mod kubelet_api;
 mod lifecycle;
 mod macos;

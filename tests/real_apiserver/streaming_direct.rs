@@ -20,9 +20,9 @@ use crate::daemon::eventually;
 use crate::kubelet_api::{Node, token_with};
 use crate::streaming::{exec_node_with, plain_log, processes};
 
-type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+pub(crate) type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
-async fn tls(node: &Node) -> Tls {
+pub(crate) async fn tls(node: &Node) -> Tls {
     use rustls_pki_types::pem::PemObject;
     let ca = std::fs::read(node.cluster.ca_cert_path()).unwrap();
     let mut roots = rustls::RootCertStore::empty();
@@ -43,10 +43,15 @@ async fn tls(node: &Node) -> Tls {
         .unwrap()
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<Tls>;
+pub(crate) type Ws = tokio_tungstenite::WebSocketStream<Tls>;
 
 /// A WebSocket to `path` offering `protocol`; `Err(status, body)` when refused.
-async fn ws(node: &Node, path: &str, protocol: &str, token: Option<&str>) -> Result<(Ws, String), (u16, String)> {
+pub(crate) async fn ws(
+    node: &Node,
+    path: &str,
+    protocol: &str,
+    token: Option<&str>,
+) -> Result<(Ws, String), (u16, String)> {
     let mut req = format!("wss://127.0.0.1:{}{path}", node.daemon.kubelet_port)
         .into_client_request()
         .unwrap();
@@ -74,7 +79,7 @@ async fn ws(node: &Node, path: &str, protocol: &str, token: Option<&str>) -> Res
 }
 
 /// Everything the server sends until it closes: (stdout, stderr, error channel).
-async fn drain(ws: &mut Ws) -> (Vec<u8>, Vec<u8>, String) {
+pub(crate) async fn drain(ws: &mut Ws) -> (Vec<u8>, Vec<u8>, String) {
     let (mut out, mut err, mut status) = (Vec::new(), Vec::new(), Vec::new());
     loop {
         let m = tokio::time::timeout(Duration::from_secs(30), ws.next())
@@ -95,13 +100,13 @@ async fn drain(ws: &mut Ws) -> (Vec<u8>, Vec<u8>, String) {
     (out, err, String::from_utf8_lossy(&status).into_owned())
 }
 
-fn exec_path(node: &Node, query: &str) -> String {
+pub(crate) fn exec_path(node: &Node, query: &str) -> String {
     format!("/exec/{}/web-0/agent?{query}", node.ns)
 }
 
 /// A raw SPDY upgrade of `path`: the TLS stream, and the status line and headers (and the body,
 /// when refused).
-async fn spdy(node: &Node, path: &str, protocol: &str, token: &str) -> (Tls, String) {
+pub(crate) async fn spdy(node: &Node, path: &str, protocol: &str, token: &str) -> (Tls, String) {
     let mut s = tls(node).await;
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\nContent-Length: 0\r\n\r\n"
@@ -132,7 +137,7 @@ async fn spdy(node: &Node, path: &str, protocol: &str, token: &str) -> (Tls, Str
 }
 
 /// Frames from the server until it closes the connection.
-async fn frames_until_eof(s: &mut Tls) -> Vec<Frame> {
+pub(crate) async fn frames_until_eof(s: &mut Tls) -> Vec<Frame> {
     let mut decoder = Decoder::new(Limits::default());
     let mut buf = BytesMut::new();
     let mut frames = Vec::new();
@@ -150,7 +155,7 @@ async fn frames_until_eof(s: &mut Tls) -> Vec<Frame> {
     }
 }
 
-async fn streamer_token(node: &Node, name: &str, verbs: &[&str]) -> String {
+pub(crate) async fn streamer_token(node: &Node, name: &str, verbs: &[&str]) -> String {
     let token = token_with(
         node,
         name,

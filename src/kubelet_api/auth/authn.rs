@@ -2,10 +2,12 @@
 //! handshake (the apiserver presents its kubelet-client certificate), else a bearer token
 //! checked with a TokenReview; nothing else gets in (401).
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use sha2::{Digest, Sha256};
@@ -81,6 +83,9 @@ pub enum AuthnError {
     Rejected(String),
     #[error("{0}")]
     ReviewFailed(String),
+    /// Too many tokens this side does not know are being reviewed: not asked this time.
+    #[error("too many unknown bearer tokens to review; try again shortly")]
+    RateLimited,
 }
 
 /// How long token reviews are remembered (the kubelet's webhook defaults: 2 min, failures 10 s).
@@ -99,11 +104,21 @@ impl Default for AuthnTtl {
     }
 }
 
+/// TokenReviews of tokens not in the cache, per second (sustained) and at once (burst). Each
+/// costs the apiserver a review, and anyone who can reach the port can send random tokens:
+/// past this, a request with an unknown token is answered 429 without one. Known tokens (an
+/// answer cached, allow or deny) are not limited. The kubelet has no such limit; real clients
+/// present few distinct tokens (each answer is cached for minutes).
+pub const UNKNOWN_TOKEN_REVIEWS_PER_SECOND: u32 = 20;
+pub const UNKNOWN_TOKEN_REVIEW_BURST: u32 = 100;
+
 pub struct Authenticator {
     reviewer: Arc<dyn TokenReviewer>,
     ttl: AuthnTtl,
     /// Keyed by the token's SHA-256 (the token itself is not kept).
     cache: TtlCache<[u8; 32], TokenVerdict>,
+    /// The token bucket of reviews of unknown tokens.
+    reviews: DefaultDirectRateLimiter,
 }
 
 /// The token of an `Authorization: Bearer …` header value.
@@ -115,10 +130,13 @@ pub fn bearer_token(header: &str) -> Option<&str> {
 
 impl Authenticator {
     pub fn new(reviewer: Arc<dyn TokenReviewer>, ttl: AuthnTtl) -> Self {
+        let per_second = NonZeroU32::new(UNKNOWN_TOKEN_REVIEWS_PER_SECOND).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(UNKNOWN_TOKEN_REVIEW_BURST).unwrap_or(NonZeroU32::MIN);
         Self {
             reviewer,
             ttl,
             cache: TtlCache::new(10_000),
+            reviews: RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst)),
         }
     }
 
@@ -139,6 +157,9 @@ impl Authenticator {
         let verdict = match self.cache.get(&key, Instant::now()) {
             Some(v) => v,
             None => {
+                if self.reviews.check().is_err() {
+                    return Err(AuthnError::RateLimited);
+                }
                 let v = self.reviewer.review(token).await.map_err(AuthnError::ReviewFailed)?;
                 let ttl = match v {
                     TokenVerdict::Authenticated(_) => self.ttl.authenticated,
@@ -221,5 +242,34 @@ mod tests {
             "a failed review is asked again"
         );
         assert!(cert.groups.contains(&"system:authenticated".to_string()));
+    }
+
+    /// Every unknown bearer token costs a TokenReview on the apiserver: a client spraying
+    /// random tokens is limited to a small burst of reviews, the rest answered without one.
+    #[tokio::test]
+    async fn reviews_of_unknown_tokens_are_rate_limited() {
+        let reviewer = Arc::new(Counting {
+            calls: AtomicUsize::new(0),
+        });
+        let a = Authenticator::new(reviewer.clone(), AuthnTtl::default());
+        let mut refused = 0;
+        for i in 0..2_000 {
+            if a.authenticate(None, Some(&format!("Bearer random-{i}"))).await.is_err() {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 2_000);
+        let calls = reviewer.calls.load(Ordering::SeqCst);
+        assert!(calls <= 200, "{calls} TokenReviews for 2000 random tokens");
+        assert_eq!(
+            a.authenticate(None, Some("Bearer random-1999")).await,
+            Err(AuthnError::RateLimited),
+            "past the burst, an unknown token is not reviewed"
+        );
+        // A token reviewed before the flood is answered from the cache, limit or not.
+        assert!(matches!(
+            a.authenticate(None, Some("Bearer random-0")).await,
+            Err(AuthnError::Rejected(_))
+        ));
     }
 }

@@ -1,57 +1,56 @@
 //! A small TTL cache for review answers: each entry carries its own lifetime (an allow lives
-//! longer than a deny), expired entries are dropped when the cache is full.
+//! longer than a deny). When full, the least recently used entry goes: constant time per
+//! operation under the lock, however full the cache (callers flooding it with new keys cost
+//! no more than any other).
 
-use std::collections::HashMap;
 use std::hash::Hash;
+use std::num::NonZeroUsize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub struct TtlCache<K, V> {
-    entries: Mutex<HashMap<K, (V, Instant)>>,
-    capacity: usize,
+use lru::LruCache;
+
+pub struct TtlCache<K: Hash + Eq, V> {
+    entries: Mutex<LruCache<K, (V, Instant)>>,
 }
 
 impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     pub fn new(capacity: usize) -> Self {
         Self {
-            entries: Mutex::new(HashMap::new()),
-            capacity: capacity.max(1),
+            entries: Mutex::new(LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN))),
         }
     }
 
-    /// The live entry for `key`.
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<K, (V, Instant)>> {
+        // A panic while the lock was held leaves the cache consistent (each operation is one
+        // call into it): go on with it.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live entry for `key` (an expired one is dropped).
     pub fn get(&self, key: &K, now: Instant) -> Option<V> {
-        let mut entries = self.entries.lock().expect("cache lock");
+        let mut entries = self.lock();
         match entries.get(key) {
             Some((v, expires)) if *expires > now => Some(v.clone()),
             Some(_) => {
-                entries.remove(key);
+                entries.pop(key);
                 None
             }
             None => None,
         }
     }
 
-    /// Stores `value` for `ttl` (a zero ttl stores nothing). When full, expired entries go
-    /// first; if none expired, the one closest to expiry goes.
+    /// Stores `value` for `ttl` (a zero ttl stores nothing); when full, the least recently used
+    /// entry goes.
     pub fn insert(&self, key: K, value: V, ttl: Duration, now: Instant) {
         if ttl.is_zero() {
             return;
         }
-        let mut entries = self.entries.lock().expect("cache lock");
-        if entries.len() >= self.capacity && !entries.contains_key(&key) {
-            entries.retain(|_, (_, expires)| *expires > now);
-            if entries.len() >= self.capacity
-                && let Some(oldest) = entries.iter().min_by_key(|(_, (_, e))| *e).map(|(k, _)| k.clone())
-            {
-                entries.remove(&oldest);
-            }
-        }
-        entries.insert(key, (value, now + ttl));
+        self.lock().put(key, (value, now + ttl));
     }
 
     pub fn len(&self) -> usize {
-        self.entries.lock().expect("cache lock").len()
+        self.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -77,16 +76,19 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_evicts_expired_then_the_oldest() {
+    fn a_full_cache_evicts_the_least_recently_used() {
         let c = TtlCache::new(2);
         let t = Instant::now();
-        c.insert(1, 1, Duration::from_secs(1), t);
+        c.insert(1, 1, Duration::from_secs(100), t);
         c.insert(2, 2, Duration::from_secs(100), t);
-        c.insert(3, 3, Duration::from_secs(100), t + Duration::from_secs(2));
+        assert_eq!(c.get(&1, t), Some(1), "1 is now the more recently used");
+        c.insert(3, 3, Duration::from_secs(100), t);
         assert_eq!(c.len(), 2);
-        assert_eq!(c.get(&2, t + Duration::from_secs(3)), Some(2));
-        c.insert(4, 4, Duration::from_secs(100), t + Duration::from_secs(3));
-        assert_eq!(c.get(&2, t + Duration::from_secs(3)), None, "closest to expiry went");
-        assert_eq!(c.get(&3, t + Duration::from_secs(3)), Some(3));
+        assert_eq!(c.get(&2, t), None, "the least recently used went");
+        assert_eq!((c.get(&1, t), c.get(&3, t)), (Some(1), Some(3)));
+        // An expired entry is dropped when looked up.
+        c.insert(4, 4, Duration::from_secs(1), t);
+        assert_eq!(c.get(&4, t + Duration::from_secs(2)), None);
+        assert_eq!(c.len(), 1);
     }
 }

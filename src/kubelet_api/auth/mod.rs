@@ -77,6 +77,17 @@ pub async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) 
         .await
     {
         Ok(user) => user,
+        Err(AuthnError::RateLimited) => {
+            // A flood of unknown tokens: one debug line each, not a warning each.
+            tracing::debug!(path = %req.uri().path(), "kubelet API: token review rate-limited");
+            let mut r = text(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests with bearer tokens this node has not seen; try again in a second\n".into(),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return r;
+        }
         Err(error) => {
             if let AuthnError::ReviewFailed(_) = error {
                 tracing::warn!(%error, "kubelet API: token review failed");

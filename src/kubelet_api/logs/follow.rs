@@ -7,7 +7,6 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,67 +14,156 @@ use futures::Stream;
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
 
-use super::lines::{Emitter, tail_start};
+use super::lines::Emitter;
 
-/// The byte offset of the last `n` lines of `file`, reading backwards in chunks (the file may
-/// be large).
+/// The most bytes read from the log (and turned into output) at once. The log's size is the
+/// guest's to choose (a firecracker guest's serial console *is* its log), so a follow holds a
+/// chunk of it, never the file, and each chunk is read and rendered on the blocking pool: the
+/// async workers (lease renewals, status updates) never wait on a log.
+pub const CHUNK: usize = 64 * 1024;
+/// The longest line carried from one chunk to the next: a longer one is emitted in pieces of
+/// this size (a guest that never prints a line break holds no more than this).
+pub const MAX_LINE: usize = 1024 * 1024;
+
+/// The byte offset of the last `n` lines of `file` (a final `\n` does not start an empty line,
+/// like `cocoon vm logs --tail`). Reads backwards a chunk at a time and looks at each byte once:
+/// linear in what it reads, with one chunk in memory, however large `n` and the file are.
 pub fn tail_offset(file: &File, n: u64) -> io::Result<u64> {
     let size = file.metadata()?.len();
-    const CHUNK: u64 = 64 * 1024;
-    let mut pos = size;
-    let mut buf = Vec::new();
-    while pos > 0 {
-        let read = CHUNK.min(pos);
-        pos -= read;
-        let mut chunk = vec![0; read as usize];
-        file.read_exact_at(&mut chunk, pos)?;
-        chunk.extend_from_slice(&buf);
-        buf = chunk;
-        let start = tail_start(&buf, n);
-        if start > 0 || pos == 0 {
-            return Ok(pos + start as u64);
+    if n == 0 {
+        return Ok(size);
+    }
+    let mut chunk = vec![0u8; CHUNK];
+    let mut end = size;
+    let mut found = 0u64;
+    let mut first = true;
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK as u64);
+        let buf = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(buf, start)?;
+        let mut scan = &buf[..];
+        if first {
+            // The file's final line break ends the last line; it does not start one.
+            if let Some((b'\n', rest)) = scan.split_last() {
+                scan = rest;
+            }
+            first = false;
         }
+        while let Some(i) = scan.iter().rposition(|b| *b == b'\n') {
+            found += 1;
+            if found == n {
+                return Ok(start + i as u64 + 1);
+            }
+            scan = &scan[..i];
+        }
+        end = start;
     }
     Ok(0)
+}
+
+/// Complete lines out of a byte stream read in chunks: each byte is looked at once, and only the
+/// unfinished last line (at most [`MAX_LINE`] bytes) is carried over.
+#[derive(Debug, Default)]
+pub struct Lines {
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    /// Calls `line` with each line `chunk` completes (without its `\n`).
+    pub fn feed(&mut self, mut chunk: &[u8], mut line: impl FnMut(&[u8])) {
+        while let Some(nl) = chunk.iter().position(|b| *b == b'\n') {
+            if self.partial.is_empty() {
+                line(&chunk[..nl]);
+            } else {
+                self.partial.extend_from_slice(&chunk[..nl]);
+                line(&self.partial);
+                self.partial.clear();
+            }
+            chunk = &chunk[nl + 1..];
+        }
+        while self.partial.len() + chunk.len() > MAX_LINE {
+            let take = MAX_LINE - self.partial.len();
+            self.partial.extend_from_slice(&chunk[..take]);
+            line(&self.partial);
+            self.partial.clear();
+            chunk = &chunk[take..];
+        }
+        self.partial.extend_from_slice(chunk);
+    }
+
+    /// The unfinished last line, if any (the text is over).
+    pub fn finish(&mut self, line: impl FnOnce(&[u8])) {
+        if !self.partial.is_empty() {
+            line(&self.partial);
+            self.partial.clear();
+        }
+    }
+
+    fn clear(&mut self) {
+        self.partial.clear();
+    }
+}
+
+/// Renders one line through the emitter.
+fn emit(emitter: &mut Emitter, line: &[u8], now: chrono::DateTime<chrono::Utc>, out: &mut Vec<u8>) {
+    emitter.line(String::from_utf8_lossy(line).as_ref(), now, out);
 }
 
 /// Open handle plus where reading goes on.
 struct Cursor {
     path: PathBuf,
-    file: Arc<File>,
+    file: File,
     inode: u64,
     offset: u64,
-    pending: Vec<u8>,
+    lines: Lines,
+    buf: Vec<u8>,
 }
 
 impl Cursor {
-    /// Reads what was appended since the last call (blocking). A truncated or replaced file
-    /// starts over.
-    fn read_new(&mut self) -> io::Result<Vec<u8>> {
+    /// Reads the next chunk appended since the last call into `buf` (blocking): empty when
+    /// there is nothing new. A truncated or replaced file starts over.
+    fn read_chunk(&mut self) -> io::Result<()> {
         if let Ok(meta) = std::fs::metadata(&self.path)
             && meta.ino() != self.inode
             && let Ok(f) = File::open(&self.path)
         {
             self.inode = meta.ino();
-            self.file = Arc::new(f);
+            self.file = f;
             self.offset = 0;
-            self.pending.clear();
+            self.lines.clear();
         }
         let size = self.file.metadata()?.len();
         if size < self.offset {
             self.offset = 0;
-            self.pending.clear();
+            self.lines.clear();
         }
-        let mut out = vec![0; (size - self.offset) as usize];
-        let n = self.file.read_at(&mut out, self.offset)?;
-        out.truncate(n);
+        let want = (size - self.offset).min(CHUNK as u64) as usize;
+        self.buf.resize(want, 0);
+        let n = self.file.read_at(&mut self.buf, self.offset)?;
+        self.buf.truncate(n);
         self.offset += n as u64;
-        Ok(out)
+        Ok(())
+    }
+
+    /// One step of the follow (blocking): reads a chunk and renders its complete lines; the
+    /// output, and whether the chunk was full (more is there to read at once).
+    fn step(&mut self, emitter: &mut Emitter, last_pass: bool) -> io::Result<(Vec<u8>, bool)> {
+        let now = chrono::Utc::now();
+        let mut out = Vec::new();
+        self.read_chunk()?;
+        let full = self.buf.len() == CHUNK;
+        let Cursor { lines, buf, .. } = self;
+        lines.feed(buf, |line| emit(emitter, line, now, &mut out));
+        if last_pass && !full {
+            lines.finish(|line| emit(emitter, line, now, &mut out));
+        }
+        Ok((out, full))
     }
 }
 
-/// Opens `path` for following, positioned at its last `tail` lines (or its start).
-pub fn open(path: &Path, tail: Option<u64>) -> io::Result<impl FnOnce(FollowArgs) -> FollowStream> {
+/// Opens `path` for following, positioned at its last `tail` lines (or its start). Blocking:
+/// finding the tail reads the file (backwards, linearly); call it on the blocking pool.
+pub fn open(path: &Path, tail: Option<u64>) -> io::Result<impl FnOnce(FollowArgs) -> FollowStream + Send + use<>> {
     let file = File::open(path)?;
     let inode = file.metadata()?.ino();
     let offset = match tail {
@@ -84,10 +172,11 @@ pub fn open(path: &Path, tail: Option<u64>) -> io::Result<impl FnOnce(FollowArgs
     };
     let cursor = Cursor {
         path: path.to_path_buf(),
-        file: Arc::new(file),
+        file,
         inode,
         offset,
-        pending: Vec::new(),
+        lines: Lines::default(),
+        buf: Vec::with_capacity(CHUNK),
     };
     Ok(move |args: FollowArgs| follow(cursor, args))
 }
@@ -107,7 +196,7 @@ const POLL: Duration = Duration::from_secs(1);
 
 fn follow(cursor: Cursor, args: FollowArgs) -> FollowStream {
     Box::pin(async_stream::try_stream! {
-        let FollowArgs { mut emitter, still_running, shutdown, guard } = args;
+        let FollowArgs { emitter, still_running, shutdown, guard } = args;
         let _guard = guard;
         let (tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<()>();
         let dir = cursor.path.parent().map(Path::to_path_buf);
@@ -122,33 +211,28 @@ fn follow(cursor: Cursor, args: FollowArgs) -> FollowStream {
             Some(w)
         });
         let mut watching = _watcher.is_some();
-        let mut cursor = cursor;
+        let mut state = (cursor, emitter);
         let mut last_pass = false;
         loop {
-            let (c, new) = tokio::task::spawn_blocking(move || {
-                let r = cursor.read_new();
-                (cursor, r)
+            // A chunk at a time, read and rendered on the blocking pool; the stream yields
+            // each chunk's output before the next is read (the client's pace sets ours).
+            let (s, stepped) = tokio::task::spawn_blocking(move || {
+                let (mut cursor, mut emitter) = state;
+                let r = cursor.step(&mut emitter, last_pass);
+                ((cursor, emitter), r)
             })
             .await
             .map_err(io::Error::other)?;
-            cursor = c;
-            let new = new?;
-            cursor.pending.extend_from_slice(&new);
-            let mut out = Vec::new();
-            let now = chrono::Utc::now();
-            while let Some(nl) = cursor.pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = cursor.pending.drain(..=nl).collect();
-                emitter.line(String::from_utf8_lossy(&line[..line.len() - 1]).as_ref(), now, &mut out);
-            }
-            if last_pass && !cursor.pending.is_empty() {
-                let rest = std::mem::take(&mut cursor.pending);
-                emitter.line(String::from_utf8_lossy(&rest).as_ref(), now, &mut out);
-            }
+            state = s;
+            let (out, more) = stepped?;
             if !out.is_empty() {
                 yield Bytes::from(out);
             }
-            if emitter.done() || last_pass {
+            if state.1.done() || (last_pass && !more) {
                 break;
+            }
+            if more {
+                continue;
             }
             tokio::select! {
                 r = changed.recv(), if watching => watching = r.is_some(),
@@ -168,6 +252,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn lines_split_across_chunks_and_long_lines_are_cut() {
+        let text = b"one\ntwo\nthree and more\nfour";
+        for step in [1, 2, 3, 5, 7, 100] {
+            let mut lines = Lines::default();
+            let mut got: Vec<String> = Vec::new();
+            for chunk in text.chunks(step) {
+                lines.feed(chunk, |l| got.push(String::from_utf8_lossy(l).into_owned()));
+            }
+            lines.finish(|l| got.push(String::from_utf8_lossy(l).into_owned()));
+            assert_eq!(got, ["one", "two", "three and more", "four"], "step {step}");
+        }
+        // A line with no end holds at most MAX_LINE bytes.
+        let mut lines = Lines::default();
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            lines.feed(&vec![b'x'; MAX_LINE / 2 + 1], |l| got.push(l.len()));
+        }
+        assert_eq!(got, [MAX_LINE, MAX_LINE]);
+        assert!(lines.partial.len() <= MAX_LINE);
+    }
+
+    #[test]
     fn tail_offset_reads_backwards_across_chunks() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("log");
@@ -181,5 +287,16 @@ mod tests {
         assert_eq!(&text[off..], "line 19997\nline 19998\nline 19999\n");
         assert_eq!(tail_offset(&f, 1_000_000).unwrap(), 0);
         assert_eq!(tail_offset(&f, 0).unwrap() as usize, text.len());
+        // Across a chunk boundary, and the rules of `lines::tail_start` (which it must agree
+        // with: the same tail either way).
+        for n in [1, 2, 7_000, 19_999, 20_000, 20_001] {
+            let off = tail_offset(&f, n).unwrap() as usize;
+            assert_eq!(off, super::super::lines::tail_start(text.as_bytes(), n), "{n}");
+        }
+        std::fs::write(&p, "a\nb").unwrap();
+        let f = File::open(&p).unwrap();
+        assert_eq!(tail_offset(&f, 1).unwrap(), 2, "an unterminated last line");
+        std::fs::write(&p, "").unwrap();
+        assert_eq!(tail_offset(&File::open(&p).unwrap(), 3).unwrap(), 0);
     }
 }

@@ -30,7 +30,9 @@ fn parse_elapsed(s: &str) -> Option<Duration> {
 pub fn line_time(line: &str, vmm_start: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
     if let Some(rest) = line.strip_prefix("cloud-hypervisor: ") {
         let elapsed = parse_elapsed(rest.split(':').next()?)?;
-        return Some(vmm_start? + chrono::Duration::from_std(elapsed).ok()?);
+        // The line is the guest's to write (a firecracker guest's console is the log): an
+        // elapsed time past the calendar is no time, not an overflow.
+        return vmm_start?.checked_add_signed(chrono::Duration::from_std(elapsed).ok()?);
     }
     let first = line.split_whitespace().next()?;
     if !first.starts_with(|c: char| c.is_ascii_digit()) {
@@ -243,6 +245,28 @@ mod tests {
         assert_eq!(
             String::from_utf8(e.all("untimed\n", now)).unwrap(),
             "2026-08-12T11:00:00Z untimed\n"
+        );
+    }
+
+    /// A guest prints what it likes on a firecracker serial console (the log): an elapsed time
+    /// past the calendar is no time, not a panic that breaks every log request of the pod.
+    #[test]
+    fn an_elapsed_time_past_the_calendar_is_no_time_not_a_panic() {
+        let now = Utc::now();
+        for line in [
+            "cloud-hypervisor: 9000000000000s: x",
+            "cloud-hypervisor: 99999999999999999999s: x",
+            "cloud-hypervisor: 1e300s: x",
+        ] {
+            let time = std::panic::catch_unwind(|| line_time(line, Some(now)));
+            assert_eq!(time.ok(), Some(None), "{line}");
+        }
+        let mut e = Emitter::new(Some(now), true, None, Some(now));
+        let out = e.all("cloud-hypervisor: 9000000000000s: x\n", now);
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .ends_with(" cloud-hypervisor: 9000000000000s: x\n")
         );
     }
 }

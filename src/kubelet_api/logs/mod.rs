@@ -86,24 +86,33 @@ pub async fn container_logs(
         return plain(StatusCode::OK, NO_VM);
     };
     let now = Utc::now();
-    let emitter = Emitter::new(
+    let mut emitter = Emitter::new(
         q.since.map(|s| s.resolve(now)),
         q.timestamps,
         q.limit_bytes,
         vmm_start(&api, &vm),
     );
     if q.follow {
-        return follow_response(api, namespace, pod_name, vm, q, emitter);
+        return follow_response(api, namespace, pod_name, vm, q, emitter).await;
     }
+    // `cocoon vm logs` stdout is bounded by the runtime client (its last part is kept).
     match api.runtime.logs(&vm.id, q.tail_lines).await {
         Ok(text) => {
-            let mut emitter = emitter;
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                emitter.all(&text, now),
-            )
-                .into_response()
+            // Rendering is linear but may be megabytes of lines: on the blocking pool, so the
+            // async workers go on serving everything else.
+            let rendered = tokio::task::spawn_blocking(move || emitter.all(&text, now)).await;
+            match rendered {
+                Ok(body) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                    body,
+                )
+                    .into_response(),
+                Err(e) => plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("rendering the log of VM {}: {e}\n", vm.id),
+                ),
+            }
         }
         Err(e) if e.is_vm_not_found() => plain(StatusCode::OK, NO_VM),
         Err(e) => plain(
@@ -113,7 +122,7 @@ pub async fn container_logs(
     }
 }
 
-fn follow_response(
+async fn follow_response(
     api: Arc<ApiState>,
     namespace: String,
     pod_name: String,
@@ -122,7 +131,20 @@ fn follow_response(
     emitter: Emitter,
 ) -> Response {
     let path = api.paths.vm_log_file(&vm.hypervisor, &vm.id);
-    let start = match follow::open(&path, q.tail_lines) {
+    // Finding the tail reads the file (linearly, backwards): on the blocking pool.
+    let (opened, path) = {
+        let tail = q.tail_lines;
+        match tokio::task::spawn_blocking(move || (follow::open(&path, tail), path)).await {
+            Ok(r) => r,
+            Err(e) => {
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("opening the log of VM {}: {e}\n", vm.id),
+                );
+            }
+        }
+    };
+    let start = match opened {
         Ok(start) => start,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return plain(

@@ -11,10 +11,21 @@ pub enum Since {
     Time(DateTime<Utc>),
 }
 
+/// The largest `sinceSeconds` taken (10 000 years): the apiserver sets no upper bound, and a
+/// time further back than the calendar can count is refused (400) rather than computed.
+pub const MAX_SINCE_SECONDS: u64 = 10_000 * 365 * 24 * 3600;
+
 impl Since {
+    /// The time the output starts at. Checked arithmetic: an interval further back than the
+    /// calendar goes starts at its beginning (the query's parsing refuses such values; this
+    /// holds for any caller).
     pub fn resolve(self, now: DateTime<Utc>) -> DateTime<Utc> {
         match self {
-            Since::Seconds(s) => now - chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX / 1000)),
+            Since::Seconds(s) => i64::try_from(s)
+                .ok()
+                .and_then(chrono::Duration::try_seconds)
+                .and_then(|back| now.checked_sub_signed(back))
+                .unwrap_or(DateTime::<Utc>::MIN_UTC),
             Since::Time(t) => t,
         }
     }
@@ -83,11 +94,17 @@ impl LogQuery {
         }
         let seconds = match params.get("sinceSeconds") {
             Some(v) => match parse_int("sinceSeconds", v) {
-                Ok(n) if n >= 1 => Some(n as u64),
-                Ok(n) => {
+                Ok(n) if n < 1 => {
                     errors.push(format!("sinceSeconds: invalid value {n}: must be greater than 0"));
                     None
                 }
+                Ok(n) if n as u64 > MAX_SINCE_SECONDS => {
+                    errors.push(format!(
+                        "sinceSeconds: invalid value {n}: must be at most {MAX_SINCE_SECONDS} (10 000 years)"
+                    ));
+                    None
+                }
+                Ok(n) => Some(n as u64),
                 Err(e) => {
                     errors.push(e);
                     None
@@ -201,5 +218,19 @@ mod tests {
             Since::Seconds(90).resolve(now),
             "2026-08-12T09:58:30Z".parse::<DateTime<Utc>>().unwrap()
         );
+    }
+
+    /// The apiserver sets no upper bound on sinceSeconds: a value past what a date can count
+    /// back is the client's mistake (400), never a panic of the handler.
+    #[test]
+    fn since_seconds_past_the_calendar_is_refused_not_a_panic() {
+        let now = Utc::now();
+        for secs in [10_000_000_000_000u64, 99_999_999_999_999, u64::MAX] {
+            let resolved = std::panic::catch_unwind(|| Since::Seconds(secs).resolve(now));
+            assert!(resolved.is_ok(), "sinceSeconds={secs} panics");
+        }
+        let err = q(&[("sinceSeconds", "99999999999999")]).unwrap_err();
+        assert!(err.contains("sinceSeconds: invalid value 99999999999999"), "{err}");
+        assert!(q(&[("sinceSeconds", "315360000")]).is_ok(), "ten years back is fine");
     }
 }

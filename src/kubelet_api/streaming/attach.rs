@@ -14,10 +14,10 @@ use axum::response::{IntoResponse, Response};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
-use super::ConsoleLock;
 use super::remotecommand::{self, Options, Outcome, Streams};
 use super::target::{self, Target};
 use super::upgrade::plain;
+use super::{ConsoleLock, Requester};
 use crate::kubelet_api::state::ApiState;
 
 fn console_path(api: &ApiState, target: &Target) -> PathBuf {
@@ -59,7 +59,11 @@ pub async fn attach(
             ),
         );
     };
-    let admission = match api.streaming.admit(api.metrics.streams.with_label_values(&["attach"])) {
+    let who = Requester::of(&req, &namespace, &pod);
+    let admission = match api
+        .streaming
+        .admit(api.metrics.streams.with_label_values(&["attach"]), &who)
+    {
         Ok(a) => a,
         Err(refusal) => return refusal.into_response(),
     };

@@ -15,6 +15,13 @@ pub struct StreamingConfig {
     /// `VK_STREAMING_MAX_SESSIONS` (default 64): exec, attach and port-forward sessions open at
     /// once on this node; more are refused with 429.
     pub max_sessions: usize,
+    /// `VK_STREAMING_MAX_SESSIONS_PER_POD` (default 16, a quarter of the node's): sessions
+    /// with one pod at once, whoever asks (through the apiserver every tenant's sessions arrive
+    /// under its one identity, so the pod is what tells them apart).
+    pub max_sessions_per_pod: usize,
+    /// `VK_STREAMING_MAX_SESSIONS_PER_CALLER` (default 16): sessions of one caller that
+    /// authenticates with a bearer token (a client certificate, the apiserver's, has no share).
+    pub max_sessions_per_caller: usize,
     /// `VK_STREAMING_MAX_PORTFORWARD_STREAMS` (default 256): connections one port-forward
     /// session may have open at once.
     pub max_forwarded_connections: usize,
@@ -26,6 +33,8 @@ impl Default for StreamingConfig {
             idle_timeout: Duration::from_secs(4 * 3600),
             creation_timeout: Duration::from_secs(30),
             max_sessions: 64,
+            max_sessions_per_pod: 16,
+            max_sessions_per_caller: 16,
             max_forwarded_connections: 256,
         }
     }
@@ -85,6 +94,14 @@ pub struct StreamingArgs {
     #[arg(long, env = "VK_STREAMING_MAX_SESSIONS", value_name = "COUNT", default_value_t = 64,
           value_parser = parser("VK_STREAMING_MAX_SESSIONS", "a number of at least 1", settings::positive::<usize>))]
     pub streaming_max_sessions: usize,
+    /// Sessions with one pod at once (its share of the node's)
+    #[arg(long, env = "VK_STREAMING_MAX_SESSIONS_PER_POD", value_name = "COUNT", default_value_t = 16,
+          value_parser = parser("VK_STREAMING_MAX_SESSIONS_PER_POD", "a number of at least 1", settings::positive::<usize>))]
+    pub streaming_max_sessions_per_pod: usize,
+    /// Sessions of one bearer-token caller at once (client certificates have no share)
+    #[arg(long, env = "VK_STREAMING_MAX_SESSIONS_PER_CALLER", value_name = "COUNT", default_value_t = 16,
+          value_parser = parser("VK_STREAMING_MAX_SESSIONS_PER_CALLER", "a number of at least 1", settings::positive::<usize>))]
+    pub streaming_max_sessions_per_caller: usize,
     /// Connections one port-forward session may hold
     #[arg(long, env = "VK_STREAMING_MAX_PORTFORWARD_STREAMS", value_name = "COUNT", default_value_t = 256,
           value_parser = parser("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "a number of at least 1", settings::positive::<usize>))]
@@ -106,6 +123,8 @@ impl StreamingConfig {
             idle_timeout: args.streaming_idle_timeout,
             creation_timeout: args.streaming_creation_timeout,
             max_sessions: args.streaming_max_sessions,
+            max_sessions_per_pod: args.streaming_max_sessions_per_pod,
+            max_sessions_per_caller: args.streaming_max_sessions_per_caller,
             max_forwarded_connections: args.streaming_max_portforward_streams,
         }
     }
@@ -156,8 +175,11 @@ mod tests {
             ("VK_STREAMING_CREATION_TIMEOUT", "2s"),
             ("VK_STREAMING_MAX_SESSIONS", "3"),
             ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "9"),
+            ("VK_STREAMING_MAX_SESSIONS_PER_POD", "2"),
+            ("VK_STREAMING_MAX_SESSIONS_PER_CALLER", "4"),
         ])
         .unwrap();
+        assert_eq!((c.max_sessions_per_pod, c.max_sessions_per_caller), (2, 4));
         assert_eq!(
             (
                 c.idle_timeout,
@@ -173,6 +195,8 @@ mod tests {
             ("VK_STREAMING_CREATION_TIMEOUT", "10"),
             ("VK_STREAMING_MAX_SESSIONS", "0"),
             ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "many"),
+            ("VK_STREAMING_MAX_SESSIONS_PER_POD", "0"),
+            ("VK_STREAMING_MAX_SESSIONS_PER_CALLER", "-1"),
         ] {
             let e = cfg(&[(var, value)]).unwrap_err();
             assert!(e.contains(&format!("{var}={value:?}")), "{e}");

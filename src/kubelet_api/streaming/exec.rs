@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::Requester;
 use super::remotecommand::{self, Options, Outcome, Streams};
 use super::target::{self, Target};
 use super::upgrade::plain;
@@ -34,7 +35,11 @@ pub async fn exec(
         Ok(t) => t,
         Err(refusal) => return refusal.into_response(),
     };
-    let admission = match api.streaming.admit(api.metrics.streams.with_label_values(&["exec"])) {
+    let who = Requester::of(&req, &namespace, &pod);
+    let admission = match api
+        .streaming
+        .admit(api.metrics.streams.with_label_values(&["exec"]), &who)
+    {
         Ok(a) => a,
         Err(refusal) => return refusal.into_response(),
     };
@@ -82,7 +87,9 @@ async fn run(api: Arc<ApiState>, target: Target, opts: Options, mut streams: Str
             },
             _ = closed.cancelled() => {
                 // Dropping the exec kills its cocoon process (and the agent's command with it).
-                tracing::info!(pod = %format!("{}/{}", target.namespace, target.pod), vm = %target.vm.id, argv = ?opts.command, "exec: the client left; the command was stopped");
+                // The command line may carry secrets: at info only the pod and VM are named.
+                tracing::info!(pod = %format!("{}/{}", target.namespace, target.pod), vm = %target.vm.id, "exec: the client left; the command was stopped");
+                tracing::debug!(vm = %target.vm.id, argv = ?opts.command, "exec: the stopped command");
                 return;
             }
             _ = api.shutdown.cancelled() => Outcome::Internal("vk-cocoon is shutting down; the command was stopped".into()),

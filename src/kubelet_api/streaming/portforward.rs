@@ -6,7 +6,6 @@
 //! creation timeout is reset. Over WebSockets the same SPDY session rides the
 //! `SPDY/3.1+portforward.k8s.io` tunnel (what kubectl and a 1.36 apiserver use).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,17 +13,17 @@ use std::time::Duration;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use prometheus::IntCounter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
-use super::Admission;
-use super::spdy::codec::frame::rst;
+use super::pairing::Pairing;
 use super::spdy::{self, Stream};
 use super::target::{self, Target};
 use super::upgrade::{self, Transport, plain};
 use super::websocket::{SPDY_TUNNEL, Tunnel};
+use super::{Admission, Requester, supervise};
 use crate::kubelet_api::state::ApiState;
 
 /// The SPDY sub-protocol of port-forward.
@@ -73,51 +72,41 @@ pub async fn port_forward(
         Ok(p) => p,
         Err(refusal) => return refusal.into_response(),
     };
+    let who = Requester::of(&req, &namespace, &pod);
     let admission = match api
         .streaming
-        .admit(api.metrics.streams.with_label_values(&["portforward"]))
+        .admit(api.metrics.streams.with_label_values(&["portforward"]), &who)
     {
         Ok(a) => a,
         Err(refusal) => return refusal.into_response(),
     };
     tracing::debug!(endpoint = %"portforward", ?transport, %protocol, "streaming: upgrading");
+    let panics = api.metrics.session_panics();
     let forwarder = Forwarder {
         api,
         target,
         ip,
+        panics: Some(panics.clone()),
         _admission: admission,
     };
     match transport {
-        Transport::Spdy => upgrade::spdy(req, protocol, move |io| forwarder.serve(io)),
+        Transport::Spdy => upgrade::spdy(req, protocol, panics, move |io| forwarder.serve(io)),
         Transport::WebSocket => {
-            upgrade::websocket(req, protocol, move |socket| forwarder.serve(Tunnel::new(socket))).await
+            upgrade::websocket(req, protocol, panics, move |socket| {
+                forwarder.serve(Tunnel::new(socket))
+            })
+            .await
         }
     }
-}
-
-/// The two streams of one forwarded connection, as they arrive.
-#[derive(Default)]
-struct Pair {
-    data: Option<Stream>,
-    error: Option<Stream>,
-    since: Option<Instant>,
 }
 
 struct Forwarder {
     api: Arc<ApiState>,
     target: Target,
     ip: IpAddr,
+    /// Counts a panic of the session's tasks or of one connection's.
+    panics: Option<IntCounter>,
     _admission: Admission,
-}
-
-/// The pair a stream belongs to: its `requestid`, or — for clients too old to send one — the
-/// kubelet's guess from the stream ids (an error stream and the data stream 2 after it).
-fn request_id(stream: &Stream) -> String {
-    match stream.headers.get("requestid") {
-        Some(id) if !id.is_empty() => id.to_string(),
-        _ if stream.stream_type() == Some("data") => format!("#{}", stream.id.saturating_sub(2)),
-        _ => format!("#{}", stream.id),
-    }
 }
 
 impl Forwarder {
@@ -131,76 +120,33 @@ impl Forwarder {
             spdy::SessionConfig {
                 idle_timeout: config.idle_timeout,
                 max_streams: 2 * config.max_forwarded_connections,
+                panics: self.panics.clone(),
                 ..Default::default()
             },
         );
         let me = Arc::new(self);
-        let mut pending: HashMap<String, Pair> = HashMap::new();
+        let mut pairing = Pairing::new(config.max_forwarded_connections, config.creation_timeout);
         let mut connections = JoinSet::new();
         loop {
-            let expiry = pending
-                .values()
-                .filter_map(|p| p.since)
-                .min()
-                .map(|t| t + config.creation_timeout);
             tokio::select! {
                 stream = incoming.recv() => {
                     let Some(stream) = stream else { break };
-                    if let Some((data, error)) = me.pair_up(&session, &mut pending, stream) {
+                    if let Some((data, error)) = pairing.place(&session, stream) {
                         connections.spawn(me.clone().forward(data, error));
                     }
                 }
-                _ = async { tokio::time::sleep_until(expiry.unwrap_or_else(Instant::now)).await }, if expiry.is_some() => {
-                    let now = Instant::now();
-                    pending.retain(|id, p| {
-                        let expired = p.since.is_some_and(|t| t + config.creation_timeout <= now);
-                        if expired {
-                            tracing::warn!(requestid = %id, "port-forward: the client did not open both streams of a connection in time; resetting it");
-                            for s in [&p.data, &p.error].into_iter().flatten() {
-                                session.reset(s.id, rst::CANCEL);
-                            }
-                        }
-                        !expired
-                    });
+                _ = pairing.expire_next(&session) => {}
+                Some(joined) = connections.join_next() => {
+                    if let Err(e) = joined && e.is_panic() {
+                        supervise::report_panic("port-forward connection", &me.panics, e.into_panic().as_ref());
+                    }
                 }
-                Some(_) = connections.join_next() => {}
                 _ = me.api.shutdown.cancelled() => break,
             }
         }
         // The session is over: no forwarded connection outlives it.
         connections.abort_all();
         session.shutdown(Duration::from_secs(5)).await;
-    }
-
-    fn pair_up(
-        &self,
-        session: &spdy::Session,
-        pending: &mut HashMap<String, Pair>,
-        stream: Stream,
-    ) -> Option<(Stream, Stream)> {
-        let id = request_id(&stream);
-        let pair = pending.entry(id.clone()).or_default();
-        pair.since.get_or_insert_with(Instant::now);
-        let slot = match stream.stream_type() {
-            Some("data") => &mut pair.data,
-            Some("error") => &mut pair.error,
-            other => {
-                tracing::warn!(stream = stream.id, streamtype = ?other, "port-forward: a stream that is neither data nor error; resetting it");
-                session.reset(stream.id, rst::PROTOCOL_ERROR);
-                return None;
-            }
-        };
-        if slot.is_some() {
-            tracing::warn!(stream = stream.id, requestid = %id, "port-forward: a second stream of the same type for one connection; resetting it");
-            session.reset(stream.id, rst::PROTOCOL_ERROR);
-            return None;
-        }
-        *slot = Some(stream);
-        if pair.data.is_some() && pair.error.is_some() {
-            let pair = pending.remove(&id)?;
-            return Some((pair.data?, pair.error?));
-        }
-        None
     }
 
     async fn forward(self: Arc<Self>, data: Stream, mut error: Stream) {

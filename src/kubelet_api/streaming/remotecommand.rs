@@ -211,7 +211,8 @@ impl Streams {
             };
             let kind = stream.stream_type().unwrap_or_default().to_string();
             if !want.contains(&kind.as_str()) || got.iter().any(|(k, _)| *k == kind) {
-                tracing::warn!(stream = stream.id, streamtype = %kind, "exec/attach: unexpected SPDY stream; resetting it");
+                // Debug formatting: the value is the peer's, and may hold line breaks.
+                tracing::warn!(stream = stream.id, streamtype = ?kind, "exec/attach: unexpected SPDY stream; resetting it");
                 session.reset(stream.id, spdy::codec::frame::rst::PROTOCOL_ERROR);
                 continue;
             }
@@ -259,12 +260,14 @@ where
     };
     tracing::debug!(endpoint = %what, ?transport, %protocol, "streaming: upgrading");
     let config = api.streaming.config.clone();
+    let panics = api.metrics.session_panics();
     match transport {
-        Transport::Spdy => upgrade::spdy(req, protocol, move |io| async move {
+        Transport::Spdy => upgrade::spdy(req, protocol, panics.clone(), move |io| async move {
             let _admission = admission;
             let session_config = spdy::SessionConfig {
                 idle_timeout: config.idle_timeout,
                 max_streams: 8,
+                panics: Some(panics),
                 ..Default::default()
             };
             let (session, incoming) = spdy::serve(io, session_config);
@@ -274,9 +277,9 @@ where
             }
         }),
         Transport::WebSocket => {
-            upgrade::websocket(req, protocol.clone(), move |socket| async move {
+            upgrade::websocket(req, protocol.clone(), panics.clone(), move |socket| async move {
                 let _admission = admission;
-                let channels = Channels::start(socket, &protocol, opts.stdin, config.idle_timeout);
+                let channels = Channels::start(socket, &protocol, opts.stdin, config.idle_timeout, Some(panics));
                 let streams = Streams::websocket(channels, &opts).await;
                 body(streams).await
             })

@@ -9,7 +9,11 @@ use axum::extract::Request;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
 use hyper_util::rt::TokioIo;
+use prometheus::IntCounter;
+
+use super::supervise;
 
 /// The header SPDY clients offer their sub-protocols in (once per protocol).
 pub const STREAM_PROTOCOL: &str = "x-stream-protocol-version";
@@ -114,8 +118,9 @@ pub fn negotiate(headers: &HeaderMap, transport: Transport, ours: &[&'static str
     Err(refusal)
 }
 
-/// Answers `101` with `protocol` and runs `serve` on the upgraded connection.
-pub fn spdy<F, Fut>(mut req: Request, protocol: String, serve: F) -> Response
+/// Answers `101` with `protocol` and runs `serve` on the upgraded connection (a panic in it is
+/// caught and counted on `panics`: the connection closes, nothing else goes).
+pub fn spdy<F, Fut>(mut req: Request, protocol: String, panics: IntCounter, serve: F) -> Response
 where
     F: FnOnce(TokioIo<hyper::upgrade::Upgraded>) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -126,12 +131,14 @@ where
             "this connection cannot be upgraded (HTTP/1.1 is needed for SPDY)",
         );
     };
-    tokio::spawn(async move {
+    let session = async move {
         match on_upgrade.await {
             Ok(upgraded) => serve(TokioIo::new(upgraded)).await,
             Err(error) => tracing::debug!(%error, "kubelet API: the SPDY upgrade did not complete"),
         }
-    });
+    };
+    // What the session held (its connection, its admission) went with the unwinding.
+    supervise::spawn("SPDY session", Some(panics), session, || {});
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
     let h = response.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
@@ -142,8 +149,9 @@ where
     response
 }
 
-/// Accepts the WebSocket with `protocol` and runs `serve` on it.
-pub async fn websocket<F, Fut>(req: Request, protocol: String, serve: F) -> Response
+/// Accepts the WebSocket with `protocol` and runs `serve` on it (a panic in it is caught and
+/// counted on `panics`: the connection closes, nothing else goes).
+pub async fn websocket<F, Fut>(req: Request, protocol: String, panics: IntCounter, serve: F) -> Response
 where
     F: FnOnce(WebSocket) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -157,7 +165,12 @@ where
         .max_message_size(MAX_WS_MESSAGE)
         .max_frame_size(MAX_WS_MESSAGE)
         .on_failed_upgrade(|error| tracing::debug!(%error, "kubelet API: the WebSocket upgrade did not complete"))
-        .on_upgrade(serve)
+        .on_upgrade(move |socket| async move {
+            // Unwind safety: the socket and whatever `serve` held are dropped by the unwinding.
+            if let Err(panic) = std::panic::AssertUnwindSafe(serve(socket)).catch_unwind().await {
+                supervise::report_panic("WebSocket session", &Some(panics), panic.as_ref());
+            }
+        })
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, PollSender};
 
+use super::supervise;
+
 pub const V5: &str = "v5.channel.k8s.io";
 pub const V4: &str = "v4.channel.k8s.io";
 pub const SPDY_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
@@ -37,6 +39,14 @@ const CLOSE: u8 = 255;
 
 /// The largest message this side sends (a channel byte plus this much data).
 const MAX_MESSAGE_DATA: usize = 64 * 1024;
+
+/// Pieces of stdin queued for a command that has not read them yet; with pieces of at most
+/// [`STDIN_PIECE`] bytes, at most 1 MiB waits per session (plus the one message being split).
+/// A client sending stdin faster than the command reads it is then held back by TCP.
+const STDIN_QUEUE: usize = 16;
+/// The most bytes of one queued stdin piece: a larger message (a client may send up to the
+/// message limit at once) is queued as copies of this size, so the queue holds what it counts.
+const STDIN_PIECE: usize = 64 * 1024;
 
 enum WsOut {
     Data(u8, Bytes),
@@ -96,22 +106,43 @@ pub struct Channels {
 }
 
 impl Channels {
-    /// Starts the reader and writer of `socket`, which negotiated `protocol` (v4 or v5).
-    pub fn start(socket: WebSocket, protocol: &str, want_stdin: bool, idle_timeout: Duration) -> Self {
+    /// Starts the reader and writer of `socket`, which negotiated `protocol` (v4 or v5); a
+    /// panic in either ends the session and is counted on `panics`.
+    pub fn start(
+        socket: WebSocket,
+        protocol: &str,
+        want_stdin: bool,
+        idle_timeout: Duration,
+        panics: Option<prometheus::IntCounter>,
+    ) -> Self {
         let v5 = protocol == V5;
         let (sink, stream) = socket.split();
         let (out_tx, out_rx) = mpsc::channel(64);
-        let (stdin_tx, stdin_rx) = mpsc::channel(16);
+        let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
         let closed = CancellationToken::new();
         let activity = Activity::new();
-        let writer = tokio::spawn(write_channels(sink, out_rx, closed.clone(), activity.clone()));
-        let reader = tokio::spawn(read_channels(
-            stream,
-            want_stdin.then_some(stdin_tx),
-            v5,
-            closed.clone(),
-            activity.clone(),
-        ));
+        let ender = |closed: &CancellationToken| {
+            let closed = closed.clone();
+            move || closed.cancel()
+        };
+        let writer = supervise::spawn(
+            "WebSocket writer",
+            panics.clone(),
+            write_channels(sink, out_rx, closed.clone(), activity.clone()),
+            ender(&closed),
+        );
+        let reader = supervise::spawn(
+            "WebSocket reader",
+            panics,
+            read_channels(
+                stream,
+                want_stdin.then_some(stdin_tx),
+                v5,
+                closed.clone(),
+                activity.clone(),
+            ),
+            ender(&closed),
+        );
         tokio::spawn(idle_watch(activity, idle_timeout, closed.clone()));
         Self {
             stdin: want_stdin.then(|| ChannelReader {
@@ -241,9 +272,17 @@ async fn read_channels<S>(
             STDIN => {
                 if let Some(tx) = &stdin {
                     let chunk = data.slice(1..);
-                    if !chunk.is_empty() {
+                    // A small message is queued as it is; a large one as copies of a piece
+                    // each, so that what waits in the queue is bounded in bytes, not messages.
+                    let whole = chunk.len() <= STDIN_PIECE;
+                    for piece in chunk.chunks(STDIN_PIECE) {
+                        let piece = if whole {
+                            chunk.clone()
+                        } else {
+                            Bytes::copy_from_slice(piece)
+                        };
                         tokio::select! {
-                            r = tx.send(chunk) => if r.is_err() { stdin = None },
+                            r = tx.send(piece) => if r.is_err() { stdin = None; break },
                             _ = closed.cancelled() => return,
                         }
                     }
@@ -396,5 +435,44 @@ impl AsyncWrite for Tunnel {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.socket).poll_close(cx).map_err(ws_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client sends stdin (in the largest messages allowed) to a command that never reads
+    /// it: what the session holds for it stays small, whatever the message size.
+    #[tokio::test]
+    async fn unread_stdin_is_bounded_in_bytes() {
+        const MESSAGE: usize = 4 << 20;
+        let mut message = vec![STDIN];
+        message.resize(MESSAGE + 1, b'x');
+        let message = Bytes::from(message);
+        let messages = futures::stream::iter((0..40).map(move |_| Ok(Message::Binary(message.clone()))))
+            .chain(futures::stream::pending());
+        let (tx, mut rx) = mpsc::channel(16);
+        let closed = CancellationToken::new();
+        let reader = tokio::spawn(read_channels(
+            Box::pin(messages),
+            Some(tx),
+            true,
+            closed.clone(),
+            Activity::new(),
+        ));
+        // The reader stops taking messages once the stdin queue is full; nothing reads it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while rx.len() < rx.max_capacity() {
+            assert!(Instant::now() < deadline, "the stdin queue never fills");
+            tokio::task::yield_now().await;
+        }
+        let mut queued = 0;
+        while let Ok(chunk) = rx.try_recv() {
+            queued += chunk.len();
+        }
+        closed.cancel();
+        let _ = reader.await;
+        assert!(queued <= 1 << 20, "{} MiB of unread stdin queued", queued >> 20);
     }
 }

@@ -36,6 +36,11 @@ const EXEC_BUF: usize = 256 * 1024;
 /// Keeps only the last `cap` bytes of stderr (errors are classified from it).
 const STDERR_CAP: usize = 64 * 1024;
 
+/// The most bytes of `vm logs` output kept: its last part (the newest lines, from a line
+/// start). The log's size is a guest's to choose (a firecracker guest's console is its log), so
+/// the daemon never holds all of it.
+pub const LOGS_CAP: usize = 8 << 20;
+
 fn check_ref(what: &str, r: &str) -> Result<()> {
     crate::runtime::args::unsafe_ref(what, r).map_or(Ok(()), |m| Err(RuntimeError::InvalidRequest(m)))
 }
@@ -63,6 +68,53 @@ fn exit_of(mut child: Child, verb: String, reference: String) -> futures::future
             Err(parse::classify_failure(&verb, &reference, status.code(), &stderr))
         }
     })
+}
+
+/// `args` for the log: the value of each `-e K=V` (an exec's environment, which may hold
+/// secrets) is left out.
+fn redacted(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let (mut env_next, mut command) = (false, false);
+    for a in args {
+        if env_next {
+            let name = a.split_once('=').map_or(a.as_str(), |(k, _)| k);
+            out.push(format!("{name}=…"));
+        } else {
+            out.push(a.clone());
+        }
+        // Only flags before `--` are cocoon's; what follows is the guest command's argv.
+        command |= a == "--";
+        env_next = a == "-e" && !command;
+    }
+    out
+}
+
+/// Reads `r` to its end, keeping its last `cap` bytes (from the first line start in them when
+/// anything was dropped). Linear: the front is dropped once per `cap` bytes read, so at most
+/// twice `cap` is held.
+async fn keep_tail(mut r: impl AsyncRead + Unpin, cap: usize) -> std::io::Result<Vec<u8>> {
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut cut = false;
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > 2 * cap {
+            kept.drain(..kept.len() - cap);
+            cut = true;
+        }
+    }
+    if kept.len() > cap {
+        kept.drain(..kept.len() - cap);
+        cut = true;
+    }
+    if cut && let Some(nl) = kept.iter().position(|b| *b == b'\n') {
+        kept.drain(..=nl);
+    }
+    Ok(kept)
 }
 
 /// Drains a child's stderr in the background, keeping the tail.
@@ -109,7 +161,7 @@ impl CocoonCli {
 
     fn spawn(&self, args: &[String], mut cmd: Command) -> Result<Child> {
         let verb = verb_of(args);
-        tracing::debug!(%verb, argv = ?args, "cocoon: spawn");
+        tracing::debug!(%verb, argv = ?redacted(args), "cocoon: spawn");
         cmd.spawn().map_err(|source| RuntimeError::Spawn {
             verb,
             bin: self.cfg.bin.display().to_string(),
@@ -140,6 +192,37 @@ impl CocoonCli {
         let err = parse::classify_failure(&verb, reference, out.status.code(), &stderr);
         tracing::debug!(%verb, reference, code = ?out.status.code(), error = %err, "cocoon: failed");
         Err(err)
+    }
+
+    /// [`Self::output`] for a verb whose stdout may be large: only its last `cap` bytes are
+    /// kept ([`keep_tail`]), read as they come.
+    async fn output_tail(&self, args: Vec<String>, reference: &str, timeout: Duration, cap: usize) -> Result<String> {
+        let verb = verb_of(&args);
+        let mut child = self.spawn(&args, self.command(&args))?;
+        let stderr = drain_stderr(child.stderr.take());
+        let stdout = child.stdout.take().expect("stdout piped");
+        let io = |source| RuntimeError::Io {
+            verb: verb.clone(),
+            source,
+        };
+        let run = async {
+            let kept = keep_tail(stdout, cap).await.map_err(io)?;
+            let status = child.wait().await.map_err(io)?;
+            Ok::<_, RuntimeError>((kept, status))
+        };
+        let outcome = tokio::time::timeout(timeout, run).await;
+        let (kept, status) = match outcome {
+            Ok(r) => r?,
+            Err(_) => {
+                tracing::warn!(%verb, reference, ?timeout, "cocoon: timed out; killed");
+                return Err(RuntimeError::Timeout { verb, after: timeout });
+            }
+        };
+        let stderr = stderr.await.unwrap_or_default();
+        if status.success() {
+            return Ok(String::from_utf8_lossy(&kept).into_owned());
+        }
+        Err(parse::classify_failure(&verb, reference, status.code(), &stderr))
     }
 
     /// Runs a verb with `input` streamed to its stdin.
@@ -434,8 +517,13 @@ impl CocoonRuntime for CocoonCli {
 
     async fn logs(&self, reference: &str, tail: Option<u64>) -> Result<String> {
         check_ref("vm", reference)?;
-        self.output(args::logs(reference, tail), reference, self.cfg.timeouts.query)
-            .await
+        self.output_tail(
+            args::logs(reference, tail),
+            reference,
+            self.cfg.timeouts.query,
+            LOGS_CAP,
+        )
+        .await
     }
 
     fn watch_events(&self) -> BoxStream<'static, WatchItem> {
@@ -536,5 +624,33 @@ impl CocoonRuntime for CocoonCli {
     async fn image_import(&self, name: &str, data: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
         check_ref("image", name)?;
         self.with_stdin(args::image_import(name), name, data).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keep_tail_holds_the_last_whole_lines_within_the_cap() {
+        let text: String = (0..10_000).map(|i| format!("line {i}\n")).collect();
+        let kept = keep_tail(text.as_bytes(), 1000).await.unwrap();
+        assert!(kept.len() <= 1000);
+        let kept = String::from_utf8(kept).unwrap();
+        assert!(kept.starts_with("line ") && kept.ends_with("line 9999\n"), "{kept}");
+        assert!(text.ends_with(&kept));
+        // Under the cap, everything.
+        assert_eq!(keep_tail(&b"a\nb"[..], 1000).await.unwrap(), b"a\nb");
+    }
+
+    #[test]
+    fn logged_argv_leaves_out_environment_values() {
+        let args: Vec<String> = ["vm", "exec", "-e", "TOKEN=s3cret", "vm1", "--", "env", "-e", "X=1"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            redacted(&args),
+            ["vm", "exec", "-e", "TOKEN=…", "vm1", "--", "env", "-e", "X=1"]
+        );
     }
 }

@@ -26,12 +26,14 @@ use super::codec::frame::{SETTINGS_INITIAL_WINDOW_SIZE, encode, goaway, rst};
 use super::codec::{Decoder, Deflater, Frame, HeaderBlock, Inflater, Limits};
 use super::flow::{Enforcement, INITIAL_WINDOW, MAX_WINDOW, Window};
 use super::stream::{Stream, StreamShared};
+use crate::kubelet_api::streaming::supervise;
 
 /// DATA pieces buffered per stream before the reader waits for its consumer.
 pub const STREAM_BUFFER: usize = 16;
-/// Queued control frames (PING answers, WINDOW_UPDATEs, resets) beyond which a peer is taken
-/// to be flooding a session that cannot write.
-const MAX_QUEUED_CONTROL: usize = 4096;
+/// Queued control frames (PING answers, WINDOW_UPDATEs, resets, SYN_REPLYs) beyond which a peer
+/// is taken to be flooding a session that cannot write: each of its frames may ask for one, and
+/// a peer that stops reading would otherwise grow the queue without limit.
+pub const MAX_QUEUED_CONTROL: usize = 4096;
 
 /// After the session ends, how long the reader keeps draining the peer's bytes, waiting for its
 /// EOF, before the connection is dropped. Closing a TCP socket with bytes unread makes the kernel
@@ -49,6 +51,8 @@ pub struct SessionConfig {
     pub idle_timeout: Duration,
     /// Streams open at once; more are refused (RST_STREAM REFUSED_STREAM).
     pub max_streams: usize,
+    /// Counts a panic of the session's tasks (which then ends the session).
+    pub panics: Option<prometheus::IntCounter>,
 }
 
 impl Default for SessionConfig {
@@ -58,6 +62,7 @@ impl Default for SessionConfig {
             max_header_len: 64 * 1024,
             idle_timeout: Duration::from_secs(4 * 3600),
             max_streams: 1000,
+            panics: None,
         }
     }
 }
@@ -106,8 +111,30 @@ impl Shared {
 
     /// Queues a control frame ahead of DATA.
     pub fn control(&self, frame: Frame) {
-        self.queued_control.fetch_add(1, Ordering::Relaxed);
-        let _ = self.ctl.send(Out::Frame(frame));
+        self.queue_control(Out::Frame(frame));
+    }
+
+    /// Queues `out` on the control queue, unless [`MAX_QUEUED_CONTROL`] are already waiting:
+    /// then the peer sends while it reads nothing, and the session ends. A GOAWAY could not
+    /// reach such a peer (it would queue behind the frames it does not read), so the
+    /// connection is closed (FIN) with the reason kept as the session's failure.
+    fn queue_control(&self, out: Out) {
+        let queued = self.queued_control.fetch_add(1, Ordering::Relaxed) + 1;
+        if queued > MAX_QUEUED_CONTROL {
+            self.queued_control.fetch_sub(1, Ordering::Relaxed);
+            if !self.is_closed() {
+                tracing::warn!(
+                    limit = MAX_QUEUED_CONTROL,
+                    "SPDY session: the peer keeps sending frames that need an answer while it reads none (a flood); closing the session"
+                );
+                self.fail(format!(
+                    "control frame flood: {MAX_QUEUED_CONTROL} answers queued while the peer reads nothing"
+                ));
+                self.close();
+            }
+            return;
+        }
+        let _ = self.ctl.send(out);
     }
 
     pub fn is_closed(&self) -> bool {
@@ -190,6 +217,12 @@ impl Session {
         self.shared.failure()
     }
 
+    /// Control frames queued and not yet written.
+    #[cfg(test)]
+    pub(super) fn queued_control(&self) -> usize {
+        self.shared.queued_control.load(Ordering::Relaxed)
+    }
+
     /// Resets one stream (RST_STREAM `status`).
     pub fn reset(&self, stream_id: u32, status: u32) {
         self.shared.reset(stream_id, status);
@@ -234,8 +267,25 @@ where
         last_activity_ms: AtomicU64::new(0),
     });
     let (read, write) = tokio::io::split(io);
-    tokio::spawn(write_loop(write, ctl_rx, data_rx, shared.clone()));
-    tokio::spawn(read_loop(read, incoming_tx, shared.clone(), config.clone()));
+    let ender = |shared: &Arc<Shared>, what: &'static str| {
+        let shared = shared.clone();
+        move || {
+            shared.fail(format!("internal error: the session's {what} panicked"));
+            shared.close();
+        }
+    };
+    supervise::spawn(
+        "SPDY writer",
+        config.panics.clone(),
+        write_loop(write, ctl_rx, data_rx, shared.clone()),
+        ender(&shared, "writer"),
+    );
+    supervise::spawn(
+        "SPDY reader",
+        config.panics.clone(),
+        read_loop(read, incoming_tx, shared.clone(), config.clone()),
+        ender(&shared, "reader"),
+    );
     tokio::spawn(idle_watch(shared.clone(), config.idle_timeout));
     (Session { shared }, incoming_rx)
 }
@@ -410,6 +460,9 @@ where
     }
     drop(incoming);
     drain_until_eof(&mut io, buf).await;
+    // A writer still blocked on a peer that reads nothing (after a protocol error, say) is
+    // released: nothing more is read, so the session is over.
+    shared.close();
 }
 
 /// Reads and drops the peer's bytes until its EOF, a read error or [`LINGER`].
@@ -489,9 +542,6 @@ async fn on_frame(
             // Odd ids are the client's: echo them. Even ones would answer pings this side
             // never sends.
             if id % 2 == 1 {
-                if shared.queued_control.load(Ordering::Relaxed) > MAX_QUEUED_CONTROL {
-                    return Err(Fatal("PING flood while the peer does not read".into()));
-                }
                 shared.control(Frame::Ping { id });
             }
         }
@@ -606,8 +656,7 @@ async fn accept(
             local_fin: false,
         },
     );
-    shared.queued_control.fetch_add(1, Ordering::Relaxed);
-    let _ = shared.ctl.send(Out::Reply { stream_id });
+    shared.queue_control(Out::Reply { stream_id });
     let stream = Stream::new(stream_id, headers, rx, stream, shared.clone());
     let taken = tokio::select! {
         r = incoming.send(stream) => r.is_ok(),

@@ -394,3 +394,35 @@ async fn after_goaway_the_session_reads_on_until_the_peer_closes() {
     peer.io.shutdown().await.expect("the peer closes its side cleanly");
     assert_eq!(peer.io.read(&mut [0u8; 16]).await.expect("no reset"), 0);
 }
+
+/// A peer that stops reading while it sends 1-byte DATA frames to a stream that does not exist:
+/// each one asks for a WINDOW_UPDATE the session cannot write. The queue of control frames is
+/// bounded: past it the session ends, naming the flood, instead of growing without limit.
+#[tokio::test]
+async fn a_peer_that_floods_frames_and_never_reads_is_cut_off() {
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let (session, _incoming) = serve(server, SessionConfig::default());
+    let (_never_read, mut write) = tokio::io::split(client);
+    // DATA, stream 99, no flags, length 1, "A".
+    let frame: &[u8] = b"\x00\x00\x00\x63\x00\x00\x00\x01\x41";
+    let flood = tokio::spawn(async move {
+        let chunk = frame.repeat(10_000);
+        for _ in 0..100 {
+            if write.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        // All of it read: keep the connection open, as a peer that simply stops reading would.
+        std::future::pending::<()>().await;
+    });
+    let closed = tokio::time::timeout(Duration::from_secs(60), session.closed()).await;
+    let queued = session.queued_control();
+    flood.abort();
+    assert!(
+        closed.is_ok(),
+        "1M frames taken while the peer reads nothing, and the session goes on ({queued} control frames queued)"
+    );
+    assert!(queued <= 4096 + 16, "{queued} control frames queued");
+    let why = session.failure().unwrap_or_default();
+    assert!(why.contains("flood"), "{why}");
+}

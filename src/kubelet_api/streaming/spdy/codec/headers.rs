@@ -222,14 +222,21 @@ impl Inflater {
     }
 
     fn inflate_raw(&mut self, block: &[u8]) -> Result<Vec<u8>, HeaderError> {
-        let mut out = Vec::with_capacity(block.len().saturating_mul(4).clamp(256, self.max_len.max(256)));
+        // One byte past the limit, so that a block of exactly `max_len` bytes still ends with
+        // room to spare (how completion is told apart from a full buffer).
+        let cap = self.max_len.saturating_add(1);
+        let mut out = Vec::with_capacity(block.len().saturating_mul(4).clamp(256, cap.max(256)));
         let mut input = block;
         loop {
             if out.len() == out.capacity() {
-                if out.len() >= self.max_len {
+                if out.len() > self.max_len {
                     return Err(HeaderError::TooLarge { limit: self.max_len });
                 }
-                out.reserve((out.len()).clamp(256, self.max_len - out.len()));
+                // Double, by at least 256 bytes, never past the cap. The step is computed as
+                // min(max(len, 256), room): a clamp(256, room) panics when the room left is
+                // under 256 bytes, which a peer picks with the length of its block.
+                let room = cap - out.len();
+                out.reserve_exact(out.len().max(256).min(room));
             }
             let (before_in, before_out) = (self.z.total_in(), self.z.total_out());
             let result = self.z.decompress_vec(input, &mut out, FlushDecompress::Sync);
@@ -376,6 +383,56 @@ mod tests {
         assert!(big.len() < 8192);
         let err = Inflater::new(64 * 1024).inflate(&big).unwrap_err();
         assert_eq!(err, HeaderError::TooLarge { limit: 64 * 1024 });
+    }
+
+    /// xorshift hex digits: text that compresses about 2:1, so its length tunes the block's.
+    fn hex_noise(n: usize, seed: u64) -> String {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b"0123456789abcdef"[(x >> 60) as usize])
+            })
+            .collect()
+    }
+
+    /// A header block compressed to `lengths` bytes on the wire that inflates past four times
+    /// its length: the inflater's first buffer (4 × L) then fills just under `max_len`, the
+    /// growth step the old code computed with `clamp(256, max_len - len)` had min > max, and
+    /// the reader task panicked.
+    fn block_landing_under_the_limit(lengths: std::ops::RangeInclusive<usize>) -> Bytes {
+        let target = *lengths.start();
+        let mut pad = target * 2;
+        for _ in 0..10_000 {
+            let wire = Deflater::new().deflate(&block(&[("a", &"x".repeat(300_000)), ("b", &hex_noise(pad, 7))]));
+            if lengths.contains(&wire.len()) {
+                return wire;
+            }
+            // About two hex digits per compressed byte.
+            let diff = target as i64 - wire.len() as i64;
+            pad = (pad as i64 + diff.clamp(-512, 512) * 2 + if diff == 0 { 1 } else { 0 }).max(1) as usize;
+        }
+        panic!("no pad length compresses into {lengths:?}");
+    }
+
+    #[test]
+    fn a_block_landing_just_under_the_limit_is_refused_not_a_panic() {
+        for (lengths, max_len) in [(16_321..=16_383, 64 * 1024), (4033..=4086, 16 * 1024)] {
+            let wire = block_landing_under_the_limit(lengths.clone());
+            assert!(lengths.contains(&wire.len()));
+            let outcome = std::panic::catch_unwind(|| Inflater::new(max_len).inflate(&wire));
+            let result = outcome.unwrap_or_else(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                panic!("a {}-byte block panicked the inflater: {why}", wire.len())
+            });
+            assert_eq!(result, Err(HeaderError::TooLarge { limit: max_len }));
+        }
     }
 
     #[test]
