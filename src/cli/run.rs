@@ -15,7 +15,7 @@ use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::kubelet_api::auth::Auth;
 use vk_cocoon::kubelet_api::config::ApiArgs;
-use vk_cocoon::kubelet_api::streaming::{GuestScope, Streaming, StreamingArgs, StreamingConfig};
+use vk_cocoon::kubelet_api::streaming::{Streaming, StreamingArgs, StreamingConfig};
 use vk_cocoon::kubelet_api::tls::manager::CertTimings;
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
 use vk_cocoon::peer::{
@@ -30,7 +30,7 @@ use vk_cocoon::provider::config::ProviderArgs;
 use vk_cocoon::provider::metrics::{self, MetricsArgs, ProviderMetrics};
 use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
 use vk_cocoon::provider::probe::{NetProber, Prober};
-use vk_cocoon::provider::probe_scope::{ProbeArgs, ScopedProber};
+use vk_cocoon::provider::probe_scope::{GuestNetworks, ProbeArgs, ScopedProber};
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig};
 use vk_cocoon::registry::config::RegistryArgs;
 use vk_cocoon::registry::{Registry, RegistryConfig};
@@ -90,11 +90,13 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let kubelet = KubeletConfig::from_args(&args.node, root_dir.clone());
     let api_cfg = ApiConfig::from_args(&args.api, kubelet.kubelet_port).map_err(|e| anyhow!("{e}"))?;
     let paths = HostPaths::from_args(&args.paths, &root_dir);
+    let guest_networks = GuestNetworks::from_settings(args.probes.probe_networks.clone(), &args.cocoon_net.leases_path);
     let provider_cfg = ProviderConfig::from_args(
         &args.provider,
         &kubelet.node_name,
         kubelet.snapshot_cpu_class.as_deref(),
         &root_dir,
+        guest_networks,
     );
     let peer_cfg = PeerConfig::from_args(&args.peer, &root_dir).map_err(|e| anyhow!("{e}"))?;
     let registry_cfg = RegistryConfig::from_args(&args.registry).map_err(|e| anyhow!("{e}"))?;
@@ -166,14 +168,10 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         .control_socket()
         .map(|socket| Arc::new(socket) as Arc<dyn LeaseReleaser>);
     let streaming_cfg = StreamingConfig::from_args(&args.streaming);
-    // VK_PROBE_NETWORKS: probes (and port-forward) reach only the listed networks (unset: any
-    // address).
-    let probe_networks = args.probes.probe_networks.clone();
-    let guests = probe_networks.clone().map(|networks| GuestScope {
-        description: format!("VK_PROBE_NETWORKS={networks}"),
-        contains: Box::new(move |ip| networks.contains(ip)),
-    });
-    let prober: Arc<dyn Prober> = match probe_networks {
+    // The provider hands probes and port-forward only addresses in the guest networks
+    // (ProviderConfig::guest_networks); with VK_PROBE_NETWORKS set, the prober itself refuses
+    // anything outside the list as well.
+    let prober: Arc<dyn Prober> = match args.probes.probe_networks.clone() {
         Some(networks) => {
             tracing::info!(%networks, "readiness probes are limited to these networks");
             Arc::new(ScopedProber::new(Arc::new(NetProber::default()), networks))
@@ -230,7 +228,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
             sampler,
             paths,
             metrics: ApiMetrics::register(&prometheus).context("registering the kubelet API metrics")?,
-            streaming: Streaming::new(streaming_cfg, guests),
+            streaming: Streaming::new(streaming_cfg),
             shutdown: shutdown.clone(),
         }),
         auth: Arc::new(Auth::kube(&node_name, client)),

@@ -15,8 +15,19 @@ pub struct PodVm {
     pub hypervisor: String,
     /// The VMM's pid (0 while none runs).
     pub pid: i64,
-    /// The guest's address (its first NIC, or cocoon-net's lease), when known.
-    pub ip: Option<IpAddr>,
+    /// Where port-forward may connect: the guest's address, or why there is none.
+    pub address: GuestAddress,
+}
+
+/// The guest's address as the node may use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestAddress {
+    /// Its first NIC's address, or cocoon-net's lease, inside the guest networks.
+    Ip(IpAddr),
+    /// None yet (the lease is pending); the text says so.
+    Pending(String),
+    /// One the node does not connect to (outside the guest networks, another pod's); why.
+    Refused(String),
 }
 
 pub trait PodSource: Send + Sync {

@@ -8,6 +8,7 @@ use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::CocoonProvider;
+use crate::kubelet_api::source::GuestAddress;
 use crate::runtime::VmRecord;
 
 const FAN_OUT: usize = 8;
@@ -137,7 +138,17 @@ impl CocoonProvider {
         let target: super::probe::TargetFn = Arc::new(move || {
             let p = me.upgrade()?;
             let t = p.state.tracked_as(&k, &u)?;
-            let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
+            // Only an address the guest networks admit is probed (a refusal is the pod's Ready
+            // message); a pending lease is "" to the targets, which say so.
+            let ip = match t.vm.as_ref().map(|vm| p.guest_address(&k, &t.pod, vm)) {
+                Some(GuestAddress::Ip(ip)) => ip.to_string(),
+                Some(GuestAddress::Refused(why)) => {
+                    let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
+                    p.refused_targets.report(&ip, &why);
+                    return Some(super::probe::Target::Unready(format!("not probed: {why}")));
+                }
+                Some(GuestAddress::Pending(_)) | None => String::new(),
+            };
             let probe = crate::model::vm_spec::of_pod(&t.pod).probe;
             if let Some(vm) = t.vm.as_ref().filter(|vm| super::macos::plan::is_macos_vm(vm)) {
                 if vm.network_configs.is_empty() {

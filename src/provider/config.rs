@@ -25,6 +25,8 @@ pub struct ProviderConfig {
     pub state_dir: Option<PathBuf>,
     /// `VK_CLONE_FROM_DIR_ROOTS`: where a clone-from-dir may point.
     pub clone_roots: super::clone_roots::CloneRoots,
+    /// Where probes and port-forward may connect (`VK_PROBE_NETWORKS`, or derived).
+    pub guest_networks: super::probe_scope::GuestNetworks,
     /// The cocoon-macos path's node settings.
     pub macos: super::macos::MacosSettings,
     pub timings: Timings,
@@ -66,8 +68,15 @@ pub struct Every(pub Option<Duration>);
 impl ProviderConfig {
     /// The provider's configuration: its settings, and the node's identity and cocoon's root
     /// (owned by the node's and the runtime's settings).
-    pub fn from_args(args: &ProviderArgs, node_name: &str, node_class: Option<&str>, root_dir: &Path) -> Self {
+    pub fn from_args(
+        args: &ProviderArgs,
+        node_name: &str,
+        node_class: Option<&str>,
+        root_dir: &Path,
+        guest_networks: super::probe_scope::GuestNetworks,
+    ) -> Self {
         Self {
+            guest_networks,
             node_name: node_name.to_string(),
             node_class: node_class.unwrap_or_default().to_string(),
             restore_mode: args.restore_mode,
@@ -91,11 +100,15 @@ impl ProviderConfig {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let node = crate::kubelet::KubeletConfig::from_lookup(&lookup)?;
         let args = crate::settings::parse_lookup::<ProviderArgs>(&lookup)?;
+        let probes = crate::settings::parse_lookup::<super::probe_scope::ProbeArgs>(&lookup)?;
+        let leases = crate::settings::parse_lookup::<super::cocoon_net::CocoonNetArgs>(&lookup)?;
+        let guests = super::probe_scope::GuestNetworks::from_settings(probes.probe_networks, &leases.leases_path);
         Ok(Self::from_args(
             &args,
             &node.node_name,
             node.snapshot_cpu_class.as_deref(),
             &node.root_dir,
+            guests,
         ))
     }
 }

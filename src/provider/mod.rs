@@ -104,6 +104,8 @@ pub struct CocoonProvider {
     /// Snapshot pushes and pulls (the pulls in flight are shared).
     transfers: transfer::Transfers,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
+    /// Probe targets the guest networks refused, logged once each.
+    refused_targets: probe_scope::RefusedTargets,
     /// Cancelled by [`CocoonProvider::close`]: stops background work.
     closing: CancellationToken,
     /// Background tasks hold the provider through this (it lives in an `Arc`).
@@ -142,6 +144,7 @@ impl CocoonProvider {
             reconciled: tokio::sync::watch::Sender::new(false),
             transfers: transfer::Transfers::new(),
             vm_prefetch: Default::default(),
+            refused_targets: Default::default(),
             closing: CancellationToken::new(),
             me: me.clone(),
         }))

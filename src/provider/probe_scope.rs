@@ -1,10 +1,16 @@
-//! `VK_PROBE_NETWORKS`: the networks readiness probes may reach. A probe target comes from the
-//! VM's NIC, cocoon-net's lease file or — for an unmanaged pod — the operator-written
+//! The guest networks: where readiness probes and port-forward may connect. A target comes from
+//! the VM's NIC, cocoon-net's lease file or — for an unmanaged pod — the operator-written
 //! `vm.cocoonstack.io/ip` annotation, so without a scope anyone who can bind a pod to the node
-//! could make the daemon ping or TCP-connect any address it can route to (and read the answer
-//! off the pod's Ready condition). With the variable set, a target outside every listed network
-//! is not contacted at all: the probe fails with a message naming the address and the setting,
-//! logged once per address. Unset (the default) probes whatever the guest's address is.
+//! could make the daemon ping, TCP-connect or port-forward to any address it can route to: the
+//! node's own loopback services, a cloud metadata endpoint, the LAN ([`GuestNetworks`]).
+//!
+//! `VK_PROBE_NETWORKS` lists them; a target outside every listed network is not contacted at
+//! all: the probe fails with a message naming the address and the setting, logged once per
+//! address ([`ScopedProber`]). Unset, they are derived: a managed pod's address is the one cocoon
+//! or cocoon-net gave its VM (in the guest networks by construction), an unmanaged pod's
+//! operator-written one must lie in cocoon-net's pool subnet (`pool.json` beside its lease
+//! file), and a special-purpose address (loopback, link-local — the metadata endpoint —,
+//! unspecified, multicast, broadcast) is never a guest's.
 //!
 //! The test suite sets it to loopback for the `vk-cocoon run` processes it starts, so a test can
 //! never make the daemon send a probe off the machine.
@@ -60,11 +66,7 @@ impl ProbeNetworks {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        // An IPv4-mapped IPv6 address reaches the IPv4 host: judge it as that host.
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
+        let ip = unmapped(ip);
         self.0.iter().any(|n| n.contains(&ip))
     }
 }
@@ -76,12 +78,106 @@ impl fmt::Display for ProbeNetworks {
     }
 }
 
+/// The networks guests live on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestNetworks {
+    /// `VK_PROBE_NETWORKS`: these, and nothing else.
+    Listed(ProbeNetworks),
+    /// Unset: derived; `pool` is cocoon-net's pool subnet when its `pool.json` could be read.
+    Derived { pool: Option<IpNet> },
+}
+
+impl GuestNetworks {
+    /// The listed networks, or the ones derived from cocoon-net's state beside `leases_path`.
+    pub fn from_settings(listed: Option<ProbeNetworks>, leases_path: &std::path::Path) -> Self {
+        match listed {
+            Some(networks) => Self::Listed(networks),
+            None => {
+                let pool_file = leases_path.with_file_name("pool.json");
+                let pool = read_pool_subnet(&pool_file);
+                match &pool {
+                    Some(subnet) => {
+                        tracing::info!(%subnet, file = %pool_file.display(), "guest networks: cocoon-net's pool subnet and the addresses cocoon assigns (VK_PROBE_NETWORKS is unset)")
+                    }
+                    None => {
+                        tracing::info!(file = %pool_file.display(), "guest networks: the addresses cocoon and cocoon-net assign (no cocoon-net pool subnet found; an unmanaged pod's address needs VK_PROBE_NETWORKS)")
+                    }
+                }
+                Self::Derived { pool }
+            }
+        }
+    }
+
+    /// May the node connect to `ip`? `assigned` says the address came from cocoon or cocoon-net
+    /// (a managed VM's NIC or lease), not from an annotation.
+    pub fn admit(&self, ip: IpAddr, assigned: bool) -> Result<(), String> {
+        let ip = unmapped(ip);
+        match self {
+            Self::Listed(networks) if networks.contains(ip) => Ok(()),
+            Self::Listed(networks) => Err(format!(
+                "its address {ip} is outside {ENV} ({networks}); add the guests' network to {ENV}"
+            )),
+            Self::Derived { .. } if special_purpose(ip) => Err(format!(
+                "its address {ip} is a special-purpose address (loopback, link-local, multicast, broadcast or unspecified), never a guest's; list it in {ENV} if the node must reach it"
+            )),
+            Self::Derived { .. } if assigned => Ok(()),
+            Self::Derived { pool: Some(pool) } if pool.contains(&ip) => Ok(()),
+            Self::Derived { pool } => Err(format!(
+                "its pre-assigned address {ip} is outside the guest networks ({}); list the network in {ENV}",
+                pool.map_or_else(
+                    || "no cocoon-net pool subnet was found".to_string(),
+                    |p| format!("cocoon-net's pool {p}")
+                )
+            )),
+        }
+    }
+}
+
+/// An IPv4-mapped IPv6 address reaches the IPv4 host: judged as that host.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn special_purpose(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()
+        }
+        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || v6.is_unicast_link_local(),
+    }
+}
+
+/// The `subnet` of cocoon-net's `pool.json`.
+fn read_pool_subnet(path: &std::path::Path) -> Option<IpNet> {
+    let text = std::fs::read(path).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| tracing::warn!(file = %path.display(), error = %e, "cocoon-net's pool.json is not JSON"))
+        .ok()?;
+    value.get("subnet")?.as_str()?.parse::<IpNet>().ok().map(|n| n.trunc())
+}
+
+/// The addresses a probe was refused for, each logged once: a probe agent retries every
+/// second, and its pod's Ready condition already carries the reason.
+#[derive(Debug, Default)]
+pub struct RefusedTargets(Mutex<HashSet<String>>);
+
+impl RefusedTargets {
+    /// Logs the refusal of `target` (`why`) the first time it is seen.
+    pub fn report(&self, target: &str, why: &str) {
+        if self.0.lock().expect("refused probe targets").insert(target.to_string()) {
+            tracing::warn!(target_ip = %target, "probe refused: {why}");
+        }
+    }
+}
+
 /// A [`Prober`] that contacts only targets inside its networks.
 pub struct ScopedProber {
     inner: Arc<dyn Prober>,
     networks: ProbeNetworks,
-    /// Addresses already reported, so an agent retrying every second logs its refusal once.
-    reported: Mutex<HashSet<IpAddr>>,
+    reported: RefusedTargets,
 }
 
 impl ScopedProber {
@@ -89,7 +185,7 @@ impl ScopedProber {
         Self {
             inner,
             networks,
-            reported: Mutex::new(HashSet::new()),
+            reported: RefusedTargets::default(),
         }
     }
 
@@ -101,9 +197,7 @@ impl ScopedProber {
             "{ip} is outside {ENV} ({}): not probed; add the guests' network to {ENV}",
             self.networks
         );
-        if self.reported.lock().expect("reported probe refusals").insert(ip) {
-            tracing::warn!(target_ip = %ip, networks = %self.networks, "probe refused: {message}");
-        }
+        self.reported.report(&ip.to_string(), &message);
         Err(message)
     }
 }
@@ -167,6 +261,53 @@ mod tests {
             "{e}"
         );
         assert!(ProbeNetworks::parse("10.0.0.0/33").is_err());
+    }
+
+    #[test]
+    fn derived_guest_networks_admit_what_cocoon_assigned_and_nothing_special() {
+        let dir = tempfile::tempdir().unwrap();
+        let leases = dir.path().join("leases.json");
+        let none = GuestNetworks::from_settings(None, &leases);
+        assert_eq!(none, GuestNetworks::Derived { pool: None });
+        std::fs::write(
+            dir.path().join("pool.json"),
+            r#"{"platform":"gke","subnet":"172.20.100.7/24","gateway":"172.20.100.1"}"#,
+        )
+        .unwrap();
+        let derived = GuestNetworks::from_settings(None, &leases);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // An address cocoon or cocoon-net assigned: a guest's.
+        assert_eq!(derived.admit(ip("10.88.0.12"), true), Ok(()));
+        // An operator-written one: only inside the pool.
+        assert_eq!(derived.admit(ip("172.20.100.40"), false), Ok(()));
+        let e = derived.admit(ip("10.1.2.3"), false).unwrap_err();
+        assert!(
+            e.contains("outside the guest networks (cocoon-net's pool 172.20.100.0/24)"),
+            "{e}"
+        );
+        // Never the node itself, the metadata endpoint, multicast...
+        for special in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
+            let e = derived.admit(ip(special), true).unwrap_err();
+            assert!(e.contains("special-purpose"), "{special}: {e}");
+        }
+        // Listed: exactly the list, whoever assigned the address.
+        let listed = GuestNetworks::from_settings(ProbeNetworks::parse("127.0.0.0/8").unwrap(), &leases);
+        assert_eq!(listed.admit(ip("127.0.0.1"), false), Ok(()));
+        assert!(
+            listed
+                .admit(ip("10.88.0.12"), true)
+                .unwrap_err()
+                .contains("outside VK_PROBE_NETWORKS")
+        );
     }
 
     #[tokio::test]

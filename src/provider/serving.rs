@@ -1,13 +1,14 @@
 //! The provider's read-only face towards the kubelet API and the stats sampler: its tracked
 //! pods and their VMs, copied out of the state table.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
-use crate::kubelet_api::source::{PodSource, PodVm};
+use crate::kubelet_api::source::{GuestAddress, PodSource, PodVm};
 use crate::runtime::VmRecord;
 use crate::stats::{VmTarget, VmTargets};
 
@@ -46,12 +47,33 @@ impl CocoonProvider {
         hit
     }
 
+    /// Where the node may connect to pod `key`'s guest (probes, port-forward): its resolved
+    /// address, when the guest networks admit it and — for an unmanaged pod — no other pod's VM
+    /// has it.
+    pub(super) fn guest_address(&self, key: &str, pod: &Pod, vm: &VmRecord) -> GuestAddress {
+        let ip = self.resolve_ip(vm);
+        if ip.is_empty() {
+            return GuestAddress::Pending("its guest's dhcp lease may still be pending".into());
+        }
+        let Ok(addr) = ip.parse::<IpAddr>() else {
+            return GuestAddress::Refused(format!("vm ip {ip:?} is not an IP address"));
+        };
+        let managed = crate::model::vm_spec::of_pod(pod).managed;
+        if let Err(why) = self.cfg.guest_networks.admit(addr, managed) {
+            return GuestAddress::Refused(why);
+        }
+        if let Some(other) = self.reaches_foreign_vm(key, pod, vm, &ip) {
+            return GuestAddress::Refused(format!("its address {ip} is vm {other}'s, which another pod holds"));
+        }
+        GuestAddress::Ip(addr)
+    }
+
     /// Pod `key`'s VM when it reaches no other pod's: the kubelet API and the stats serve it.
     /// A record that reaches another pod's VM is served as none, with a Warning Event.
-    fn own_vm(&self, key: &str, pod: &Pod, vm: VmRecord, why: &str) -> Option<(VmRecord, String)> {
+    fn own_vm(&self, key: &str, pod: &Pod, vm: VmRecord, why: &str) -> Option<VmRecord> {
         let ip = self.resolve_ip(&vm);
         match self.reaches_foreign_vm(key, pod, &vm, &ip) {
-            None => Some((vm, ip)),
+            None => Some(vm),
             Some(other) => {
                 tracing::warn!(pod = %key, vm = %vm.id, %other, %why, "refused: the pod's VM record reaches another pod's vm");
                 self.ports.events.record(
@@ -82,8 +104,8 @@ impl PodSource for CocoonProvider {
         let t = self.state.tracked(&key)?;
         let vm =
             t.vm.and_then(|vm| self.own_vm(&key, &t.pod, vm, "kubelet API"))
-                .map(|(vm, ip)| PodVm {
-                    ip: ip.parse().ok(),
+                .map(|vm| PodVm {
+                    address: self.guest_address(&key, &t.pod, &vm),
                     id: vm.id,
                     hypervisor: vm.hypervisor,
                     pid: vm.pid,

@@ -194,6 +194,8 @@ pub struct Options {
     pub macos: vk_cocoon::provider::macos::MacosSettings,
     /// What the loopback guard passes probes to (default: the daemon's real `NetProber`).
     pub prober: Option<Arc<dyn Prober>>,
+    /// The daemon's guest networks (default: loopback, where the simulator's guests live).
+    pub guest_networks: Option<vk_cocoon::provider::probe_scope::GuestNetworks>,
 }
 
 impl Default for Options {
@@ -206,6 +208,7 @@ impl Default for Options {
             root_dir: None,
             macos: Default::default(),
             prober: None,
+            guest_networks: None,
         }
     }
 }
@@ -308,6 +311,10 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         // Kept beside the simulator's state: a restarted daemon of the same Env finds it.
         state_dir: Some(env.sim_dir.path().join("vk-state")),
         clone_roots: vk_cocoon::provider::clone_roots::CloneRoots::default_for(env.sim_dir.path()),
+        guest_networks: opts
+            .guest_networks
+            .clone()
+            .unwrap_or_else(|| guest_networks("127.0.0.0/8,::1/128")),
         macos: opts.macos.clone(),
         timings: opts.timings.clone(),
     };
@@ -325,6 +332,15 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         prober: guarded_prober(env, opts.prober.clone()),
     };
     CocoonProvider::new(cfg, ports, env.policies.clone(), ProviderMetrics::unregistered()).unwrap()
+}
+
+/// Guest networks of `list` (CIDRs, comma-separated). The simulator's guests live on loopback.
+pub fn guest_networks(list: &str) -> vk_cocoon::provider::probe_scope::GuestNetworks {
+    vk_cocoon::provider::probe_scope::GuestNetworks::Listed(
+        vk_cocoon::provider::probe_scope::ProbeNetworks::parse(list)
+            .unwrap()
+            .expect("a network"),
+    )
 }
 
 /// The prober every test daemon gets: `inner` (default: the real `NetProber`) behind the

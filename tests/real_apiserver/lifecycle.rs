@@ -29,7 +29,9 @@ async fn every_bring_up_path_brings_its_pod_up() {
     let ns = cluster.namespace("bring-up").await;
     let machine = Machine::new("vk-bring-up").with_registry();
     seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
-    let exported = machine.dir.path().join("export");
+    // Below the node's export root (VK_CLONE_FROM_DIR_ROOTS, default <COCOON_ROOT_DIR>/exports).
+    std::fs::create_dir_all(machine.dir.path().join("exports")).unwrap();
+    let exported = machine.dir.path().join("exports/golden");
     machine.runtime.snapshot_export_to_dir("base", &exported).await.unwrap();
     let daemon = machine.start_daemon(cluster);
     machine.wait_registered(cluster).await;
@@ -38,7 +40,7 @@ async fn every_bring_up_path_brings_its_pod_up() {
     let existing = clone_direct_on(&machine.runtime, "base", "vm-adopt", None).await;
     let clones_before = machine.calls("vm clone").len();
 
-    let dir = exported.display().to_string();
+    let dir = exported.canonicalize().unwrap().display().to_string();
     let node = machine.node.as_str();
     let unmanaged = {
         let mut pod = managed_pod(&ns, node, "unmanaged-0", "vm-ext", &[]);

@@ -359,3 +359,51 @@ async fn a_tenant_cannot_reach_another_tenants_vm_through_pod_annotations() {
         .stdout;
     assert_eq!(String::from_utf8_lossy(&out).trim(), "still-mine");
 }
+
+/// Without `VK_PROBE_NETWORKS` the guest networks are derived: an address cocoon gave a guest,
+/// or one in cocoon-net's pool. The node's own loopback is never one of them, so a guest
+/// there (the simulator's guests are) is neither probed nor reachable by port-forward, and the
+/// pod says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_derived_guest_networks_never_include_the_nodes_loopback() {
+    let Some(cluster) = crate::kube_support::shared().await else {
+        return;
+    };
+    let admin = cluster.admin_client().await;
+    let ns = cluster.namespace("derived").await;
+    let mut machine = Machine::new("derived");
+    // Empty is unset: the daemon derives its guest networks.
+    machine.daemon_env = vec![("VK_PROBE_NETWORKS".into(), String::new())];
+    crate::provider_support::seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
+    let _daemon = machine.start_daemon(cluster);
+    create_pod(
+        &admin,
+        &managed_pod(&ns, &machine.node, "lo-0", "vm-lo", &[(IMAGE, "base")]),
+    )
+    .await;
+    let pod = wait_pod(
+        &admin,
+        &ns,
+        "lo-0",
+        90,
+        "lifecycle ready, Not Ready naming the refusal",
+        |p| {
+            p.is_some_and(|p| {
+                lifecycle(p) == Some("ready")
+                    && ready_condition(p)
+                        .is_some_and(|(status, message)| status == "False" && message.contains("special-purpose"))
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let (_, message) = ready_condition(&pod).unwrap();
+    let ip = machine
+        .vms_named("vm-lo")
+        .await
+        .remove(0)
+        .primary_ip()
+        .unwrap()
+        .to_string();
+    assert!(message.contains(&ip), "the message names the address: {message}");
+}

@@ -35,7 +35,6 @@ pub mod upgrade;
 pub mod websocket;
 
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
@@ -44,17 +43,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use config::{StreamingArgs, StreamingConfig};
 
-/// The networks port-forward may dial (the daemon's `VK_PROBE_NETWORKS`): a guest address
-/// outside them is not contacted.
-pub struct GuestScope {
-    pub description: String,
-    pub contains: Box<dyn Fn(IpAddr) -> bool + Send + Sync>,
-}
-
 /// What the streaming endpoints share.
 pub struct Streaming {
     pub config: StreamingConfig,
-    pub guests: Option<GuestScope>,
     sessions: Arc<Semaphore>,
     shares: Arc<Mutex<HashMap<Share, usize>>>,
     consoles: Arc<Mutex<HashSet<String>>>,
@@ -136,13 +127,12 @@ impl Drop for ConsoleLock {
 }
 
 impl Streaming {
-    pub fn new(config: StreamingConfig, guests: Option<GuestScope>) -> Self {
+    pub fn new(config: StreamingConfig) -> Self {
         Self {
             sessions: Arc::new(Semaphore::new(config.max_sessions)),
             shares: Arc::default(),
             consoles: Arc::default(),
             config,
-            guests,
         }
     }
 
@@ -201,15 +191,12 @@ mod tests {
     use super::*;
 
     fn streaming(max: usize, per_pod: usize, per_caller: usize) -> Streaming {
-        Streaming::new(
-            StreamingConfig {
-                max_sessions: max,
-                max_sessions_per_pod: per_pod,
-                max_sessions_per_caller: per_caller,
-                ..StreamingConfig::default()
-            },
-            None,
-        )
+        Streaming::new(StreamingConfig {
+            max_sessions: max,
+            max_sessions_per_pod: per_pod,
+            max_sessions_per_caller: per_caller,
+            ..StreamingConfig::default()
+        })
     }
 
     fn who(pod: &str, caller: Option<&str>) -> Requester {

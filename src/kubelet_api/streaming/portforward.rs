@@ -24,6 +24,7 @@ use super::target::{self, Target};
 use super::upgrade::{self, Transport, plain};
 use super::websocket::{SPDY_TUNNEL, Tunnel};
 use super::{Admission, Requester, supervise};
+use crate::kubelet_api::source::GuestAddress;
 use crate::kubelet_api::state::ApiState;
 
 /// The SPDY sub-protocol of port-forward.
@@ -40,26 +41,26 @@ pub async fn port_forward(
         Ok(t) => t,
         Err(refusal) => return refusal.into_response(),
     };
-    let Some(ip) = target.guest_ip() else {
-        return plain(
-            StatusCode::CONFLICT,
-            format!(
-                "pod {namespace}/{pod}: VM {} has no IP address yet (its lease may still be pending)",
-                target.vm.id
-            ),
-        );
+    // The provider hands out only an address the node may connect to: the pod's own guest's,
+    // inside the guest networks.
+    let ip = match &target.vm.address {
+        GuestAddress::Ip(ip) => *ip,
+        GuestAddress::Pending(why) => {
+            return plain(
+                StatusCode::CONFLICT,
+                format!(
+                    "pod {namespace}/{pod}: VM {} has no IP address yet ({why})",
+                    target.vm.id
+                ),
+            );
+        }
+        GuestAddress::Refused(why) => {
+            return plain(
+                StatusCode::FORBIDDEN,
+                format!("pod {namespace}/{pod}: {why}; vk-cocoon does not connect there"),
+            );
+        }
     };
-    if let Some(scope) = &api.streaming.guests
-        && !(scope.contains)(ip)
-    {
-        return plain(
-            StatusCode::FORBIDDEN,
-            format!(
-                "pod {namespace}/{pod}: its address {ip} is outside {}; vk-cocoon does not connect there",
-                scope.description
-            ),
-        );
-    }
     let transport = match upgrade::transport(req.headers(), "port-forward") {
         Ok(t) => t,
         Err(refusal) => return refusal.into_response(),

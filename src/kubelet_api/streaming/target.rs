@@ -1,8 +1,6 @@
 //! The pod and VM a streaming request names, with the kubelet's refusals (before any upgrade,
 //! as plain text the client shows).
 
-use std::net::IpAddr;
-
 use super::upgrade::Refusal;
 use crate::kubelet_api::source::PodVm;
 use crate::kubelet_api::state::ApiState;
@@ -15,12 +13,6 @@ pub struct Target {
     pub pod: String,
     pub uid: String,
     pub vm: PodVm,
-}
-
-impl Target {
-    pub fn guest_ip(&self) -> Option<IpAddr> {
-        self.vm.ip
-    }
 }
 
 /// Pod `namespace/pod` on this node, its `container` (when one is named) and its VM.

@@ -399,9 +399,11 @@ impl vk_cocoon::provider::probe::Prober for NetworkRecorder {
 }
 
 fn preassigned(name: &str, ip: &str, probe_port: &str) -> k8s_openapi::api::core::v1::Pod {
+    // Each its own external VM: an id another pod's VM has would be refused as that pod's.
+    let id = format!("ext-{name}");
     let mut a = vec![
         ("vm.cocoonstack.io/name", name),
-        ("vm.cocoonstack.io/id", "ext-1"),
+        ("vm.cocoonstack.io/id", id.as_str()),
         ("vm.cocoonstack.io/ip", ip),
     ];
     if !probe_port.is_empty() {
@@ -421,6 +423,8 @@ async fn the_loopback_guard_refuses_private_addresses_and_fails_the_test_naming_
         &env,
         Options {
             prober: Some(network.clone()),
+            // The daemon's own scope lets every address through: the guard is the only line.
+            guest_networks: Some(guest_networks("0.0.0.0/0,::/0")),
             ..Default::default()
         },
     );
