@@ -12,7 +12,7 @@ use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, pod_facts, vm_spec};
 use crate::policy::contract::snapshot_before_destroy::{Facts, Outcome};
 use crate::policy::slots::SnapshotBeforeDestroy;
-use crate::runtime::VmState;
+use crate::runtime::{RuntimeError, VmState};
 
 pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
     let facts = pod_facts(pod);
@@ -129,13 +129,8 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
             ));
         }
         if let Err(e) = p.save_snapshot(&vm_name, &vm.id).await {
-            return Err(kept(
-                p,
-                pod,
-                key,
-                &vm.id,
-                format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id),
-            ));
+            let message = format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id);
+            return Err(kept_after(p, pod, key, &vm.id, message, &e));
         }
         if let Err(e) = p
             .push_snapshot(
@@ -161,8 +156,7 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
     }
 
     if let Err(e) = p.ports.runtime.remove(&vm.id).await {
-        p.metrics.lifecycle("delete", "failed", "");
-        return Err(kept(p, pod, key, &vm.id, format!("remove vm {}: {e}", vm.id)));
+        return Err(kept_after(p, pod, key, &vm.id, format!("remove vm {}: {e}", vm.id), &e));
     }
     p.release_leases(&vm).await;
     // A seat release keeps the snapshots, and with them the pod's hold on the name: the pod
@@ -180,6 +174,35 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
 
 /// The VM stays (decision 3): record the failure and let the delete retry.
 pub(super) fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
+    keep(p, pod, key, vm_id, &message, "the delete retries");
+    ProviderError::Transient(format!("{message}; vm {vm_id} kept"))
+}
+
+/// The VM stays after cocoon failed with `error`: retried with backoff, unless cocoon refused
+/// the request itself (a retry would only repeat it): then the delete waits for an operator,
+/// re-checked at the slowest pace, and the pod says what to do.
+fn kept_after(
+    p: &CocoonProvider,
+    pod: &Pod,
+    key: &str,
+    vm_id: &str,
+    message: String,
+    error: &RuntimeError,
+) -> ProviderError {
+    if !error.is_permanent() {
+        return kept(p, pod, key, vm_id, message);
+    }
+    let message = format!(
+        "{message}; this cannot succeed on a retry: save the VM's state by hand if it is wanted, then remove it (cocoon vm rm {vm_id}) and the delete finishes at its next check"
+    );
+    keep(p, pod, key, vm_id, &message, "the delete waits for an operator");
+    ProviderError::NeedsOperator {
+        reason: "DeleteKeptVM".into(),
+        message,
+    }
+}
+
+fn keep(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: &str, then: &str) {
     tracing::warn!(pod = %key, vm = %vm_id, %message, "delete kept the vm");
     p.metrics.lifecycle("delete", "failed", "");
     p.ports.events.record(
@@ -187,11 +210,10 @@ pub(super) fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, messag
         true,
         "DeleteKeptVM",
         super::lifecycle::truncate(
-            &format!("delete: {message}; the VM is kept and the delete retries"),
+            &format!("delete: {message}; the VM is kept and {then}"),
             super::lifecycle::MAX_EVENT_NOTE,
         ),
     );
-    ProviderError::Transient(format!("{message}; vm {vm_id} kept"))
 }
 
 /// Removes `<vm>` and `fork-<vm>` concurrently, 10 s each; failures are logged.

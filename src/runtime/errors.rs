@@ -36,6 +36,11 @@ pub enum RuntimeError {
         stderr: String,
     },
 
+    /// cocoon refuses the name itself (`vm name "x" is invalid: must match ...`, `invalid snapshot
+    /// name`): the request can never succeed as it is.
+    #[error("cocoon {verb}: name {name:?} is invalid: {stderr}")]
+    InvalidName { verb: String, name: String, stderr: String },
+
     /// The snapshot is leased by an active operation (`is in use by an active`); retry later.
     #[error("cocoon {verb}: snapshot {reference:?} is in use by an active operation; retry later ({stderr})")]
     SnapshotInUse {
@@ -96,6 +101,11 @@ impl RuntimeError {
         matches!(self, Self::SnapshotNotFound { .. })
     }
 
+    /// The request can never succeed as it is (a retry only repeats it).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::InvalidName { .. } | Self::InvalidRequest(_))
+    }
+
     /// Neither success nor a definitive answer: callers should retry or defer.
     pub fn is_inconclusive(&self) -> bool {
         matches!(
@@ -111,6 +121,7 @@ impl RuntimeError {
             | Self::SnapshotNotFound { stderr, .. }
             | Self::ImageNotFound { stderr, .. }
             | Self::NameTaken { stderr, .. }
+            | Self::InvalidName { stderr, .. }
             | Self::SnapshotInUse { stderr, .. }
             | Self::Command { stderr, .. } => Some(stderr),
             _ => None,

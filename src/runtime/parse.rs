@@ -371,6 +371,12 @@ pub fn classify_failure(verb: &str, reference: &str, code: Option<i32>, stderr: 
             reference,
             stderr,
         }
+    } else if contains_ci(&stderr, "is invalid: must match") || contains_ci(&stderr, "invalid snapshot name") {
+        RuntimeError::InvalidName {
+            verb,
+            name: reference,
+            stderr,
+        }
     } else if contains_ci(&stderr, "is in use by an active") {
         RuntimeError::SnapshotInUse {
             verb,
@@ -534,8 +540,17 @@ mod tests {
             RuntimeError::NameTaken { holder, .. } => assert_eq!(holder.as_deref(), Some("ABCDEF")),
             other => panic!("{other:?}"),
         }
+        // cocoon's own name rule: never worth a retry.
+        let invalid = c(
+            r#"Error: vm name "vk-$(touch x)" is invalid: must match ^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$ (max 63 chars)"#,
+        );
+        assert!(
+            matches!(invalid, RuntimeError::InvalidName { .. }) && invalid.is_permanent(),
+            "{invalid:?}"
+        );
+        assert!(c("Error: invalid snapshot name \"a b\"").is_permanent());
         let other = c("Error: dial unix /run/x.sock: connection refused");
-        assert!(other.is_inconclusive() && !other.is_not_found());
+        assert!(other.is_inconclusive() && !other.is_not_found() && !other.is_permanent());
         assert!(!c("").is_not_found());
     }
 }

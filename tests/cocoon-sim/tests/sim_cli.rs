@@ -55,6 +55,16 @@ fn lifecycle_snapshot_round_trip_and_faults() {
         err(&cocoon(&sim, &["vm", "clone", "--cpu", "2", "x"], None)),
         "Error: unknown flag: --cpu\n"
     );
+    // cocoon's VM name rule, on every verb that names a VM.
+    for verb in [&["vm", "run"][..], &["vm", "create"][..]] {
+        let mut args = verb.to_vec();
+        args.extend(["--name", "vk-$(touch x)", "img"]);
+        assert_eq!(
+            err(&cocoon(&sim, &args, None)),
+            "Error: vm name \"vk-$(touch x)\" is invalid: must match ^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$ (max 63 chars)\n",
+            "{args:?}"
+        );
+    }
 
     let out = ok(&cocoon(
         &sim,

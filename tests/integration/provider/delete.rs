@@ -150,3 +150,38 @@ async fn snapshot_policy_never_skips_the_save_and_keep_flag_keeps_the_local_snap
     );
     d.kill().await;
 }
+
+/// A delete that cocoon refuses outright (here its own name rule, as for a VM made under a name
+/// cocoon no longer accepts) keeps the VM, but is not retried as if it could succeed: the pod
+/// says it waits for an operator and what to do, and it finishes once the cause is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_cocoon_refuses_outright_waits_for_an_operator_and_says_what_to_do() {
+    let env = env(true).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-p", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let id = vm_named(&env, "vm-p").await.unwrap().id;
+    env.sim
+        .inject_failure("snapshot save", 1, "Error: invalid snapshot name \"vm-p\"", 1)
+        .unwrap();
+    delete(&env, "agent-0").await;
+    eventually(60, "the kept VM's Event says the delete waits for an operator", || {
+        events(&env, "agent-0").iter().any(|(reason, note)| {
+            reason == "DeleteKeptVM"
+                && note.contains("cannot succeed on a retry")
+                && note.contains(&format!("cocoon vm rm {id}"))
+                && note.ends_with("the VM is kept and the delete waits for an operator")
+        })
+    })
+    .await;
+    assert!(vm_named(&env, "vm-p").await.is_some(), "the VM is kept");
+    // The operator's re-check finds the cause gone (the failure happened once): the delete ends.
+    eventually(60, "pod finalized", || get(&env, "agent-0").is_none()).await;
+    assert!(vm_named(&env, "vm-p").await.is_none());
+    d.kill().await;
+}

@@ -10,8 +10,29 @@ struct NewVm {
     reason: &'static str,
 }
 
+/// cocoon's VM name rule (`types/vm.go`: `VMConfig.Validate`), checked on run, create and clone.
+const VM_NAME_RULE: &str = "^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$";
+
+fn check_vm_name(name: &str) -> Result<(), Fail> {
+    let b = name.as_bytes();
+    if b.is_empty() {
+        return Err(Fail::new("vm name cannot be empty"));
+    }
+    let valid = b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(Fail::new(format!(
+            "vm name {name:?} is invalid: must match {VM_NAME_RULE} (max 63 chars)"
+        )))
+    }
+}
+
 /// Writes the `creating` record, lets it turn `running` after `create_delay_ms`, prints the result.
 fn create_and_boot(ctx: &Ctx, new: NewVm, start: bool, json: bool) -> Res {
+    check_vm_name(&new.name)?;
     let now = now_rfc3339();
     let id = ctx.store.update(|state| -> Result<String, Fail> {
         if let Some(holder) = state.vms.values().find(|e| e.vm.config.name == new.name) {
