@@ -43,6 +43,16 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
         ),
     )
     .await;
+    // A VM name cocoon would refuse (a shell command in it): refused before any cocoon call.
+    create(
+        &env,
+        &managed(
+            "shelly",
+            "vk-$(touch x)",
+            &[("cocoonset.cocoonstack.io/image", "fc-snap")],
+        ),
+    )
+    .await;
     // Backend mismatch (the snapshot was taken on cloud-hypervisor).
     create(
         &env,
@@ -60,6 +70,7 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
         ("noname", "missing vm.cocoonstack.io/name"),
         ("classy", "spr"),
         ("reldir", "absolute"),
+        ("shelly", "is not a VM name cocoon accepts"),
         (
             "fc",
             "was taken with cloud-hypervisor but CocoonSet requests firecracker",
@@ -75,11 +86,24 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
         has_event(&env, "noname", "MissingVMName")
             && has_event(&env, "classy", "SnapshotCPUClassMismatch")
             && has_event(&env, "reldir", "InvalidVMSpec")
+            && has_event(&env, "shelly", "InvalidVMSpec")
             && has_event(&env, "fc", "SnapshotBackendMismatch")
     })
     .await;
     assert!(calls(&env, "vm clone").is_empty(), "nothing cloned");
     assert!(vms(&env).await.is_empty(), "nothing booted");
+    // Its delete has nothing to do with cocoon either: the pod goes.
+    delete(&env, "shelly").await;
+    eventually(30, "shelly deleted", || get(&env, "shelly").is_none()).await;
+    let named: Vec<_> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.argv.iter().any(|a| a.contains("touch")))
+        .map(|c| c.argv)
+        .collect();
+    assert!(named.is_empty(), "no cocoon call ever named the bad VM: {named:?}");
     assert_eq!(
         d.provider
             .metrics()
