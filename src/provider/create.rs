@@ -49,7 +49,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
             };
             p.metrics.lifecycle("create", result, label);
             p.state.track(&key, pod, "");
-            p.fail_op(pod, &key, reason, "create", &message).await;
+            p.report_failure(pod, &key, reason, "create", &message).await;
             p.state.untrack(&key, &uid);
             return Err(ProviderError::Rejected {
                 reason: reason.into(),
@@ -60,9 +60,9 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
 
     // 2. CPU-class admission.
     if let Err(f) = p.admission(&facts, AdmissionContext::Create).await? {
-        p.metrics.lifecycle("create", "failed", "snapshot_cpu_class_mismatch");
+        p.metrics.lifecycle("create", "failed", admission_label(&f));
         p.state.track(&key, pod, &spec.vm_name);
-        p.fail_op(pod, &key, f.reason, "create", &f.message).await;
+        p.report_failure(pod, &key, f.reason, "create", &f.message).await;
         p.state.untrack(&key, &uid);
         return Err(f.to_provider_error());
     }
@@ -132,6 +132,16 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     p.metrics
         .lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
     Ok(Next::Done)
+}
+
+/// The `reason` label of a CPU-class rejection: a mismatch, or the admission policy that
+/// failed (its fail-safe rejection is not a mismatch).
+pub(super) fn admission_label(f: &Failure) -> &'static str {
+    if f.reason == super::failure::event_reason(crate::policy::contract::types::EventReason::SnapshotCpuClassMismatch) {
+        "snapshot_cpu_class_mismatch"
+    } else {
+        "admission_policy_failed"
+    }
 }
 
 pub(super) async fn fail_create<T>(

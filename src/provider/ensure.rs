@@ -1,17 +1,62 @@
 //! What a bring-up needs present before `cocoon vm clone` / `vm run` (behaviour spec §4b): the
 //! shared fork snapshot of a lineage, the clone source snapshot (pulled once per name), the
 //! snapshot's base image, and a run image (a cloud image is imported, a snapshot artifact is
-//! refused, anything else is `cocoon image pull`). Concurrent callers share one piece of work.
+//! refused, anything else is `cocoon image pull`). Concurrent callers share one run of each piece
+//! of work ([`Flights`]): it outlives a caller that goes away, has its own deadline, and stops
+//! when the provider closes.
+
+use std::future::Future;
+use std::sync::Arc;
 
 use super::CocoonProvider;
 use super::failure::Failure;
 use super::plan::{self, ArtifactKind, BaseImage};
 use super::ports::CloudImageResult;
+use super::table::{Interrupted, SHARED_WORK_DEADLINE, SharedWork};
 use crate::runtime::SnapshotRecord;
+use crate::runtime::macos::record::MacImage;
+
+/// The single flights of the work bring-ups share, by kind of result.
+#[derive(Default)]
+pub(super) struct Flights {
+    forks: SharedWork<Result<(), Failure>>,
+    snapshots: SharedWork<Result<SnapshotRecord, Failure>>,
+    images: SharedWork<Result<String, Failure>>,
+    macos_images: SharedWork<Result<MacImage, Failure>>,
+}
+
+/// Runs `work` as the one flight of `key` on `flights`, a failure of the flight itself (its
+/// deadline, the daemon stopping) reported as `reason`.
+async fn shared<T, F, Fut>(
+    p: &CocoonProvider,
+    flights: &SharedWork<Result<T, Failure>>,
+    key: &str,
+    reason: &'static str,
+    work: F,
+) -> Result<T, Failure>
+where
+    T: Clone + Send + Sync + 'static,
+    F: FnOnce(Arc<CocoonProvider>) -> Fut,
+    Fut: Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    let me = p.arc();
+    flights
+        .run(key, SHARED_WORK_DEADLINE, &p.closing, move || work(me))
+        .await
+        .unwrap_or_else(|e: Interrupted| Err(Failure::transient(reason, format!("{key}: {e}"))))
+}
 
 /// One fork snapshot per source lineage, shared by concurrent forks.
 pub(super) async fn ensure_fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(), Failure> {
-    let _guard = p.state.work_lock(&format!("fork:{fork}")).await;
+    let (source, fork) = (source.to_string(), fork.to_string());
+    let key = format!("fork:{fork}");
+    shared(p, &p.flights.forks, &key, "ForkSnapshotFailed", move |p| async move {
+        fork_snapshot(&p, &source, &fork).await
+    })
+    .await
+}
+
+async fn fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(), Failure> {
     match p.ports.runtime.snapshot_inspect(fork).await {
         Ok(_) => return Ok(()),
         Err(e) if e.is_not_found() => {}
@@ -50,7 +95,19 @@ pub(super) async fn ensure_snapshot(
     repo: &str,
     tag: &str,
 ) -> Result<SnapshotRecord, Failure> {
-    let _guard = p.state.work_lock(&format!("snapshot:{local}")).await;
+    let (local, repo, tag) = (local.to_string(), repo.to_string(), tag.to_string());
+    let key = format!("snapshot:{local}");
+    shared(
+        p,
+        &p.flights.snapshots,
+        &key,
+        "SnapshotPullFailed",
+        move |p| async move { local_or_pulled(&p, &local, &repo, &tag).await },
+    )
+    .await
+}
+
+async fn local_or_pulled(p: &CocoonProvider, local: &str, repo: &str, tag: &str) -> Result<SnapshotRecord, Failure> {
     match p.ports.runtime.snapshot_inspect(local).await {
         Ok(s) => return Ok(s),
         Err(e) if e.is_not_found() => {}
@@ -95,15 +152,31 @@ pub(super) async fn ensure_base_image(p: &CocoonProvider, snapshot: &SnapshotRec
     }
 }
 
-/// Makes `reference` runnable; returns the local image name (§4b "Ensure run image").
+/// Makes `reference` runnable; returns the local image name: one pull (or import) however many
+/// pods want it at once.
 pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force: bool) -> Result<String, Failure> {
     if reference.is_empty() {
         return Ok(String::new());
     }
-    let _guard = p
-        .state
-        .work_lock(&format!("image:{}{reference}", if force { "force " } else { "" }))
-        .await;
+    let key = format!("image:{}{reference}", if force { "force " } else { "" });
+    let reference = reference.to_string();
+    shared(p, &p.flights.images, &key, "ImagePullFailed", move |p| async move {
+        runnable_image(&p, &reference, force).await
+    })
+    .await
+}
+
+/// The macOS image `image`: inspect, else pull and inspect again, once however many pods want it.
+pub(super) async fn ensure_macos_image(
+    p: &CocoonProvider,
+    image: &str,
+    work: impl FnOnce(Arc<CocoonProvider>) -> futures::future::BoxFuture<'static, Result<MacImage, Failure>>,
+) -> Result<MacImage, Failure> {
+    let key = format!("macos-image:{image}");
+    shared(p, &p.flights.macos_images, &key, "MacOSImagePullFailed", work).await
+}
+
+async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Result<String, Failure> {
     let pull = || async {
         p.ports
             .runtime

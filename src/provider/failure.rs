@@ -5,7 +5,7 @@
 use crate::kubelet::ProviderError;
 use crate::policy::contract::types::{EventReason, Refusal, RefusalKind};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Failure {
     pub reason: &'static str,
     pub message: String,

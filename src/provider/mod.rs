@@ -103,6 +103,8 @@ pub struct CocoonProvider {
     peer: OnceLock<Arc<crate::peer::PeerTier>>,
     /// Snapshot pushes and pulls (the pulls in flight are shared).
     transfers: transfer::Transfers,
+    /// Work shared between pods, one flight per key.
+    flights: ensure::Flights,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
     /// Probe targets the guest networks refused, logged once each.
     refused_targets: probe_scope::RefusedTargets,
@@ -143,6 +145,7 @@ impl CocoonProvider {
             peer: OnceLock::new(),
             reconciled: tokio::sync::watch::Sender::new(false),
             transfers: transfer::Transfers::new(),
+            flights: ensure::Flights::default(),
             vm_prefetch: Default::default(),
             refused_targets: Default::default(),
             closing: CancellationToken::new(),

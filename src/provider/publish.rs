@@ -65,11 +65,17 @@ impl CocoonProvider {
         }
     }
 
-    /// A failed operation: Warning Event `reason` ("<op>: <message>", ≤512 bytes) and lifecycle
-    /// `failed` with the message (≤4096 bytes).
+    /// A failed operation: counted `{op, failed, ""}`, then [`Self::report_failure`].
     pub(super) async fn fail_op(&self, pod: &Pod, pkey: &str, reason: &str, op: &str, message: &str) {
-        tracing::warn!(pod = %pkey, %reason, %op, %message, "operation failed");
         self.metrics.lifecycle(op, "failed", "");
+        self.report_failure(pod, pkey, reason, op, message).await;
+    }
+
+    /// A failed operation the caller counted itself (once, under its own reason): Warning Event
+    /// `reason` ("<op>: <message>", ≤512 bytes) and lifecycle `failed` with the message (≤4096
+    /// bytes).
+    pub(super) async fn report_failure(&self, pod: &Pod, pkey: &str, reason: &str, op: &str, message: &str) {
+        tracing::warn!(pod = %pkey, %reason, %op, %message, "operation failed");
         self.ports.events.record(
             pod,
             true,

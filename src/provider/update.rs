@@ -53,7 +53,8 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     let key = facts.key();
     let uid = facts.uid.clone();
     if let Err(f) = p.admission(&facts, AdmissionContext::Update).await? {
-        p.metrics.lifecycle("update", "failed", "snapshot_cpu_class_mismatch");
+        p.metrics
+            .lifecycle("update", "failed", super::create::admission_label(&f));
         p.ports
             .events
             .record(pod, true, f.reason, format!("update: {}", f.message));
@@ -189,17 +190,41 @@ impl CocoonProvider {
     /// The schedule of a failed transition's retries (decision 10): doubling from the minimum to
     /// the cap, or at the cap when an operator must act.
     fn retry_schedule(&self, kind: RefusalKind) -> Schedule {
-        let t = &self.cfg.timings;
-        match kind {
-            RefusalKind::NeedsOperator => Schedule::every(t.op_retry_max),
-            RefusalKind::RetryLater | RefusalKind::Permanent => Schedule::backoff(t.op_retry_min, t.op_retry_max),
-        }
+        op_retry_schedule(&self.cfg.timings, kind)
+    }
+}
+
+/// `max(min, min(prev·2, max))` exactly, no jitter: a failed transition is retried no sooner
+/// than the lifecycle's own delays (15 s, 30 s, 1 min, … 5 min), the way the operator expects
+/// it; failures of many pods are spread by when each failed. Waiting for an operator is
+/// re-checked at the slowest pace.
+fn op_retry_schedule(t: &super::Timings, kind: RefusalKind) -> Schedule {
+    match kind {
+        RefusalKind::NeedsOperator => Schedule::every(t.op_retry_max),
+        RefusalKind::RetryLater | RefusalKind::Permanent => Schedule::backoff(t.op_retry_min, t.op_retry_max).exact(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_transition_is_retried_at_15_s_doubling_to_5_min_never_sooner() {
+        let t = super::super::Timings::default();
+        let secs: Vec<u64> = op_retry_schedule(&t, RefusalKind::RetryLater)
+            .delays()
+            .take(8)
+            .map(|d| d.as_secs())
+            .collect();
+        assert_eq!(secs, [15, 30, 60, 120, 240, 300, 300, 300]);
+        let operator: Vec<u64> = op_retry_schedule(&t, RefusalKind::NeedsOperator)
+            .delays()
+            .take(2)
+            .map(|d| d.as_secs())
+            .collect();
+        assert_eq!(operator, [300, 300]);
+    }
 
     #[test]
     fn the_update_decision_table() {

@@ -393,7 +393,14 @@ fn claim_vnc(
 /// The image, once per image however many pods want it at once: inspect, else pull and
 /// inspect again.
 async fn ensure_image(p: &CocoonProvider, image: &str) -> Result<MacImage, Failure> {
-    let _flight = p.state.work_lock(&format!("macos-image:{image}")).await;
+    let owned = image.to_string();
+    super::ensure::ensure_macos_image(p, image, move |p| {
+        Box::pin(async move { image_present(&p, &owned).await })
+    })
+    .await
+}
+
+async fn image_present(p: &CocoonProvider, image: &str) -> Result<MacImage, Failure> {
     match p.ports.macos.image_inspect(image).await {
         Ok(found) => return Ok(found),
         Err(e) if e.is_not_found() => {}

@@ -1,14 +1,14 @@
-//! The provider's in-memory state (behaviour spec §3.1): one [`PodEntry`] per pod key and one
-//! [`VmTable`], under one lock that is never held across an await. Locks of work shared between
-//! pods (a fork snapshot, a clone source, an image) are [`KeyedLocks`], gone once released.
+//! The provider's in-memory state: one [`PodEntry`] per pod key, one [`VmTable`] and who holds
+//! each VM name ([`Holders`]), under one lock that is never held across an await.
 //!
 //! Readers get copies ([`Tracked`]); every write names the incarnation (uid) it is for, so work of
-//! an older incarnation can never change a newer one's record.
+//! an older incarnation can never change a newer one's record. Work shared between pods runs as
+//! single flights ([`SharedWork`], in the provider).
 
 mod entry;
 mod holders;
 mod intents;
-mod locks;
+mod shared;
 mod vms;
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use entry::{Claim, GuestWork, OwedRetry, Phase, PodEntry, StoredIntent, Terminal};
 pub use holders::{Holder, Holders};
-pub use locks::{KeyedGuard, KeyedLocks};
+pub use shared::{Interrupted, SHARED_WORK_DEADLINE, SharedWork};
 pub use vms::{VmRow, VmTable};
 
 use crate::kubelet::pods::same_for_provider;
@@ -148,7 +148,6 @@ impl Inner {
 #[derive(Default)]
 pub struct Table {
     inner: Mutex<Inner>,
-    work: KeyedLocks,
 }
 
 impl Table {
@@ -159,7 +158,6 @@ impl Table {
                 holders,
                 ..Default::default()
             }),
-            work: KeyedLocks::default(),
         }
     }
 }
@@ -555,12 +553,6 @@ impl Table {
                 None
             }
         }
-    }
-
-    /// The lock of one piece of work shared between pods (`fork:…`, `snapshot:…`, `image:…`):
-    /// concurrent callers serialise on it and the later ones find the work done.
-    pub async fn work_lock(&self, name: &str) -> KeyedGuard<'_> {
-        self.work.lock(name).await
     }
 
     // ---- evictions ----

@@ -305,3 +305,36 @@ async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
     assert_eq!(calls(&env, "vm clone").len(), 8);
     d.kill().await;
 }
+
+/// Checklist rows EnsureRunImageConcurrentForceShareOneImport and …FallbackDeduped: a burst of
+/// run-mode pods of one image shares one `cocoon image pull` (one `--force` pull when they ask
+/// for it). (That the shared pull outlives a caller that goes away: `table::shared`'s tests.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_run_pods_shares_one_forced_image_pull() {
+    let env = env(false).await;
+    // The pull takes a while, so every pod of the burst arrives while it runs.
+    env.sim.delay("image pull", Some(1), 1500).unwrap();
+    let d = start(&env, Options::default());
+    let run = |i: usize| {
+        managed(
+            &format!("tool-{i}"),
+            &format!("vm-tool-{i}"),
+            &[
+                ("cocoonset.cocoonstack.io/image", "ghcr.io/x/ubuntu:24.04"),
+                ("cocoonset.cocoonstack.io/mode", "run"),
+                ("cocoonset.cocoonstack.io/force-pull", "true"),
+            ],
+        )
+    };
+    for i in 0..4 {
+        create(&env, &run(i)).await;
+    }
+    eventually(120, "all four ready", || {
+        (0..4).all(|i| lifecycle(&env, &format!("tool-{i}")).as_deref() == Some("ready"))
+    })
+    .await;
+    let pulls = calls(&env, "image pull");
+    assert_eq!(pulls.len(), 1, "one forced pull for the burst: {pulls:?}");
+    assert!(pulls[0].contains(&"--force".to_string()), "{pulls:?}");
+    d.kill().await;
+}

@@ -104,11 +104,16 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
         .map(|c| c.argv)
         .collect();
     assert!(named.is_empty(), "no cocoon call ever named the bad VM: {named:?}");
+    // Each refusal is counted once, under its own reason (checklist: a CPU-class rejection is
+    // `{create,failed,snapshot_cpu_class_mismatch}` only; a missing name `{create,skipped,missing_vmname}`).
+    let m = d.provider.metrics();
+    assert_eq!(m.lifecycle_count("create", "failed", "snapshot_cpu_class_mismatch"), 1);
+    assert_eq!(m.lifecycle_count("create", "skipped", "missing_vmname"), 1);
+    assert_eq!(m.lifecycle_count("create", "failed", "invalid_vm_spec"), 1);
     assert_eq!(
-        d.provider
-            .metrics()
-            .lifecycle_count("create", "failed", "snapshot_cpu_class_mismatch"),
-        1
+        m.lifecycle_count("create", "failed", ""),
+        2,
+        "reldir and fc, the policy's permanent refusals, once each"
     );
     d.kill().await;
 }

@@ -187,5 +187,17 @@ async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
         calls(&env, "vm clone").len() == 1 && calls(&env, "vm run").len() == 1,
         "only the create's clone and the seed's run"
     );
+    // Checklist row NoTagDiscardsLocal, kept on purpose (src/provider/DECISIONS.md, 11): the
+    // local copy of the guest stays while its pod waits; the pod's delete drops it.
+    assert!(
+        env.runtime.snapshot_inspect("vm-t").await.is_ok(),
+        "the local copy is kept while the wake waits for an operator"
+    );
+    delete(&env, "agent-0").await;
+    eventually(60, "the pod is gone", || get(&env, "agent-0").is_none()).await;
+    assert!(
+        env.runtime.snapshot_inspect("vm-t").await.unwrap_err().is_not_found(),
+        "the pod's delete dropped its local copy"
+    );
     d.kill().await;
 }
