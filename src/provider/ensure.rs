@@ -70,9 +70,10 @@ pub(super) async fn ensure_snapshot(
     p.pull_snapshot(registry.as_ref(), repo, tag, local)
         .await
         .map_err(|e| {
-            Failure::transient(
+            Failure::transfer(
                 "SnapshotPullFailed",
                 format!("pull snapshot {repo}:{tag} into {local}: {e}"),
+                &e,
             )
         })?;
     p.ports.runtime.snapshot_inspect(local).await.map_err(|e| {
@@ -125,9 +126,10 @@ pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force:
             ArtifactKind::CloudImage => match p.import_cloud_image(registry.as_ref(), reference, force).await {
                 Ok(CloudImageResult::Imported(name)) => Ok(name),
                 Ok(CloudImageResult::NotACloudImage) => pull().await,
-                Err(e) => Err(Failure::transient(
+                Err(e) => Err(Failure::transfer(
                     "CloudImageImportFailed",
                     format!("import cloud image {reference}: {e}"),
+                    &e,
                 )),
             },
             ArtifactKind::Other => pull().await,

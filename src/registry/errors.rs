@@ -99,4 +99,17 @@ impl RegistryError {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, RegistryError::Unavailable { .. })
     }
+
+    /// True when the artifact itself is wrong: retrying the same transfer cannot succeed until
+    /// someone re-pushes the artifact or fixes the reference.
+    pub fn is_bad_artifact(&self) -> bool {
+        matches!(
+            self,
+            RegistryError::Corrupt { .. }
+                | RegistryError::InvalidArtifact { .. }
+                | RegistryError::UnsupportedMediaType { .. }
+                | RegistryError::WrongKind { .. }
+                | RegistryError::SnapshotArtifact { .. }
+        )
+    }
 }
