@@ -1,8 +1,10 @@
 //! The registry adapter against Debian's docker-registry on loopback: round trips, v2 artifacts,
-//! cloud images and faults; what the provider does with an artifact that is bad in itself.
+//! cloud images and faults; the snapshot config's modes and sparse maps; what the provider does with
+//! an artifact that is bad in itself.
 
 mod bad_artifact;
 mod cloud_image;
 mod faults;
 mod roundtrip;
+mod snapshot_config;
 mod v2;
