@@ -127,9 +127,10 @@ async fn local_or_pulled(p: &CocoonProvider, local: &str, repo: &str, tag: &str)
     p.pull_snapshot(registry.as_ref(), repo, tag, local)
         .await
         .map_err(|e| {
-            Failure::transient(
+            Failure::transfer(
                 "SnapshotPullFailed",
                 format!("pull snapshot {repo}:{tag} into {local}: {e}"),
+                &e,
             )
         })?;
     p.ports.runtime.snapshot_inspect(local).await.map_err(|e| {
@@ -198,9 +199,10 @@ async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Res
             ArtifactKind::CloudImage => match p.import_cloud_image(registry.as_ref(), reference, force).await {
                 Ok(CloudImageResult::Imported(name)) => Ok(name),
                 Ok(CloudImageResult::NotACloudImage) => pull().await,
-                Err(e) => Err(Failure::transient(
+                Err(e) => Err(Failure::transfer(
                     "CloudImageImportFailed",
                     format!("import cloud image {reference}: {e}"),
+                    &e,
                 )),
             },
             ArtifactKind::Other => pull().await,

@@ -1,14 +1,19 @@
 //! Small generic OCI artifacts held in memory (policy components and their case tables): push a
 //! manifest with an artifact type, a config blob and a few layers; pull one by digest with the
-//! manifest and every blob verified against its digest and bounded in size.
+//! manifest and every blob verified against its digest and bounded in size, and the layer count
+//! bounded before the first blob is fetched.
 
-use super::client::{Registry, is_not_found};
+use super::client::Registry;
+use super::distribution::Access;
 use super::errors::RegistryError;
 use super::manifest::{self, OciImageManifest, OciManifest};
 use super::media;
-use oci_client::RegistryOperation;
 use oci_client::manifest::OciDescriptor;
 use std::collections::BTreeMap;
+
+/// The most layers an artifact held in memory may have (a policy has a component and its case
+/// table): with each layer bounded too, what a pull holds is bounded before anything is fetched.
+pub const MAX_ARTIFACT_LAYERS: usize = 8;
 
 /// One in-memory layer of an artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,29 +75,17 @@ impl Registry {
     /// `tag`. Returns the manifest digest.
     pub async fn push_artifact(&self, repo: &str, tag: &str, upload: &ArtifactUpload) -> Result<String, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let r = self.reference(repo, tag);
-        self.authenticate(&r, RegistryOperation::Push, &artifact).await?;
         let blobs = std::iter::once(&upload.config).chain(upload.layers.iter().map(|l| &l.bytes));
         for bytes in blobs {
             let digest = manifest::sha256_digest(bytes);
-            let exists = self
-                .client
-                .blob_exists(&r, &digest)
-                .await
-                .map_err(|e| self.oci_error("checking a blob of", &artifact, e))?;
-            if !exists {
-                self.client
-                    .push_blob(&r, bytes.clone(), &digest)
-                    .await
-                    .map_err(|e| self.oci_error("uploading a blob of", &artifact, e))?;
+            if !self.blob_exists(repo, tag, &digest, "a blob", Access::Push).await? {
+                self.put_blob(repo, tag, &digest, bytes.clone().into(), "a blob")
+                    .await?;
             }
         }
         let body = upload.manifest_bytes();
         let digest = manifest::sha256_digest(&body);
-        self.client
-            .push_manifest_raw(&r, body, media::OCI_MANIFEST.parse().expect("header value"))
-            .await
-            .map_err(|e| self.oci_error("writing the manifest of", &artifact, e))?;
+        self.put_manifest(repo, tag, body, media::OCI_MANIFEST).await?;
         tracing::info!(%artifact, %digest, layers = upload.layers.len(), "artifact pushed");
         Ok(digest)
     }
@@ -115,16 +108,10 @@ impl Registry {
         max_layer_bytes: u64,
     ) -> Result<Option<PulledArtifact>, RegistryError> {
         let artifact = format!("{repo}@{digest}");
-        let r = self.reference(repo, digest);
-        let (raw, _) = match self
-            .client
-            .pull_manifest_raw(&r, &self.auth, media::MANIFEST_ACCEPT)
-            .await
-        {
-            Ok(x) => x,
-            Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(self.oci_error("reading the manifest of", &artifact, e)),
+        let Some(got) = self.get_manifest(repo, digest).await? else {
+            return Ok(None);
         };
+        let raw = got.bytes;
         let computed = manifest::sha256_digest(&raw);
         if computed != digest {
             return Err(RegistryError::Corrupt {
@@ -144,14 +131,27 @@ impl Registry {
             }
             Err(detail) => return Err(RegistryError::InvalidArtifact { artifact, detail }),
         };
+        // Every layer is checked before the first is fetched: nothing is downloaded for an artifact
+        // that would be refused anyway.
+        if manifest.layers.len() > MAX_ARTIFACT_LAYERS {
+            return Err(RegistryError::InvalidArtifact {
+                artifact,
+                detail: format!(
+                    "it has {} layers (at most {MAX_ARTIFACT_LAYERS} are read); push the artifact with its component and case table only",
+                    manifest.layers.len()
+                ),
+            });
+        }
+        if let Some((i, layer)) =
+            (manifest.layers.iter().enumerate()).find(|(_, l)| l.size < 0 || l.size as u64 > max_layer_bytes)
+        {
+            return Err(RegistryError::InvalidArtifact {
+                artifact,
+                detail: format!("layer {i} is {} bytes (at most {max_layer_bytes} are read)", layer.size),
+            });
+        }
         let mut layers = Vec::with_capacity(manifest.layers.len());
         for (i, layer) in manifest.layers.iter().enumerate() {
-            if layer.size < 0 || layer.size as u64 > max_layer_bytes {
-                return Err(RegistryError::InvalidArtifact {
-                    artifact,
-                    detail: format!("layer {i} is {} bytes (at most {max_layer_bytes} are read)", layer.size),
-                });
-            }
             let what = format!("layer {i} ({})", layer.media_type);
             let bytes = self
                 .fetch_small_blob(repo, digest, &layer.digest, layer.size as u64, &what)

@@ -1,14 +1,20 @@
-//! Requests oci-client does not make (the manifest DELETE; the streamed blob upload of a push), authorized
-//! the way the registry asks. oci-client runs the distribution token flow for its own requests, but only
-//! for the `pull` and `pull,push` scopes, and it has no DELETE: a registry with token auth answers a
-//! DELETE with 401 and a challenge for the `delete` action, which a static Basic or Bearer header can
-//! never satisfy (GHCR, Harbor, Hub, distribution with `auth: token`).
+//! Every request the registry client makes goes out here, authorized the way the registry asks (the
+//! distribution token protocol). Each request goes out with the token cached for its scope, if any,
+//! else with the docker-config credentials (Basic or an identity token: the registry's own host gets
+//! them as they are); a 401 names the scheme, realm, service and scope in `WWW-Authenticate`; a Bearer
+//! challenge is answered at its realm with those credentials and the request is sent once more with
+//! the token; a Basic challenge gets the credentials directly. Tokens are cached per scope until
+//! shortly before they expire (an hour at most).
 //!
-//! So each request here goes out with the token cached for its scope, if any; a 401 names the scheme,
-//! realm, service and scope in `WWW-Authenticate`; a Bearer challenge is answered at its realm with the
-//! docker-config credentials (Basic) and the request is sent once more with the token; a Basic challenge
-//! gets the credentials directly. Tokens are cached per scope until shortly before they expire.
+//! The realm is the registry's to name, so it is where the registry could send the node's
+//! credentials: they go to a realm on the registry's own host (any port: the same machine), over
+//! HTTPS — or over plain HTTP when the registry itself is spoken to over plain HTTP, where the
+//! credentials already travel in clear to that host. Another host gets them only when the operator
+//! lists it in `OCI_REGISTRY_TOKEN_REALMS`, and only over HTTPS. Any other realm is not asked at all,
+//! with or without credentials (a realm is also a URL the registry makes the node fetch). A token
+//! answer is read to [`MAX_TOKEN_ANSWER`] at most, within the answer deadline.
 
+use super::answer::{self, AnswerError};
 use oci_client::secrets::RegistryAuth;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,12 +27,64 @@ pub(crate) enum HttpError {
     Transport(String),
     /// The token server refused the credentials (or answered something that is not a token).
     Denied(String),
+    /// The registry named a token realm the credentials may not go to; it was not asked.
+    UntrustedRealm { realm: String, reason: String },
 }
 
 impl std::fmt::Display for HttpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             HttpError::Transport(s) | HttpError::Denied(s) => f.write_str(s),
+            HttpError::UntrustedRealm { realm, reason } => write!(f, "the token realm {realm} {reason}"),
+        }
+    }
+}
+
+/// Where the registry's token realm may be (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RealmPolicy {
+    /// The registry's host (no port, no brackets), lower-cased.
+    pub registry_host: String,
+    /// The registry is spoken to over plain HTTP.
+    pub plain_http: bool,
+    /// `OCI_REGISTRY_TOKEN_REALMS`: `host` or `host:port` entries, lower-cased.
+    pub trusted: Vec<String>,
+}
+
+impl RealmPolicy {
+    /// `Err(reason)` when `realm` may not be asked for a token.
+    pub(crate) fn check(&self, realm: &reqwest::Url) -> Result<(), String> {
+        let https = match realm.scheme() {
+            "https" => true,
+            "http" => false,
+            other => return Err(format!("is not an http(s) URL (scheme {other:?})")),
+        };
+        let host = realm
+            .host_str()
+            .unwrap_or_default()
+            .trim_matches(['[', ']'])
+            .to_ascii_lowercase();
+        if host == self.registry_host {
+            return if https || self.plain_http {
+                Ok(())
+            } else {
+                Err("is plain HTTP while the registry is spoken to over HTTPS".into())
+            };
+        }
+        let with_port = realm.port().map(|p| format!("{host}:{p}"));
+        let listed = self
+            .trusted
+            .iter()
+            .any(|t| t.trim_matches(['[', ']']) == host || Some(t) == with_port.as_ref());
+        match (listed, https) {
+            (true, true) => Ok(()),
+            (true, false) => Err(format!(
+                "is plain HTTP (another host, {host}, gets the credentials only over HTTPS)"
+            )),
+            (false, _) => Err(format!(
+                "is on another host ({host}) than the registry ({})",
+                self.registry_host
+            )),
         }
     }
 }
@@ -49,20 +107,34 @@ struct TokenResponse {
 
 /// The distribution spec's default when a token answer carries no `expires_in`.
 const DEFAULT_TOKEN_SECS: u64 = 60;
+/// The longest a token is kept, whatever its answer says (a longer one is simply fetched again).
+const MAX_TOKEN_SECS: u64 = 3600;
+/// The biggest token answer read (a JWT with its certificate chain is a few KiB).
+pub(crate) const MAX_TOKEN_ANSWER: usize = 1 << 20;
 /// Tokens are dropped this long before they expire, so a request never leaves with a dying one.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(10);
 
 pub(crate) struct AuthedHttp {
     http: reqwest::Client,
     auth: RegistryAuth,
+    realms: RealmPolicy,
+    /// The most a token exchange may take, answer included.
+    answer_deadline: Duration,
     tokens: Mutex<HashMap<String, CachedToken>>,
 }
 
 impl AuthedHttp {
-    pub(crate) fn new(http: reqwest::Client, auth: RegistryAuth) -> Self {
+    pub(crate) fn new(
+        http: reqwest::Client,
+        auth: RegistryAuth,
+        realms: RealmPolicy,
+        answer_deadline: Duration,
+    ) -> Self {
         AuthedHttp {
             http,
             auth,
+            realms,
+            answer_deadline,
             tokens: Mutex::new(HashMap::new()),
         }
     }
@@ -125,22 +197,32 @@ impl AuthedHttp {
                 scope: asked,
             } => {
                 let asked = asked.unwrap_or_else(|| scope.to_string());
-                let token = self.fetch_token(&realm, service.as_deref(), &asked).await?;
+                let token = self.fetch_token(&realm, service.as_deref(), &asked, scope).await?;
                 build(&self.http).bearer_auth(token)
             }
         };
         retry.send().await.map_err(|e| HttpError::Transport(e.to_string()))
     }
 
-    /// `GET <realm>?service=…&scope=…` with the docker-config credentials; caches the token under `scope`.
-    async fn fetch_token(&self, realm: &str, service: Option<&str>, scope: &str) -> Result<String, HttpError> {
+    /// `GET <realm>?service=…&scope=…` with the docker-config credentials, when the realm may have them
+    /// (see [`RealmPolicy`]); caches the token under `key`, the scope of the request that was
+    /// challenged (the one the next such request looks up).
+    async fn fetch_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+        key: &str,
+    ) -> Result<String, HttpError> {
         let mut url = reqwest::Url::parse(realm)
             .map_err(|e| HttpError::Denied(format!("the registry's token realm {realm:?} is not a URL: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(HttpError::Denied(format!(
-                "the registry's token realm {realm:?} is not http(s)"
-            )));
-        }
+        self.realms.check(&url).map_err(|reason| {
+            tracing::warn!(realm, %reason, "refusing the registry's token realm");
+            HttpError::UntrustedRealm {
+                realm: realm.to_string(),
+                reason,
+            }
+        })?;
         {
             let mut q = url.query_pairs_mut();
             if let Some(s) = service {
@@ -151,27 +233,37 @@ impl AuthedHttp {
                 q.append_pair("scope", s);
             }
         }
-        let mut req = self.http.get(url).timeout(Duration::from_secs(30));
+        let mut req = self.http.get(url);
         match &self.auth {
             RegistryAuth::Basic(user, pass) => req = req.basic_auth(user, Some(pass)),
             RegistryAuth::Bearer(t) => req = req.bearer_auth(t),
             RegistryAuth::Anonymous => {}
         }
-        let resp = req
-            .send()
+        let exchange = async {
+            let resp = req
+                .send()
+                .await
+                .map_err(|e| HttpError::Transport(format!("token request to {realm}: {e}")))?;
+            let status = resp.status();
+            if !status.is_success() {
+                let text = answer::error_text(resp, self.answer_deadline).await;
+                return Err(HttpError::Denied(format!(
+                    "the token server {realm} answered {status} for scope {scope:?}: {text}"
+                )));
+            }
+            answer::read_whole(resp, MAX_TOKEN_ANSWER).await.map_err(|e| match e {
+                AnswerError::TooLarge { .. } => HttpError::Denied(format!("the token server {realm}: {e}")),
+                AnswerError::Transport(_) => HttpError::Transport(format!("token answer from {realm}: {e}")),
+            })
+        };
+        let body = tokio::time::timeout(self.answer_deadline, exchange)
             .await
-            .map_err(|e| HttpError::Transport(format!("token request to {realm}: {e}")))?;
-        let status = resp.status();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| HttpError::Transport(format!("token answer from {realm}: {e}")))?;
-        if !status.is_success() {
-            return Err(HttpError::Denied(format!(
-                "the token server {realm} answered {status} for scope {scope:?}: {}",
-                String::from_utf8_lossy(&body).trim()
-            )));
-        }
+            .map_err(|_| {
+                HttpError::Transport(format!(
+                    "the token server {realm} did not answer within {}",
+                    answer::secs_text(self.answer_deadline)
+                ))
+            })??;
         let t: TokenResponse = serde_json::from_slice(&body)
             .map_err(|e| HttpError::Denied(format!("the token server {realm} answered no token: {e}")))?;
         let token = if t.token.is_empty() { t.access_token } else { t.token };
@@ -180,17 +272,26 @@ impl AuthedHttp {
                 "the token server {realm} answered an empty token"
             )));
         }
-        let lifetime = Duration::from_secs(t.expires_in.unwrap_or(DEFAULT_TOKEN_SECS));
-        let expires = Instant::now() + lifetime.saturating_sub(EXPIRY_MARGIN);
-        self.tokens.lock().expect("token cache lock").insert(
-            scope.to_string(),
+        let now = Instant::now();
+        let mut tokens = self.tokens.lock().expect("token cache lock");
+        // Expired tokens go when a new one comes: the cache holds no more than the scopes in use.
+        tokens.retain(|_, t| t.expires > now);
+        tokens.insert(
+            key.to_string(),
             CachedToken {
                 token: token.clone(),
-                expires,
+                expires: now + token_lifetime(t.expires_in),
             },
         );
         Ok(token)
     }
+}
+
+/// How long a token is kept: its `expires_in` (the spec's default without one), capped at
+/// [`MAX_TOKEN_SECS`], less the margin that keeps a dying token off the wire.
+fn token_lifetime(expires_in: Option<u64>) -> Duration {
+    let secs = expires_in.unwrap_or(DEFAULT_TOKEN_SECS).min(MAX_TOKEN_SECS);
+    Duration::from_secs(secs).saturating_sub(EXPIRY_MARGIN)
 }
 
 /// The part of a `WWW-Authenticate` header we answer.
@@ -267,6 +368,80 @@ mod tests {
         );
         assert_eq!(Challenge::parse("Negotiate"), None);
         assert_eq!(Challenge::parse(""), None);
+    }
+
+    fn policy(host: &str, plain_http: bool, trusted: &[&str]) -> RealmPolicy {
+        RealmPolicy {
+            registry_host: host.into(),
+            plain_http,
+            trusted: trusted.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    fn check(p: &RealmPolicy, realm: &str) -> Result<(), String> {
+        p.check(&reqwest::Url::parse(realm).unwrap())
+    }
+
+    #[test]
+    fn credentials_go_only_to_the_registry_host_over_https_unless_it_is_plain_http_itself() {
+        let https = policy("reg.example.com", false, &[]);
+        assert_eq!(check(&https, "https://reg.example.com/token"), Ok(()));
+        assert_eq!(check(&https, "https://REG.example.com:8443/token"), Ok(()));
+        assert!(
+            check(&https, "http://reg.example.com/token")
+                .unwrap_err()
+                .contains("plain HTTP")
+        );
+        assert!(
+            check(&https, "https://evil.example.net/token")
+                .unwrap_err()
+                .contains("another host")
+        );
+        assert!(
+            check(&https, "https://reg.example.com.evil.net/t")
+                .unwrap_err()
+                .contains("another host")
+        );
+        assert!(check(&https, "ftp://reg.example.com/t").is_err());
+        // A plain-HTTP registry (loopback, private network, or http:// chosen by the operator): its
+        // own host may have them over plain HTTP too — they already go there in clear.
+        let plain = policy("127.0.0.1", true, &[]);
+        assert_eq!(check(&plain, "http://127.0.0.1:5001/token"), Ok(()));
+        assert!(
+            check(&plain, "http://127.0.0.2:5001/token")
+                .unwrap_err()
+                .contains("another host")
+        );
+        assert!(check(&plain, "http://localhost:5001/token").is_err());
+        let v6 = policy("::1", true, &[]);
+        assert_eq!(check(&v6, "http://[::1]:5001/token"), Ok(()));
+        // Hosts the operator lists: over HTTPS only, by host or host:port.
+        let listed = policy(
+            "registry-1.docker.io",
+            false,
+            &["auth.docker.io", "gitlab.example.com:8443"],
+        );
+        assert_eq!(check(&listed, "https://auth.docker.io/token"), Ok(()));
+        assert!(
+            check(&listed, "http://auth.docker.io/token")
+                .unwrap_err()
+                .contains("plain HTTP")
+        );
+        assert_eq!(check(&listed, "https://gitlab.example.com:8443/jwt/auth"), Ok(()));
+        assert!(check(&listed, "https://gitlab.example.com/jwt/auth").is_err());
+    }
+
+    #[test]
+    fn token_lifetimes_are_capped_and_never_overflow() {
+        assert_eq!(
+            token_lifetime(Some(u64::MAX)),
+            Duration::from_secs(MAX_TOKEN_SECS) - EXPIRY_MARGIN
+        );
+        assert_eq!(token_lifetime(Some(300)), Duration::from_secs(290));
+        assert_eq!(token_lifetime(None), Duration::from_secs(50));
+        assert_eq!(token_lifetime(Some(3)), Duration::ZERO);
+        // The cache entry's deadline is computable from any of them.
+        let _ = Instant::now() + token_lifetime(Some(u64::MAX));
     }
 
     #[test]

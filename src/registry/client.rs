@@ -1,18 +1,13 @@
-//! [`Registry`]: the OCI client — oci-client for manifests, blobs and auth; [`super::auth`] for the requests
-//! oci-client does not make — with manifest reads of a typed outcome, config blobs and verified blob streams.
+//! [`Registry`]: the OCI client — the distribution requests of [`super::distribution`], authorized by
+//! [`super::auth`], on oci-client's manifest types — with manifest reads of a typed outcome, config
+//! blobs and verified blob streams.
 
-use super::auth::AuthedHttp;
+use super::auth::{AuthedHttp, RealmPolicy};
 use super::config::RegistryConfig;
 use super::errors::RegistryError;
 use super::manifest::{self, OciImageManifest, OciManifest, SnapshotConfig};
-use super::media;
-use bytes::Bytes;
-use futures::{Stream, StreamExt};
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::manifest::OciDescriptor;
+use futures::StreamExt;
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,9 +49,7 @@ pub(crate) struct Resolved {
 pub struct Registry {
     pub(crate) cfg: RegistryConfig,
     pub(crate) node_name: String,
-    pub(crate) client: Client,
     pub(crate) http: AuthedHttp,
-    pub(crate) auth: RegistryAuth,
     /// At most `max_heavy_pulls` pulls of v2 / index artifacts at once.
     pub(crate) heavy_pulls: Arc<Semaphore>,
 }
@@ -80,69 +73,29 @@ impl Registry {
 
     /// Builds the client with explicit credentials.
     pub fn with_auth(cfg: RegistryConfig, node_name: String, auth: RegistryAuth) -> Result<Registry, RegistryError> {
-        let protocol = if cfg.plain_http {
-            ClientProtocol::HttpsExcept(vec![cfg.host.clone()])
-        } else {
-            ClientProtocol::Https
-        };
-        let client = Client::new(ClientConfig {
-            protocol,
-            connect_timeout: Some(Duration::from_secs(10)),
-            // No read timeout: a long streamed body would trip it while the response is pending; a
-            // transfer that stops moving bytes is ended by the transfer's stall timeout instead.
-            read_timeout: None,
-            // Small blobs (config, small files) go up in one PUT.
-            use_monolithic_push: true,
-            ..Default::default()
-        });
+        // No client-wide read timeout: a long streamed upload would trip it while its answer is
+        // pending. Answers read whole run within the answer deadline, blob downloads chunk by chunk
+        // within it, and a transfer that stops moving bytes is ended by its stall timeout.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| RegistryError::InvalidRequest(format!("building the HTTP client for {}: {e}", cfg.host)))?;
-        tracing::info!(registry = %cfg.host, prefix = %cfg.prefix, plain_http = cfg.plain_http, auth = auth_kind(&auth), "registry client ready");
+        let realms = RealmPolicy {
+            registry_host: cfg.host_name(),
+            plain_http: cfg.plain_http,
+            trusted: cfg.token_realms.clone(),
+        };
+        tracing::info!(registry = %cfg.host, prefix = %cfg.prefix, plain_http = cfg.plain_http, auth = auth_kind(&auth), token_realms = ?cfg.token_realms, "registry client ready");
         Ok(Registry {
             heavy_pulls: Arc::new(Semaphore::new(cfg.max_heavy_pulls.max(1))),
-            http: AuthedHttp::new(http, auth.clone()),
+            http: AuthedHttp::new(http, auth, realms, cfg.transfer.stall_timeout),
             cfg,
             node_name,
-            client,
-            auth,
         })
     }
 
     pub fn config(&self) -> &RegistryConfig {
         &self.cfg
-    }
-
-    /// The reference of `repo` at `tag_or_digest` (a `:` marks a digest).
-    pub(crate) fn reference(&self, repo: &str, tag_or_digest: &str) -> Reference {
-        if tag_or_digest.contains(':') {
-            Reference::with_digest(
-                self.cfg.host.clone(),
-                self.cfg.repository(repo),
-                tag_or_digest.to_string(),
-            )
-        } else {
-            Reference::with_tag(
-                self.cfg.host.clone(),
-                self.cfg.repository(repo),
-                tag_or_digest.to_string(),
-            )
-        }
-    }
-
-    /// The typed error of a failed oci-client call: refused credentials are `Denied`, the rest `Unavailable`.
-    pub(crate) fn oci_error(&self, op: &str, artifact: &str, e: OciDistributionError) -> RegistryError {
-        if is_denied(&e) {
-            RegistryError::Denied {
-                op: op.to_string(),
-                artifact: artifact.to_string(),
-                registry: self.cfg.host.clone(),
-                detail: e.to_string(),
-            }
-        } else {
-            self.unavailable(op, artifact, e)
-        }
     }
 
     /// The progress cadence and stall limit of this client's transfers.
@@ -171,19 +124,6 @@ impl Registry {
         }
     }
 
-    pub(crate) async fn authenticate(
-        &self,
-        r: &Reference,
-        op: RegistryOperation,
-        artifact: &str,
-    ) -> Result<(), RegistryError> {
-        self.client
-            .auth(r, &self.auth, op)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.oci_error("authenticating for", artifact, e))
-    }
-
     /// Reads the manifest of `repo:tag`. A 404 is `Absent`; anything else that is not a manifest is an error.
     pub async fn manifest(&self, repo: &str, tag: &str) -> Result<ManifestLookup, RegistryError> {
         Ok(match self.fetch_manifest(repo, tag).await? {
@@ -196,38 +136,37 @@ impl Registry {
         })
     }
 
-    /// GET the manifest (tag or digest); `None` on 404. The bytes are checked against the digest when the
-    /// reference is a digest.
+    /// GET the manifest (tag or digest); `None` on 404. Its digest is the hash of its bytes, which
+    /// must match the reference when that is a digest, and the registry's `Docker-Content-Digest`
+    /// when it sent a sha256 one.
     pub(crate) async fn fetch_manifest(&self, repo: &str, reference: &str) -> Result<Option<Fetched>, RegistryError> {
         let artifact = format!("{repo}:{reference}");
-        let r = self.reference(repo, reference);
-        let (raw, digest) = match self
-            .client
-            .pull_manifest_raw(&r, &self.auth, media::MANIFEST_ACCEPT)
-            .await
-        {
-            Ok(x) => x,
-            Err(e) if is_not_found(&e) => {
-                tracing::debug!(%artifact, "manifest absent");
-                return Ok(None);
-            }
-            Err(e) => return Err(self.oci_error("reading the manifest of", &artifact, e)),
+        let Some(got) = self.get_manifest(repo, reference).await? else {
+            tracing::debug!(%artifact, "manifest absent");
+            return Ok(None);
         };
-        let computed = manifest::sha256_digest(&raw);
-        if reference.contains(':') && computed != reference {
+        let computed = manifest::sha256_digest(&got.bytes);
+        let claimed = if reference.contains(':') {
+            Some(reference.to_string())
+        } else {
+            got.digest_header.filter(|d| d.starts_with("sha256:"))
+        };
+        if let Some(claimed) = claimed.filter(|d| *d != computed) {
             return Err(RegistryError::Corrupt {
                 artifact,
-                digest: reference.to_string(),
+                digest: claimed,
                 what: "manifest".into(),
                 detail: format!("its bytes hash to {computed}"),
             });
         }
-        let m = manifest::parse_manifest(&raw).map_err(|detail| RegistryError::InvalidArtifact {
+        let m = manifest::parse_manifest(&got.bytes).map_err(|detail| RegistryError::InvalidArtifact {
             artifact: artifact.clone(),
             detail,
         })?;
-        let digest = if digest.is_empty() { computed } else { digest };
-        Ok(Some(Fetched { digest, manifest: m }))
+        Ok(Some(Fetched {
+            digest: computed,
+            manifest: m,
+        }))
     }
 
     /// Resolves an index to its `linux/amd64` child; a manifest is returned as is. `None`: tag absent.
@@ -334,108 +273,6 @@ impl Registry {
         }
         Ok(out)
     }
-
-    /// A blob as a stream of chunks, verified: more bytes than `size` fail at once, and at the end the size
-    /// and the sha256 must match, else [`RegistryError::Corrupt`]. The digest is checked by oci-client's
-    /// verifying stream (one SHA-256 pass); the size here. Transport failures are `Unavailable`.
-    pub(crate) async fn blob_stream(
-        &self,
-        repo: &str,
-        tag: &str,
-        digest: &str,
-        size: u64,
-        what: &str,
-    ) -> Result<impl Stream<Item = Result<Bytes, RegistryError>> + Send + 'static, RegistryError> {
-        let artifact = format!("{repo}:{tag}");
-        digest
-            .strip_prefix("sha256:")
-            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| RegistryError::InvalidArtifact {
-                artifact: artifact.clone(),
-                detail: format!("{what}: unsupported digest {digest:?} (only sha256 is read)"),
-            })?;
-        let r = self.reference(repo, tag);
-        let desc = OciDescriptor {
-            digest: digest.to_string(),
-            size: size as i64,
-            ..Default::default()
-        };
-        let sized = match self.client.pull_blob_stream(&r, &desc).await {
-            Ok(s) => s,
-            Err(e) if is_not_found(&e) => {
-                return Err(RegistryError::NotFound {
-                    artifact,
-                    registry: self.cfg.host.clone(),
-                    detail: format!(": blob {digest} ({what}) is missing"),
-                });
-            }
-            Err(e) => return Err(self.oci_error(&format!("downloading blob {digest} ({what}) of"), &artifact, e)),
-        };
-        let registry = self.cfg.host.clone();
-        let digest = digest.to_string();
-        let what = what.to_string();
-        let mut inner = sized.stream;
-        Ok(async_stream::try_stream! {
-            let mut seen = 0u64;
-            let corrupt = |detail: String| RegistryError::Corrupt { artifact: artifact.clone(), digest: digest.clone(), what: what.clone(), detail };
-            while let Some(chunk) = inner.next().await {
-                let chunk = chunk.map_err(|e| {
-                    // oci-client's digest check ends the stream with its `DigestError` (a private type:
-                    // recognised by its text, "Invalid digest. Expected …, got …").
-                    let text = e.to_string();
-                    if text.starts_with("Invalid digest") {
-                        if seen == size { corrupt(text) } else { corrupt(format!("{seen} bytes instead of the {size} of its descriptor ({text})")) }
-                    } else {
-                        RegistryError::Unavailable { op: format!("downloading blob {digest} ({what}) of"), artifact: artifact.clone(), registry: registry.clone(), detail: text }
-                    }
-                })?;
-                seen += chunk.len() as u64;
-                if seen > size {
-                    Err::<(), _>(corrupt(format!("more than the {size} bytes of its descriptor")))?;
-                }
-                yield chunk;
-            }
-            if seen != size {
-                Err::<(), _>(corrupt(format!("{seen} bytes instead of the {size} of its descriptor")))?;
-            }
-        })
-    }
-}
-
-/// Refused credentials or rights: 401 / 403 in any of oci-client's shapes.
-pub(crate) fn is_denied(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => true,
-        OciDistributionError::ServerError { code, .. } => *code == 401 || *code == 403,
-        OciDistributionError::RegistryError { envelope, .. } => envelope
-            .errors
-            .iter()
-            .any(|x| matches!(x.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)),
-        OciDistributionError::RequestError(r) => matches!(r.status().map(|s| s.as_u16()), Some(401 | 403)),
-        _ => false,
-    }
-}
-
-/// A 404-like answer: `ManifestUnknown`, `NameUnknown`, `BlobUnknown`, `NotFound`, or a plain 404.
-pub(crate) fn is_not_found(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::ImageManifestNotFoundError(_) => true,
-        OciDistributionError::ServerError { code, .. } => *code == 404,
-        OciDistributionError::RegistryError { envelope, .. } => {
-            !envelope.errors.is_empty()
-                && envelope.errors.iter().all(|x| {
-                    matches!(
-                        x.code,
-                        OciErrorCode::ManifestUnknown
-                            | OciErrorCode::NameUnknown
-                            | OciErrorCode::BlobUnknown
-                            | OciErrorCode::NotFound
-                    )
-                })
-        }
-        OciDistributionError::RequestError(r) => r.status().map(|s| s.as_u16()) == Some(404),
-        _ => false,
-    }
 }
 
 /// Credentials for `host` from the docker config (entries keyed `host`, `https://host` or `http://host`).
@@ -480,38 +317,5 @@ mod tests {
         assert!(matches!(from_config(cfg, "127.0.0.1:5000"), RegistryAuth::Basic(u, p) if u == "a" && p == "b"));
         assert!(matches!(from_config(cfg, "other.example.com"), RegistryAuth::Anonymous));
         assert!(matches!(from_config("{}", "reg.example.com"), RegistryAuth::Anonymous));
-    }
-
-    #[test]
-    fn not_found_answers_are_recognised() {
-        use oci_client::errors::{OciEnvelope, OciError};
-        let env = |code| OciDistributionError::RegistryError {
-            envelope: OciEnvelope {
-                errors: vec![OciError {
-                    code,
-                    message: String::new(),
-                    detail: serde_json::Value::Null,
-                }],
-            },
-            url: String::new(),
-        };
-        assert!(is_not_found(&env(OciErrorCode::ManifestUnknown)));
-        assert!(is_not_found(&env(OciErrorCode::NameUnknown)));
-        assert!(is_not_found(&env(OciErrorCode::BlobUnknown)));
-        assert!(!is_not_found(&env(OciErrorCode::Denied)));
-        assert!(!is_not_found(&env(OciErrorCode::Unauthorized)));
-        assert!(is_not_found(&OciDistributionError::ServerError {
-            code: 404,
-            url: String::new(),
-            message: String::new()
-        }));
-        assert!(!is_not_found(&OciDistributionError::ServerError {
-            code: 503,
-            url: String::new(),
-            message: String::new()
-        }));
-        assert!(!is_not_found(&OciDistributionError::UnauthorizedError {
-            url: String::new()
-        }));
     }
 }

@@ -2,7 +2,8 @@
 //! which credentials to send. Unset (or empty) means registry-less mode (`None`). The `SNAPSHOT_*`
 //! variables tune the transfers ([`TransferArgs`], [`TransferSettings`]).
 
-use super::errors::ConfigError;
+use super::errors::{ConfigError, RegistryError};
+use super::names;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -154,6 +155,9 @@ pub struct RegistryArgs {
     /// Registry of snapshots and cloud images, host[:port][/prefix] (http:// or https:// to choose; unset: registry-less, hibernated guests stay in local snapshots)
     #[arg(long, env = "OCI_REGISTRY", value_name = "REGISTRY")]
     pub oci_registry: Option<String>,
+    /// Hosts besides the registry's own that may receive the node's registry credentials as its token service, host[:port] comma-separated, always over HTTPS (e.g. auth.docker.io; unset: only the registry's host)
+    #[arg(long, env = "OCI_REGISTRY_TOKEN_REALMS", value_name = "HOSTS", value_delimiter = ',')]
+    pub oci_registry_token_realms: Vec<String>,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
@@ -171,6 +175,9 @@ pub struct RegistryConfig {
     pub max_heavy_pulls: usize,
     /// The `SNAPSHOT_*` tuning.
     pub transfer: TransferSettings,
+    /// `OCI_REGISTRY_TOKEN_REALMS`: hosts (`host` or `host:port`, lower-cased) besides the registry's
+    /// own that the registry may name as its token realm; they get the credentials over HTTPS only.
+    pub token_realms: Vec<String>,
 }
 
 impl RegistryConfig {
@@ -180,6 +187,7 @@ impl RegistryConfig {
             return Ok(None);
         };
         cfg.transfer = TransferSettings::from_args(&args.transfer)?;
+        cfg.token_realms = token_realm_hosts(&args.oci_registry_token_realms)?;
         Ok(Some(cfg))
     }
 
@@ -222,13 +230,11 @@ impl RegistryConfig {
             return Err(invalid("the host contains characters that are not allowed"));
         }
         let host = host_of(hostport).ok_or_else(|| invalid("the port is not a number"))?;
-        if prefix
-            .chars()
-            .any(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c)))
+        if let Some(reason) = (!prefix.is_empty())
+            .then(|| names::repository_problem(prefix))
+            .flatten()
         {
-            return Err(invalid(
-                "the prefix must be a lower-case repository path (a-z 0-9 . _ - /)",
-            ));
+            return Err(invalid(&format!("the prefix is not a repository path: {reason}")));
         }
         Ok(Some(RegistryConfig {
             host: hostport.to_ascii_lowercase(),
@@ -236,22 +242,68 @@ impl RegistryConfig {
             plain_http: scheme.unwrap_or_else(|| is_private_host(&host)),
             max_heavy_pulls: 2,
             transfer: TransferSettings::default(),
+            token_realms: Vec::new(),
         }))
     }
 
-    /// The full repository path of `repo` (with the prefix).
-    pub fn repository(&self, repo: &str) -> String {
-        if self.prefix.is_empty() {
+    /// The full repository path of `repo` (with the prefix). `repo` must be in the distribution
+    /// grammar, so the path cannot leave the prefix.
+    pub fn repository(&self, repo: &str) -> Result<String, RegistryError> {
+        if let Some(reason) = names::repository_problem(repo) {
+            return Err(RegistryError::InvalidName {
+                what: "repository name",
+                name: repo.to_string(),
+                reason,
+            });
+        }
+        let full = if self.prefix.is_empty() {
             repo.to_string()
         } else {
             format!("{}/{}", self.prefix, repo)
+        };
+        if let Some(reason) = names::repository_problem(&full) {
+            return Err(RegistryError::InvalidName {
+                what: "repository name",
+                name: full,
+                reason,
+            });
         }
+        Ok(full)
+    }
+
+    /// The registry's host without its port (and without the brackets of an IPv6 address).
+    pub fn host_name(&self) -> String {
+        host_of(&self.host).unwrap_or_else(|| self.host.clone())
     }
 
     /// Base URL (`http(s)://host[:port]`).
     pub fn base_url(&self) -> String {
         format!("{}://{}", if self.plain_http { "http" } else { "https" }, self.host)
     }
+}
+
+/// The hosts of `OCI_REGISTRY_TOKEN_REALMS`: `host` or `host:port`, nothing else (no scheme, path
+/// or credentials), lower-cased.
+fn token_realm_hosts(values: &[String]) -> Result<Vec<String>, ConfigError> {
+    values
+        .iter()
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            let bad = v.is_empty()
+                || v.chars().any(|c| c.is_whitespace() || "/@?#".contains(c))
+                || host_of(v).is_none_or(|h| h.is_empty());
+            if bad {
+                return Err(ConfigError::Setting {
+                    name: "OCI_REGISTRY_TOKEN_REALMS",
+                    value: v.to_string(),
+                    reason: "each entry is a host or host:port (the realm's URL must then be https://<that host>/...)"
+                        .into(),
+                });
+            }
+            Ok(v.to_ascii_lowercase())
+        })
+        .collect()
 }
 
 /// The host part of `host[:port]` / `[v6]:port`; `None` when the port is not numeric.
@@ -298,16 +350,22 @@ mod tests {
         assert_eq!(c.host, "localhost:5000");
         assert_eq!(c.prefix, "cocoon");
         assert!(c.plain_http);
-        assert_eq!(c.repository("vk-default-demo-0"), "cocoon/vk-default-demo-0");
+        assert_eq!(c.repository("vk-default-demo-0").unwrap(), "cocoon/vk-default-demo-0");
         assert_eq!(c.base_url(), "http://localhost:5000");
         let c = RegistryConfig::parse("registry.example.com/a/b/").unwrap().unwrap();
         assert_eq!(
             (c.host.as_str(), c.prefix.as_str(), c.plain_http),
             ("registry.example.com", "a/b", false)
         );
-        assert_eq!(c.repository("x"), "a/b/x");
+        assert_eq!(c.repository("x").unwrap(), "a/b/x");
         let c = RegistryConfig::parse("ghcr.io").unwrap().unwrap();
-        assert_eq!((c.prefix.as_str(), c.repository("x").as_str()), ("", "x"));
+        assert_eq!((c.prefix.as_str(), c.repository("x").unwrap().as_str()), ("", "x"));
+        for escape in ["../x", "x/../../y", "%2e%2e", "X", ""] {
+            assert!(
+                matches!(c.repository(escape), Err(RegistryError::InvalidName { .. })),
+                "{escape:?}"
+            );
+        }
     }
 
     #[test]
@@ -371,8 +429,37 @@ mod tests {
     }
 
     #[test]
+    fn token_realm_hosts_are_hosts_only() {
+        let hosts = |v: &[&str]| token_realm_hosts(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            hosts(&["Auth.Docker.io", " gitlab.example.com:8443 ", ""]).unwrap(),
+            ["auth.docker.io", "gitlab.example.com:8443"]
+        );
+        for bad in [
+            "https://auth.docker.io",
+            "auth.docker.io/token",
+            "user@host",
+            "host:port",
+            ":443",
+        ] {
+            let e = hosts(&[bad]).unwrap_err().to_string();
+            assert!(e.contains("OCI_REGISTRY_TOKEN_REALMS"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn invalid_values_say_why() {
-        for v in ["localhost:abc", "ftp://x", "/prefix", "host/UPPER", "host//x", "a b"] {
+        for v in [
+            "localhost:abc",
+            "ftp://x",
+            "/prefix",
+            "host/UPPER",
+            "host//x",
+            "a b",
+            "host/team/..",
+            "host/../x",
+            "host/a/./b",
+        ] {
             let e = RegistryConfig::parse(v).unwrap_err().to_string();
             assert!(
                 e.contains("OCI_REGISTRY") && e.contains("host[:port][/prefix]"),

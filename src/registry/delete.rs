@@ -1,10 +1,10 @@
-//! Deleting a manifest (hibernate compensation), through [`super::auth`]: oci-client has no DELETE, and a
-//! token registry wants a token for the `delete` action.
+//! Deleting a manifest (hibernate compensation), through [`super::auth`]: a token registry wants a token
+//! for the `delete` action.
 
-use super::auth::{HttpError, repository_scope};
-use super::client::{Registry, is_not_found};
+use super::answer;
+use super::client::Registry;
+use super::distribution::Access;
 use super::errors::RegistryError;
-use std::time::Duration;
 
 enum DeleteOutcome {
     Deleted,
@@ -32,11 +32,8 @@ impl Registry {
                 tracing::debug!(%artifact, %why, "delete by tag refused; deleting by digest")
             }
         }
-        let r = self.reference(repo, tag);
-        let digest = match self.client.fetch_manifest_digest(&r, &self.auth).await {
-            Ok(d) => d,
-            Err(e) if is_not_found(&e) => return Ok(()),
-            Err(e) => return Err(self.oci_error("resolving the digest (to delete) of", &artifact, e)),
+        let Some(digest) = self.manifest_digest(repo, tag).await? else {
+            return Ok(());
         };
         match self.delete_ref(repo, &digest, &artifact).await? {
             DeleteOutcome::Deleted => {
@@ -56,20 +53,20 @@ impl Registry {
     }
 
     async fn delete_ref(&self, repo: &str, reference: &str, artifact: &str) -> Result<DeleteOutcome, RegistryError> {
-        let repository = self.cfg.repository(repo);
-        let url = format!("{}/v2/{repository}/manifests/{reference}", self.cfg.base_url());
-        let scope = repository_scope(&repository, "delete");
-        let resp = self
-            .http
-            .send(&scope, |c| c.delete(&url).timeout(Duration::from_secs(60)))
-            .await
-            .map_err(|e| match e {
-                HttpError::Transport(d) => self.unavailable("deleting", artifact, d),
-                HttpError::Denied(d) => self.denied("deleting", artifact, d),
-            })?;
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        let answer = || format!("DELETE {url} answered {status}: {}", body.trim());
+        let target = self.repo(repo)?;
+        let url = format!("{}/manifests/{}", target.url, self.checked_reference(reference)?);
+        let exchange = async {
+            let resp = self
+                .http
+                .send(&target.scope(Access::Delete), |c| c.delete(&url))
+                .await
+                .map_err(|e| self.http_error("deleting", artifact, e))?;
+            let status = resp.status();
+            let text = answer::error_text(resp, self.answer_deadline()).await;
+            Ok((status, text))
+        };
+        let (status, text) = self.within_deadline("deleting", artifact, exchange).await?;
+        let answer = || format!("DELETE {url} answered {status}: {text}");
         Ok(match status.as_u16() {
             200..=299 => DeleteOutcome::Deleted,
             404 => DeleteOutcome::Absent,

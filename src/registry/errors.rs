@@ -92,11 +92,46 @@ pub enum RegistryError {
     /// A bad argument (reference syntax etc.).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A repository name or a tag outside the distribution grammar: refused before it reaches a URL
+    /// (where `..` would take the request out of `OCI_REGISTRY`'s prefix).
+    #[error(
+        "{what} {name:?} is not a valid OCI {what}: {reason}; fix the image reference or the name it was made from"
+    )]
+    InvalidName {
+        what: &'static str,
+        name: String,
+        reason: String,
+    },
+    /// The registry asked for credentials at a token realm the node does not send them to.
+    #[error(
+        "registry {registry} sent {op} {artifact} to the token realm {realm}, which {reason}; the node sends its registry credentials only to the registry's own host, over HTTPS unless the registry itself is plain HTTP — if {realm} is the registry's genuine token service, list its host in OCI_REGISTRY_TOKEN_REALMS"
+    )]
+    UntrustedRealm {
+        op: String,
+        artifact: String,
+        registry: String,
+        realm: String,
+        reason: String,
+    },
 }
 
 impl RegistryError {
     /// True when the registry could not give an authoritative answer (retry later; never treat as absent).
     pub fn is_unavailable(&self) -> bool {
         matches!(self, RegistryError::Unavailable { .. })
+    }
+
+    /// True when the artifact itself (or the name asked for) is wrong: retrying the same transfer
+    /// cannot succeed until someone re-pushes the artifact or fixes the reference.
+    pub fn is_bad_artifact(&self) -> bool {
+        matches!(
+            self,
+            RegistryError::Corrupt { .. }
+                | RegistryError::InvalidArtifact { .. }
+                | RegistryError::UnsupportedMediaType { .. }
+                | RegistryError::WrongKind { .. }
+                | RegistryError::SnapshotArtifact { .. }
+                | RegistryError::InvalidName { .. }
+        )
     }
 }

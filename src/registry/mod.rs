@@ -8,13 +8,16 @@
 //!   snapshot manifest a push writes (pure).
 //! - [`tarfmt`]: cocoon's A.6 tar headers on top of the `tar` crate (pure).
 //! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams.
-//! - `auth`: the requests oci-client does not make, with the registry's token challenge answered.
+//! - `distribution`: the distribution API requests (manifests, blobs), each answer held to its shape
+//!   (`answer`: read whole to a limit, within a deadline; `names`: the name grammar);
+//!   `auth`: every request authorized, the registry's token challenge answered where credentials may go.
 //! - [`push`] (with `push_reader`, the export side, `chunk_compressor`, v2 chunks compressed one per
 //!   core, and `upload`, blob uploads), [`pull`] (with `prefetch`: its
 //!   blobs fetched in parallel ahead of the tar writer, within the pull budget),
 //!   [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
 //! - [`artifact`]: small in-memory artifacts (policy components) pushed and pulled by digest.
 
+mod answer;
 pub mod artifact;
 mod auth;
 mod chunk_compressor;
@@ -22,9 +25,11 @@ pub mod client;
 pub mod cloud_image;
 pub mod config;
 mod delete;
+mod distribution;
 pub mod errors;
 pub mod manifest;
 pub mod media;
+mod names;
 mod prefetch;
 pub mod progress;
 pub mod pull;

@@ -12,7 +12,8 @@
 //!   is written, the writer streams it itself, as a pull without prefetch would;
 //! - the config does not record a chunk's decoded size, so a chunk is allowed its file's share (the
 //!   file's size over its chunk count: the v2 writer cuts equal chunks). One that decodes to more is
-//!   handed over still compressed and decoded as it is written.
+//!   handed over still compressed and decoded as it is written — only as far as its file has room
+//!   for: the writer refuses the first byte past the file's declared size (`pull`).
 //!
 //! Blobs are only started in order and the budget is only claimed by the oldest blobs not yet written,
 //! so the one the writer waits for is always in flight or streamed: no deadlock. Dropping the

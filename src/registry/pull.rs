@@ -4,7 +4,10 @@
 //! [`Registry::write_snapshot`] streams the tar into a writer: `snapshot.json` synthesised from the config,
 //! then each file re-assembled from its blobs (fetched ahead in parallel within `SNAPSHOT_PULL_BUDGET_MIB`,
 //! see `prefetch`), then the end marker. Every blob is verified (size and
-//! sha256); the caller must discard what it imported when the write fails. v2 and index artifacts hold
+//! sha256), and no file's body runs past the size its entry header declares: the first byte beyond
+//! it fails the pull as corrupt before it is written (what follows a body is read as the next tar
+//! header, so an artifact must not choose it). The caller must discard what it imported when the
+//! write fails. v2 and index artifacts hold
 //! one of the node's `max_heavy_pulls` slots from open to the end of the write.
 
 use super::client::Registry;
@@ -193,37 +196,41 @@ impl Registry {
         );
         for p in &plan.files {
             out.write(&tarfmt::plan_header(p).map_err(io_err)?).await?;
-            let mut written = 0u64;
+            // The entry's header says `p.size` bytes: the importer reads exactly that many as the file,
+            // and whatever follows as the next header. So no part may write past what the file has
+            // left — not one byte, whatever the part decodes to — and a short file is refused too.
+            let mut body = FileBody {
+                out: &mut out,
+                file: p,
+                artifact: &artifact,
+                left: p.size,
+            };
             for part in &p.parts {
-                let next = ahead.next().await.expect("one job per part")?;
-                written += match next {
+                match ahead.next().await.expect("one job per part")? {
                     Next::Ready(bytes) => {
-                        let mut n = 0;
                         for b in bytes {
-                            out.write(&b).await?;
+                            body.write(part, &b).await?;
                             progress.advance(b.len() as u64);
-                            n += b.len() as u64;
                         }
-                        n
                     }
                     Next::Compressed(stored) => {
                         let stream = futures::stream::iter(stored.into_iter().map(Ok));
-                        self.write_blob(&mut out, src, &p.title, part, stream, progress).await?
+                        write_blob(&mut body, part, stream, progress).await?;
                     }
                     Next::Stream(job) => {
                         let stream = self
                             .blob_stream(&src.repo, &src.tag, &job.part.digest, job.part.size, &job.title)
                             .await?;
-                        self.write_blob(&mut out, src, &p.title, part, stream, progress).await?
+                        write_blob(&mut body, part, stream, progress).await?;
                     }
-                };
+                }
             }
-            if written != p.size {
+            if body.left != 0 {
                 return Err(RegistryError::Corrupt {
-                    artifact,
+                    artifact: artifact.clone(),
                     digest: p.parts.first().map(|x| x.digest.clone()).unwrap_or_default(),
                     what: p.title.clone(),
-                    detail: format!("the file has {written} bytes, its config says {}", p.size),
+                    detail: format!("the file has {} bytes, its config says {}", p.size - body.left, p.size),
                 });
             }
             out.write(&vec![0u8; tarfmt::padding(p.size)]).await?;
@@ -242,58 +249,90 @@ impl Registry {
             shared: false,
         })
     }
+}
 
-    /// Streams one blob's bytes (decompressing a zstd part) into the tar; returns the (uncompressed)
-    /// bytes written.
-    async fn write_blob(
-        &self,
-        out: &mut TarOut<'_>,
-        src: &SnapshotSource,
-        title: &str,
-        part: &BlobPart,
-        stream: impl futures::Stream<Item = Result<bytes::Bytes, RegistryError>> + Send,
-        progress: &Progress,
-    ) -> Result<u64, RegistryError> {
-        let mut n = 0u64;
-        match part.encoding {
-            LayerEncoding::Raw => {
-                let mut stream = std::pin::pin!(stream);
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk?;
-                    out.write(&chunk).await?;
-                    n += chunk.len() as u64;
-                    progress.advance(chunk.len() as u64);
-                }
-            }
-            LayerEncoding::Zstd => {
-                let reader =
-                    tokio_util::io::StreamReader::new(Box::pin(stream.map(|r| r.map_err(std::io::Error::other))));
-                let mut dec = async_compression::tokio::bufread::ZstdDecoder::new(reader);
-                dec.multiple_members(true);
-                let mut buf = BytesMut::with_capacity(1 << 20);
-                loop {
-                    buf.clear();
-                    let k = dec.read_buf(&mut buf).await.map_err(|e| {
-                        match e.get_ref().and_then(|i| i.downcast_ref::<RegistryError>()) {
-                            Some(inner) => inner.clone(),
-                            None => RegistryError::Corrupt {
-                                artifact: src.artifact(),
-                                digest: part.digest.clone(),
-                                what: title.to_string(),
-                                detail: format!("zstd decoding failed: {e}"),
-                            },
-                        }
-                    })?;
-                    if k == 0 {
-                        break;
-                    }
-                    out.write(&buf).await?;
-                    n += k as u64;
-                    progress.advance(k as u64);
-                }
+/// Streams one blob's bytes (decompressing a zstd part) into the file's body, which refuses the first
+/// byte past the file's size: a zstd part is decoded only as far as the file has room for (plus the
+/// one byte that shows it goes on).
+async fn write_blob(
+    body: &mut FileBody<'_, '_>,
+    part: &BlobPart,
+    stream: impl futures::Stream<Item = Result<bytes::Bytes, RegistryError>> + Send,
+    progress: &Progress,
+) -> Result<(), RegistryError> {
+    match part.encoding {
+        LayerEncoding::Raw => {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                body.write(part, &chunk).await?;
+                progress.advance(chunk.len() as u64);
             }
         }
-        Ok(n)
+        LayerEncoding::Zstd => {
+            let reader = tokio_util::io::StreamReader::new(Box::pin(stream.map(|r| r.map_err(std::io::Error::other))));
+            let mut dec = async_compression::tokio::bufread::ZstdDecoder::new(reader);
+            dec.multiple_members(true);
+            let mut buf = BytesMut::with_capacity(DECODE_BUFFER);
+            loop {
+                buf.clear();
+                // Room for what the file has left and one byte more: enough to see it overflow.
+                let room = body.left.saturating_add(1).min(DECODE_BUFFER as u64) as usize;
+                let k = (&mut dec).take(room as u64).read_buf(&mut buf).await.map_err(|e| {
+                    match e.get_ref().and_then(|i| i.downcast_ref::<RegistryError>()) {
+                        Some(inner) => inner.clone(),
+                        None => body.corrupt(part, format!("zstd decoding failed: {e}")),
+                    }
+                })?;
+                if k == 0 {
+                    break;
+                }
+                body.write(part, &buf).await?;
+                progress.advance(k as u64);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The most a zstd part is decoded ahead of the write, at once.
+const DECODE_BUFFER: usize = 1 << 20;
+
+/// The body of one tar entry being written: at most the file's declared size.
+struct FileBody<'o, 's> {
+    out: &'o mut TarOut<'s>,
+    file: &'o FilePlan,
+    artifact: &'o str,
+    /// Bytes the file still has room for.
+    left: u64,
+}
+
+impl FileBody<'_, '_> {
+    /// Writes `bytes` of `part`, unless they run past the file's size: then nothing of them is
+    /// written and the pull fails as corrupt.
+    async fn write(&mut self, part: &BlobPart, bytes: &[u8]) -> Result<(), RegistryError> {
+        let n = bytes.len() as u64;
+        if n > self.left {
+            return Err(self.corrupt(
+                part,
+                format!(
+                    "it decodes past the {} bytes the config declares for the file",
+                    self.file.size
+                ),
+            ));
+        }
+        self.out.write(bytes).await?;
+        self.left -= n;
+        Ok(())
+    }
+
+    fn corrupt(&self, part: &BlobPart, detail: String) -> RegistryError {
+        RegistryError::Corrupt {
+            artifact: self.artifact.to_string(),
+            digest: part.digest.clone(),
+            what: self.file.title.clone(),
+            detail,
+        }
     }
 }
 

@@ -20,7 +20,6 @@ use super::push_reader::{self, FileEntry, Item, Layer, Piece, ReadError, ReadPla
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
-use oci_client::RegistryOperation;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,8 +83,9 @@ impl Registry {
     ) -> Result<PushReport, RegistryError> {
         let artifact = format!("{repo}:{tag}");
         let started = Instant::now();
-        let r = self.reference(repo, tag);
-        self.authenticate(&r, RegistryOperation::Push, &artifact).await?;
+        // The names go into every URL of the push: refused before the export is read.
+        self.repo(repo)?;
+        self.checked_reference(tag)?;
         let st = &self.cfg.transfer;
         tracing::info!(%artifact, v2 = st.v2(), zstd_level = st.zstd_level, chunk_mib = st.chunk_size >> 20, concurrency = st.concurrency, budget_mib = st.push_budget >> 20, "pushing snapshot");
 
@@ -240,14 +240,7 @@ impl Registry {
         let body = manifest::snapshot_manifest(v2, &cfg_digest, cfg_size, &layers, annotations);
         let manifest_digest = manifest::sha256_digest(&body);
         let manifest_bytes = body.len() as u64;
-        self.client
-            .push_manifest_raw(
-                &self.reference(repo, tag),
-                body,
-                media::OCI_MANIFEST.parse().expect("header value"),
-            )
-            .await
-            .map_err(|e| self.oci_error("writing the manifest of", &artifact, e))?;
+        self.put_manifest(repo, tag, body, media::OCI_MANIFEST).await?;
         let total_size = layers.iter().map(|l| l.size).sum::<u64>() + cfg_size;
         let file_bytes = files.iter().map(|f| f.meta.size).sum();
         let uploaded_bytes = done.iter().map(|u| u.sent).sum();

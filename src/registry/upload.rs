@@ -1,13 +1,12 @@
 //! Blob uploads of a push. A blob whose digest is known before its first byte (a small file, a v2 chunk)
-//! is checked with `HEAD` and sent with one PUT through oci-client. A big file is streamed as it is read
+//! is checked with `HEAD` and sent with one PUT (`super::distribution`). A big file is streamed as it is read
 //! from the export — spooling it to learn its digest first would write and re-read every byte, and the
 //! digest is only needed at the end: one upload session (`POST`), one `PATCH` whose body is the stream,
 //! then `PUT ?digest=` with the digest the reader computed along the way (distribution spec, "streamed
-//! upload"). oci-client has no streamed session with a digest known late (its chunked mode sends one
-//! request per 4 MiB), so the session goes through [`super::auth`].
+//! upload").
 
-use super::auth::{HttpError, repository_scope};
 use super::client::Registry;
+use super::distribution::Access;
 use super::errors::RegistryError;
 use bytes::Bytes;
 use futures::Stream;
@@ -24,29 +23,12 @@ impl Registry {
         digest: &str,
     ) -> Result<u64, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let r = self.reference(repo, tag);
-        if self
-            .client
-            .blob_exists(&r, digest)
-            .await
-            .map_err(|e| self.oci_error(&format!("checking blob {digest} ({what}) of"), &artifact, e))?
-        {
+        if self.blob_exists(repo, tag, digest, what, Access::Push).await? {
             tracing::debug!(%artifact, what, %digest, "blob already present");
             return Ok(0);
         }
         let n = data.len() as u64;
-        if data.is_empty() {
-            // oci-client refuses to push an empty blob; a session with an empty PUT is what the spec says.
-            self.upload_session(repo, &artifact, what, None, futures::stream::empty(), async {
-                Some(digest.to_string())
-            })
-            .await?;
-            return Ok(0);
-        }
-        self.client
-            .push_blob(&r, data, digest)
-            .await
-            .map_err(|e| self.oci_error(&format!("uploading blob {digest} ({what}, {n} bytes) of"), &artifact, e))?;
+        self.put_blob(repo, tag, digest, data, what).await?;
         Ok(n)
     }
 
@@ -64,29 +46,21 @@ impl Registry {
     where
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
     {
-        let repository = self.cfg.repository(repo);
-        let scope = repository_scope(&repository, "pull,push");
+        let target = self.repo(repo)?;
+        let scope = target.scope(Access::Push);
         let op = format!("uploading {what} of");
-        let http_err = |e: HttpError| match e {
-            HttpError::Transport(d) => self.unavailable(&op, artifact, d),
-            HttpError::Denied(d) => self.denied(&op, artifact, d),
-        };
-        let status_err = |step: &str, status: StatusCode, body: String| {
-            let detail = format!("{step} answered {status}: {}", body.trim());
-            if matches!(status.as_u16(), 401 | 403) {
-                self.denied(&op, artifact, detail)
-            } else {
-                self.unavailable(&op, artifact, detail)
-            }
-        };
-        let base = self.cfg.base_url();
-        let start = format!("{base}/v2/{repository}/blobs/uploads/");
+        let start = format!("{}/blobs/uploads/", target.url);
         let resp = self
-            .http
-            .send(&scope, |c| c.post(&start).header(reqwest::header::CONTENT_LENGTH, 0))
-            .await
-            .map_err(http_err)?;
-        let location = self.location(resp, "POST of the upload session", &status_err).await?;
+            .within_deadline(&op, artifact, async {
+                self.http
+                    .send(&scope, |c| c.post(&start).header(reqwest::header::CONTENT_LENGTH, 0))
+                    .await
+                    .map_err(|e| self.http_error(&op, artifact, e))
+            })
+            .await?;
+        let location = self
+            .upload_location(resp, &op, artifact, "the POST of the upload session")
+            .await?;
 
         let mut patch = self
             .http
@@ -100,7 +74,9 @@ impl Registry {
             .send()
             .await
             .map_err(|e| self.unavailable(&op, artifact, stream_error(&e)))?;
-        let location = self.location(resp, "PATCH of the upload session", &status_err).await?;
+        let location = self
+            .upload_location(resp, &op, artifact, "the PATCH of the upload session")
+            .await?;
 
         // The reader computed the digest while the body went by; without one the body failed.
         let Some(digest) = digest.await else {
@@ -110,43 +86,21 @@ impl Registry {
             .map_err(|e| self.unavailable(&op, artifact, format!("upload location {location:?}: {e}")))?;
         url.query_pairs_mut().append_pair("digest", &digest);
         let resp = self
-            .http
-            .send(&scope, |c| {
-                c.put(url.clone()).header(reqwest::header::CONTENT_LENGTH, 0)
+            .within_deadline(&op, artifact, async {
+                self.http
+                    .send(&scope, |c| {
+                        c.put(url.clone()).header(reqwest::header::CONTENT_LENGTH, 0)
+                    })
+                    .await
+                    .map_err(|e| self.http_error(&op, artifact, e))
             })
-            .await
-            .map_err(http_err)?;
-        let status = resp.status();
-        if status != StatusCode::CREATED {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(status_err("PUT of the upload session", status, body));
+            .await?;
+        if resp.status() != StatusCode::CREATED {
+            return Err(self
+                .status_error(&op, artifact, "the PUT of the upload session", resp)
+                .await);
         }
         Ok(digest)
-    }
-
-    /// The absolute `Location` of an accepted (202) upload step.
-    async fn location(
-        &self,
-        resp: reqwest::Response,
-        step: &str,
-        status_err: &impl Fn(&str, StatusCode, String) -> RegistryError,
-    ) -> Result<String, RegistryError> {
-        let status = resp.status();
-        if status != StatusCode::ACCEPTED {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(status_err(step, status, body));
-        }
-        let location = resp
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        let base = reqwest::Url::parse(&self.cfg.base_url())
-            .map_err(|e| status_err(step, status, format!("base URL: {e}")))?;
-        base.join(&location)
-            .map(|u| u.to_string())
-            .map_err(|e| status_err(step, status, format!("no usable Location ({location:?}): {e}")))
     }
 }
 

@@ -4,6 +4,7 @@
 //! daemon's transfer path around it (cocoon export / import, as the provider runs them).
 #![allow(dead_code)]
 
+pub mod hostile;
 #[path = "../runtime_support/mod.rs"]
 pub mod runtime_support;
 pub mod token;

@@ -138,11 +138,16 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
             }
             None => parts.iter().map(|p| p.size).sum(),
         };
+        let sparse_map = info.sparse_map.clone().filter(|s| !s.is_empty());
+        if let Some(map) = &sparse_map {
+            check_sparse_map(map, info.sparse_size, size)
+                .map_err(|why| PlanError::Invalid(format!("file {title:?}: its sparse map {why}")))?;
+        }
         plans.push(FilePlan {
+            mode: file_mode(&title, info.mode)?,
             title,
-            mode: if info.mode == 0 { 0o640 } else { info.mode },
             size,
-            sparse_map: info.sparse_map.clone().filter(|s| !s.is_empty()),
+            sparse_map,
             sparse_size: info.sparse_size,
             parts,
         });
@@ -151,6 +156,56 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         return Err(PlanError::Invalid("the snapshot artifact has no layers".into()));
     }
     Ok(plans)
+}
+
+/// The mode of a snapshot file's tar entry: its permission bits, 0640 when the config has none. The
+/// import creates files with the mode of their entry, so anything beyond permission bits — setuid,
+/// setgid, sticky, file-type bits — is refused: a snapshot file never needs them.
+fn file_mode(title: &str, mode: u32) -> Result<u32, PlanError> {
+    match mode {
+        0 => Ok(0o640),
+        m if m & !0o777 == 0 => Ok(m),
+        m => Err(PlanError::Invalid(format!(
+            "file {title:?} has mode {m:#o}; a snapshot file's mode is permission bits only (at most 0777: no setuid, setgid or sticky bit)"
+        ))),
+    }
+}
+
+/// One segment of a `COCOON.sparse.map`: `l` bytes of data at offset `o` of the file.
+#[derive(serde::Deserialize)]
+struct SparseSegment {
+    o: u64,
+    l: u64,
+}
+
+/// The sparse map `map` must describe the entry's body exactly: its segments hold `size` bytes in
+/// all (the body is their data, concatenated), in offset order without overlap, all within the
+/// apparent size, which must be given. `Err` says what is wrong.
+fn check_sparse_map(map: &str, apparent: Option<u64>, size: u64) -> Result<(), String> {
+    let apparent = apparent.ok_or("has no apparent size (sparseSize)")?;
+    let segments: Vec<SparseSegment> =
+        serde_json::from_str(map).map_err(|e| format!("is not a JSON list of {{\"o\",\"l\"}} segments: {e}"))?;
+    let mut end = 0u64;
+    let mut data = 0u64;
+    for (i, s) in segments.iter().enumerate() {
+        if s.o < end {
+            return Err(format!(
+                "has segment {i} at offset {} before the end of the one before it ({end})",
+                s.o
+            ));
+        }
+        end = s.o.checked_add(s.l).filter(|e| *e <= apparent).ok_or_else(|| {
+            format!(
+                "has segment {i} ({} bytes at {}) past the file's apparent size {apparent}",
+                s.l, s.o
+            )
+        })?;
+        data += s.l;
+    }
+    if data != size {
+        return Err(format!("holds {data} bytes of data, but the file's entry has {size}"));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,6 +333,60 @@ mod tests {
         assert!(
             matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("cloud-image"))
         );
+    }
+
+    #[test]
+    fn modes_are_permission_bits_only() {
+        assert_eq!(file_mode("f", 0), Ok(0o640));
+        assert_eq!(file_mode("f", 0o600), Ok(0o600));
+        assert_eq!(file_mode("f", 0o777), Ok(0o777));
+        for m in [0o4755, 0o2755, 0o1777, 0o100640, 0o1000] {
+            assert!(
+                matches!(file_mode("f", m), Err(PlanError::Invalid(e)) if e.contains("permission bits")),
+                "{m:o}"
+            );
+        }
+    }
+
+    #[test]
+    fn sparse_maps_must_describe_the_body() {
+        let ok = |map: &str, apparent: Option<u64>, size| check_sparse_map(map, apparent, size);
+        assert_eq!(ok(r#"[{"o":0,"l":512},{"o":4096,"l":512}]"#, Some(8192), 1024), Ok(()));
+        assert_eq!(ok("[]", Some(4096), 0), Ok(()));
+        assert_eq!(ok(r#"[{"o":0,"l":4096}]"#, Some(4096), 4096), Ok(()));
+        for (map, apparent, size, why) in [
+            (r#"[{"o":0,"l":512}]"#, Some(4096), 1024, "holds 512"),
+            (
+                r#"[{"o":0,"l":1024},{"o":2048,"l":512}]"#,
+                Some(4096),
+                1024,
+                "holds 1536",
+            ),
+            (
+                r#"[{"o":8192,"l":1024}]"#,
+                Some(4096),
+                1024,
+                "past the file's apparent size",
+            ),
+            (r#"[{"o":18446744073709551615,"l":1024}]"#, Some(u64::MAX), 1024, "past"),
+            (
+                r#"[{"o":0,"l":512},{"o":256,"l":512}]"#,
+                Some(4096),
+                1024,
+                "before the end",
+            ),
+            (
+                r#"[{"o":512,"l":512},{"o":0,"l":512}]"#,
+                Some(4096),
+                1024,
+                "before the end",
+            ),
+            ("[{o:0}", Some(4096), 1024, "not a JSON list"),
+            (r#"[{"o":0,"l":1024}]"#, None, 1024, "apparent size"),
+        ] {
+            let e = ok(map, apparent, size).unwrap_err();
+            assert!(e.contains(why), "{map}: {e}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 use vk_cocoon::registry::media;
-use vk_cocoon::registry::{RegistryAuth, TransferSettings};
+use vk_cocoon::registry::{RegistryAuth, RegistryError, TransferSettings};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
 
 const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
@@ -385,6 +385,148 @@ async fn a_chunk_that_is_not_zstd_fails_the_pull_as_corrupt() {
     );
     assert!(
         h.client.snapshot_inspect("from-bad").await.is_err(),
+        "nothing half-imported is left"
+    );
+}
+
+/// Pushes `vm:<tag>`: `vm:v2` with the last chunk of `memory-ranges` replaced by `blob` (stored under
+/// its own, correct digest, with the media type `media_type`); the config's sizes are left as they are.
+async fn with_last_memory_chunk(reg: &TestRegistry, v2_digest: &str, tag: &str, blob: Vec<u8>, media_type: &str) {
+    use oci_client::client::{ClientConfig, ClientProtocol};
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let at = oci_client::Reference::with_tag(reg.host(), "vm".into(), tag.into());
+    client
+        .auth(
+            &at,
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            oci_client::RegistryOperation::Push,
+        )
+        .await
+        .unwrap();
+    let mut m: Value = serde_json::from_slice(&std::fs::read(reg.blob_path(v2_digest)).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(reg.blob_path(m["config"]["digest"].as_str().unwrap())).unwrap())
+            .unwrap();
+    let d = digest(&blob);
+    client.push_blob(&at, blob.clone(), &d).await.unwrap();
+    let chunks = cfg["files"]["memory-ranges"]["chunks"].as_array_mut().unwrap();
+    let last = chunks.last().unwrap().as_str().unwrap().to_string();
+    *chunks.last_mut().unwrap() = json!(d);
+    for l in m["layers"].as_array_mut().unwrap() {
+        if l["digest"] == last {
+            l["digest"] = json!(d);
+            l["size"] = json!(blob.len());
+            l["mediaType"] = json!(media_type);
+        }
+    }
+    let cfg_bytes = serde_json::to_vec(&cfg).unwrap();
+    let cd = digest(&cfg_bytes);
+    client.push_blob(&at, cfg_bytes.clone(), &cd).await.unwrap();
+    m["config"]["digest"] = json!(cd);
+    m["config"]["size"] = json!(cfg_bytes.len());
+    client
+        .push_manifest_raw(
+            &at,
+            serde_json::to_vec(&m).unwrap(),
+            media::OCI_MANIFEST.parse().unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// The names of the tar entries in `stream`, up to its end or the first thing that is not an entry.
+fn tar_names(stream: &[u8]) -> Vec<String> {
+    let mut a = tar::Archive::new(stream);
+    let Ok(entries) = a.entries() else { return Vec::new() };
+    entries
+        .map_while(Result::ok)
+        .map(|e| e.path().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_chunk_that_decodes_past_its_file_injects_no_tar_entry_into_the_import() {
+    // The last chunk of memory-ranges decodes to its share and then a tar stream of its own: a file
+    // `evil`, a symlink `link` to /etc, a second `snapshot.json`, and the end marker. The file's
+    // entry ends exactly where that stream starts (its size is a multiple of 512), so an importer
+    // that took every decoded byte would read them as entries of the import.
+    let Setup { reg, h, v2_digest, .. } = setup().await;
+    let cfg = reg.client("", "n").snapshot_config("vm", "v2").await.unwrap().unwrap();
+    let memory = &cfg.files["memory-ranges"];
+    assert_eq!(
+        memory.size.unwrap() % 512,
+        0,
+        "the injected header lands on an entry boundary"
+    );
+    let last = memory.chunks.last().unwrap();
+    let share = zstd::stream::decode_all(&std::fs::read(reg.blob_path(last)).unwrap()[..]).unwrap();
+    let mut injected = tar::Builder::new(Vec::new());
+    let mut head = tar::Header::new_ustar();
+    head.set_size(512);
+    head.set_mode(0o4755);
+    head.set_cksum();
+    injected.append_data(&mut head, "evil", &[b'x'; 512][..]).unwrap();
+    let mut link = tar::Header::new_ustar();
+    link.set_entry_type(tar::EntryType::Symlink);
+    link.set_size(0);
+    injected.append_link(&mut link, "link", "/etc").unwrap();
+    let envelope = br#"{"version":1,"config":{"id":"EVIL","name":"evil"}}"#;
+    let mut env = tar::Header::new_ustar();
+    env.set_size(envelope.len() as u64);
+    env.set_cksum();
+    injected.append_data(&mut env, "snapshot.json", &envelope[..]).unwrap();
+    let injected = injected.into_inner().unwrap();
+    let mut decoded = share.clone();
+    decoded.extend_from_slice(&injected);
+
+    let zstd_media = format!("{}+zstd", media::VM_MEMORY);
+    with_last_memory_chunk(&reg, &v2_digest, "evil-zstd", zstd(&decoded).await, &zstd_media).await;
+    // The same bytes as a raw (uncompressed) part of the file.
+    with_last_memory_chunk(&reg, &v2_digest, "evil-raw", decoded.clone(), media::VM_MEMORY).await;
+
+    // Budget 1 streams every blob through the writer; the default decodes chunks ahead and hands over
+    // the one past its share still compressed.
+    for budget in [1, TransferSettings::default().pull_budget] {
+        let tuned = TransferSettings {
+            pull_budget: budget,
+            ..TransferSettings::default()
+        };
+        let r = reg.client_tuned("", "n", RegistryAuth::Anonymous, tuned);
+        for tag in ["evil-zstd", "evil-raw"] {
+            let src = r.open_snapshot("vm", tag).await.unwrap();
+            let mut sink: Vec<u8> = Vec::new();
+            let progress = vk_cocoon::registry::Progress::new();
+            let res = r.write_snapshot(&src, "local", &mut sink, &progress).await;
+            let names = tar_names(&sink);
+            assert!(
+                !names.iter().any(|n| n == "evil" || n == "link")
+                    && names.iter().filter(|n| *n == "snapshot.json").count() == 1,
+                "{tag} (budget {budget}): the import read the entries {names:?}"
+            );
+            let e = res.expect_err("a file that decodes past its declared size fails the pull");
+            assert!(
+                matches!(&e, RegistryError::Corrupt { what, .. } if what == "memory-ranges"),
+                "{tag}: {e:?}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("vm:{tag}")) && text.contains("re-push"),
+                "{tag}: the error names the artifact and what to do: {text}"
+            );
+        }
+    }
+    // Through the daemon's import: refused, nothing imported.
+    let r = reg.transfer_client("", "n");
+    let e = r
+        .pull_snapshot(&h.client, "vm", "evil-zstd", "from-evil")
+        .await
+        .unwrap_err();
+    assert!(matches!(e.registry(), Some(RegistryError::Corrupt { .. })), "{e:?}");
+    assert!(
+        h.client.snapshot_inspect("from-evil").await.is_err(),
         "nothing half-imported is left"
     );
 }
