@@ -6,6 +6,7 @@
 
 mod auth;
 mod certificate;
+mod hostname;
 mod stats;
 
 use std::io::{BufRead, BufReader};
