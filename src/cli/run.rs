@@ -39,7 +39,7 @@ use vk_cocoon::runtime::version::{self, Reported};
 use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig, CocoonRuntime};
 use vk_cocoon::stats::collector::VmCollector;
 use vk_cocoon::stats::paths::PathsArgs;
-use vk_cocoon::stats::sample::SAMPLE_TTL;
+use vk_cocoon::stats::sample::{SAMPLE_INTERVAL, SAMPLE_TTL};
 use vk_cocoon::stats::{HostPaths, Sampler};
 
 /// `vk-cocoon run`: the settings of every concern, each declared by its owner (behaviour spec
@@ -217,6 +217,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         ))
         .context("registering the VM stats collector")?;
     let shutdown = CancellationToken::new();
+    // Sampled on a schedule as well: every Summary has a recent sample to rate its CPU against.
+    sampler.keep_fresh(SAMPLE_INTERVAL, shutdown.clone());
     let api = KubeletApi {
         config: api_cfg,
         node_ip: node.node_ip(),
