@@ -6,6 +6,7 @@
 
 mod auth;
 mod certificate;
+mod csr_pending;
 mod hostname;
 mod stats;
 
