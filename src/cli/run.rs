@@ -39,7 +39,7 @@ use vk_cocoon::runtime::version::{self, Reported};
 use vk_cocoon::runtime::{CocoonCli, CocoonCliConfig, CocoonRuntime};
 use vk_cocoon::stats::collector::VmCollector;
 use vk_cocoon::stats::paths::PathsArgs;
-use vk_cocoon::stats::sample::SAMPLE_TTL;
+use vk_cocoon::stats::sample::{SAMPLE_INTERVAL, SAMPLE_TTL};
 use vk_cocoon::stats::{HostPaths, Sampler};
 
 /// `vk-cocoon run`: the settings of every concern, each declared by its owner (behaviour spec
@@ -206,6 +206,9 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let node = VirtualNode::measured(client.clone(), kubelet, provider.clone())
         .map_err(|e| anyhow!("{e}"))?
         .with_policy_status(policy_board);
+    // The kubelet API's serving certificate, shown on the Node while a CSR waits for approval.
+    let (cert_status, cert_watch) = tokio::sync::watch::channel(None);
+    let node = node.with_serving_cert_status(cert_watch);
     provider.set_notifier(Arc::new(node.notifier()));
 
     // One stats sample (cached 2 s) serves /metrics (cocoon_vk_vm_*), /stats/summary and
@@ -217,6 +220,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         ))
         .context("registering the VM stats collector")?;
     let shutdown = CancellationToken::new();
+    // Sampled on a schedule as well: every Summary has a recent sample to rate its CPU against.
+    sampler.keep_fresh(SAMPLE_INTERVAL, shutdown.clone());
     let api = KubeletApi {
         config: api_cfg,
         node_ip: node.node_ip(),
@@ -233,6 +238,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         }),
         auth: Arc::new(Auth::kube(&node_name, client)),
         cert_timings: CertTimings::default(),
+        cert_status: Some(cert_status),
     };
     let kubelet_api = api.start(shutdown.clone()).await.map_err(|e| anyhow!("{e}"))?;
     tracing::info!(addr = %kubelet_api.addr, "kubelet API listening (serving once its certificate is ready)");

@@ -75,7 +75,8 @@ pub struct KubeletConfig {
     pub snapshot_cpu_class: Option<String>,
     /// `VK_PROVIDER_ID` → `spec.providerID`.
     pub provider_id: Option<String>,
-    /// `VK_NODE_HOSTNAME` (default: the node name): the node's `Hostname` address, which the
+    /// `VK_NODE_HOSTNAME` (default: this machine's host name, lower-cased, as the kubelet's;
+    /// the node name when the machine has none): the node's `Hostname` address, which the
     /// apiserver dials first to reach the kubelet API (the kubelet's `--hostname-override`).
     pub hostname: String,
     /// `VK_NODE_IP`; `None` = detect the first non-loopback IPv4 at startup.
@@ -156,7 +157,7 @@ pub struct KubeletArgs {
     /// The node's spec.providerID
     #[arg(long, env = "VK_PROVIDER_ID", value_name = "ID")]
     pub provider_id: Option<String>,
-    /// The node's Hostname address, which the apiserver dials first for the kubelet API (unset: the node name)
+    /// The node's Hostname address, which the apiserver dials first for the kubelet API (unset: this machine's host name)
     #[arg(long, env = "VK_NODE_HOSTNAME", value_name = "HOST",
           value_parser = parser("VK_NODE_HOSTNAME", DNS_SUBDOMAIN_RULE, |v| rule(v, is_dns_subdomain(v), "not a host name")))]
     pub node_hostname: Option<String>,
@@ -197,6 +198,15 @@ pub struct KubeletArgs {
     pub streaming_websockets: bool,
 }
 
+/// This machine's host name as the kubelet reports it when not overridden: `gethostname`,
+/// trimmed and lower-cased (the node name rarely resolves; the machine's own name usually
+/// does, to this machine). `None` when the system has none.
+pub fn machine_hostname() -> Option<String> {
+    let name = hostname::get().ok()?.into_string().ok()?;
+    let name = name.trim().to_lowercase();
+    (!name.is_empty()).then_some(name)
+}
+
 /// `Ok(v)` when `holds`, else the `problem`.
 fn rule(v: &str, holds: bool, problem: &str) -> Result<String, String> {
     if holds {
@@ -219,7 +229,14 @@ impl KubeletConfig {
             node_pool: args.node_pool.clone(),
             snapshot_cpu_class: args.snapshot_cpu_class.clone(),
             provider_id: args.provider_id.clone(),
-            hostname: args.node_hostname.clone().unwrap_or_else(|| args.node_name.clone()),
+            hostname: args
+                .node_hostname
+                .clone()
+                .or_else(machine_hostname)
+                .unwrap_or_else(|| {
+                    tracing::warn!(node = %args.node_name, "this machine has no host name; the node's Hostname address is its name, which the apiserver must resolve to this machine (set VK_NODE_HOSTNAME)");
+                    args.node_name.clone()
+                }),
             node_ip: args.node_ip,
             kubelet_port: args.kubelet_port,
             reserve_percent: args.reserve_percent,
@@ -274,9 +291,11 @@ mod tests {
         assert_eq!(c.root_dir, PathBuf::from("/var/lib/cocoon"));
         assert_eq!(c.overrides, ResourceOverrides::default());
         assert_eq!(c.node_ip, None);
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(
-            c.hostname, "cocoon-pool",
-            "the Hostname address defaults to the node name"
+            c.hostname,
+            kernel.trim().to_lowercase(),
+            "the Hostname address defaults to the machine's host name"
         );
         assert_eq!(c.declared_features, [WEBSOCKETS_FEATURE], "WebSockets are declared");
         assert!(

@@ -5,6 +5,8 @@
 //! * [`config`]: environment parsing and validation; [`quantity`]: resource quantities;
 //! * [`capacity`]: host measurement; [`node`]: the Node object (pure); [`registration`]: its I/O;
 //! * [`policy_status`]: the node's policies on the Node (annotations, `PolicyReady`, Events);
+//! * [`serving_cert`]: the kubelet API's serving certificate on the Node (`KubeletServingCertificate`,
+//!   Events): a CSR waiting for approval is named with the command to run;
 //! * [`lease`]: the Lease; [`status`]: pod status construction and uid-conditioned writes;
 //! * [`pods`]: the pod controller's sans-I/O core; `controller`: its driver;
 //! * [`preflight`]: the RBAC check at startup; [`provider`]: the trait the cocoon provider implements.
@@ -27,6 +29,7 @@ pub mod preflight;
 pub mod provider;
 pub mod quantity;
 pub mod registration;
+pub mod serving_cert;
 pub mod status;
 
 pub use capacity::{HostResources, MeasureError, measure_host};
@@ -71,7 +74,11 @@ pub struct VirtualNode<P: Provider> {
     rx: mpsc::UnboundedReceiver<pods::Input>,
     notifier: Notifier,
     policies: Option<Arc<crate::policy::status::StatusBoard>>,
+    serving_cert: Option<ServingCertWatch>,
 }
+
+/// The kubelet API's serving-certificate status, as the Node publishes it.
+pub type ServingCertWatch = tokio::sync::watch::Receiver<Option<crate::kubelet_api::tls::csr::ServingCertStatus>>;
 
 impl<P: Provider> VirtualNode<P> {
     /// A node with already measured host resources and IP (tests inject both).
@@ -87,7 +94,15 @@ impl<P: Provider> VirtualNode<P> {
             rx,
             notifier,
             policies: None,
+            serving_cert: None,
         }
+    }
+
+    /// Publishes the kubelet API's serving-certificate status on the Node: the
+    /// `KubeletServingCertificate` condition and Events.
+    pub fn with_serving_cert_status(mut self, status: ServingCertWatch) -> Self {
+        self.serving_cert = Some(status);
+        self
     }
 
     /// Publishes `board` (the node's policies) on the Node: annotations, `PolicyReady`, Events.
@@ -161,6 +176,7 @@ impl<P: Provider> VirtualNode<P> {
             node_ip: self.node_ip,
             resources: self.resources(),
             policies: self.policies.clone(),
+            serving_cert: self.serving_cert.clone(),
         };
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Some(node) =
@@ -171,21 +187,31 @@ impl<P: Provider> VirtualNode<P> {
         };
 
         // 3. Heartbeats and the pod controller.
+        // The kubelet's node reference: the uid is the node's name, which is what
+        // `kubectl describe node` searches Events by.
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node_name.clone()),
+            uid: Some(node_name.clone()),
+            ..Default::default()
+        };
         let policy_status = self.policies.clone().map(|board| {
-            // The kubelet's node reference: the uid is the node's name, which is what
-            // `kubectl describe node` searches Events by.
-            let reference = ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node_name.clone()),
-                uid: Some(node_name.clone()),
-                ..Default::default()
-            };
             tokio::spawn(policy_status::publish(
                 nodes.clone(),
                 identity.clone(),
-                reference,
+                reference.clone(),
                 board,
+                events::EventSink::new(self.client.clone(), &node_name),
+                shutdown.clone(),
+            ))
+        });
+        let serving_cert = self.serving_cert.clone().map(|status| {
+            tokio::spawn(serving_cert::publish(
+                nodes.clone(),
+                identity.clone(),
+                reference,
+                status,
                 events::EventSink::new(self.client.clone(), &node_name),
                 shutdown.clone(),
             ))
@@ -209,7 +235,7 @@ impl<P: Provider> VirtualNode<P> {
         controller.run(shutdown.clone()).await;
         let _ = lease.await;
         let _ = status.await;
-        if let Some(task) = policy_status {
+        for task in [policy_status, serving_cert].into_iter().flatten() {
             let _ = task.await;
         }
         tracing::info!(node = %node_name, "virtual node stopped");

@@ -324,6 +324,7 @@ mod tests {
             ("VK_SNAPSHOT_CPU_CLASS", "icx"),
             ("VK_PROVIDER_ID", "cocoon://vk-1"),
             ("VK_KUBELET_PORT", "10255"),
+            ("VK_NODE_HOSTNAME", "vk-1.example"),
         ]);
         let now = Time(Timestamp::UNIX_EPOCH);
         let n = build_node(
@@ -352,7 +353,11 @@ mod tests {
         );
         let addrs = st.addresses.as_ref().unwrap();
         assert!(addrs.iter().any(|a| a.type_ == "InternalIP" && a.address == "10.0.0.9"));
-        assert!(addrs.iter().any(|a| a.type_ == "Hostname" && a.address == "vk-1"));
+        assert!(
+            addrs
+                .iter()
+                .any(|a| a.type_ == "Hostname" && a.address == "vk-1.example")
+        );
         let conds = st.conditions.as_ref().unwrap();
         let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(

@@ -22,6 +22,8 @@ pub struct NodeIdentity {
     pub resources: NodeResources,
     /// The node's policies, published as annotations and the `PolicyReady` condition.
     pub policies: Option<Arc<crate::policy::status::StatusBoard>>,
+    /// The kubelet API's serving certificate, published as `KubeletServingCertificate`.
+    pub serving_cert: Option<super::ServingCertWatch>,
 }
 
 /// Our labels/taint/providerID on the Node: create it, or replace it with our fields merged in
@@ -65,6 +67,12 @@ pub async fn patch_status(nodes: &Api<Node>, id: &NodeIdentity, previous: Option
         status.conditions.get_or_insert_with(Vec::new).push(condition);
         // Metadata in a status write is kept by the apiserver: one request carries both.
         body["metadata"] = json!({"annotations": super::policy_status::annotations(&policies)});
+    }
+    let serving_cert = id.serving_cert.as_ref().and_then(|w| w.borrow().clone());
+    if let Some(cert) = serving_cert {
+        let previous_conditions = previous_status.and_then(|s| s.conditions.as_deref());
+        let condition = super::serving_cert::condition(&cert, &now, previous_conditions);
+        status.conditions.get_or_insert_with(Vec::new).push(condition);
     }
     body["status"] = serde_json::to_value(&status).expect("JSON of a NodeStatus");
     nodes

@@ -52,6 +52,8 @@ pub struct KubeletApi {
     pub state: Arc<ApiState>,
     pub auth: Arc<auth::Auth>,
     pub cert_timings: CertTimings,
+    /// Where a cluster-signed serving certificate stands (the Node shows it).
+    pub cert_status: Option<tls::csr::StatusSender>,
 }
 
 /// A started server: its address, and the task serving it.
@@ -101,6 +103,7 @@ impl KubeletApi {
             client: self.client.clone(),
             slot,
             timings: self.cert_timings.clone(),
+            status: self.cert_status.clone(),
         };
         let app = routes::router(self.state.clone(), self.auth.clone());
         let task = tokio::spawn(async move {

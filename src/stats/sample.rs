@@ -7,6 +7,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use tokio_util::sync::CancellationToken;
+
 use super::parse::{self, CpuStat, IfaceCounters};
 use super::paths::HostPaths;
 
@@ -282,6 +284,12 @@ pub struct Sampler {
 /// How long one sample serves every surface (spec §8.1: 2 s).
 pub const SAMPLE_TTL: Duration = Duration::from_secs(2);
 
+/// How often [`Sampler::keep_fresh`] samples while nothing asks (the kubelet runs cadvisor's
+/// housekeeping every 10 s). A CPU rate is the difference of two samples: with samples taken
+/// only on request, the first Summary after a quiet spell had no earlier sample to take it
+/// from (no `usageNanoCores`), or one from long ago (a rate averaged over hours).
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
+
 impl Sampler {
     pub fn new(paths: HostPaths, source: Arc<dyn VmTargets>, ttl: Duration) -> Arc<Self> {
         Arc::new(Self {
@@ -321,6 +329,28 @@ impl Sampler {
             Ok(s) => s,
             Err(_) => Arc::new(Sample::default()),
         }
+    }
+
+    /// Samples every `interval` until `shutdown` (a sample asked for within the cache's life
+    /// is not taken again), so that every sample has a recent one before it to rate against.
+    pub fn keep_fresh(
+        self: &Arc<Self>,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        me.sample().await;
+                    }
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        })
     }
 
     /// Drops the cache (the next request collects).

@@ -30,6 +30,7 @@ mod node;
 mod peer;
 mod policy;
 mod preflight;
+mod python_client;
 mod restart;
 mod streaming;
 mod streaming_direct;

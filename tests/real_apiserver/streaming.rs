@@ -33,7 +33,7 @@ fn guest_web_port() -> u16 {
 }
 
 /// The port the node's guest serves its web server on.
-fn web_port(node: &Node) -> u16 {
+pub fn web_port(node: &Node) -> u16 {
     node.machine.sim.settings().unwrap().guest_http_ports[0]
 }
 

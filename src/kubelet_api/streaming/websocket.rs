@@ -7,6 +7,10 @@
 //!   on that channel: stdin's EOF), which `v4.channel.k8s.io` lacks.
 //! * [`Tunnel`]: `SPDY/3.1+portforward.k8s.io`, a SPDY byte stream carried in binary messages
 //!   (kubectl's port-forward over WebSockets); the SPDY session runs on top of it.
+//! * [`PortChannels`]: the kubelet's own port-forward protocol in channels (`v4.channel.k8s.io`,
+//!   its base64 form `v4.base64.channel.k8s.io`, or no sub-protocol at all — what the Python,
+//!   Java and JavaScript clients speak): the ports come with the request, port *i* has the data
+//!   channel 2*i* and the error channel 2*i*+1, and each channel's first message is its port.
 
 use std::io;
 use std::pin::Pin;
@@ -27,6 +31,8 @@ use super::supervise;
 
 pub const V5: &str = "v5.channel.k8s.io";
 pub const V4: &str = "v4.channel.k8s.io";
+/// v4 with every message as text: the channel as an ASCII digit, then the data in base64.
+pub const V4_BASE64: &str = "v4.base64.channel.k8s.io";
 pub const SPDY_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
 
 pub const STDIN: u8 = 0;
@@ -51,6 +57,96 @@ const STDIN_PIECE: usize = 64 * 1024;
 enum WsOut {
     Data(u8, Bytes),
     Close,
+}
+
+/// How a channel message is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// A binary message: the channel's number as a byte, then the data.
+    Binary,
+    /// A text message: the channel's number as an ASCII digit (`'0' + channel`), then the
+    /// data in base64 (`v4.base64.channel.k8s.io`).
+    Base64,
+}
+
+/// What one message from the client carries.
+#[derive(Debug, PartialEq, Eq)]
+enum Incoming {
+    Data(u8, Bytes),
+    /// Nothing for a channel (a ping, an empty message, one that does not decode).
+    Nothing,
+    /// The client closed the connection, or it broke.
+    End,
+}
+
+impl Framing {
+    fn encode(self, channel: u8, data: &[u8]) -> Message {
+        match self {
+            Framing::Binary => {
+                let mut m = BytesMut::with_capacity(data.len() + 1);
+                m.put_u8(channel);
+                m.put_slice(data);
+                Message::Binary(m.freeze())
+            }
+            Framing::Base64 => {
+                use base64::Engine;
+                let digit = char::from_u32(u32::from(b'0') + u32::from(channel)).unwrap_or('0');
+                let mut text = String::with_capacity(data.len() * 4 / 3 + 5);
+                text.push(digit);
+                base64::engine::general_purpose::STANDARD.encode_string(data, &mut text);
+                Message::Text(text.into())
+            }
+        }
+    }
+
+    fn decode(self, message: Option<Result<Message, axum::Error>>) -> Incoming {
+        let bytes = match message {
+            Some(Ok(Message::Binary(data))) => data,
+            // The base64 form is text; the kubelet reads either kind of message the same way.
+            Some(Ok(Message::Text(text))) if self == Framing::Base64 => Bytes::from(text.as_str().to_owned()),
+            Some(Ok(Message::Text(_))) => {
+                tracing::debug!("WebSocket: ignoring a text message (this channel protocol is binary)");
+                return Incoming::Nothing;
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Incoming::Nothing,
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Incoming::End,
+        };
+        let Some(&first) = bytes.first() else {
+            return Incoming::Nothing;
+        };
+        match self {
+            Framing::Binary => Incoming::Data(first, bytes.slice(1..)),
+            Framing::Base64 => {
+                use base64::Engine;
+                match base64::engine::general_purpose::STANDARD.decode(&bytes[1..]) {
+                    Ok(data) => Incoming::Data(first.wrapping_sub(b'0'), Bytes::from(data)),
+                    Err(error) => {
+                        tracing::debug!(%error, "WebSocket: ignoring a message that is not base64");
+                        Incoming::Nothing
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Queues what the client wrote on a channel for its reader: a small message as it is, a
+/// large one as copies of [`STDIN_PIECE`] each, so that what waits in a queue is bounded in
+/// bytes, not messages. `Err(())` when the reader is gone; returns early if `closed`.
+async fn feed(tx: &mpsc::Sender<Bytes>, chunk: Bytes, closed: &CancellationToken) -> Result<(), ()> {
+    let whole = chunk.len() <= STDIN_PIECE;
+    for piece in chunk.chunks(STDIN_PIECE) {
+        let piece = if whole {
+            chunk.clone()
+        } else {
+            Bytes::copy_from_slice(piece)
+        };
+        tokio::select! {
+            r = tx.send(piece) => r.map_err(|_| ())?,
+            _ = closed.cancelled() => return Ok(()),
+        }
+    }
+    Ok(())
 }
 
 /// Last traffic either way, for the idle timeout.
@@ -128,7 +224,7 @@ impl Channels {
         let writer = supervise::spawn(
             "WebSocket writer",
             panics.clone(),
-            write_channels(sink, out_rx, closed.clone(), activity.clone()),
+            write_channels(sink, out_rx, Framing::Binary, closed.clone(), activity.clone()),
             ender(&closed),
         );
         let reader = supervise::spawn(
@@ -180,22 +276,194 @@ impl Channels {
             reader,
             ..
         } = self;
-        let _ = out.send(WsOut::Close).await;
-        drop(out);
-        let handshake = async {
-            let _ = writer.await;
-            let _ = reader.await;
-        };
-        if tokio::time::timeout(within, handshake).await.is_err() {
-            tracing::debug!("WebSocket: the client did not take the last messages or answer the close in time");
-        }
-        closed.cancel();
+        close_link(out, closed, writer, reader, within).await;
     }
+}
+
+/// Sends what was queued on `out`, then a normal close, and waits (at most `within`) for the
+/// writer to finish and the reader to see the client's answer (see [`Channels::close`]).
+async fn close_link(
+    out: mpsc::Sender<WsOut>,
+    closed: CancellationToken,
+    writer: tokio::task::JoinHandle<()>,
+    reader: tokio::task::JoinHandle<()>,
+    within: Duration,
+) {
+    let _ = out.send(WsOut::Close).await;
+    drop(out);
+    let handshake = async {
+        let _ = writer.await;
+        let _ = reader.await;
+    };
+    if tokio::time::timeout(within, handshake).await.is_err() {
+        tracing::debug!("WebSocket: the client did not take the last messages or answer the close in time");
+    }
+    closed.cancel();
+}
+
+/// The streams of one forwarded port of a [`PortChannels`] connection.
+pub struct PortStreams {
+    pub port: u16,
+    /// What the client sends to the port (ends when the connection does: the channel
+    /// protocol has no half-close).
+    pub from_client: ChannelReader,
+    /// What goes back to the client from the port.
+    pub to_client: ChannelWriter,
+    /// Why forwarding failed, as text for the client.
+    pub error: ChannelWriter,
+}
+
+/// One port-forward connection in the channel protocol: a data and an error channel per port
+/// asked for, each announced by a first message holding its port (2 bytes, little-endian);
+/// the client writes the data channels only.
+pub struct PortChannels {
+    pub ports: Vec<PortStreams>,
+    /// Cancelled when the client is gone (closed, broke off, or idled out).
+    pub closed: CancellationToken,
+    out: mpsc::Sender<WsOut>,
+    writer: tokio::task::JoinHandle<()>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl PortChannels {
+    /// Most ports one connection may forward: channels are numbered by a byte, two per port.
+    pub const MAX_PORTS: usize = 128;
+
+    /// Starts the reader and writer of `socket` for `ports` (at most [`Self::MAX_PORTS`]) and
+    /// queues each channel's port message ahead of anything else; a panic in the reader or
+    /// the writer ends the connection and is counted on `panics`.
+    pub async fn start(
+        socket: WebSocket,
+        framing: Framing,
+        ports: &[u16],
+        idle_timeout: Duration,
+        panics: Option<prometheus::IntCounter>,
+    ) -> Self {
+        let ports = &ports[..ports.len().min(Self::MAX_PORTS)];
+        let (sink, stream) = socket.split();
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let closed = CancellationToken::new();
+        let activity = Activity::new();
+        let mut inputs = Vec::with_capacity(ports.len() * 2);
+        let mut readers = Vec::with_capacity(ports.len());
+        for _ in ports {
+            let (tx, rx) = mpsc::channel(STDIN_QUEUE);
+            inputs.push(Some(tx));
+            inputs.push(None); // the error channel: the client does not write it
+            readers.push(ChannelReader {
+                data: rx,
+                pending: Bytes::new(),
+            });
+        }
+        let ender = |closed: &CancellationToken| {
+            let closed = closed.clone();
+            move || closed.cancel()
+        };
+        let writer = supervise::spawn(
+            "WebSocket writer",
+            panics.clone(),
+            write_channels(sink, out_rx, framing, closed.clone(), activity.clone()),
+            ender(&closed),
+        );
+        let reader = supervise::spawn(
+            "WebSocket reader",
+            panics,
+            read_ports(stream, inputs, framing, closed.clone(), activity.clone()),
+            ender(&closed),
+        );
+        tokio::spawn(idle_watch(activity, idle_timeout, closed.clone()));
+        for (i, port) in ports.iter().enumerate() {
+            for channel in [2 * i, 2 * i + 1] {
+                let first = Bytes::copy_from_slice(&port.to_le_bytes());
+                if out_tx.send(WsOut::Data(channel as u8, first)).await.is_err() {
+                    closed.cancel();
+                }
+            }
+        }
+        let writer_of = |channel: usize| ChannelWriter {
+            channel: channel as u8,
+            out: PollSender::new(out_tx.clone()),
+        };
+        let streams = ports
+            .iter()
+            .zip(readers)
+            .enumerate()
+            .map(|(i, (&port, from_client))| PortStreams {
+                port,
+                from_client,
+                to_client: writer_of(2 * i),
+                error: writer_of(2 * i + 1),
+            })
+            .collect();
+        Self {
+            ports: streams,
+            closed,
+            out: out_tx,
+            writer,
+            reader,
+        }
+    }
+
+    /// Sends what was queued, then a normal close; waits at most `within` for the client's
+    /// answer (see [`Channels::close`]).
+    pub async fn close(self, within: Duration) {
+        let Self {
+            out,
+            closed,
+            writer,
+            reader,
+            ports,
+        } = self;
+        drop(ports);
+        close_link(out, closed, writer, reader, within).await;
+    }
+}
+
+/// Reads the client's messages into the readers of their channels (`inputs`, by channel
+/// number; `None` for a channel the client does not write, whose messages are dropped as the
+/// kubelet drops them).
+async fn read_ports<S>(
+    mut stream: S,
+    mut inputs: Vec<Option<mpsc::Sender<Bytes>>>,
+    framing: Framing,
+    closed: CancellationToken,
+    activity: Arc<Activity>,
+) where
+    S: Stream<Item = Result<Message, axum::Error>> + Unpin,
+{
+    loop {
+        let message = tokio::select! {
+            m = stream.next() => m,
+            _ = closed.cancelled() => return,
+        };
+        activity.touch();
+        let (channel, data) = match framing.decode(message) {
+            Incoming::Data(channel, data) => (channel, data),
+            Incoming::Nothing => continue,
+            Incoming::End => break,
+        };
+        let Some(Some(tx)) = inputs.get(usize::from(channel)) else {
+            tracing::debug!(
+                channel,
+                "WebSocket port-forward: ignoring a message on a channel clients do not write"
+            );
+            continue;
+        };
+        if feed(tx, data, &closed).await.is_err() {
+            // That port's forwarding is over; what the client still sends it goes nowhere.
+            inputs[usize::from(channel)] = None;
+        }
+        if closed.is_cancelled() {
+            return;
+        }
+    }
+    closed.cancel();
 }
 
 async fn write_channels<S>(
     mut sink: S,
     mut out: mpsc::Receiver<WsOut>,
+    framing: Framing,
     closed: CancellationToken,
     activity: Arc<Activity>,
 ) where
@@ -210,12 +478,7 @@ async fn write_channels<S>(
             _ = closed.cancelled() => None,
         };
         let message = match item {
-            Some(WsOut::Data(channel, data)) => {
-                let mut m = BytesMut::with_capacity(data.len() + 1);
-                m.put_u8(channel);
-                m.put_slice(&data);
-                Message::Binary(m.freeze())
-            }
+            Some(WsOut::Data(channel, data)) => framing.encode(channel, &data),
             Some(WsOut::Close) => {
                 let _ = sink
                     .send(Message::Close(Some(CloseFrame {
@@ -271,20 +534,11 @@ async fn read_channels<S>(
         match channel {
             STDIN => {
                 if let Some(tx) = &stdin {
-                    let chunk = data.slice(1..);
-                    // A small message is queued as it is; a large one as copies of a piece
-                    // each, so that what waits in the queue is bounded in bytes, not messages.
-                    let whole = chunk.len() <= STDIN_PIECE;
-                    for piece in chunk.chunks(STDIN_PIECE) {
-                        let piece = if whole {
-                            chunk.clone()
-                        } else {
-                            Bytes::copy_from_slice(piece)
-                        };
-                        tokio::select! {
-                            r = tx.send(piece) => if r.is_err() { stdin = None; break },
-                            _ = closed.cancelled() => return,
-                        }
+                    if feed(tx, data.slice(1..), &closed).await.is_err() {
+                        stdin = None;
+                    }
+                    if closed.is_cancelled() {
+                        return;
                     }
                 }
             }
@@ -474,5 +728,70 @@ mod tests {
         closed.cancel();
         let _ = reader.await;
         assert!(queued <= 1 << 20, "{} MiB of unread stdin queued", queued >> 20);
+    }
+
+    #[test]
+    fn both_framings_carry_the_channel_and_the_data() {
+        let data = b"\x00\xffport data";
+        for framing in [Framing::Binary, Framing::Base64] {
+            let message = framing.encode(3, data);
+            assert_eq!(
+                framing.decode(Some(Ok(message))),
+                Incoming::Data(3, Bytes::from_static(data)),
+                "{framing:?}"
+            );
+        }
+        // What a base64 client sends: '0' then "hi" in base64, on channel 0.
+        assert_eq!(
+            Framing::Base64.decode(Some(Ok(Message::Text("0aGk=".into())))),
+            Incoming::Data(0, Bytes::from_static(b"hi"))
+        );
+        assert_eq!(Framing::Base64.encode(1, b"hi"), Message::Text("1aGk=".into()));
+        assert_eq!(
+            Framing::Base64.decode(Some(Ok(Message::Text("0not base64!".into())))),
+            Incoming::Nothing
+        );
+        assert_eq!(
+            Framing::Binary.decode(Some(Ok(Message::Text("0aGk=".into())))),
+            Incoming::Nothing,
+            "text is not the binary protocol"
+        );
+        assert_eq!(
+            Framing::Binary.decode(Some(Ok(Message::Binary(Bytes::new())))),
+            Incoming::Nothing
+        );
+        assert_eq!(Framing::Binary.decode(None), Incoming::End);
+    }
+
+    /// Port-forward's reader: a data channel's messages reach its port, an error channel's
+    /// and unknown channels' are dropped, and the end of the client ends the connection.
+    #[tokio::test]
+    async fn port_channels_reach_their_ports_only() {
+        let frame = |channel: u8, data: &[u8]| {
+            let mut m = vec![channel];
+            m.extend_from_slice(data);
+            Ok(Message::Binary(Bytes::from(m)))
+        };
+        let messages = futures::stream::iter(vec![
+            frame(0, b"to port a"),
+            frame(1, b"on a's error channel"),
+            frame(2, b"to port b"),
+            frame(9, b"nowhere"),
+        ]);
+        let (a_tx, mut a_rx) = mpsc::channel(16);
+        let (b_tx, mut b_rx) = mpsc::channel(16);
+        let closed = CancellationToken::new();
+        read_ports(
+            messages,
+            vec![Some(a_tx), None, Some(b_tx), None],
+            Framing::Binary,
+            closed.clone(),
+            Activity::new(),
+        )
+        .await;
+        assert_eq!(a_rx.recv().await.unwrap(), Bytes::from_static(b"to port a"));
+        assert_eq!(b_rx.recv().await.unwrap(), Bytes::from_static(b"to port b"));
+        assert!(a_rx.recv().await.is_none() && b_rx.recv().await.is_none());
+        assert!(closed.is_cancelled(), "the client's end ends the connection");
     }
 }

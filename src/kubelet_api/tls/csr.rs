@@ -47,6 +47,30 @@ pub fn state_of(csr: &CertificateSigningRequest) -> CsrState {
     }
 }
 
+/// Where the cluster-signed serving certificate stands, for the Node (a condition and Events):
+/// without an approver in the cluster a request waits for an operator, and the kubelet API
+/// cannot start until one acts, so the wait must be visible where an operator looks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServingCertStatus {
+    /// CSR `csr` waits for approval and signing; `serving` = an earlier certificate still
+    /// serves (a renewal).
+    Pending { csr: String, serving: bool },
+    /// A cluster-signed certificate serves: the one CSR `csr` brought, or (`None`) the one
+    /// stored by an earlier run.
+    Issued { csr: Option<String> },
+    /// The cluster refused CSR `csr`; a new one is requested after a backoff.
+    Refused {
+        csr: String,
+        verdict: String,
+        reason: String,
+        message: String,
+        serving: bool,
+    },
+}
+
+/// Receives the [`ServingCertStatus`] changes (the Node publishes the latest).
+pub type StatusSender = tokio::sync::watch::Sender<Option<ServingCertStatus>>;
+
 /// The CSR object for `csr_pem` (pure).
 pub fn request_object(csr_pem: &str) -> CertificateSigningRequest {
     CertificateSigningRequest {
@@ -66,13 +90,15 @@ pub fn request_object(csr_pem: &str) -> CertificateSigningRequest {
 }
 
 /// Requests a certificate for `node_name` and `ips`; waits (logging every `remind`) until
-/// the cluster signs or refuses it, or `shutdown`.
+/// the cluster signs or refuses it, or `shutdown`. `created_hook` is told the CSR's name
+/// once it exists.
 pub async fn request(
     client: kube::Client,
     node_name: &str,
     ips: &[IpAddr],
     remind: Duration,
     shutdown: &CancellationToken,
+    created_hook: impl FnOnce(&str),
 ) -> Result<ServingCert, TlsError> {
     let (key_pem, csr_pem) = certs::new_csr(node_name, ips)?;
     let api: Api<CertificateSigningRequest> = Api::all(client);
@@ -85,6 +111,7 @@ pub async fn request(
             ))
         })?;
     let name = created.metadata.name.clone().unwrap_or_default();
+    created_hook(&name);
     tracing::info!(csr = %name, signer = SIGNER, node = node_name,
         "serving certificate requested; waiting for approval and signing (kubectl certificate approve {name})");
     let watched = name.clone();

@@ -49,6 +49,8 @@ pub struct CertManager {
     pub client: kube::Client,
     pub slot: Arc<CertSlot>,
     pub timings: CertTimings,
+    /// Where a cluster-signed certificate stands, for the Node's condition and Events.
+    pub status: Option<csr::StatusSender>,
 }
 
 fn write_atomic(dir: &Path, name: &str, data: &str, mode: u32) -> std::io::Result<()> {
@@ -94,15 +96,52 @@ impl CertManager {
         Ok(())
     }
 
-    async fn signed_by_cluster(&self, dir: &Path, shutdown: &CancellationToken) -> Result<ServingCert, TlsError> {
-        let cert = csr::request(
+    fn report(&self, status: csr::ServingCertStatus) {
+        if let Some(tx) = &self.status {
+            tx.send_replace(Some(status));
+        }
+    }
+
+    /// A new certificate from the cluster; `serving` = an earlier one serves meanwhile.
+    async fn signed_by_cluster(
+        &self,
+        dir: &Path,
+        serving: bool,
+        shutdown: &CancellationToken,
+    ) -> Result<ServingCert, TlsError> {
+        let mut requested = None;
+        let result = csr::request(
             self.client.clone(),
             &self.node_name,
             &self.ips,
             self.timings.remind,
             shutdown,
+            |name| {
+                requested = Some(name.to_string());
+                self.report(csr::ServingCertStatus::Pending {
+                    csr: name.to_string(),
+                    serving,
+                });
+            },
         )
-        .await?;
+        .await;
+        match &result {
+            Ok(_) => self.report(csr::ServingCertStatus::Issued { csr: requested }),
+            Err(TlsError::CsrRefused {
+                name,
+                verdict,
+                reason,
+                message,
+            }) => self.report(csr::ServingCertStatus::Refused {
+                csr: name.clone(),
+                verdict: verdict.clone(),
+                reason: reason.clone(),
+                message: message.clone(),
+                serving,
+            }),
+            Err(_) => {}
+        }
+        let cert = result?;
         if let Err(error) = store(dir, &cert) {
             tracing::warn!(%error, "cannot store the serving certificate; a restart will request a new one");
         }
@@ -151,11 +190,12 @@ impl CertManager {
             TlsSource::Csr { dir } => match load_stored(dir, &self.names(), &self.ips, SystemTime::now()) {
                 Some(c) => {
                     tracing::info!(serial = %c.serial, dir = %dir.display(), "reusing the stored serving certificate");
+                    self.report(csr::ServingCertStatus::Issued { csr: None });
                     c
                 }
                 None => {
                     self.until_ok("requesting the serving certificate failed", shutdown, || {
-                        self.signed_by_cluster(dir, shutdown)
+                        self.signed_by_cluster(dir, false, shutdown)
                     })
                     .await?
                 }
@@ -179,7 +219,7 @@ impl CertManager {
                 let next = match &source {
                     TlsSource::Csr { dir } => {
                         self.until_ok("renewing the serving certificate failed", &shutdown, || {
-                            self.signed_by_cluster(dir, &shutdown)
+                            self.signed_by_cluster(dir, true, &shutdown)
                         })
                         .await
                     }

@@ -6,6 +6,8 @@
 
 mod auth;
 mod certificate;
+mod csr_pending;
+mod hostname;
 mod stats;
 
 use std::io::{BufRead, BufReader};

@@ -162,3 +162,84 @@ async fn stats_summary_and_resource_metrics_through_the_nodes_proxy() {
         node.ns
     )), "{m}");
 }
+
+/// `usageNanoCores` of the node, of pod web-0 and of its container in a Summary, and the
+/// pod's `usageCoreNanoSeconds`.
+fn rates(summary: &serde_json::Value) -> (Option<u64>, Option<u64>, Option<u64>, u64) {
+    let pod = &summary["pods"][0];
+    (
+        summary["node"]["cpu"]["usageNanoCores"].as_u64(),
+        pod["cpu"]["usageNanoCores"].as_u64(),
+        pod["containers"][0]["cpu"]["usageNanoCores"].as_u64(),
+        pod["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap_or(0),
+    )
+}
+
+async fn summary_json(node: &Node) -> serde_json::Value {
+    let (status, body) = node.as_apiserver("/stats/summary").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_summary_carries_the_cpu_rate_over_the_last_two_samples() {
+    let Some(node) = node_with_pod("rate", Duration::from_secs(3600)).await else {
+        return;
+    };
+    node.machine.sim.set_cpu_stat("vm-web", 1_000_000, 0, 0).unwrap();
+    // A rate needs an interval: the daemon has been up for a while before anyone asks (a
+    // kubelet's first Summary after a few seconds carries it too).
+    let up = std::time::Instant::now();
+    eventually(30, "the daemon is 3 s older", || async {
+        up.elapsed() > Duration::from_secs(3)
+    })
+    .await;
+
+    // The first Summary anyone asks for. (The pod's rate may still be missing here, as on a
+    // kubelet: its VM may be younger than the sample before.)
+    let asked = std::time::Instant::now();
+    let first = summary_json(&node).await;
+    let (node_rate, pod_rate, container_rate, _) = rates(&first);
+    assert!(
+        node_rate.is_some_and(|r| r > 0),
+        "the node's usageNanoCores (its CPUs are never idle while the tests run): {first}"
+    );
+    assert_eq!(container_rate, pod_rate, "the container is the pod's one VM");
+
+    // The VM uses 4 core-seconds: the Summary that first shows it has the rate over that
+    // sample and the one before. Samples are at least the cache's life (2 s) apart, and the
+    // one before was taken at most 2 s before `first` was asked for (`first` was at most that
+    // old) — so the interval is between 2 s and the time since then plus 2 s.
+    node.machine.sim.set_cpu_stat("vm-web", 5_000_000, 0, 0).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let s = summary_json(&node).await;
+        if rates(&s).3 == 5_000_000_000 {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VM's new CPU time never shows: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let longest = asked.elapsed() + Duration::from_millis(2500);
+    let (_, pod_rate, container_rate, _) = rates(&seen);
+    let pod_rate = pod_rate.unwrap_or_else(|| panic!("the pod's usageNanoCores: {seen}"));
+    // 1.5 s rather than 2 s: the rate is over wall-clock time, the cache's life monotonic.
+    let (low, high) = ((4e9 / longest.as_secs_f64()) as u64, (4e9 / 1.5) as u64);
+    assert!(
+        (low..=high).contains(&pod_rate),
+        "4 core-seconds over 1.5 to {longest:?} between two samples: {pod_rate} nanocores"
+    );
+    assert_eq!(container_rate, Some(pod_rate));
+
+    // /metrics/resource has the same counter (the kubelet's resource metrics carry no rate).
+    let (status, text) = node.as_apiserver("/metrics/resource").await;
+    assert_eq!(status, 200, "{text}");
+    let pod_cpu = format!(
+        r#"pod_cpu_usage_seconds_total{{namespace="{}",pod="web-0"}} 5 "#,
+        node.ns
+    );
+    assert!(text.contains(&pod_cpu), "{pod_cpu} in:\n{text}");
+}
