@@ -52,6 +52,8 @@ pub struct KubeletApi {
     pub state: Arc<ApiState>,
     pub auth: Arc<auth::Auth>,
     pub cert_timings: CertTimings,
+    /// Connection cap and deadlines of the listener.
+    pub limits: crate::listener::Limits,
 }
 
 /// A started server: its address, and the task serving it.
@@ -103,6 +105,7 @@ impl KubeletApi {
             timings: self.cert_timings.clone(),
         };
         let app = routes::router(self.state.clone(), self.auth.clone());
+        let server = server::listener(tls_config, self.limits);
         let task = tokio::spawn(async move {
             let cert = match manager.obtain(&shutdown).await {
                 Ok(c) => c,
@@ -114,7 +117,7 @@ impl KubeletApi {
             };
             tracing::info!(%addr, serial = %cert.serial, "serving the kubelet API");
             tokio::spawn(manager.run(cert, shutdown.clone()));
-            server::run(listener, tls_config, app, shutdown).await;
+            server::run(listener, server, app, shutdown).await;
         });
         Ok(Serving { addr, task })
     }

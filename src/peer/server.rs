@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::PeerToken;
 use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
+use crate::listener::Listener;
 use crate::provider::ports::SnapshotRegistry;
 use crate::registry::media::ANN_FROM_NODE;
 use crate::runtime::CocoonRuntime;
@@ -73,15 +74,14 @@ impl PeerServer {
             .with_state(self)
     }
 
-    /// Serves until `shutdown`.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
-        let app = self.router();
-        if let Err(error) = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-        {
-            tracing::error!(%error, "peer snapshot server stopped");
-        }
+    /// Serves on `tcp` through `listener` (the peer port's limits) until `shutdown`.
+    pub async fn serve(
+        self: Arc<Self>,
+        tcp: tokio::net::TcpListener,
+        listener: Arc<Listener>,
+        shutdown: CancellationToken,
+    ) {
+        listener.serve(tcp, self.router(), shutdown).await;
     }
 
     /// The 401 for a caller without the peer token; `None` when it has it.
