@@ -249,8 +249,13 @@ pub fn listener(limits: crate::listener::Limits) -> std::sync::Arc<crate::listen
     crate::listener::Listener::new("metrics", limits, None)
 }
 
+/// Renders running at once. Each takes a thread of the blocking pool (shared with peer reads,
+/// log reads and policy fetches) and the stats sampler's lock; a scrape flood waits for a turn
+/// on the async side instead of filling the pool.
+pub const MAX_RENDERS: usize = 2;
+
 /// Serves `GET /metrics` on `tcp` through `listener` until `shutdown`. Gathering runs off the
-/// async workers: collectors such as the VM stats read files.
+/// async workers (collectors such as the VM stats read files), at most [`MAX_RENDERS`] at once.
 pub async fn serve(
     tcp: tokio::net::TcpListener,
     listener: std::sync::Arc<crate::listener::Listener>,
@@ -258,14 +263,24 @@ pub async fn serve(
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     use axum::routing::get;
+    let renders = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_RENDERS));
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
             let registry = registry.clone();
+            let renders = renders.clone();
             async move {
-                let text = tokio::task::spawn_blocking(move || render(&registry))
+                // The turn goes with the render: a scraper that hangs up does not free it
+                // before the blocking thread is done.
+                let text = match renders.acquire_owned().await {
+                    Ok(turn) => tokio::task::spawn_blocking(move || {
+                        let _turn = turn;
+                        render(&registry)
+                    })
                     .await
-                    .unwrap_or_default();
+                    .unwrap_or_default(),
+                    Err(_) => String::new(),
+                };
                 ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
             }
         }),
@@ -296,6 +311,75 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// A collector that takes `work` to gather (a slow stats read) and records how many
+    /// gathers ran at once.
+    struct Slow {
+        work: std::time::Duration,
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        desc: Vec<prometheus::core::Desc>,
+    }
+
+    impl prometheus::core::Collector for Slow {
+        fn desc(&self) -> Vec<&prometheus::core::Desc> {
+            self.desc.iter().collect()
+        }
+
+        fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+            use std::sync::atomic::Ordering;
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            // Stands for the sampler's file reads under its lock, not for synchronisation.
+            std::thread::sleep(self.work);
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            Vec::new()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scrape_flood_gathers_at_most_two_at_once() {
+        let slow = std::sync::Arc::new(Slow {
+            work: std::time::Duration::from_millis(20),
+            running: Default::default(),
+            most: Default::default(),
+            desc: Vec::new(),
+        });
+        struct Shared(std::sync::Arc<Slow>);
+        impl prometheus::core::Collector for Shared {
+            fn desc(&self) -> Vec<&prometheus::core::Desc> {
+                self.0.desc()
+            }
+            fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+                self.0.collect()
+            }
+        }
+        let registry = Registry::new();
+        registry.register(Box::new(Shared(slow.clone()))).unwrap();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = listener(crate::listener::Limits::with_cap(1000));
+        tokio::spawn(serve(tcp, server, registry, stop.clone()));
+        let http = reqwest::Client::new();
+        let scrapes: Vec<_> = (0..200)
+            .map(|_| {
+                let http = http.clone();
+                tokio::spawn(async move {
+                    http.get(format!("http://{addr}/metrics"))
+                        .send()
+                        .await
+                        .map(|r| r.status())
+                })
+            })
+            .collect();
+        for s in scrapes {
+            assert_eq!(s.await.unwrap().unwrap(), 200, "every scrape is answered");
+        }
+        let most = slow.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most <= MAX_RENDERS, "{most} gathers ran at once on the blocking pool");
+        stop.cancel();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
