@@ -1,6 +1,7 @@
 //! Node A's peer port against clients that never finish a request, and against a stream of
 //! unauthenticated callers: what the listener holds is bounded and the log stays readable.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -73,4 +74,62 @@ async fn a_flood_of_half_requests_on_the_peer_port_is_closed_and_capped() {
         assert!(Instant::now() < deadline, "slots still taken after the flood");
         tokio::task::yield_now().await;
     }
+}
+
+/// A `tracing` writer into memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+// One thread: every task of the test (node A's server included) logs through the subscriber
+// set on it.
+#[tokio::test(flavor = "current_thread")]
+async fn unauthenticated_peer_requests_do_not_flood_the_log() {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+    let (_env, a) = setup(1 << 20).await;
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        let r = http
+            .get(plan_url(&a, VM))
+            .bearer_auth("not-the-peer-token-at-all")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+    }
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("peer"))
+        .collect();
+    assert!(
+        warnings.len() <= 1,
+        "{} warnings for 200 refused requests:\n{}",
+        warnings.len(),
+        warnings.iter().take(3).copied().collect::<Vec<_>>().join("\n")
+    );
 }
