@@ -70,6 +70,11 @@ pub fn replay(engine: &PolicyEngine, line: &str, component: Option<&Path>) -> an
             "note: some logged facts were longer than the log keeps and were cut; this replay decided on the cut facts"
         );
     }
+    if record.facts_redacted {
+        eprintln!(
+            "note: some logged facts looked like secrets and were logged as their length and digest; this replay decided on those"
+        );
+    }
     if let Some(error) = &failed {
         eprintln!("the component failed ({error}): this is the fail-safe decision the daemon would take");
     }

@@ -18,6 +18,7 @@ use vk_cocoon::kubelet_api::config::ApiArgs;
 use vk_cocoon::kubelet_api::streaming::{Streaming, StreamingArgs, StreamingConfig};
 use vk_cocoon::kubelet_api::tls::manager::CertTimings;
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
+use vk_cocoon::listener::{Listener, ListenerArgs, Which};
 use vk_cocoon::peer::{
     KubeNodes, PeerArgs, PeerClient, PeerConfig, PeerMetrics, PeerServer, PeerTier, Staging, Timeouts,
 };
@@ -68,6 +69,8 @@ pub struct RunArgs {
     paths: PathsArgs,
     #[command(flatten)]
     metrics: MetricsArgs,
+    #[command(flatten)]
+    listeners: ListenerArgs,
     #[command(flatten)]
     policies: PolicyArgs,
     #[command(flatten)]
@@ -239,6 +242,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         auth: Arc::new(Auth::kube(&node_name, client)),
         cert_timings: CertTimings::default(),
         cert_status: Some(cert_status),
+        limits: args.listeners.limits(Which::KubeletApi),
     };
     let kubelet_api = api.start(shutdown.clone()).await.map_err(|e| anyhow!("{e}"))?;
     tracing::info!(addr = %kubelet_api.addr, "kubelet API listening (serving once its certificate is ready)");
@@ -247,13 +251,16 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("binding the metrics listener on {addr}"))?;
     tracing::info!(%addr, "serving /metrics");
-    let metrics_server = tokio::spawn(metrics::serve(listener, prometheus, shutdown.clone()));
+    let metrics_listener = metrics::listener(args.listeners.limits(Which::Metrics));
+    let metrics_server = tokio::spawn(metrics::serve(listener, metrics_listener, prometheus, shutdown.clone()));
     if let Some(server) = peer_server {
         let listener = tokio::net::TcpListener::bind(peer_cfg.listen)
             .await
             .with_context(|| format!("binding the peer snapshot listener VK_PEER_ADDR={}", peer_cfg.listen))?;
         tracing::info!(addr = %peer_cfg.listen, "serving hibernated snapshots to authenticated peers");
-        tokio::spawn(server.serve(listener, shutdown.clone()));
+        let limits = args.listeners.limits(Which::Peer);
+        let peer_listener = Listener::new("peer", limits, None);
+        tokio::spawn(server.serve(listener, peer_listener, shutdown.clone()));
     }
     tokio::spawn(provider.clone().run_background(shutdown.clone()));
     tokio::spawn(stop_on_signal(shutdown.clone()));

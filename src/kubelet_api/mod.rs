@@ -54,6 +54,8 @@ pub struct KubeletApi {
     pub cert_timings: CertTimings,
     /// Where a cluster-signed serving certificate stands (the Node shows it).
     pub cert_status: Option<tls::csr::StatusSender>,
+    /// Connection cap and deadlines of the listener.
+    pub limits: crate::listener::Limits,
 }
 
 /// A started server: its address, and the task serving it.
@@ -106,6 +108,7 @@ impl KubeletApi {
             status: self.cert_status.clone(),
         };
         let app = routes::router(self.state.clone(), self.auth.clone());
+        let server = server::listener(tls_config, self.limits);
         let task = tokio::spawn(async move {
             let cert = match manager.obtain(&shutdown).await {
                 Ok(c) => c,
@@ -117,7 +120,7 @@ impl KubeletApi {
             };
             tracing::info!(%addr, serial = %cert.serial, "serving the kubelet API");
             tokio::spawn(manager.run(cert, shutdown.clone()));
-            server::run(listener, tls_config, app, shutdown).await;
+            server::run(listener, server, app, shutdown).await;
         });
         Ok(Serving { addr, task })
     }

@@ -1,92 +1,182 @@
-//! The TLS listener: accepts connections, completes the handshake, puts the verified client
-//! certificate's identity on each request, and serves HTTP/1.1 (with upgrades) and HTTP/2.
+//! The TLS listener: serves the kubelet API through the daemon's listener (connection cap, TLS
+//! handshake, header and idle deadlines: [`crate::listener`]) and puts the verified client
+//! certificate's identity on each request, over HTTP/1.1 (with upgrades) and HTTP/2.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
+use axum::http::Request;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::auth::{PeerCertificate, UserInfo};
 use super::tls::certs;
+use crate::listener::{ClientCertificates, Limits, Listener};
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn peer_identity(conn: &rustls::ServerConnection) -> Option<UserInfo> {
-    let leaf = conn.peer_certificates()?.first()?;
-    let (cn, orgs) = certs::subject_of(leaf.as_ref())?;
+/// The identity of a verified client certificate: its subject's CN and organisations.
+fn identity(chain: &ClientCertificates) -> Option<UserInfo> {
+    let (cn, orgs) = certs::subject_of(chain.leaf()?.as_ref())?;
     Some(UserInfo::from_certificate(&cn, &orgs))
 }
 
-/// Serves `app` on `listener` until `shutdown`, then lets open requests finish (bounded).
-pub async fn run(listener: TcpListener, tls: Arc<ServerConfig>, app: Router, shutdown: CancellationToken) {
-    let acceptor = TlsAcceptor::from(tls);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "kubelet API: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.cancelled() => break,
-        };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _ = tcp.set_nodelay(true);
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "kubelet API: TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "kubelet API: TLS handshake timed out");
-                    return;
-                }
-            };
-            let identity = peer_identity(tls.get_ref().1);
-            serve_connection(tls, peer, identity, app, watcher).await;
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await.is_err() {
-        tracing::warn!("kubelet API: connections still open after {DRAIN_TIMEOUT:?}; dropping them");
-    }
-}
-
-async fn serve_connection(
-    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    peer: SocketAddr,
-    identity: Option<UserInfo>,
-    app: Router,
-    watcher: hyper_util::server::graceful::Watcher,
-) {
-    let svc = app.map_request(move |mut req: axum::http::Request<Incoming>| {
-        if let Some(user) = &identity {
-            req.extensions_mut().insert(PeerCertificate(user.clone()));
+/// `app` with the client certificate's identity on each request that came with one (rustls
+/// has verified the chain against `VK_CLIENT_CA_FILE` before any request is read). The whole
+/// router is wrapped, so its fallback and its 405 answers see the identity as well.
+fn with_identity(app: Router) -> Router {
+    let identified = app.map_request(|mut req: Request<axum::body::Body>| {
+        if let Some(user) = req.extensions().get::<ClientCertificates>().and_then(identity) {
+            req.extensions_mut().insert(PeerCertificate(user));
         }
         req
     });
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(svc));
-    if let Err(error) = watcher.watch(conn.into_owned()).await {
-        tracing::debug!(%peer, %error, "kubelet API: connection ended with an error");
+    Router::new().fallback_service(identified)
+}
+
+/// Serves `app` on `tcp` through `listener` (the kubelet API's TLS configuration and limits)
+/// until `shutdown`, then lets open requests finish (bounded).
+pub async fn run(tcp: TcpListener, listener: Arc<Listener>, app: Router, shutdown: CancellationToken) {
+    listener.serve(tcp, with_identity(app), shutdown).await;
+}
+
+/// The kubelet API's listener: TLS with `tls`, within `limits`.
+pub fn listener(tls: Arc<ServerConfig>, limits: Limits) -> Arc<Listener> {
+    Listener::new("kubelet API", limits, Some(tls))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::time::Instant;
+
+    use super::super::tls::{self, CertSlot};
+    use super::*;
+
+    /// A client that takes any server certificate: the flood is about what the listener holds,
+    /// not about who it is.
+    #[derive(Debug)]
+    struct AnyServer;
+
+    impl ServerCertVerifier for AnyServer {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            tls::provider().signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    /// A TLS half-request: the handshake, then `GET / HTTP/1.1\r\n` and nothing more; returns
+    /// whether the handshake was answered (a connection refused at the cap is closed before)
+    /// and how long until the server closed the connection, counted from the connect.
+    async fn tls_half_request(addr: std::net::SocketAddr, bound: Duration) -> (bool, Duration) {
+        let config = rustls::ClientConfig::builder_with_provider(tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer))
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let opened = Instant::now();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("node-a").unwrap();
+        let closed = async {
+            // A connection refused at the cap ends in the handshake: that is a close too.
+            let Ok(mut c) = connector.connect(name, tcp).await else {
+                return (false, opened.elapsed());
+            };
+            let _ = c.write_all(b"GET / HTTP/1.1\r\n").await;
+            let mut buf = [0u8; 1024];
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => return (true, opened.elapsed()),
+                    Ok(_) => {}
+                }
+            }
+        };
+        tokio::time::timeout(bound, closed)
+            .await
+            .unwrap_or_else(|_| panic!("a TLS half-request is still open after {bound:?}"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_half_requests_are_closed_at_the_header_deadline_and_capped() {
+        let slot = Arc::new(CertSlot::default());
+        let ip = "127.0.0.1".parse().unwrap();
+        let cert = tls::certs::self_signed("node-a", &[ip], Duration::from_secs(3600)).unwrap();
+        slot.set(cert.certified_key(&tls::provider()).unwrap());
+        let config = tls::server_config(slot, None).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let limits = Limits {
+            header_timeout: Duration::from_secs(1),
+            ..Limits::with_cap(50)
+        };
+        let server = Listener::new("kubelet API", limits, Some(config));
+        let stop = CancellationToken::new();
+        tokio::spawn(run(tcp, server.clone(), app, stop.clone()));
+        let flood: Vec<_> = (0..300)
+            .map(|_| tokio::spawn(tls_half_request(addr, Duration::from_secs(15))))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.open_connections() < 50 {
+            assert!(Instant::now() < deadline, "the listener never held 50 connections");
+            tokio::task::yield_now().await;
+        }
+        let mut held = Vec::new();
+        for c in flood {
+            let (answered, closed) = c.await.unwrap();
+            if answered {
+                held.push(closed);
+            }
+        }
+        // Every connection past the cap was closed before its handshake; every other one was
+        // held until the header deadline, and closed then.
+        assert_eq!(held.len() + server.refused_connections() as usize, 300);
+        assert!(held.len() >= 50, "{} connections were held", held.len());
+        assert!(
+            held.iter()
+                .all(|d| *d >= limits.header_timeout && *d < limits.header_timeout * 3),
+            "a held connection is closed at about the header deadline: {held:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.open_connections() > 0 {
+            assert!(Instant::now() < deadline, "slots still taken");
+            tokio::task::yield_now().await;
+        }
+        stop.cancel();
     }
 }

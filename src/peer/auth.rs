@@ -35,7 +35,19 @@ impl PeerToken {
         Ok(Self(t.to_string()))
     }
 
+    /// The token in `path`, a file only the daemon's user may read: the token reads every
+    /// hibernated guest of the fleet, so a file the node's other users can read is refused.
     pub fn from_file(path: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).map_err(|e| format!("VK_PEER_TOKEN_FILE {}: {e}", path.display()))?;
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "VK_PEER_TOKEN_FILE {} has mode {mode:o}: its group or others may read the fleet's peer token; `chmod 600 {}` (a Kubernetes Secret volume: defaultMode 0600)",
+                path.display(),
+                path.display()
+            ));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| format!("VK_PEER_TOKEN_FILE {}: {e}", path.display()))?;
         Self::new(&text).map_err(|e| format!("VK_PEER_TOKEN_FILE {}: {e}", path.display()))
     }
@@ -85,5 +97,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = PeerToken::from_file(&dir.path().join("missing")).unwrap_err();
         assert!(err.contains("VK_PEER_TOKEN_FILE"), "{err}");
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peer-token");
+        std::fs::write(&path, "0123456789abcdef-peer\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = PeerToken::from_file(&path).expect_err("a world-readable token file is refused");
+        assert!(error.contains("chmod 600"), "{error}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(PeerToken::from_file(&path).is_ok());
     }
 }

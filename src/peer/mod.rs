@@ -165,6 +165,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "a-long-enough-peer-token\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
         let c = PeerConfig::from_lookup(|k| match k {
             "VK_PEER_TOKEN_FILE" => Some(token.display().to_string()),
             "VK_PEER_ADDR" => Some("127.0.0.1:4000".into()),

@@ -23,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 use super::auth::PeerToken;
 use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
+use crate::listener::Listener;
+use crate::listener::throttle::Throttled;
 use crate::provider::ports::SnapshotRegistry;
 use crate::registry::media::ANN_FROM_NODE;
 use crate::runtime::CocoonRuntime;
@@ -44,7 +46,14 @@ pub struct PeerServer {
     streams: Arc<Semaphore>,
     /// Snapshot ids a plan was served for, and when.
     granted: Mutex<HashMap<String, Instant>>,
+    /// Requests refused for want of the token: counted, warned about once a minute.
+    unauthenticated: Throttled,
 }
+
+/// The warning about unauthenticated requests comes at most this often (each one is logged at
+/// debug): the port is reachable before any authentication, so a caller must not be able to
+/// flood the log by knocking.
+const UNAUTHENTICATED_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 impl PeerServer {
     pub fn new(
@@ -63,6 +72,7 @@ impl PeerServer {
             token,
             streams: Arc::new(Semaphore::new(max_streams)),
             granted: Mutex::default(),
+            unauthenticated: Throttled::new(UNAUTHENTICATED_WARNING_EVERY),
         })
     }
 
@@ -73,15 +83,14 @@ impl PeerServer {
             .with_state(self)
     }
 
-    /// Serves until `shutdown`.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
-        let app = self.router();
-        if let Err(error) = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-        {
-            tracing::error!(%error, "peer snapshot server stopped");
-        }
+    /// Serves on `tcp` through `listener` (the peer port's limits) until `shutdown`.
+    pub async fn serve(
+        self: Arc<Self>,
+        tcp: tokio::net::TcpListener,
+        listener: Arc<Listener>,
+        shutdown: CancellationToken,
+    ) {
+        listener.serve(tcp, self.router(), shutdown).await;
     }
 
     /// The 401 for a caller without the peer token; `None` when it has it.
@@ -90,7 +99,13 @@ impl PeerServer {
         if self.token.admits(presented) {
             return None;
         }
-        tracing::warn!("peer request without a valid token refused");
+        tracing::debug!("peer request without a valid token refused");
+        if let Some(refused_total) = self.unauthenticated.note() {
+            tracing::warn!(
+                refused_total,
+                "peer requests without a valid token are refused (a peer with another VK_PEER_TOKEN_FILE, or someone probing the port); counted, and said again at most once a minute"
+            );
+        }
         let mut r = (StatusCode::UNAUTHORIZED, "peer token required\n").into_response();
         r.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

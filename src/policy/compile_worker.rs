@@ -173,32 +173,78 @@ fn limit_address_space(bytes: u64) -> std::io::Result<()> {
     }
 }
 
+/// How long past its deadline the daemon waits for the worker before killing it: the worker's
+/// own watchdog ends it at the deadline; the grace covers its start and the write of its
+/// artifact. A worker that outlives both (a watchdog that never ran, a process stopped by a
+/// signal) is killed, so a compile never holds the daemon's load forever.
+pub const KILL_GRACE: Duration = Duration::from_secs(5);
+
 /// The daemon side: compiles `component` in a worker started from `exe`.
 pub(crate) fn compile(exe: &Path, limits: CompileLimits, component: &[u8]) -> Result<Vec<u8>, WorkerError> {
+    use std::os::unix::process::CommandExt;
     let mut child = Command::new(exe)
         .args(["policy", "compile-worker"])
         .args(["--deadline-ms", &limits.deadline.as_millis().to_string()])
         .args(["--address-space-mib", &limits.address_space_mib.to_string()])
         // Its stderr carries only its one message, never the daemon's log level's output.
         .env("VK_LOG_LEVEL", "off")
+        // Its own process group: a kill past the deadline takes whatever it started too, so
+        // nothing keeps the pipes open.
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| WorkerError::Unavailable(format!("cannot start {}: {e}", exe.display())))?;
+    let pid = child.id() as libc::pid_t;
     let mut stdin = child.stdin.take().expect("stdin is piped");
-    // Fed from a thread while this one collects stdout and stderr, so that no order of reads
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    // Fed and read from threads while this one waits on the exit, so that no order of reads
     // and writes can deadlock on a full pipe. A worker that exits early breaks the pipe; its
     // exit status then says why.
-    let output = std::thread::scope(|scope| {
+    let limit = limits.deadline + KILL_GRACE;
+    let (status, out, err, killed) = std::thread::scope(|scope| {
         scope.spawn(move || {
             let _ = stdin.write_all(component);
         });
-        child.wait_with_output()
-    })
-    .map_err(|e| WorkerError::Unavailable(format!("waiting for the compile worker: {e}")))?;
-    let message = stderr_message(&output.stderr);
-    verdict(output.status, message, limits).map(|()| output.stdout)
+        let out = scope.spawn(move || {
+            let mut bytes = Vec::new();
+            stdout.read_to_end(&mut bytes).map(|_| bytes)
+        });
+        let err = scope.spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = stderr.read_to_end(&mut bytes);
+            bytes
+        });
+        let (exited, waited) = std::sync::mpsc::channel();
+        scope.spawn(move || {
+            let _ = exited.send(child.wait());
+        });
+        let (status, killed) = match waited.recv_timeout(limit) {
+            Ok(status) => (status, false),
+            Err(_) => {
+                // SAFETY: kill only sends a signal. The worker is not reaped until the waiting
+                // thread's wait returns, so its group id still names it.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                (waited.recv().unwrap_or_else(|e| Err(std::io::Error::other(e))), true)
+            }
+        };
+        let out = out
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the reader panicked")));
+        let err = err.join().unwrap_or_default();
+        (status, out, err, killed)
+    });
+    if killed {
+        return Err(WorkerError::Failed(format!(
+            "the compile worker was still running {KILL_GRACE:?} past its {:?} deadline and was killed",
+            limits.deadline
+        )));
+    }
+    let status = status.map_err(|e| WorkerError::Unavailable(format!("waiting for the compile worker: {e}")))?;
+    let out = out.map_err(|e| WorkerError::Unavailable(format!("reading the compile worker's output: {e}")))?;
+    verdict(status, stderr_message(&err), limits).map(|()| out)
 }
 
 /// What the worker's exit status means.
@@ -283,5 +329,29 @@ mod tests {
         let message = stderr_message("x".repeat(MAX_MESSAGE * 2).as_bytes());
         assert_eq!(message.chars().count(), MAX_MESSAGE + 1);
         assert_eq!(stderr_message(b"  line\n"), "line");
+    }
+
+    #[test]
+    fn a_worker_that_hangs_is_killed_past_its_deadline() {
+        use std::os::unix::fs::PermissionsExt;
+        // A worker that ignores its watchdog (a compiler wedged with signals blocked, say).
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("wedged-worker");
+        std::fs::write(&exe, "#!/bin/sh\nexec sleep 600\n").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let limits = CompileLimits {
+            deadline: Duration::from_millis(200),
+            ..CompileLimits::default()
+        };
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(compile(&exe, limits, b"\0asm"));
+        });
+        let bound = limits.deadline + Duration::from_secs(20);
+        match result.recv_timeout(bound) {
+            Ok(Err(WorkerError::Failed(message))) => assert!(message.contains("deadline"), "{message}"),
+            Ok(other) => panic!("expected a failed compile, got {other:?}"),
+            Err(_) => panic!("the daemon still waits for its compile worker after {bound:?}"),
+        }
     }
 }

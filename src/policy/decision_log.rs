@@ -5,6 +5,11 @@
 //!
 //! Off by default; then a decision pays one branch. On, the line is built after the decision
 //! and written under a lock (one `write` per line, so concurrent decisions never interleave).
+//!
+//! The file holds what pods carry, so it is the daemon's alone: created 0600 (an existing one is
+//! narrowed to 0600), never opened through a symbolic link (a link planted at the path would
+//! have the daemon append to any file it can write), and values that look like secrets are not
+//! copied into it ([`redact_secrets`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -47,6 +52,10 @@ pub struct DecisionRecord {
     /// cut facts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub facts_truncated: bool,
+    /// Some values looked like secrets and are logged as their length and digest
+    /// ([`redact_secrets`]): a replay is of the redacted facts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub facts_redacted: bool,
     /// The decision the daemon acted on (the fail-safe one when the policy failed).
     pub decision: Value,
     /// Why the fail-safe was taken (the policy's error), if it was.
@@ -187,13 +196,43 @@ impl DecisionLog {
     }
 }
 
+/// Opens the log for appending: created 0600, an existing file narrowed to 0600, a symbolic
+/// link or anything but a regular file refused.
 fn open_append(path: &PathBuf) -> std::io::Result<(File, u64)> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir)?;
     }
-    let file = OpenOptions::new().create(true).append(true).open(path)?;
-    let size = file.metadata()?.len();
-    Ok((file, size))
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{} is a symbolic link; the decision log is never written through one: point VK_DECISION_LOG at the file itself",
+                        path.display()
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file; VK_DECISION_LOG must name a file",
+            path.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    }
+    Ok((file, meta.len()))
 }
 
 impl DecisionLog {
@@ -206,7 +245,8 @@ impl DecisionLog {
         failure: Option<&DecisionError>,
         elapsed: Duration,
     ) {
-        let (facts, facts_truncated) = cut_long_strings(to_contract_json(facts));
+        let (facts, facts_redacted) = redact_secrets(to_contract_json(facts));
+        let (facts, facts_truncated) = cut_long_strings(facts);
         self.write(&DecisionRecord {
             id: self.next_id(),
             time: now_rfc3339(),
@@ -216,6 +256,7 @@ impl DecisionLog {
             contract: policy.version().to_string(),
             facts,
             facts_truncated,
+            facts_redacted,
             decision: to_contract_json(decision),
             fail_safe: failure.map(|error| FailSafe {
                 error: error.metric_label().to_string(),
@@ -252,6 +293,93 @@ pub fn cut_long_strings(facts: Value) -> (Value, bool) {
     (facts, cut)
 }
 
+/// Words of a key that mark its value as a secret: cloud-init user data, passwords, tokens,
+/// keys, credentials. A key (an annotation's, a label's, or a field's name) is split into words
+/// at every character that is not a letter or a digit; it names a secret when a word ends with
+/// one of these (`db-password`, `apiKey`, `ssh-authorized-keys`, `vm.cocoonstack.io/user-data`).
+const SECRET_WORDS: &[&str] = &[
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "secrets",
+    "token",
+    "tokens",
+    "key",
+    "keys",
+    "credential",
+    "credentials",
+    "userdata",
+    "cloudinit",
+];
+
+/// Word pairs that name a secret when they follow each other (`user-data`, `cloud-init`).
+const SECRET_PAIRS: &[(&str, &str)] = &[("user", "data"), ("cloud", "init")];
+
+/// How many hex digits of a redacted value's SHA-256 the log keeps (enough to tell two values
+/// apart, far too few to look one up).
+const REDACTED_DIGEST_HEX: usize = 12;
+
+/// Whether a key names a secret (see [`SECRET_WORDS`]).
+pub fn looks_secret(key: &str) -> bool {
+    let words: Vec<String> = key
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    words.iter().any(|w| SECRET_WORDS.iter().any(|s| w.ends_with(s)))
+        || words
+            .windows(2)
+            .any(|pair| SECRET_PAIRS.iter().any(|(a, b)| pair[0] == *a && pair[1] == *b))
+}
+
+/// What the log keeps of a secret: its length and the start of its SHA-256.
+fn redacted(value: &str) -> String {
+    let digest = crate::policy::cache::sha256_hex(value.as_bytes());
+    format!(
+        "[redacted: {} bytes, sha256:{}]",
+        value.len(),
+        &digest[..REDACTED_DIGEST_HEX]
+    )
+}
+
+/// `facts` with the value of every secret-looking key replaced by [`redacted`], and whether any
+/// was. A key is an annotation's, label's or node selector's (the contract's `{key, value}`
+/// records) or an object field's name ([`looks_secret`]).
+pub fn redact_secrets(facts: Value) -> (Value, bool) {
+    fn walk(value: &mut Value, redacted_any: &mut bool) {
+        match value {
+            Value::Object(map) => {
+                let pair = map.len() == 2 && map.get("value").is_some_and(Value::is_string);
+                if let Some(key) = map.get("key").and_then(Value::as_str).filter(|_| pair) {
+                    if looks_secret(key)
+                        && let Some(Value::String(text)) = map.get_mut("value")
+                    {
+                        *text = redacted(text);
+                        *redacted_any = true;
+                    }
+                    return;
+                }
+                for (field, inner) in map.iter_mut() {
+                    match inner {
+                        Value::String(text) if looks_secret(field) => {
+                            *text = redacted(text);
+                            *redacted_any = true;
+                        }
+                        other => walk(other, redacted_any),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, redacted_any)),
+            _ => {}
+        }
+    }
+    let mut facts = facts;
+    let mut any = false;
+    walk(&mut facts, &mut any);
+    (facts, any)
+}
+
 /// `time` for a record: now, RFC 3339 with microseconds.
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
@@ -278,6 +406,7 @@ mod tests {
             contract: "cocoonstack:vk-policy@0.2.0".into(),
             facts,
             facts_truncated,
+            facts_redacted: false,
             decision: json!({"reason": "clone"}),
             fail_safe: None,
             latency_us: 7,
@@ -350,5 +479,114 @@ mod tests {
             .map(|l| serde_json::from_str::<DecisionRecord>(&l).unwrap().id)
             .collect();
         assert!(ids.windows(2).all(|w| w[0] != w[1]), "{ids:?}");
+    }
+
+    #[test]
+    fn the_secret_rule() {
+        for secret in [
+            "vm.cocoonstack.io/user-data",
+            "cloud-init",
+            "userData",
+            "example.com/db-password",
+            "api-token",
+            "apiKey",
+            "ssh-authorized-keys",
+            "AWS_SECRET_ACCESS_KEY",
+            "registry-credentials",
+        ] {
+            assert!(looks_secret(secret), "{secret}");
+        }
+        for plain in [
+            "vm.cocoonstack.io/keep-snapshot-on-delete",
+            "cocoonset.cocoonstack.io/image",
+            "vm.cocoonstack.io/name",
+            "key",
+            "app.kubernetes.io/name",
+            "user",
+        ] {
+            assert_eq!(looks_secret(plain), plain == "key", "{plain}");
+        }
+        let (facts, redacted_any) = redact_secrets(json!({
+            "annotations": [{"key": "db-password", "value": "hunter2"}, {"key": "name", "value": "vm1"}],
+            "api-token": "t0k3n",
+        }));
+        assert!(redacted_any);
+        assert_eq!(facts["annotations"][1]["value"], "vm1");
+        assert_eq!(
+            facts["annotations"][0]["value"],
+            format!(
+                "[redacted: 7 bytes, sha256:{}]",
+                &crate::policy::cache::sha256_hex(b"hunter2")[..12]
+            )
+        );
+        assert!(facts["api-token"].as_str().unwrap().starts_with("[redacted: 5 bytes"));
+        assert_eq!(redact_secrets(json!({"name": "vm1"})), (json!({"name": "vm1"}), false));
+    }
+
+    #[test]
+    fn the_log_file_is_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let log = DecisionLog::open(LogTarget::File {
+            path: path.clone(),
+            max_bytes: 1 << 20,
+        })
+        .unwrap();
+        log.write(&record(&log, json!({"name": "vm1"})));
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the decision log is created {mode:o}");
+    }
+
+    #[test]
+    fn a_symlink_at_the_log_path_is_refused() {
+        // A link planted where the log goes: the daemon must not write through it.
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "precious\n").unwrap();
+        let planted = dir.path().join("planted.jsonl");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let opened = DecisionLog::open(LogTarget::File {
+            path: planted,
+            max_bytes: 1 << 20,
+        });
+        if let Ok(log) = &opened {
+            log.write(&record(log, json!({"name": "vm1"})));
+        }
+        assert_eq!(
+            fs::read_to_string(&victim).unwrap(),
+            "precious\n",
+            "written through the link"
+        );
+        let error = opened.expect_err("a symlink is refused").to_string();
+        assert!(error.contains("symbolic link"), "{error}");
+    }
+
+    #[test]
+    fn secret_looking_annotations_are_not_logged() {
+        use crate::policy::input::{DecisionInput, facts_for};
+        use crate::policy::slots::BringUp;
+        use crate::policy::{Policies, PolicyEngine, PolicyMetrics, SandboxLimits};
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let log = DecisionLog::open(LogTarget::File {
+            path: path.clone(),
+            max_bytes: 1 << 20,
+        })
+        .unwrap();
+        let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+        let policies = Policies::with_defaults(engine, None, PolicyMetrics::unregistered())
+            .unwrap()
+            .with_decision_log(Some(log));
+        let input: DecisionInput = serde_yaml_ng::from_str(
+            "pod: {metadata: {namespace: ns, name: p, annotations: {vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'snap:v1', vm.cocoonstack.io/user-data: '#cloud-config\\npassword: hunter2-user-data', example.com/db-password: hunter2-password, example.com/api-token: hunter2-token}}}",
+        )
+        .unwrap();
+        let facts = facts_for::<BringUp>(&input).unwrap();
+        assert_eq!(policies.decide::<BringUp>(&facts).reason, "clone");
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("hunter2"), "a secret reached the decision log: {text}");
+        assert!(text.contains("snap:v1"), "other annotations are kept: {text}");
     }
 }

@@ -222,17 +222,18 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8(buf).unwrap_or_default()
 }
 
-/// `VK_METRICS_ADDR` (`:9091` = all interfaces, port 9091).
 /// The `/metrics` listener.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Metrics")]
 pub struct MetricsArgs {
-    /// Address of the /metrics listener (host:port or :port)
-    #[arg(long, env = "VK_METRICS_ADDR", value_name = "ADDR", default_value = ":9091",
+    /// Address of the /metrics listener (host:port, or :port for every interface); loopback by
+    /// default: the endpoint is unauthenticated and names every pod and VM of the node
+    #[arg(long, env = "VK_METRICS_ADDR", value_name = "ADDR", default_value = "127.0.0.1:9091",
           value_parser = crate::settings::parser("VK_METRICS_ADDR", "host:port or :port", parse_listen_addr))]
     pub metrics_addr: std::net::SocketAddr,
 }
 
+/// `host:port`, or `:port` for every interface (`0.0.0.0:port`).
 pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
     let v = value.trim();
     let full = if v.starts_with(':') {
@@ -243,29 +244,48 @@ pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
     full.parse().map_err(|e| format!("not host:port or :port ({e})"))
 }
 
-/// Serves `GET /metrics` until `shutdown`. Gathering runs off the async workers: collectors
-/// such as the VM stats read files.
+/// The `/metrics` listener: plain HTTP within `limits`.
+pub fn listener(limits: crate::listener::Limits) -> std::sync::Arc<crate::listener::Listener> {
+    crate::listener::Listener::new("metrics", limits, None)
+}
+
+/// Renders running at once. Each takes a thread of the blocking pool (shared with peer reads,
+/// log reads and policy fetches) and the stats sampler's lock; a scrape flood waits for a turn
+/// on the async side instead of filling the pool.
+pub const MAX_RENDERS: usize = 2;
+
+/// Serves `GET /metrics` on `tcp` through `listener` until `shutdown`. Gathering runs off the
+/// async workers (collectors such as the VM stats read files), at most [`MAX_RENDERS`] at once.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    tcp: tokio::net::TcpListener,
+    listener: std::sync::Arc<crate::listener::Listener>,
     registry: Registry,
     shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
+) {
     use axum::routing::get;
+    let renders = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_RENDERS));
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
             let registry = registry.clone();
+            let renders = renders.clone();
             async move {
-                let text = tokio::task::spawn_blocking(move || render(&registry))
+                // The turn goes with the render: a scraper that hangs up does not free it
+                // before the blocking thread is done.
+                let text = match renders.acquire_owned().await {
+                    Ok(turn) => tokio::task::spawn_blocking(move || {
+                        let _turn = turn;
+                        render(&registry)
+                    })
                     .await
-                    .unwrap_or_default();
+                    .unwrap_or_default(),
+                    Err(_) => String::new(),
+                };
                 ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
             }
         }),
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    listener.serve(tcp, app, shutdown).await;
 }
 
 #[cfg(test)]
@@ -293,9 +313,131 @@ mod tests {
         );
     }
 
+    /// A collector that takes `work` to gather (a slow stats read) and records how many
+    /// gathers ran at once.
+    struct Slow {
+        work: std::time::Duration,
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        desc: Vec<prometheus::core::Desc>,
+    }
+
+    impl prometheus::core::Collector for Slow {
+        fn desc(&self) -> Vec<&prometheus::core::Desc> {
+            self.desc.iter().collect()
+        }
+
+        fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+            use std::sync::atomic::Ordering;
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            // Stands for the sampler's file reads under its lock, not for synchronisation.
+            std::thread::sleep(self.work);
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            Vec::new()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scrape_flood_gathers_at_most_two_at_once() {
+        let slow = std::sync::Arc::new(Slow {
+            work: std::time::Duration::from_millis(20),
+            running: Default::default(),
+            most: Default::default(),
+            desc: Vec::new(),
+        });
+        struct Shared(std::sync::Arc<Slow>);
+        impl prometheus::core::Collector for Shared {
+            fn desc(&self) -> Vec<&prometheus::core::Desc> {
+                self.0.desc()
+            }
+            fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+                self.0.collect()
+            }
+        }
+        let registry = Registry::new();
+        registry.register(Box::new(Shared(slow.clone()))).unwrap();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = listener(crate::listener::Limits::with_cap(1000));
+        tokio::spawn(serve(tcp, server, registry, stop.clone()));
+        let http = reqwest::Client::new();
+        let scrapes: Vec<_> = (0..200)
+            .map(|_| {
+                let http = http.clone();
+                tokio::spawn(async move {
+                    http.get(format!("http://{addr}/metrics"))
+                        .send()
+                        .await
+                        .map(|r| r.status())
+                })
+            })
+            .collect();
+        for s in scrapes {
+            assert_eq!(s.await.unwrap().unwrap(), 200, "every scrape is answered");
+        }
+        let most = slow.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most <= MAX_RENDERS, "{most} gathers ran at once on the blocking pool");
+        stop.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn half_requests_to_metrics_are_closed_at_the_header_deadline_and_capped() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::time::Instant;
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let limits = crate::listener::Limits {
+            header_timeout: Duration::from_secs(1),
+            ..crate::listener::Limits::with_cap(32)
+        };
+        let server = listener(limits);
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(serve(tcp, server.clone(), Registry::new(), stop.clone()));
+        let flood: Vec<_> = (0..300)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let opened = Instant::now();
+                    let _ = c.write_all(b"GET /metrics HTTP/1.1\r\n").await;
+                    let mut buf = [0u8; 64];
+                    let closed = async {
+                        loop {
+                            match c.read(&mut buf).await {
+                                Ok(0) | Err(_) => return opened.elapsed(),
+                                Ok(_) => {}
+                            }
+                        }
+                    };
+                    tokio::time::timeout(Duration::from_secs(15), closed)
+                        .await
+                        .expect("a half-request to /metrics is still open after 15 s")
+                })
+            })
+            .collect();
+        let mut closes = Vec::new();
+        for c in flood {
+            closes.push(c.await.unwrap());
+        }
+        let held = closes.iter().filter(|d| **d >= limits.header_timeout).count();
+        assert!(held >= 32, "{held} connections waited for the deadline: {closes:?}");
+        // One whose close was read late can look held: hence at least.
+        assert!(server.refused_connections() as usize + held >= 300);
+        assert!(closes.iter().all(|d| *d < limits.header_timeout * 3), "{closes:?}");
+        stop.cancel();
+    }
+
     #[test]
     fn listen_addresses() {
         assert_eq!(parse_listen_addr(":9091").unwrap().to_string(), "0.0.0.0:9091");
+        let default = crate::settings::parse_lookup::<MetricsArgs>(|_| None).unwrap();
+        assert_eq!(
+            default.metrics_addr.to_string(),
+            "127.0.0.1:9091",
+            "loopback unless asked"
+        );
         assert_eq!(parse_listen_addr("127.0.0.1:1").unwrap().to_string(), "127.0.0.1:1");
         assert!(parse_listen_addr("nope").is_err());
     }

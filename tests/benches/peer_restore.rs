@@ -124,7 +124,9 @@ async fn bench() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let stop = CancellationToken::new();
-    tokio::spawn(server.serve(listener, stop.clone()));
+    let limits = vk_cocoon::listener::Limits::with_cap(256);
+    let peer_listener = vk_cocoon::listener::Listener::new("peer", limits, None);
+    tokio::spawn(server.serve(listener, peer_listener, stop.clone()));
     let nodes: kube::Api<Node> = kube::Api::all(env.server.client());
     let mut node = Node::default();
     node.metadata.name = Some(NODE_A.into());

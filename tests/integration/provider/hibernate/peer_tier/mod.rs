@@ -21,6 +21,7 @@ use hyper::body::Frame;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
+use vk_cocoon::listener::{Limits, Listener};
 use vk_cocoon::peer::protocol::{CRC_TRAILER, Plan};
 use vk_cocoon::peer::server::MAX_STREAMS;
 use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
@@ -29,6 +30,7 @@ use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
 
 use crate::provider_support::*;
 
+mod limits;
 mod reclaim;
 
 const IMAGE: &str = "cocoonset.cocoonstack.io/image";
@@ -43,7 +45,18 @@ struct NodeA {
     sim: Sim,
     runtime: Arc<CocoonCli>,
     addr: SocketAddr,
+    /// The peer port's listener (its open connections, its refusals).
+    listener: Arc<Listener>,
     stop: CancellationToken,
+}
+
+/// Node A's peer port: the daemon's cap, and a header deadline short enough for a test to wait
+/// for (a client of these tests sends its headers at once).
+fn peer_limits() -> Limits {
+    Limits {
+        header_timeout: std::time::Duration::from_secs(2),
+        ..Limits::with_cap(256)
+    }
 }
 
 impl Drop for NodeA {
@@ -90,12 +103,14 @@ async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(server.serve(listener, stop.clone()));
+    let peer_listener = Listener::new("peer", peer_limits(), None);
+    tokio::spawn(server.serve(listener, peer_listener.clone(), stop.clone()));
     NodeA {
         _dir: dir,
         sim,
         runtime,
         addr,
+        listener: peer_listener,
         stop,
     }
 }
