@@ -94,13 +94,14 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let api_cfg = ApiConfig::from_args(&args.api, kubelet.kubelet_port).map_err(|e| anyhow!("{e}"))?;
     let paths = HostPaths::from_args(&args.paths, &root_dir);
     let guest_networks = GuestNetworks::from_settings(args.probes.probe_networks.clone(), &args.cocoon_net.leases_path);
-    let provider_cfg = ProviderConfig::from_args(
+    let mut provider_cfg = ProviderConfig::from_args(
         &args.provider,
         &kubelet.node_name,
         kubelet.snapshot_cpu_class.as_deref(),
         &root_dir,
         guest_networks,
     );
+    provider_cfg.run_dir = paths.run_dir.clone();
     let peer_cfg = PeerConfig::from_args(&args.peer, &root_dir).map_err(|e| anyhow!("{e}"))?;
     let registry_cfg = RegistryConfig::from_args(&args.registry).map_err(|e| anyhow!("{e}"))?;
     // Before anything is loaded or registered: a cocoon that predates the daemon's verbs fails

@@ -18,8 +18,11 @@ pub struct ProviderConfig {
     pub restore_mode: RestoreMode,
     /// `VK_ORPHAN_POLICY`.
     pub orphan_policy: OrphanPolicy,
-    /// `COCOON_ROOT_DIR`: where cocoon keeps a VM's run dir (the cloud-image overlay is read there).
+    /// `COCOON_ROOT_DIR`.
     pub root_dir: PathBuf,
+    /// cocoon's run directory (`COCOON_RUN_DIR`, default `<root>/run`): a VM's
+    /// `<backend>/<id>/` holds its cloud-image overlay and its serial console socket.
+    pub run_dir: PathBuf,
     /// `VK_STATE_DIR`: what the daemon keeps across restarts (which pod holds each VM name);
     /// `None` keeps it in memory only.
     pub state_dir: Option<PathBuf>,
@@ -82,6 +85,7 @@ impl ProviderConfig {
             restore_mode: args.restore_mode,
             orphan_policy: args.orphan_policy,
             root_dir: root_dir.to_path_buf(),
+            run_dir: root_dir.join("run"),
             state_dir: Some(args.state_dir.clone().unwrap_or_else(|| root_dir.join("vk-state"))),
             clone_roots: args
                 .clone_from_dir_roots
@@ -169,6 +173,8 @@ pub struct Timings {
     /// Guest fixup: pause between `vm exec` attempts, and the whole budget.
     pub fixup_interval: Duration,
     pub fixup_budget: Duration,
+    /// Setting a Windows guest's static addresses at its serial console.
+    pub sac: super::sac::SacTimings,
     /// Waiting for a DHCP lease before Ready, its poll, and when a Windows guest gets one renew nudge.
     pub ip_wait: Duration,
     pub ip_poll: Duration,
@@ -207,6 +213,7 @@ impl Default for Timings {
             probe: ProbeTimings::default(),
             fixup_interval: Duration::from_secs(3),
             fixup_budget: Duration::from_secs(180),
+            sac: super::sac::SacTimings::default(),
             ip_wait: Duration::from_secs(45),
             ip_poll: Duration::from_millis(200),
             renew_nudge_after: Duration::from_secs(30),

@@ -82,9 +82,21 @@ impl CocoonProvider {
     }
 
     async fn guest_work(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
-        if let Finish::Fixup { origin, source_image } = finish
-            && let Fixed::Failed = self.fixup(pod, pkey, vm, origin, &source_image, wake).await
+        if let Finish::Fixup { origin, source_image } = &finish
+            && let Fixed::Failed = self.fixup(pod, pkey, vm, *origin, source_image, wake).await
         {
+            return;
+        }
+        // A run boots with its own network configuration: Ready needs no lease wait (the probe
+        // still gates it), as before the fixup policy was asked after a run.
+        if matches!(
+            finish,
+            Finish::Fixup {
+                origin: BootOrigin::Run,
+                ..
+            }
+        ) {
+            self.publish_ready(pod, pkey).await;
             return;
         }
         self.ready_after_lease(pod, pkey, vm, wake).await;
@@ -97,13 +109,7 @@ impl CocoonProvider {
             crate::policy::contract::types::Backend::Firecracker => "firecracker",
             _ => "cloudhypervisor",
         };
-        let overlay = self
-            .cfg
-            .root_dir
-            .join("run")
-            .join(backend_dir)
-            .join(&vm.id)
-            .join("overlay.qcow2");
+        let overlay = self.cfg.run_dir.join(backend_dir).join(&vm.id).join("overlay.qcow2");
         Facts {
             pod: pod_facts(pod),
             spec: vm_spec::of_pod(pod),
@@ -170,10 +176,52 @@ impl CocoonProvider {
         }
     }
 
-    /// One `vm exec` per attempt, `fixup_interval` apart, within `fixup_budget`.
+    /// The fixup: its command (one `vm exec` per attempt, `fixup_interval` apart, within
+    /// `fixup_budget`), then its console addresses; `post-clone-state` is `done` only once both
+    /// are (a restart in between runs the fixup again: the command and the addresses are
+    /// idempotent).
     async fn run_fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, fixup: &Fixup, op: &str, wake: bool) -> Fixed {
-        let t = &self.cfg.timings;
         self.set_post_clone_state(pod, pkey, STATE_RUNNING).await;
+        let attempts = if fixup.argv.is_empty() {
+            0
+        } else {
+            match self.exec_fixup(pod, pkey, vm, fixup, op, wake).await {
+                Ok(attempts) => attempts,
+                Err(failed) => return failed,
+            }
+        };
+        if !fixup.console_addresses.is_empty()
+            && let Fixed::Failed = self.set_console_addresses(pod, pkey, vm, fixup, op, wake).await
+        {
+            return Fixed::Failed;
+        }
+        self.set_post_clone_state(pod, pkey, STATE_DONE).await;
+        let failed = self
+            .state
+            .intent(pkey)
+            .is_some_and(|i| i.state == LifecycleState::Failed);
+        if !failed {
+            self.ports.events.record(
+                pod,
+                false,
+                "PostCloneSucceeded",
+                format!("kind={} attempts={attempts}", kind_label(fixup.kind)),
+            );
+        }
+        Fixed::Proceed
+    }
+
+    /// Runs the fixup's command until it succeeds within the budget: `Ok(attempts)`.
+    async fn exec_fixup(
+        &self,
+        pod: &Pod,
+        pkey: &str,
+        vm: &VmRecord,
+        fixup: &Fixup,
+        op: &str,
+        wake: bool,
+    ) -> Result<u32, Fixed> {
+        let t = &self.cfg.timings;
         let spec = ExecSpec {
             argv: fixup.argv.clone(),
             ..Default::default()
@@ -200,7 +248,11 @@ impl CocoonProvider {
                         .postclone
                         .with_label_values(&[kind_label(fixup.kind), "ok"])
                         .inc();
-                    break;
+                    self.metrics
+                        .postclone_retry_attempts
+                        .with_label_values(&["ok"])
+                        .observe(f64::from(attempt));
+                    return Ok(attempt);
                 }
                 Err(error) => {
                     tracing::warn!(pod = %pkey, vm = %vm.id, attempt, %error, "guest fixup attempt failed");
@@ -212,30 +264,65 @@ impl CocoonProvider {
                     );
                     errors.push(format!("attempt {attempt}: {error}"));
                     if started.elapsed() + t.fixup_interval >= t.fixup_budget {
-                        return self.fixup_exhausted(pod, pkey, fixup, op, wake, attempt, &errors).await;
+                        return Err(self.fixup_exhausted(pod, pkey, fixup, op, wake, attempt, &errors).await);
                     }
                     tokio::time::sleep(t.fixup_interval).await;
                 }
             }
         }
-        self.metrics
-            .postclone_retry_attempts
-            .with_label_values(&["ok"])
-            .observe(f64::from(attempt));
-        self.set_post_clone_state(pod, pkey, STATE_DONE).await;
-        let failed = self
-            .state
-            .intent(pkey)
-            .is_some_and(|i| i.state == LifecycleState::Failed);
-        if !failed {
-            self.ports.events.record(
-                pod,
-                false,
-                "PostCloneSucceeded",
-                format!("kind={} attempts={attempt}", kind_label(fixup.kind)),
-            );
+    }
+
+    /// Sets the fixup's static addresses through the VM's serial console (Windows' SAC),
+    /// counted as kind `sac`. A failure fails the lifecycle (`WindowsStaticIPFailed`, after the
+    /// failed step's own Warning): the guest has no address to be reached at.
+    async fn set_console_addresses(
+        &self,
+        pod: &Pod,
+        pkey: &str,
+        vm: &VmRecord,
+        fixup: &Fixup,
+        op: &str,
+        wake: bool,
+    ) -> Fixed {
+        let console = self
+            .cfg
+            .run_dir
+            .join("cloudhypervisor")
+            .join(&vm.id)
+            .join("console.sock");
+        let nics = vm.network_configs.len();
+        let result = match fixup.console_addresses.iter().find(|a| a.nic as usize >= nics) {
+            Some(a) => Err(super::sac::SacError::Set {
+                command: format!("NIC {}", a.nic),
+                detail: format!("the VM has {nics} NICs: the guest-fixup policy named one it does not have"),
+            }),
+            None => super::sac::set_addresses(&console, nics, &fixup.console_addresses, &self.cfg.timings.sac).await,
+        };
+        match result {
+            Ok(()) => {
+                self.metrics.postclone.with_label_values(&["sac", "ok"]).inc();
+                tracing::info!(pod = %pkey, vm = %vm.id, addresses = fixup.console_addresses.len(), "static addresses set through the serial console");
+                Fixed::Proceed
+            }
+            Err(e) => {
+                self.metrics.postclone.with_label_values(&["sac", "failed"]).inc();
+                self.metrics.wake_ended(wake, false);
+                self.ports.events.record(
+                    pod,
+                    true,
+                    e.reason(),
+                    lifecycle::truncate(&e.to_string(), lifecycle::MAX_EVENT_NOTE),
+                );
+                self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
+                let message = format!(
+                    "setting the static addresses of vm {} through its serial console: {e}; set them by hand at the SAC> prompt (kubectl attach) and recreate the pod",
+                    vm.id
+                );
+                self.fail_op(pod, pkey, "WindowsStaticIPFailed", op, &message).await;
+                self.notify(pkey);
+                Fixed::Failed
+            }
         }
-        Fixed::Proceed
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -44,6 +44,7 @@ mod reclaim;
 pub mod reconcile;
 mod registry_adapter;
 mod resume;
+pub mod sac;
 mod serving;
 mod startup;
 pub mod status;

@@ -44,9 +44,28 @@ fn tenancy_differences() -> Vec<(Slot, &'static str, Value)> {
     .collect()
 }
 
+/// The console addresses of 0.3.0 (a Windows guest's static NICs set at its serial console): an
+/// older build sets none, and is not asked after a run (its host answers for it).
+fn console_differences() -> Vec<(Slot, &'static str, Value)> {
+    let not_asked = json!({"outcome": "None", "reason": "not-needed"});
+    vec![
+        (
+            Slot::GuestFixup,
+            "a windows clone's static NICs get their addresses at the console after the reset",
+            json!({"outcome": {"Run": {"kind": "Windows", "console-addresses": []}}, "reason": "windows"}),
+        ),
+        (
+            Slot::GuestFixup,
+            "a windows run with a static NIC sets its address at the console and runs nothing",
+            not_asked.clone(),
+        ),
+        (Slot::GuestFixup, "a linux run needs nothing", not_asked),
+    ]
+}
+
 /// Where the current defaults and the 0.2.0 builds differ on purpose.
 fn differences_from_0_2_0() -> Vec<(Slot, &'static str, Value)> {
-    tenancy_differences()
+    tenancy_differences().into_iter().chain(console_differences()).collect()
 }
 
 /// Where the current defaults and the 0.1.0 builds differ on purpose: (slot, case name, what the
@@ -199,6 +218,7 @@ fn differences_from_0_1_0() -> Vec<(Slot, &'static str, Value)> {
     ]
     .into_iter()
     .chain(tenancy_differences())
+    .chain(console_differences())
     .collect()
 }
 

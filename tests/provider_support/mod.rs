@@ -229,6 +229,13 @@ pub fn fast_timings() -> Timings {
         },
         fixup_interval: Duration::from_millis(200),
         fixup_budget: Duration::from_secs(3),
+        sac: vk_cocoon::provider::sac::SacTimings {
+            interval: Duration::from_millis(100),
+            dial_budget: Duration::from_secs(5),
+            enum_tries: 30,
+            verify_tries: 10,
+            reply_timeout: Duration::from_secs(2),
+        },
         ip_wait: Duration::from_secs(3),
         ip_poll: Duration::from_millis(50),
         renew_nudge_after: Duration::from_millis(1500),
@@ -304,10 +311,9 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
         node_class: opts.node_class.clone(),
         restore_mode: vk_cocoon::policy::contract::types::RestoreMode::Mmap,
         orphan_policy: opts.orphan,
-        root_dir: opts
-            .root_dir
-            .clone()
-            .unwrap_or_else(|| env.sim_dir.path().join("cocoon-root")),
+        root_dir: opts.root_dir.clone().unwrap_or_else(|| env.sim_dir.path().join("root")),
+        // The simulator's layout when COCOON_ROOT_DIR is unset: `<sim root>/root/run`.
+        run_dir: env.sim_dir.path().join("root/run"),
         // Kept beside the simulator's state: a restarted daemon of the same Env finds it.
         state_dir: Some(env.sim_dir.path().join("vk-state")),
         clone_roots: vk_cocoon::provider::clone_roots::CloneRoots::default_for(env.sim_dir.path()),

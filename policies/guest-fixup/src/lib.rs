@@ -1,5 +1,11 @@
 //! Default `guest-fixup` policy (behaviour spec §4e, decision 8): after a clone, fork,
-//! clone-from-dir or wake, decide which commands must run in the guest before it is usable.
+//! clone-from-dir, wake or run, decide which commands must run in the guest, and which static
+//! addresses must be set through its serial console, before it is usable.
+//!
+//! A Windows guest's static NICs get their addresses through the Special Administration
+//! Console (the host sets them after any command ran): after a clone, fork or clone-from-dir
+//! beside the network-device reset, and after a `run` alone. A wake keeps the guest's own
+//! configuration (it is the same guest), and a Linux guest gets its addresses from the script.
 //!
 //! A fixup is needed for a Windows guest, a firecracker guest, or any static NIC; a
 //! cloud-hypervisor Linux guest whose NICs all use DHCP heals itself. Unmanaged pods get no
@@ -33,7 +39,9 @@ wit_bindgen::generate!({
 });
 
 use cocoonstack::vk_policy::types::{Backend, EventReason, GuestOs, Refusal, RefusalKind};
-pub use exports::cocoonstack::vk_policy::guest_fixup::{BootOrigin, Decision, Facts, Fixup, FixupKind, Nic, Outcome};
+pub use exports::cocoonstack::vk_policy::guest_fixup::{
+    BootOrigin, ConsoleAddress, Decision, Facts, Fixup, FixupKind, Nic, Outcome,
+};
 // The no_std runtime glue (allocator, panic handler, cabi_realloc) lives in the support crate.
 use vk_policy_support as _;
 
@@ -113,6 +121,9 @@ pub fn decide(facts: &Facts) -> Decision {
             format!("vm {vm} is not managed by vk-cocoon: guest work after the {after} is the operator's"),
         );
     }
+    if facts.origin == BootOrigin::Run {
+        return after_run(facts, &vm);
+    }
     let Some(kind) = classify(facts) else {
         return none(
             "not-needed",
@@ -120,11 +131,102 @@ pub fn decide(facts: &Facts) -> Decision {
         );
     };
     if kind == Kind::Windows {
-        // The PowerShell command is fixed text: nothing from the facts reaches it.
-        let message = format!("vm {vm} needs a windows fixup after the {after}: re-enable its network devices");
-        return run(kind, script::windows_argv(), script::windows_hint(), message);
+        return windows(facts, &vm, after);
     }
     linux(facts, kind, &vm, after)
+}
+
+/// A fresh `run` boots with the configuration its image and cocoon gave it; only a Windows
+/// guest's static addresses need setting, through its console.
+fn after_run(facts: &Facts, vm: &str) -> Decision {
+    if facts.spec.os != GuestOs::Windows || static_nics(facts) == 0 {
+        return none(
+            "not-needed",
+            format!("vm {vm} needs no guest fixup after the run: only a Windows guest's static addresses are set"),
+        );
+    }
+    if let Some(refused) = unsafe_nic(facts, vm) {
+        return refused;
+    }
+    let addresses = console_addresses(facts);
+    let message = format!(
+        "vm {vm} needs its static addresses set through the serial console after the run: {}",
+        count(addresses.len(), "static NIC")
+    );
+    let hint = script::sac_hint(&addresses);
+    run_with(Kind::Windows, alloc::vec::Vec::new(), hint, addresses, message)
+}
+
+/// The network-device reset, then (static NICs) the addresses through the console; a wake
+/// keeps the guest's own configuration.
+fn windows(facts: &Facts, vm: &str, after: &str) -> Decision {
+    // The PowerShell command is fixed text: nothing from the facts reaches it.
+    let mut message = format!("vm {vm} needs a windows fixup after the {after}: re-enable its network devices");
+    if facts.origin == BootOrigin::Wake || static_nics(facts) == 0 {
+        return run(Kind::Windows, script::windows_argv(), script::windows_hint(), message);
+    }
+    if let Some(refused) = unsafe_nic(facts, vm) {
+        return refused;
+    }
+    let addresses = console_addresses(facts);
+    message.push_str(&format!(
+        ", then set {} through the serial console",
+        count(addresses.len(), "static address")
+    ));
+    let hint = format!("{}\n{}", script::windows_hint(), script::sac_hint(&addresses));
+    run_with(Kind::Windows, script::windows_argv(), hint, addresses, message)
+}
+
+/// The static NICs' addresses as the console sets them: a prefix outside 1..=32 is a /24 (the
+/// mask Windows would be given otherwise is meaningless).
+fn console_addresses(facts: &Facts) -> alloc::vec::Vec<ConsoleAddress> {
+    facts
+        .nics
+        .iter()
+        .enumerate()
+        .filter(|(_, nic)| !nic.ip.is_empty())
+        .map(|(i, nic)| ConsoleAddress {
+            nic: i as u32,
+            ip: nic.ip.clone(),
+            prefix: if (1..=32).contains(&nic.prefix) { nic.prefix } else { 24 },
+            gateway: nic.gateway.clone(),
+        })
+        .collect()
+}
+
+/// A NIC value that would reach the guest outside its safe character set: the MAC and the
+/// addresses of a Linux script, the static addresses typed at a Windows console.
+fn unsafe_nic(facts: &Facts, vm: &str) -> Option<Decision> {
+    let (i, field, value) = if facts.spec.os == GuestOs::Windows {
+        facts.nics.iter().enumerate().find_map(|(i, nic)| {
+            if !safety::is_safe_ipv4_text(&nic.ip) {
+                Some((i, "ip", nic.ip.as_str()))
+            } else if !safety::is_safe_ipv4_text(&nic.gateway) {
+                Some((i, "gateway", nic.gateway.as_str()))
+            } else {
+                None
+            }
+        })?
+    } else {
+        safety::first_unsafe_nic(&facts.nics)?
+    };
+    let allowed = if field == "mac" {
+        "a non-empty run of hex digits and ':'"
+    } else {
+        "IPv4 digits and '.'"
+    };
+    let into = if facts.spec.os == GuestOs::Windows {
+        "typed at the guest's serial console"
+    } else {
+        "written into the guest script"
+    };
+    Some(refuse(
+        "unsafe-nic",
+        format!(
+            "NIC {i} (eth{i}) of vm {vm} has an unsafe {field} {}: only {allowed} may be {into}; nothing was run: fix the VM's network record and recreate the pod",
+            safety::quoted(value)
+        ),
+    ))
 }
 
 fn linux(facts: &Facts, kind: Kind, vm: &str, after: &str) -> Decision {
@@ -138,19 +240,8 @@ fn linux(facts: &Facts, kind: Kind, vm: &str, after: &str) -> Decision {
             ),
         );
     }
-    if let Some((i, field, value)) = safety::first_unsafe_nic(&facts.nics) {
-        let allowed = if field == "mac" {
-            "a non-empty run of hex digits and ':'"
-        } else {
-            "IPv4 digits and '.'"
-        };
-        return refuse(
-            "unsafe-nic",
-            format!(
-                "NIC {i} (eth{i}) of vm {vm} has an unsafe {field} {}: only {allowed} may be written into the guest script; nothing was run: fix the VM's network record and recreate the pod",
-                safety::quoted(value)
-            ),
-        );
+    if let Some(refused) = unsafe_nic(facts, vm) {
+        return refused;
     }
     let firecracker = kind == Kind::LinuxFc;
     let network = if is_cloud_image(facts) {
@@ -197,6 +288,7 @@ fn origin_name(origin: BootOrigin) -> &'static str {
         BootOrigin::Fork => "fork",
         BootOrigin::CloneFromDir => "clone-from-dir",
         BootOrigin::Wake => "wake",
+        BootOrigin::Run => "run",
     }
 }
 
@@ -209,11 +301,22 @@ fn count(n: usize, noun: &str) -> String {
 }
 
 fn run(kind: Kind, argv: alloc::vec::Vec<String>, hint: String, message: String) -> Decision {
+    run_with(kind, argv, hint, alloc::vec::Vec::new(), message)
+}
+
+fn run_with(
+    kind: Kind,
+    argv: alloc::vec::Vec<String>,
+    hint: String,
+    console_addresses: alloc::vec::Vec<ConsoleAddress>,
+    message: String,
+) -> Decision {
     Decision {
         outcome: Outcome::Run(Fixup {
             kind: kind.wit(),
             argv,
             hint,
+            console_addresses,
         }),
         reason: kind.reason().into(),
         message,

@@ -22,7 +22,7 @@ fn is_safe_mac(mac: &str) -> bool {
 }
 
 /// IPv4 text: digits and dots only ("" is allowed: DHCP, or no gateway).
-fn is_safe_ipv4_text(text: &str) -> bool {
+pub(crate) fn is_safe_ipv4_text(text: &str) -> bool {
     text.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 

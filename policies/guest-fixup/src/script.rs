@@ -24,6 +24,29 @@ pub fn windows_hint() -> String {
     format!("powershell -nop -c '{WINDOWS_PS}'")
 }
 
+/// What an operator types at the serial console's `SAC>` prompt (`kubectl attach`) to set the
+/// static addresses by hand: `i` lists the interfaces with their net numbers.
+pub fn sac_hint(addresses: &[crate::ConsoleAddress]) -> String {
+    let mut hint = String::from("# at the SAC> prompt of the VM's serial console; `i` lists the interfaces (Net: <n>)");
+    for a in addresses {
+        hint.push_str(&format!(
+            "\ni <net of NIC {}> {} {} {}",
+            a.nic,
+            a.ip,
+            dotted_mask(a.prefix),
+            a.gateway
+        ));
+    }
+    hint
+}
+
+/// The dotted IPv4 mask of a prefix length (1..=32).
+pub fn dotted_mask(prefix: u32) -> String {
+    let bits: u32 = if prefix >= 32 { u32::MAX } else { !(u32::MAX >> prefix) };
+    let [a, b, c, d] = bits.to_be_bytes();
+    format!("{a}.{b}.{c}.{d}")
+}
+
 /// How the guest gets its network configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetworkConfig {

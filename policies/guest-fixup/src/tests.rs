@@ -226,11 +226,64 @@ fn windows_runs_the_fixed_powershell_reset() {
     ));
     let f = fixup(&d);
     assert_eq!(f.argv, ["powershell", "-nop", "-c", WINDOWS_PS]);
-    assert_eq!(f.hint, "powershell -nop -c '".to_string() + WINDOWS_PS + "'");
+    assert!(
+        f.hint
+            .starts_with(&("powershell -nop -c '".to_string() + WINDOWS_PS + "'"))
+    );
     assert!(
         !f.argv.concat().contains("reboot"),
         "nothing from the NIC record reaches the command"
     );
+    // The static NIC's address is set through the console after the reset.
+    assert_eq!(
+        f.console_addresses,
+        [ConsoleAddress {
+            nic: 0,
+            ip: "10.0.0.2".into(),
+            prefix: 24,
+            gateway: "10.0.0.1".into()
+        }]
+    );
+    assert!(
+        f.hint.ends_with("i <net of NIC 0> 10.0.0.2 255.255.255.0 10.0.0.1"),
+        "{}",
+        f.hint
+    );
+}
+
+#[test]
+fn a_windows_guest_gets_its_static_addresses_through_the_console_after_a_run_but_not_after_a_wake() {
+    let mut run = facts(
+        "windows",
+        "cloud-hypervisor",
+        vec![dhcp("52:54:00:00:00:01"), fixed("52:54:00:00:00:02", "10.0.0.3")],
+    );
+    run.origin = BootOrigin::Run;
+    run.nics[1].prefix = 0;
+    let d = decide(&run);
+    let f = fixup(&d);
+    assert!(f.argv.is_empty(), "nothing to exec after a run");
+    assert_eq!(f.console_addresses.len(), 1);
+    assert_eq!(
+        (f.console_addresses[0].nic, f.console_addresses[0].prefix),
+        (1, 24),
+        "a prefix of 0 is a /24"
+    );
+    // A Linux run, or a Windows run with DHCP only: nothing.
+    let mut linux = run.clone();
+    linux.spec.os = GuestOs::Linux;
+    assert_eq!(decide(&linux).outcome, Outcome::None);
+    let mut dhcp_only = run.clone();
+    dhcp_only.nics.truncate(1);
+    assert_eq!(decide(&dhcp_only).outcome, Outcome::None);
+    // A wake keeps the guest's own configuration: the reset only.
+    let mut wake = run.clone();
+    wake.origin = BootOrigin::Wake;
+    assert!(fixup(&decide(&wake)).console_addresses.is_empty());
+    // An address that is not IPv4 text is never typed at the console.
+    let mut hostile = run.clone();
+    hostile.nics[1].ip = "10.0.0.3\ni 1 6.6.6.6".into();
+    assert_eq!(decide(&hostile).reason, "unsafe-nic");
 }
 
 #[test]

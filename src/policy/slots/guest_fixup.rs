@@ -1,5 +1,6 @@
-//! Slot `guest-fixup`: after a clone, fork, clone-from-dir or wake, which commands must run in
-//! the guest before it is usable?
+//! Slot `guest-fixup`: after a clone, fork, clone-from-dir, wake or run, which commands must run
+//! in the guest, and which static addresses must be set through its serial console, before it
+//! is usable?
 
 use wasmtime::Store;
 
@@ -29,6 +30,16 @@ pub fn kind_label(kind: FixupKind) -> &'static str {
         FixupKind::LinuxFc => "linux_fc",
         FixupKind::LinuxStatic => "linux_static",
         FixupKind::Other => "other",
+    }
+}
+
+/// What the host answers for a component built before 0.3.0 after a `run`: it was never asked
+/// there, and nothing ran (as before).
+fn not_asked_before_0_3() -> Decision {
+    Decision {
+        outcome: Outcome::None,
+        reason: "not-needed".into(),
+        message: "a policy built before contract 0.3.0 is not asked after a run: nothing to do in the guest".into(),
     }
 }
 
@@ -79,6 +90,7 @@ impl PolicySlot for GuestFixup {
                 BootOrigin::Fork => old::BootOrigin::Fork,
                 BootOrigin::CloneFromDir => old::BootOrigin::CloneFromDir,
                 BootOrigin::Wake => old::BootOrigin::Wake,
+                BootOrigin::Run => return Ok(Ok(not_asked_before_0_3())),
             },
             source_image: facts.source_image.clone(),
             cloudimg_overlay: facts.cloudimg_overlay,
@@ -109,6 +121,7 @@ impl PolicySlot for GuestFixup {
                     kind,
                     argv: f.argv,
                     hint: f.hint,
+                    console_addresses: Vec::new(),
                 })
             }
         };
@@ -119,14 +132,22 @@ impl PolicySlot for GuestFixup {
         }))
     }
 
+    /// A 0.2.0 fixup has no console addresses: it sets none.
     fn call_v0_2(
         world: &v0_2::GuestFixupPolicy,
         store: &mut Store<Sandbox>,
         facts: &Facts,
     ) -> wasmtime::Result<Result<Decision, String>> {
+        if facts.origin == BootOrigin::Run {
+            return Ok(Ok(not_asked_before_0_3()));
+        }
         let d = world
             .cocoonstack_vk_policy_guest_fixup()
             .call_decide(store, &legacy::down(facts)?)?;
+        let mut d = serde_json::to_value(&d).map_err(wasmtime::Error::msg)?;
+        if let Some(fixup) = d.pointer_mut("/outcome/Run").and_then(|f| f.as_object_mut()) {
+            fixup.insert("console_addresses".into(), serde_json::Value::Array(Vec::new()));
+        }
         Ok(legacy::up(&d))
     }
 
@@ -142,13 +163,32 @@ impl PolicySlot for GuestFixup {
     }
 
     /// A fixup the host can exec: the argv becomes `cocoon vm exec` arguments (a NUL cannot
-    /// pass through exec), the hint an annotation.
+    /// pass through exec), the hint an annotation, the console addresses SAC commands (dotted
+    /// IPv4, a prefix the mask can express; the NIC's index is checked against the facts by the
+    /// host).
     fn check(decision: &Decision) -> Result<(), String> {
         let Outcome::Run(fixup) = &decision.outcome else {
             return Ok(());
         };
-        if fixup.argv.is_empty() {
-            return Err("a run fixup needs a non-empty argv".into());
+        if fixup.argv.is_empty() && fixup.console_addresses.is_empty() {
+            return Err("a run fixup needs a non-empty argv or console addresses".into());
+        }
+        for (i, a) in fixup.console_addresses.iter().enumerate() {
+            if a.ip.parse::<std::net::Ipv4Addr>().is_err() {
+                return Err(format!(
+                    "console-addresses[{i}].ip {:?} is not a dotted IPv4 address",
+                    a.ip
+                ));
+            }
+            if !a.gateway.is_empty() && a.gateway.parse::<std::net::Ipv4Addr>().is_err() {
+                return Err(format!(
+                    "console-addresses[{i}].gateway {:?} is not a dotted IPv4 address",
+                    a.gateway
+                ));
+            }
+            if !(1..=32).contains(&a.prefix) {
+                return Err(format!("console-addresses[{i}].prefix {} is not 1..=32", a.prefix));
+            }
         }
         if let Some(i) = fixup.argv.iter().position(|arg| arg.contains('\0')) {
             return Err(format!("fixup argv[{i}] contains a NUL byte"));
@@ -201,6 +241,7 @@ impl PolicySlot for GuestFixup {
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::contract::guest_fixup::ConsoleAddress;
     use super::*;
 
     fn run(argv: &[&str], hint: &str) -> Decision {
@@ -209,6 +250,7 @@ mod tests {
                 kind: FixupKind::LinuxStatic,
                 argv: argv.iter().map(|a| a.to_string()).collect(),
                 hint: hint.into(),
+                console_addresses: Vec::new(),
             }),
             reason: "linux-static".into(),
             message: "m".into(),
@@ -221,13 +263,39 @@ mod tests {
         let big = "x".repeat((64 << 10) + 1);
         let half = "x".repeat(32 << 10);
         let bad = [
-            (run(&[], ""), "non-empty argv"),
+            (run(&[], ""), "non-empty argv or console addresses"),
             (run(&["sh", "-c", "a\0b"], ""), "argv[2] contains a NUL"),
             (run(&["sh", &half, &half], ""), "more than 65536"),
             (run(&["sh"], &big), "hint is 65537 bytes"),
         ];
         for (decision, expected) in bad {
             let error = GuestFixup::check(&decision).unwrap_err();
+            assert!(error.contains(expected), "{error} should mention {expected:?}");
+        }
+        let console = |ip: &str, prefix: u32, gateway: &str| {
+            let mut d = run(&[], "");
+            if let Outcome::Run(f) = &mut d.outcome {
+                f.console_addresses = vec![ConsoleAddress {
+                    nic: 0,
+                    ip: ip.into(),
+                    prefix,
+                    gateway: gateway.into(),
+                }];
+            }
+            d
+        };
+        assert_eq!(
+            GuestFixup::check(&console("10.0.0.2", 24, "10.0.0.1")),
+            Ok(()),
+            "addresses alone"
+        );
+        assert_eq!(GuestFixup::check(&console("10.0.0.2", 24, "")), Ok(()), "no gateway");
+        for (d, expected) in [
+            (console("10.0.0.2\ni 1 6.6.6.6", 24, ""), "is not a dotted IPv4"),
+            (console("10.0.0.2", 24, "gw"), "gateway \"gw\""),
+            (console("10.0.0.2", 0, ""), "prefix 0"),
+        ] {
+            let error = GuestFixup::check(&d).unwrap_err();
             assert!(error.contains(expected), "{error} should mention {expected:?}");
         }
         let mut bad_reason = run(&["sh"], "");

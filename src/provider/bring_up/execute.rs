@@ -213,11 +213,16 @@ async fn run(p: &CocoonProvider, ctx: &Ctx<'_>, plan: RunPlan) -> Result<Brought
         .run(&run)
         .await
         .map_err(|e| Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}")))?;
+    // The guest-fixup policy is asked after a run too: a Windows guest's static addresses are set
+    // at its console.
     Ok(BroughtUp {
         vm,
         restoring: false,
         adopted: false,
-        finish: Finish::ReadyNow,
+        finish: Finish::Fixup {
+            origin: BootOrigin::Run,
+            source_image: image,
+        },
     })
 }
 

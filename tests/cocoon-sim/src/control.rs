@@ -122,6 +122,10 @@ pub struct Settings {
     /// would: `GET` answers who it is, `POST` echoes its body (for port-forward).
     #[serde(default)]
     pub guest_http_ports: Vec<u16>,
+    /// A Windows guest's serial console accepts connections but never answers (a hung guest):
+    /// the Special Administration Console cannot be reached.
+    #[serde(default)]
+    pub console_silent: bool,
     /// cocoon-macos: the virtual size (bytes) of an image `image pull` stores; `vm run --storage`
     /// below it is refused as the real CLI refuses a shrink.
     #[serde(default = "default_macos_virtual_size")]
@@ -192,6 +196,7 @@ impl Default for Settings {
             vm_cow_data_bytes: default_vm_cow_data(),
             vm_net_tx_bytes: 0,
             guest_http_ports: Vec::new(),
+            console_silent: false,
             macos_image_virtual_size: default_macos_virtual_size(),
             macos_sshd: true,
             macos_mac_pending: false,

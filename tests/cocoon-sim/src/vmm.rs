@@ -92,6 +92,13 @@ pub struct Boot<'a> {
     /// The static IP of NIC 0 (none for DHCP NICs).
     pub ip: Option<&'a str>,
     pub guest_ports: &'a [u16],
+    /// A Windows guest: its console is the Special Administration Console, and its static
+    /// address is only up once set there.
+    pub windows: bool,
+    /// How many NICs the guest has (the interfaces SAC lists).
+    pub nics: usize,
+    /// The guest's console never answers.
+    pub console_silent: bool,
 }
 
 fn marker(sim_root: &Path, id: &str) -> PathBuf {
@@ -193,6 +200,11 @@ pub fn start(b: &Boot<'_>, layout: &Layout) -> std::io::Result<(i64, VmFiles)> {
             } else {
                 b.guest_ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
             },
+            &match (b.windows && b.hypervisor != "firecracker", b.console_silent) {
+                (true, false) => format!("sac:{}", b.nics),
+                (true, true) => format!("silent:{}", b.nics),
+                (false, _) => "getty".to_string(),
+            },
         ])
         .current_dir(&files.run_dir)
         .stdin(std::process::Stdio::null())
@@ -271,21 +283,38 @@ pub fn stop(sim_root: &Path, id: &str, pid: i64, files: Option<&VmFiles>, remove
 
 /// The body of the VMM process.
 pub fn main(args: &[String]) -> i32 {
-    let [root, id, rss, tap, tx, name, ip, ports] = args else {
-        eprintln!("usage: cocoon-sim __vmm SIM_ROOT VM_ID RSS_BYTES TAP TX_BYTES NAME IP PORTS");
+    let [root, id, rss, tap, tx, name, ip, ports, console_kind] = args else {
+        eprintln!("usage: cocoon-sim __vmm SIM_ROOT VM_ID RSS_BYTES TAP TX_BYTES NAME IP PORTS getty|sac:NICS");
         return 2;
     };
     let marker = marker(Path::new(root), id);
+    let silent = console_kind.starts_with("silent:");
+    let sac_nics = console_kind.split_once(':').and_then(|(_, n)| n.parse::<usize>().ok());
     // Sockets first: the TAP below moves this process into a network namespace of its own, and
     // the guest's services must stay reachable from the host's.
-    if let Err(e) = console::serve(Path::new("console.sock"), name) {
+    let served = match sac_nics {
+        Some(nics) => sac::serve(Path::new("console.sock"), nics, silent),
+        None => console::serve(Path::new("console.sock"), name),
+    };
+    if let Err(e) = served {
         eprintln!("console.sock: {e}");
     }
     if ip != "-" {
-        for port in ports.split(',').filter_map(|p| p.parse::<u16>().ok()) {
-            if let Err(e) = guest_http::serve(ip, port, name) {
-                eprintln!("guest port {ip}:{port}: {e}");
+        let ports: Vec<u16> = ports.split(',').filter_map(|p| p.parse::<u16>().ok()).collect();
+        let serve = {
+            let (ip, name) = (ip.clone(), name.clone());
+            move || {
+                for port in &ports {
+                    if let Err(e) = guest_http::serve(&ip, *port, &name) {
+                        eprintln!("guest port {ip}:{port}: {e}");
+                    }
+                }
             }
+        };
+        match sac_nics {
+            // A Windows guest's static NIC has no address until it is set at the console.
+            Some(_) => sac::when_set(ip.clone(), serve),
+            None => serve(),
         }
     }
     let me = std::process::id().to_string();
@@ -364,6 +393,156 @@ mod console {
                 return;
             }
         }
+    }
+}
+
+mod sac {
+    //! The serial console of a Windows guest: the Special Administration Console at its
+    //! `SAC>` prompt (one client at a time, as cloud-hypervisor serves the socket). `i` lists the
+    //! interfaces (`Net: <n>, Ip=...`, an IPv4 and an IPv6 line each), `i <n> <ip> <mask> <gw>`
+    //! sets one's static IPv4 address; what is set persists in the run directory (`sac.json`), as
+    //! Windows keeps it on its disk. A static address is unset (0.0.0.0) until set here.
+
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use serde::{Deserialize, Serialize};
+
+    const STATE: &str = "sac.json";
+
+    #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+    struct Net {
+        net: u32,
+        ip: String,
+        mask: String,
+        gateway: String,
+    }
+
+    fn load(nics: usize) -> Vec<Net> {
+        std::fs::read(STATE)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_else(|| {
+                // Windows numbers its interfaces with gaps.
+                (0..nics)
+                    .map(|k| Net {
+                        net: 7 + 4 * k as u32,
+                        ip: "0.0.0.0".into(),
+                        mask: "0.0.0.0".into(),
+                        gateway: "0.0.0.0".into(),
+                    })
+                    .collect()
+            })
+    }
+
+    fn save(nets: &[Net]) {
+        if let Ok(text) = serde_json::to_vec(nets) {
+            let _ = std::fs::write("sac.json.tmp", text).and_then(|()| std::fs::rename("sac.json.tmp", STATE));
+        }
+    }
+
+    pub fn serve(path: &Path, nics: usize, silent: bool) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let current: Arc<Mutex<Option<UnixStream>>> = Arc::default();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                if let Ok(mut held) = current.lock() {
+                    if let Some(old) = held.take() {
+                        let _ = old.shutdown(std::net::Shutdown::Both);
+                    }
+                    *held = conn.try_clone().ok();
+                }
+                if silent {
+                    // A hung guest: the connection is held, nothing is ever answered.
+                    std::mem::forget(conn);
+                    continue;
+                }
+                std::thread::spawn(move || session(conn, nics));
+            }
+        });
+        Ok(())
+    }
+
+    fn session(mut conn: UnixStream, nics: usize) {
+        let mut buf = [0u8; 1024];
+        let mut line = Vec::new();
+        loop {
+            let n = match conn.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            for &b in &buf[..n] {
+                if b != b'\r' && b != b'\n' {
+                    line.push(b);
+                    continue;
+                }
+                if b == b'\n' && line.is_empty() {
+                    continue;
+                }
+                let answer = command(&String::from_utf8_lossy(&line), nics);
+                line.clear();
+                if conn.write_all(format!("{answer}\r\nSAC>").as_bytes()).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn command(line: &str, nics: usize) -> String {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mut nets = load(nics);
+        match words.as_slice() {
+            [] => String::new(),
+            ["i"] => {
+                let mut out = String::from("\r\nSAC is retrieving IP Addresses...\r\n");
+                for n in &nets {
+                    out.push_str(&format!(
+                        "\r\nNet: {}, Ip={}  Subnet={}  Gateway={}\r\nNet: {}, Ip=fe80::{:x}",
+                        n.net, n.ip, n.mask, n.gateway, n.net, n.net
+                    ));
+                }
+                out
+            }
+            ["i", net, ip, mask, rest @ ..] if rest.len() <= 1 => {
+                let Some(n) = net
+                    .parse::<u32>()
+                    .ok()
+                    .and_then(|net| nets.iter_mut().find(|n| n.net == net))
+                else {
+                    return "\r\nThe specified network interface number is invalid.".into();
+                };
+                if ip.parse::<std::net::Ipv4Addr>().is_err() || mask.parse::<std::net::Ipv4Addr>().is_err() {
+                    return "\r\nThe specified IP address is invalid.".into();
+                }
+                n.ip = ip.to_string();
+                n.mask = mask.to_string();
+                n.gateway = rest.first().map_or("0.0.0.0", |g| *g).to_string();
+                save(&nets);
+                "\r\nSAC successfully set the IP address, subnet mask, and gateway.".into()
+            }
+            _ => "\r\nUnrecognized command.  Try 'help' for more information.".into(),
+        }
+    }
+
+    /// Runs `serve` once `ip` is set on an interface (checked every 100 ms, as the guest's
+    /// network would come up when configured).
+    pub fn when_set(ip: String, serve: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            loop {
+                let set = std::fs::read(STATE)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Vec<Net>>(&b).ok())
+                    .is_some_and(|nets| nets.iter().any(|n| n.ip == ip));
+                if set {
+                    serve();
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
     }
 }
 

@@ -9,5 +9,6 @@ mod network;
 mod policy;
 mod readiness;
 mod restart;
+mod sac;
 mod tenancy;
 mod watcher;

@@ -38,8 +38,10 @@ async fn registry_killed_mid_push_leaves_no_tag_and_says_so() {
     let (h, _) = saved_snapshot(192 << 20).await;
     let push = r.push_snapshot(&h.client, "vm", "vk-a", "latest", IMG);
     let killer = async {
-        // Kill once the registry holds part of an upload.
-        for _ in 0..3000 {
+        // Kill once the registry holds part of an upload (bounded by time: a loaded machine
+        // starts the upload late).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::time::Instant::now() < deadline {
             if reg.upload_bytes() > 0 {
                 reg.kill();
                 return true;
@@ -80,7 +82,9 @@ async fn a_push_to_a_registry_that_stops_answering_fails_after_the_stall_timeout
     let push = r.push_snapshot(&h.client, "vm", "vk-s", "latest", IMG);
     let freezer = async {
         // Freeze once the registry holds part of an upload: its sockets stay open, nothing moves.
-        for _ in 0..3000 {
+        // (Bounded by time, not by polls: a loaded machine starts the upload late.)
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::time::Instant::now() < deadline {
             if reg.upload_bytes() > 0 {
                 reg.freeze();
                 return true;

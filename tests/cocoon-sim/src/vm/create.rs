@@ -163,6 +163,9 @@ pub fn boot(
                 .and_then(|n| n.network.as_ref())
                 .map(|n| n.ip.as_str()),
             guest_ports: &settings.guest_http_ports,
+            windows: e.vm.config.windows,
+            nics: e.vm.network_configs.len(),
+            console_silent: settings.console_silent,
         },
         &layout,
     )
