@@ -24,6 +24,7 @@
 //!   behind their back (the fake apiserver's semantics tests compare API behaviour alone; a
 //!   test that signs its own short-lived certificates). [`KubeCluster::start`] gives a private
 //!   cluster, stopped when dropped.
+//! * [`operator::Operator`]: the real cocoon-operator as a process against a cluster.
 //! * Without the tools folder the tests are skipped with one line on stderr, except with
 //!   `CI=true`, where a missing folder is a failure.
 //! * Exactly the processes `start.sh` started are stopped — by its `stop.sh`, run by a small
@@ -39,6 +40,7 @@
 //! so the fake apiserver's semantics tests can run against it too.
 #![allow(dead_code)]
 
+pub mod operator;
 pub mod tools;
 
 use std::fmt::Write as _;

@@ -41,6 +41,22 @@ pub fn sibling_tool_dir(env: &str, name: &str) -> PathBuf {
     }
 }
 
+/// Overrides where CNCF Distribution v3 is (`registry.xz`; default: the `registry` folder beside
+/// the Kubernetes tools).
+pub const REGISTRY_TOOLS_ENV: &str = "VK_REGISTRY_TOOLS_DIR";
+
+/// The CNCF Distribution v3 registry binary (`registry.xz` unpacked), or why there is none.
+pub fn registry_v3_binary() -> Result<PathBuf, String> {
+    let archive = sibling_tool_dir(REGISTRY_TOOLS_ENV, "registry").join("registry.xz");
+    if !archive.is_file() {
+        return Err(format!(
+            "no CNCF Distribution v3 registry at {} (set {REGISTRY_TOOLS_ENV} to the folder with registry.xz)",
+            archive.display()
+        ));
+    }
+    unpacked(&archive)
+}
+
 /// `ARCHIVE` (`NAME.xz`) unpacked once into the build tree (`target/<profile>/kube-tools/`),
 /// keyed by the archive's size and mtime; concurrent test binaries race safely (write, then
 /// rename).
