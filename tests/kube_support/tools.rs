@@ -131,13 +131,15 @@ impl Watchdog {
     pub fn terminate(process: &Child, exe: &Path, dir: &Path) -> Result<Watchdog, String> {
         let pid = process.id().to_string();
         Watchdog::run_on_close(
-            r#"alive() { [ "$(readlink "/proc/$0/exe")" = "$1" ]; }
+            // Named first: inside a function, $1 and $2 are the function's own arguments.
+            r#"pid="$0" exe="$1" dir="$2"
+               alive() { [ "$(readlink "/proc/$pid/exe")" = "$exe" ]; }
                if alive; then
-                 kill -TERM "$0"
+                 kill -TERM "$pid"
                  i=0; while alive && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-                 alive && kill -KILL "$0"
+                 alive && kill -KILL "$pid"
                fi
-               rm -rf "$2""#,
+               rm -rf "$dir""#,
             &[pid.as_ref(), exe.as_os_str(), dir.as_os_str()],
         )
     }
