@@ -1,7 +1,8 @@
-//! A real Kubernetes control plane for tests: kube-apiserver v1.36 + etcd 3.6 from the project's
-//! tools folder (`../shared/tools/kubernetes` beside the repository, or `$VK_KUBE_TOOLS_DIR`),
-//! started by the folder's own `start.sh` on free loopback ports with its state in a temporary
-//! directory, and the daemon's identity made from `deploy/rbac.yaml`.
+//! A real Kubernetes control plane for tests: kube-apiserver, kube-scheduler and
+//! kube-controller-manager v1.36 + etcd 3.6 from the project's tools folder
+//! (`../shared/tools/kubernetes` beside the repository, or `$VK_KUBE_TOOLS_DIR`), started by the
+//! folder's own `start.sh` on free loopback ports with its state in a temporary directory, and
+//! the daemon's identity made from `deploy/rbac.yaml`.
 //!
 //! ```ignore
 //! let Some(cluster) = kube_support::shared().await else { return }; // skipped: tools missing
@@ -12,9 +13,18 @@
 //! // `vk-cocoon run` as a process: KUBECONFIG=cluster.daemon_kubeconfig_path()
 //! ```
 //!
-//! * [`shared`] gives the one cluster of a test binary (started on first use, ~4 s, ~330 MB):
-//!   tests share it and keep apart by namespace and node name ([`unique`]). [`KubeCluster::start`]
-//!   gives a private one, stopped when dropped.
+//! * [`shared`] gives the one cluster of a test binary (started on first use, ~6 s, ~500 MB):
+//!   tests share it and keep apart by namespace, node name ([`unique`]) and node pool. It is a
+//!   whole control plane ([`ControlPlane::Full`]): pods without a node are placed by the
+//!   scheduler, approved kubelet-serving CSRs are signed by the controller-manager, namespaces
+//!   get their `default` ServiceAccount from it, ownerReferences are garbage-collected, and a
+//!   node whose Lease stops being renewed is marked `Unknown` and tainted `unreachable`.
+//! * [`shared_apiserver_only`] and [`KubeCluster::start`] with [`ControlPlane::ApiserverOnly`]
+//!   give one with nothing but the apiserver and etcd, for tests that need no controller acting
+//!   behind their back (the fake apiserver's semantics tests compare API behaviour alone; a
+//!   test that signs its own short-lived certificates). [`KubeCluster::start`] gives a private
+//!   cluster, stopped when dropped.
+//! * [`operator::Operator`]: the real cocoon-operator as a process against a cluster.
 //! * Without the tools folder the tests are skipped with one line on stderr, except with
 //!   `CI=true`, where a missing folder is a failure.
 //! * Exactly the processes `start.sh` started are stopped — by its `stop.sh`, run by a small
@@ -30,9 +40,12 @@
 //! so the fake apiserver's semantics tests can run against it too.
 #![allow(dead_code)]
 
+pub mod operator;
+pub mod tools;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -40,21 +53,35 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, PostParams};
 
+pub use tools::{Watchdog, repo_root};
+
 /// Overrides where the tools folder is (default: `<repo>/../shared/tools/kubernetes`).
-pub const TOOLS_ENV: &str = "VK_KUBE_TOOLS_DIR";
+pub const TOOLS_ENV: &str = tools::KUBE_TOOLS_ENV;
 /// The namespace and ServiceAccount `deploy/rbac.yaml` binds its ClusterRole to.
 pub const DAEMON_NAMESPACE: &str = "cocoon-system";
 pub const DAEMON_SERVICE_ACCOUNT: &str = "vk-cocoon";
 /// The node identity `start.sh` makes a kubeconfig for (others are minted on demand).
 pub const DEFAULT_NODE: &str = "cocoon-node-1";
 
-/// The repository root: the first ancestor of the test crate holding `deploy/rbac.yaml`.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .find(|dir| dir.join("deploy/rbac.yaml").is_file())
-        .expect("the test crate lives inside the vk-cocoon repository (deploy/rbac.yaml)")
-        .to_path_buf()
+/// Which processes a cluster runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlPlane {
+    /// etcd and kube-apiserver: nothing schedules pods, signs certificates, collects garbage,
+    /// creates a namespace's `default` ServiceAccount or watches node Leases.
+    ApiserverOnly,
+    /// Also kube-scheduler and kube-controller-manager (every default controller, the CSR
+    /// signer with the cluster CA), as in a real cluster.
+    Full,
+}
+
+impl ControlPlane {
+    /// The archives `start.sh` unpacks for it.
+    fn binaries(self) -> &'static [&'static str] {
+        match self {
+            ControlPlane::ApiserverOnly => &["etcd", "kube-apiserver"],
+            ControlPlane::Full => &["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"],
+        }
+    }
 }
 
 /// `deploy/rbac.yaml`: the daemon's RBAC, applied as an operator would.
@@ -64,15 +91,11 @@ pub fn rbac_yaml() -> PathBuf {
 
 /// The tools folder, or why there is none.
 pub fn tools_dir() -> Result<PathBuf, String> {
-    let (dir, from) = match std::env::var_os(TOOLS_ENV).filter(|v| !v.is_empty()) {
-        Some(dir) => (PathBuf::from(dir), format!("${TOOLS_ENV}")),
-        None => (
-            repo_root().join("../shared/tools/kubernetes"),
-            "../shared/tools/kubernetes beside the repository".to_string(),
-        ),
-    };
-    let missing: Vec<&str> = ["start.sh", "stop.sh", "etcd.xz", "kube-apiserver.xz"]
+    let (dir, from) = tools::kube_tools_dir();
+    let archives = ControlPlane::Full.binaries().iter().map(|b| format!("{b}.xz"));
+    let missing: Vec<String> = ["start.sh".to_string(), "stop.sh".to_string()]
         .into_iter()
+        .chain(archives)
         .filter(|f| !dir.join(f).is_file())
         .collect();
     if missing.is_empty() {
@@ -96,36 +119,59 @@ fn in_ci() -> bool {
 pub fn tools_or_skip() -> Option<PathBuf> {
     match tools_dir() {
         Ok(dir) => Some(dir),
-        Err(why) if in_ci() => panic!("CI=true, so the real-apiserver tests must run, but: {why}"),
         Err(why) => {
-            static SAID: OnceLock<()> = OnceLock::new();
-            SAID.get_or_init(|| {
-                // Straight to stderr: libtest captures print!/eprint! of passing tests.
-                use std::io::Write;
-                let exe = std::env::current_exe().ok();
-                let stem = exe.as_deref().and_then(Path::file_stem).map(|s| s.to_string_lossy());
-                // Cargo names test binaries `<target>-<hash>`.
-                let name = stem
-                    .as_deref()
-                    .map_or("?", |s| s.rsplit_once('-').map_or(s, |(name, _)| name));
-                let _ = writeln!(std::io::stderr(), "real-apiserver tests skipped in {name}: {why}");
-            });
+            skip(&why);
             None
         }
     }
 }
 
-static SHARED: OnceLock<KubeCluster> = OnceLock::new();
+/// Says once per test binary (per reason) why some real-server tests are skipped; under
+/// `CI=true`, where they must run, panics with the reason instead.
+pub fn skip(why: &str) {
+    if in_ci() {
+        panic!("CI=true, so the real-apiserver tests must run, but: {why}");
+    }
+    static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if said.iter().any(|s| s == why) {
+        return;
+    }
+    said.push(why.to_string());
+    // Straight to stderr: libtest captures print!/eprint! of passing tests.
+    use std::io::Write;
+    let exe = std::env::current_exe().ok();
+    let stem = exe.as_deref().and_then(Path::file_stem).map(|s| s.to_string_lossy());
+    // Cargo names test binaries `<target>-<hash>`.
+    let name = stem
+        .as_deref()
+        .map_or("?", |s| s.rsplit_once('-').map_or(s, |(name, _)| name));
+    let _ = writeln!(std::io::stderr(), "real-apiserver tests skipped in {name}: {why}");
+}
 
-/// The test binary's shared cluster, started on first use; `None` when skipped (see
-/// [`tools_or_skip`]). Build clients per test ([`KubeCluster::admin_client`]): a `kube::Client`
-/// belongs to the tokio runtime it was made on, and every `#[tokio::test]` has its own.
+static SHARED: OnceLock<KubeCluster> = OnceLock::new();
+static SHARED_APISERVER_ONLY: OnceLock<KubeCluster> = OnceLock::new();
+
+/// The test binary's shared cluster, a whole control plane ([`ControlPlane::Full`]), started on
+/// first use; `None` when skipped (see [`tools_or_skip`]). Build clients per test
+/// ([`KubeCluster::admin_client`]): a `kube::Client` belongs to the tokio runtime it was made
+/// on, and every `#[tokio::test]` has its own.
 pub async fn shared() -> Option<&'static KubeCluster> {
+    shared_from(&SHARED, ControlPlane::Full).await
+}
+
+/// The test binary's shared apiserver and etcd, without scheduler or controller-manager.
+pub async fn shared_apiserver_only() -> Option<&'static KubeCluster> {
+    shared_from(&SHARED_APISERVER_ONLY, ControlPlane::ApiserverOnly).await
+}
+
+async fn shared_from(cell: &'static OnceLock<KubeCluster>, plane: ControlPlane) -> Option<&'static KubeCluster> {
     tools_or_skip()?;
-    let cluster =
-        tokio::task::spawn_blocking(|| SHARED.get_or_init(|| KubeCluster::start().unwrap_or_else(|e| panic!("{e}"))))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let cluster = tokio::task::spawn_blocking(move || {
+        cell.get_or_init(|| KubeCluster::start(plane).unwrap_or_else(|e| panic!("{e}")))
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
     Some(cluster)
 }
 
@@ -137,20 +183,21 @@ pub fn unique(prefix: &str) -> String {
 
 /// A running control plane (see the module docs).
 pub struct KubeCluster {
+    plane: ControlPlane,
     state: PathBuf,
     tools: PathBuf,
     port: u16,
     etcd_port: u16,
     daemon_kubeconfig: PathBuf,
-    /// The watchdog's stdin: closing it (drop, or this process ending) runs `stop.sh`.
-    watchdog: Mutex<Option<(Child, ChildStdin)>>,
+    /// Dropping it (or this process ending) runs `stop.sh`.
+    watchdog: Mutex<Option<Watchdog>>,
     /// Serialises minting of identities (files with fixed names).
     mint: Mutex<()>,
 }
 
 impl KubeCluster {
     /// Starts a private control plane (stopped on drop). Prefer [`shared`] in tests.
-    pub fn start() -> Result<KubeCluster, String> {
+    pub fn start(plane: ControlPlane) -> Result<KubeCluster, String> {
         let tools = tools_dir()?;
         let began = Instant::now();
         let state = tempfile::Builder::new()
@@ -161,6 +208,7 @@ impl KubeCluster {
         // The watchdog first: whatever start.sh manages to start is stopped, whatever happens next.
         let watchdog = spawn_watchdog(&tools, &state)?;
         let mut cluster = KubeCluster {
+            plane,
             state: state.clone(),
             tools: tools.clone(),
             port: 0,
@@ -172,8 +220,8 @@ impl KubeCluster {
         // Pre-seed start.sh's bin/ with links to binaries unpacked once per build tree (saves
         // ~1.5 s of xz per cluster).
         std::fs::create_dir_all(state.join("bin")).map_err(|e| format!("creating {}/bin: {e}", state.display()))?;
-        for binary in ["etcd", "kube-apiserver"] {
-            let unpacked = unpacked_binary(&tools, binary)?;
+        for binary in plane.binaries() {
+            let unpacked = tools::unpacked(&tools.join(format!("{binary}.xz")))?;
             std::os::unix::fs::symlink(&unpacked, state.join("bin").join(binary))
                 .map_err(|e| format!("linking {}: {e}", unpacked.display()))?;
         }
@@ -181,7 +229,8 @@ impl KubeCluster {
         for _attempt in 0..3 {
             // Free ports now; another process may take one before etcd or the apiserver binds it,
             // in which case start.sh fails and we try again with new ones.
-            let ports = free_ports(3)?;
+            let ports = free_ports(5)?;
+            let full = if plane == ControlPlane::Full { "1" } else { "" };
             // Through bash: a copied tools folder may have lost its execute bits.
             let out = Command::new("bash")
                 .arg(tools.join("start.sh"))
@@ -189,6 +238,10 @@ impl KubeCluster {
                 .env("APISERVER_PORT", ports[0].to_string())
                 .env("ETCD_PORT", ports[1].to_string())
                 .env("ETCD_PEER_PORT", ports[2].to_string())
+                .env("SCHEDULER", full)
+                .env("CONTROLLER_MANAGER", full)
+                .env("SCHEDULER_PORT", ports[3].to_string())
+                .env("CONTROLLER_MANAGER_PORT", ports[4].to_string())
                 .env("NODES", DEFAULT_NODE)
                 .stdin(Stdio::null())
                 .output()
@@ -212,7 +265,7 @@ impl KubeCluster {
         }
         cluster.install_daemon_identity()?;
         let _ = writeln_stderr(&format!(
-            "kube_support: control plane up at {} in {:.1} s (state {})",
+            "kube_support: control plane ({plane:?}) up at {} in {:.1} s (state {})",
             cluster.url(),
             began.elapsed().as_secs_f64(),
             state.display()
@@ -253,6 +306,16 @@ impl KubeCluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Which processes it runs.
+    pub fn control_plane(&self) -> ControlPlane {
+        self.plane
+    }
+
+    /// Whether kube-scheduler and kube-controller-manager run.
+    pub fn has_controllers(&self) -> bool {
+        self.plane == ControlPlane::Full
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -316,8 +379,9 @@ impl KubeCluster {
         client_for(&self.daemon_kubeconfig).await
     }
 
-    /// A fresh namespace `unique(prefix)` with the `default` ServiceAccount pods need (nothing
-    /// else creates it: there is no controller-manager).
+    /// A fresh namespace `unique(prefix)` with the `default` ServiceAccount pods need: the
+    /// controller-manager's service-account controller creates it (ServiceAccount admission
+    /// refuses pods until then); without one, this creates it as that controller would.
     pub async fn namespace(&self, prefix: &str) -> String {
         let name = unique(prefix);
         let client = self.admin_client().await;
@@ -327,12 +391,26 @@ impl KubeCluster {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
-        let mut sa = ServiceAccount::default();
-        sa.metadata.name = Some("default".into());
-        Api::<ServiceAccount>::namespaced(client, &name)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap_or_else(|e| panic!("creating {name}/default ServiceAccount: {e}"));
+        let accounts = Api::<ServiceAccount>::namespaced(client, &name);
+        if self.has_controllers() {
+            let made =
+                kube::runtime::wait::await_condition(accounts, "default", |sa: Option<&ServiceAccount>| sa.is_some());
+            match tokio::time::timeout(Duration::from_secs(60), made).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("watching {name}/default ServiceAccount: {e}"),
+                Err(_) => panic!(
+                    "the controller-manager made no {name}/default ServiceAccount within 60 s\n--- kube-controller-manager.log (tail) ---\n{}",
+                    tail(&self.state.join("logs/kube-controller-manager.log"), 20)
+                ),
+            }
+        } else {
+            let mut sa = ServiceAccount::default();
+            sa.metadata.name = Some("default".into());
+            accounts
+                .create(&PostParams::default(), &sa)
+                .await
+                .unwrap_or_else(|e| panic!("creating {name}/default ServiceAccount: {e}"));
+        }
         name
     }
 
@@ -462,12 +540,8 @@ impl KubeCluster {
 
 impl Drop for KubeCluster {
     fn drop(&mut self) {
-        // Closing the watchdog's stdin makes it run stop.sh and remove the state directory.
-        let taken = self.watchdog.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some((mut child, stdin)) = taken {
-            drop(stdin);
-            let _ = child.wait();
-        }
+        // The watchdog runs stop.sh and removes the state directory, and is waited for.
+        drop(self.watchdog.get_mut().unwrap_or_else(|p| p.into_inner()).take());
     }
 }
 
@@ -483,59 +557,14 @@ pub async fn client_for(kubeconfig: &Path) -> kube::Client {
     kube::Client::try_from(config).unwrap_or_else(|e| panic!("a client for {}: {e}", kubeconfig.display()))
 }
 
-/// `sh` waiting on a pipe from this process; when the pipe closes (drop, exit, crash, SIGKILL)
-/// it runs `stop.sh STATE` — which stops exactly the pids start.sh recorded — and removes STATE.
-fn spawn_watchdog(tools: &Path, state: &Path) -> Result<(Child, ChildStdin), String> {
-    let mut child = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(r#"trap '' INT TERM HUP; read _ignored; bash "$0" "$1" >/dev/null 2>&1; rm -rf "$1""#)
-        .arg(tools.join("stop.sh"))
-        .arg(state)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting the cluster watchdog: {e}"))?;
-    let stdin = child.stdin.take().expect("piped stdin");
-    Ok((child, stdin))
-}
-
-/// `tools/NAME.xz` unpacked once into the build tree (`target/<profile>/kube-tools/`), keyed by
-/// the archive's size and mtime; concurrent test binaries race safely (write, then rename).
-fn unpacked_binary(tools: &Path, name: &str) -> Result<PathBuf, String> {
-    let archive = tools.join(format!("{name}.xz"));
-    let meta = std::fs::metadata(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
-    let cache = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("kube-tools")))
-        .unwrap_or_else(|| std::env::temp_dir().join("vk-kube-tools"));
-    let target = cache.join(format!("{name}-{}-{mtime}", meta.len()));
-    if target.is_file() {
-        return Ok(target);
-    }
-    std::fs::create_dir_all(&cache).map_err(|e| format!("creating {}: {e}", cache.display()))?;
-    let tmp = cache.join(format!("{name}.{}.tmp", std::process::id()));
-    let file = std::fs::File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
-    let status = Command::new("xz")
-        .arg("-dc")
-        .arg(&archive)
-        .stdout(file)
-        .status()
-        .map_err(|e| format!("running xz (install xz-utils): {e}"))?;
-    if !status.success() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("xz -dc {} failed: {status}", archive.display()));
-    }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-        .and_then(|()| std::fs::rename(&tmp, &target))
-        .map_err(|e| format!("installing {}: {e}", target.display()))?;
-    Ok(target)
+/// Runs `stop.sh STATE` — which stops exactly the pids start.sh recorded — and removes STATE
+/// when this process closes the watchdog's pipe (drop, exit, crash, SIGKILL).
+fn spawn_watchdog(tools: &Path, state: &Path) -> Result<Watchdog, String> {
+    let stop = tools.join("stop.sh");
+    Watchdog::run_on_close(
+        r#"bash "$0" "$1" >/dev/null 2>&1; rm -rf "$1""#,
+        &[stop.as_os_str(), state.as_os_str()],
+    )
 }
 
 /// `n` distinct free loopback ports (held together while choosing, so they differ).

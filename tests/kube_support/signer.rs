@@ -1,12 +1,18 @@
-//! What the kube-controller-manager's signer does for `kubernetes.io/kubelet-serving` (the test
-//! control plane has no controller-manager): watch the CertificateSigningRequests of that
-//! signer, check them as its `kubelet-serving` rules do (subject `O=system:nodes,
-//! CN=system:node:…`, server-auth usages, DNS and IP names only), approve them as an operator
-//! would (`kubectl certificate approve`), and sign them with the cluster CA — the CA key is in
-//! the cluster's state directory — writing `status.certificate`.
+//! The cluster operator's part of a `kubernetes.io/kubelet-serving` CSR, and on a control plane
+//! without a controller-manager its signer's part too: watch the CertificateSigningRequests of
+//! that signer for one node, check them as the `kubelet-serving` rules do (subject
+//! `O=system:nodes, CN=system:node:…`, server-auth usages, DNS and IP names only), approve them
+//! as an operator would (`kubectl certificate approve`), and — [`Mode::Sign`] only — sign them
+//! with the cluster CA (its key is in the cluster's state directory), writing
+//! `status.certificate`.
 //!
-//! It is a stand-in for a real controller, not a mock of the daemon: the daemon creates,
-//! watches and uses its CSR through the real apiserver.
+//! With a controller-manager ([`Mode::Approve`]) the real signer signs the approved request
+//! (for a year; it gives no certificate shorter than ten minutes whatever the request asks).
+//! [`Mode::Sign`] stays for a test that needs a certificate of a few seconds, on a control plane
+//! without a controller-manager, whose signer would race this one.
+//!
+//! Neither is a mock of the daemon: the daemon creates, watches and uses its CSR through the
+//! real apiserver.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -21,10 +27,19 @@ use rcgen::{CertificateSigningRequestParams, DnType, DnValue, Issuer, KeyPair, S
 
 pub const KUBELET_SERVING: &str = "kubernetes.io/kubelet-serving";
 
-/// A running signer; stops when dropped.
+/// What the harness does with a node's pending kubelet-serving requests.
+#[derive(Clone, Copy, Debug)]
+pub enum Mode {
+    /// Approve (or deny) only; the controller-manager signs.
+    Approve,
+    /// Approve and sign with the cluster CA, issued for `lifetime`.
+    Sign { lifetime: Duration },
+}
+
+/// A running approver (and signer); stops when dropped.
 pub struct Signer {
     task: tokio::task::JoinHandle<()>,
-    /// The names of the CSRs it signed, in order.
+    /// The names of the CSRs it approved, in order.
     pub signed: Arc<Mutex<Vec<String>>>,
 }
 
@@ -81,23 +96,31 @@ fn sign(csr_pem: &str, usages: &[String], ca_cert: &str, ca_key: &str, lifetime:
     Ok(cert.pem())
 }
 
+/// A kubelet-serving request nobody has decided on yet (the watch also brings back the
+/// requests this approved, until the signer's certificate lands).
 fn pending(csr: &CertificateSigningRequest) -> bool {
     let status = csr.status.as_ref();
     csr.spec.signer_name == KUBELET_SERVING
         && status
             .and_then(|s| s.certificate.as_ref())
             .is_none_or(|c| c.0.is_empty())
-        && !status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Denied" || c.type_ == "Failed"))
+        && !status.and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+            c.iter()
+                .any(|c| ["Approved", "Denied", "Failed"].contains(&c.type_.as_str()))
+        })
+}
+
+/// The cluster CA's certificate and key (PEM), for [`Mode::Sign`].
+struct Ca {
+    cert: String,
+    key: String,
 }
 
 async fn approve_and_sign(
     api: &Api<CertificateSigningRequest>,
     csr: &CertificateSigningRequest,
-    ca_cert: &str,
-    ca_key: &str,
-    lifetime: Duration,
+    ca: &Ca,
+    mode: Mode,
 ) -> Result<String, String> {
     let name = csr.metadata.name.clone().unwrap_or_default();
     let usages = csr.spec.usages.clone().unwrap_or_default();
@@ -109,10 +132,17 @@ async fn approve_and_sign(
         message: Some(message),
         ..Default::default()
     };
-    let (condition, certificate) = match sign(&pem, &usages, ca_cert, ca_key, lifetime) {
+    let verdict = match mode {
+        Mode::Sign { lifetime } => sign(&pem, &usages, &ca.cert, &ca.key, lifetime).map(Some),
+        Mode::Approve => CertificateSigningRequestParams::from_pem(&pem)
+            .map_err(|e| format!("bad CSR: {e}"))
+            .and_then(|params| check(&params, &usages))
+            .map(|_| None),
+    };
+    let (condition, certificate) = match verdict {
         Ok(cert) => (
             approved("Approved", "TestApprove", "approved by the test harness".into()),
-            Some(cert),
+            cert,
         ),
         Err(why) => (approved("Denied", "TestDeny", why), None),
     };
@@ -146,12 +176,14 @@ fn node_of(csr: &CertificateSigningRequest) -> Option<String> {
     })
 }
 
-/// Starts signing the pending kubelet-serving CSRs of node `node` (issued for `lifetime`) as
-/// `admin`. Tests share one cluster: each signs only its own node's requests.
-pub fn start(admin: kube::Client, ca_dir: &Path, lifetime: Duration, node: &str) -> Signer {
+/// Starts approving (per `mode`, also signing) the pending kubelet-serving CSRs of node `node`
+/// as `admin`. Tests share one cluster: each approves only its own node's requests.
+pub fn start(admin: kube::Client, ca_dir: &Path, mode: Mode, node: &str) -> Signer {
     let node = node.to_string();
-    let ca_cert = std::fs::read_to_string(ca_dir.join("ca.crt")).expect("the cluster CA certificate");
-    let ca_key = std::fs::read_to_string(ca_dir.join("ca.key")).expect("the cluster CA key");
+    let ca = Ca {
+        cert: std::fs::read_to_string(ca_dir.join("ca.crt")).expect("the cluster CA certificate"),
+        key: std::fs::read_to_string(ca_dir.join("ca.key")).expect("the cluster CA key"),
+    };
     let signed = Arc::new(Mutex::new(Vec::new()));
     let out = signed.clone();
     let task = tokio::spawn(async move {
@@ -165,7 +197,7 @@ pub fn start(admin: kube::Client, ca_dir: &Path, lifetime: Duration, node: &str)
             if !pending(&csr) || node_of(&csr).as_deref() != Some(node.as_str()) {
                 continue;
             }
-            match approve_and_sign(&api, &csr, &ca_cert, &ca_key, lifetime).await {
+            match approve_and_sign(&api, &csr, &ca, mode).await {
                 Ok(name) => out.lock().unwrap().push(name),
                 Err(e) => eprintln!("test CSR signer: {e}"),
             }

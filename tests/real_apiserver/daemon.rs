@@ -163,8 +163,9 @@ impl Machine {
 
     /// `vk-cocoon run`; `client_ca` = `VK_CLIENT_CA_FILE` of its kubelet API.
     pub fn start_daemon_with(&self, kubeconfig: &Path, client_ca: Option<&Path>) -> DaemonProcess {
-        let metrics_port = free_port();
-        let kubelet_port = free_port();
+        // Chosen together: two ports picked one after the other can be the same one (each is
+        // free again once its probe listener closes), and the daemon then fails to bind.
+        let [metrics_port, kubelet_port] = free_ports::<2>();
         static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
@@ -334,6 +335,14 @@ impl Drop for DaemonProcess {
             unexpected.join("\n")
         );
     }
+}
+
+/// `N` distinct free loopback ports (their listeners held together while choosing).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
 }
 
 pub fn free_port() -> u16 {

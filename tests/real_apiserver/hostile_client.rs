@@ -86,7 +86,7 @@ fn grow_log(node: &Node, mib: usize) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_log_queries_and_huge_logs_are_served_bounded() {
-    let Some(node) = node_with_pod_on("logs-hostile", Duration::from_secs(3600), |_| {}, &[]).await else {
+    let Some(node) = node_with_pod_on("logs-hostile", |_| {}, &[]).await else {
         return;
     };
     let client = as_apiserver(&node);
@@ -424,7 +424,6 @@ async fn peer_controlled_values_cannot_forge_log_lines() {
 async fn one_pods_sessions_do_not_take_another_pods_share() {
     let Some(node) = node_with_pod_on(
         "share",
-        Duration::from_secs(3600),
         |_| {},
         &[
             ("VK_STREAMING_MAX_SESSIONS", "6"),

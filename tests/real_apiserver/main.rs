@@ -27,6 +27,7 @@ mod kubelet_api;
 mod lifecycle;
 mod macos;
 mod node;
+mod operator;
 mod peer;
 mod policy;
 mod preflight;

@@ -1,11 +1,14 @@
 //! `vk-cocoon run` as a process on the real server, under the `deploy/rbac.yaml` identity: it
 //! registers its Node, renews its Lease, brings a pod to Ready, serves `/metrics` and stops
-//! cleanly on SIGTERM. (Real server: RBAC, the Node and Lease validation and the pod status
-//! strategy are what is being tried here; nothing needs a fault the fake alone can inject.)
+//! cleanly on SIGTERM; when it stops renewing, the real node lifecycle controller marks the node
+//! unreachable, and a restart makes node and pod Ready again. (Real server: RBAC, the Node and
+//! Lease validation, the pod status strategy and the controller-manager are what is being tried
+//! here; nothing needs a fault the fake alone can inject.)
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
+use kube::runtime::wait::await_condition;
 
 use crate::daemon::*;
 use crate::kube_support;
@@ -123,4 +126,79 @@ async fn the_daemon_registers_renews_its_lease_runs_a_pod_serves_metrics_and_sto
         machine.vms_named("vm-daemon").await.len() == 1,
         "stopping the daemon leaves the VMs running"
     );
+}
+
+/// The node lifecycle controller of the real controller-manager: a node whose daemon stops
+/// renewing its Lease is marked `Unknown`, tainted `unreachable` and its pods set Not Ready; the
+/// restarted daemon renews the Lease and republishes the node's and the pod's status, so the
+/// controller lifts the taint and the pod is Ready again on the same VM.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_daemon_stops_goes_unreachable_and_a_restart_makes_it_and_its_pod_ready_again() {
+    let Some(cluster) = kube_support::shared().await else {
+        return;
+    };
+    assert!(
+        cluster.has_controllers(),
+        "this test is about the node lifecycle controller"
+    );
+    let admin = cluster.admin_client().await;
+    let ns = cluster.namespace("unreachable").await;
+    let machine = Machine::new("vk-unreachable");
+    seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
+    let mut daemon = machine.start_daemon(cluster);
+    create_pod(
+        &admin,
+        &managed_pod(&ns, &machine.node, "agent-0", "vm-u", &[(IMAGE, "base")]),
+    )
+    .await;
+    wait_up(&admin, &ns, "agent-0").await;
+    let vm = machine.vms_named("vm-u").await.remove(0);
+
+    let ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.clone())
+    };
+    let unreachable = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == "node.kubernetes.io/unreachable"))
+    };
+    let nodes = Api::<Node>::all(admin.clone());
+    let wait_node = |what: &'static str, cond: Box<dyn Fn(&Node) -> bool + Send>| {
+        let nodes = nodes.clone();
+        let name = machine.node.clone();
+        async move {
+            // The controller waits out its grace period (tens of seconds) on a silent node.
+            let watch = await_condition(nodes, &name, move |n: Option<&Node>| n.is_some_and(&cond));
+            tokio::time::timeout(std::time::Duration::from_secs(150), watch)
+                .await
+                .unwrap_or_else(|_| panic!("node {name}: timed out waiting until {what}"))
+                .unwrap()
+        }
+    };
+
+    daemon.kill9();
+    wait_node(
+        "Ready is Unknown and the unreachable taint is set",
+        Box::new(move |n| ready(n).as_deref() == Some("Unknown") && unreachable(n)),
+    )
+    .await;
+    wait_pod(&admin, &ns, "agent-0", 60, "marked Not Ready by the controller", |p| {
+        p.is_some_and(|p| !is_ready(p))
+    })
+    .await;
+
+    let _daemon = machine.start_daemon(cluster);
+    wait_node(
+        "Ready again, the taint lifted",
+        Box::new(move |n| ready(n).as_deref() == Some("True") && !unreachable(n)),
+    )
+    .await;
+    let pod = wait_up(&admin, &ns, "agent-0").await;
+    assert_eq!(annotation(&pod, VM_ID), Some(vm.id.as_str()), "the same VM, adopted");
+    assert_eq!(machine.calls("vm clone").len(), 1, "nothing booted twice");
 }

@@ -41,13 +41,7 @@ pub fn web_port(node: &Node) -> u16 {
 /// [`web_port`]), its daemon with `env` too.
 pub async fn exec_node_with(prefix: &str, env: &[(&str, &str)]) -> Option<Node> {
     let port = guest_web_port();
-    let node = node_with_pod_on(
-        prefix,
-        Duration::from_secs(3600),
-        |s| s.guest_http_ports = vec![port],
-        env,
-    )
-    .await?;
+    let node = node_with_pod_on(prefix, |s| s.guest_http_ports = vec![port], env).await?;
     node.machine
         .sim
         .on_exec(cocoon_sim::ExecRule {

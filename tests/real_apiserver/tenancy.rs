@@ -375,7 +375,7 @@ async fn the_derived_guest_networks_never_include_the_nodes_loopback() {
     // Empty is unset: the daemon derives its guest networks.
     machine.daemon_env = vec![("VK_PROBE_NETWORKS".into(), String::new())];
     crate::provider_support::seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
-    let _daemon = machine.start_daemon(cluster);
+    let mut daemon = machine.start_daemon(cluster);
     create_pod(
         &admin,
         &managed_pod(&ns, &machine.node, "lo-0", "vm-lo", &[(IMAGE, "base")]),
@@ -406,4 +406,11 @@ async fn the_derived_guest_networks_never_include_the_nodes_loopback() {
         .unwrap()
         .to_string();
     assert!(message.contains(&ip), "the message names the address: {message}");
+    // The refusal this test provoked, in the log as well (it would fail the test as an
+    // unexpected probe off the machine otherwise).
+    let refused = daemon.acknowledge_probe_refusals();
+    assert!(
+        !refused.is_empty() && refused.iter().all(|line| line.contains(&ip)),
+        "the daemon logs the refused probe of {ip}: {refused:?}"
+    );
 }

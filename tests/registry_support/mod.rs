@@ -1,7 +1,10 @@
 //! A real OCI registry for tests: Debian's `docker-registry` (CNCF distribution 2.8) on a free loopback
-//! port, storage in a temporary directory, deletes enabled; killed on drop. Also the cocoon simulator and a
-//! `CocoonCli` pointed at it (see `runtime_support`), and [`TransferClient`]: the registry adapter with the
-//! daemon's transfer path around it (cocoon export / import, as the provider runs them).
+//! port, storage in a temporary directory, deletes enabled; killed on drop. [`TestRegistry::start_v3`]
+//! runs CNCF Distribution v3 instead (the binary from the project's tools folder, which
+//! `kube_support::tools::registry_v3_binary` finds and unpacks), which deletes a manifest by tag as
+//! the cocoon-operator does. Also the cocoon simulator and a `CocoonCli` pointed at it (see
+//! `runtime_support`), and [`TransferClient`]: the registry adapter with the daemon's transfer path
+//! around it (cocoon export / import, as the provider runs them).
 #![allow(dead_code)]
 
 pub mod hostile;
@@ -31,6 +34,26 @@ pub fn registry_bin() -> PathBuf {
         );
     }
     bin
+}
+
+/// The registry program a [`TestRegistry`] runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// Debian's `docker-registry` 2.8: `DELETE /v2/<repo>/manifests/<tag>` is refused
+    /// (`DIGEST_INVALID`), only by digest works.
+    Debian,
+    /// CNCF Distribution v3.1 (this binary): deletes by tag, the way the cocoon-operator drops
+    /// `:hibernate`.
+    DistributionV3(PathBuf),
+}
+
+impl Flavour {
+    fn binary(&self) -> PathBuf {
+        match self {
+            Flavour::Debian => registry_bin(),
+            Flavour::DistributionV3(binary) => binary.clone(),
+        }
+    }
 }
 
 /// A client for the registry at `host` (the registry's own address, or a wire in front of it), with
@@ -67,6 +90,7 @@ pub fn transfer_client_at(
 pub struct TestRegistry {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    pub flavour: Flavour,
     child: Option<Child>,
     /// The auth server when the registry runs with `auth: token`.
     pub token: Option<token::TokenServer>,
@@ -74,16 +98,31 @@ pub struct TestRegistry {
 
 impl TestRegistry {
     pub fn start() -> TestRegistry {
+        TestRegistry::start_flavour(Flavour::Debian)
+    }
+
+    /// CNCF Distribution v3, the program `binary`.
+    pub fn start_v3(binary: &Path) -> TestRegistry {
+        TestRegistry::start_flavour(Flavour::DistributionV3(binary.to_path_buf()))
+    }
+
+    fn start_flavour(flavour: Flavour) -> TestRegistry {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let mut r = TestRegistry {
             dir,
             port,
+            flavour,
             child: None,
             token: None,
         };
         r.spawn();
         r
+    }
+
+    /// The registry's process (to stop it when the test binary ends, for one kept in a static).
+    pub fn process(&self) -> Option<&Child> {
+        self.child.as_ref()
     }
 
     /// A registry with `auth: token` (realm, service, issuer, rootcertbundle) and its auth server,
@@ -95,6 +134,7 @@ impl TestRegistry {
         let mut r = TestRegistry {
             dir,
             port,
+            flavour: Flavour::Debian,
             child: None,
             token: Some(token),
         };
@@ -205,14 +245,16 @@ impl TestRegistry {
             .append(true)
             .open(self.dir.path().join("registry.log"))
             .unwrap();
-        let child = Command::new(registry_bin())
+        let child = Command::new(self.flavour.binary())
             .arg("serve")
             .arg(&config)
+            // Distribution v3 exports its traces to https://localhost:4318 unless told not to.
+            .env("OTEL_TRACES_EXPORTER", "none")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .expect("spawn docker-registry");
+            .unwrap_or_else(|e| panic!("spawning the {:?} registry: {e}", self.flavour));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -222,7 +264,11 @@ impl TestRegistry {
             }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
-                panic!("docker-registry did not come up on {}: {log}", self.host());
+                panic!(
+                    "the {:?} registry did not come up on {}: {log}",
+                    self.flavour,
+                    self.host()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }

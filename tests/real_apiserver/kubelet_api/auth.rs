@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn anonymous_and_unauthorized_callers_are_refused_and_bad_queries_get_a_clear_4xx() {
-    let Some(node) = node_with_pod("refuse", Duration::from_secs(3600)).await else {
+    let Some(node) = node_with_pod("refuse").await else {
         return;
     };
     let client = node.direct();

@@ -2,7 +2,8 @@
 //! follow that receives a line written after it started), `/stats/summary` and
 //! `/metrics/resource` via the nodes proxy, and the refusals (anonymous → 401, a token without
 //! the right → 403, bad queries → 4xx). The serving certificate comes from a CSR that
-//! `kube_support::signer` approves and signs with the cluster CA, as a controller-manager would.
+//! `kube_support::signer` approves as a cluster operator would and the controller-manager signs
+//! with the cluster CA.
 
 mod auth;
 mod certificate;
@@ -26,7 +27,6 @@ use crate::signer;
 /// A node with one running pod, its daemon serving the kubelet API with a cluster-signed
 /// certificate.
 pub struct Node {
-    pub cluster: &'static KubeCluster,
     pub admin: kube::Client,
     pub ns: String,
     // Before `machine`: fields drop in order, and the daemon's log (printed when a test fails)
@@ -34,25 +34,80 @@ pub struct Node {
     pub daemon: DaemonProcess,
     pub machine: Machine,
     _signer: signer::Signer,
+    // Last: a private cluster stops when everything on it has.
+    pub cluster: Cluster,
 }
 
-async fn node_with_pod(prefix: &str, lifetime: Duration) -> Option<Node> {
-    node_with_pod_on(prefix, lifetime, |_| {}, &[]).await
+/// The control plane a [`Node`] lives in: the test binary's shared one, or its own.
+pub enum Cluster {
+    Shared(&'static KubeCluster),
+    Private(Box<KubeCluster>),
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = KubeCluster;
+    fn deref(&self) -> &KubeCluster {
+        match self {
+            Cluster::Shared(c) => c,
+            Cluster::Private(c) => c,
+        }
+    }
+}
+
+async fn node_with_pod(prefix: &str) -> Option<Node> {
+    node_with_pod_on(prefix, |_| {}, &[]).await
 }
 
 /// [`node_with_pod`] with more simulator settings and daemon environment.
 pub async fn node_with_pod_on(
     prefix: &str,
-    lifetime: Duration,
     settings: impl FnOnce(&mut cocoon_sim::Settings),
     daemon_env: &[(&str, &str)],
 ) -> Option<Node> {
     let cluster = kube_support::shared().await?;
+    node_in(Cluster::Shared(cluster), prefix, settings, daemon_env).await
+}
+
+/// A node in a private control plane without a controller-manager, whose serving certificates
+/// the harness signs for `lifetime` (the controller-manager's signer gives nothing under ten
+/// minutes, and every node of the shared cluster would renew too if its signing duration were
+/// shortened).
+async fn node_with_short_lived_certificates(prefix: &str, lifetime: Duration) -> Option<Node> {
+    kube_support::tools_or_skip()?;
+    let cluster = tokio::task::spawn_blocking(|| KubeCluster::start(kube_support::ControlPlane::ApiserverOnly))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mode = signer::Mode::Sign { lifetime };
+    node_with_signer(Cluster::Private(Box::new(cluster)), mode, prefix, |_| {}, &[]).await
+}
+
+/// The node in `cluster`: its kubelet-serving CSRs approved, signed by the controller-manager.
+async fn node_in(
+    cluster: Cluster,
+    prefix: &str,
+    settings: impl FnOnce(&mut cocoon_sim::Settings),
+    daemon_env: &[(&str, &str)],
+) -> Option<Node> {
+    assert!(
+        cluster.has_controllers(),
+        "without a controller-manager nothing signs an approved CSR"
+    );
+    node_with_signer(cluster, signer::Mode::Approve, prefix, settings, daemon_env).await
+}
+
+async fn node_with_signer(
+    cluster: Cluster,
+    mode: signer::Mode,
+    prefix: &str,
+    settings: impl FnOnce(&mut cocoon_sim::Settings),
+    daemon_env: &[(&str, &str)],
+) -> Option<Node> {
     let admin = cluster.admin_client().await;
     let ns = cluster.namespace(prefix).await;
     let mut machine = Machine::new(prefix);
     machine.daemon_env = daemon_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let signer = signer::start(admin.clone(), &cluster.state_dir().join("pki"), lifetime, &machine.node);
+    let signer = signer::start(admin.clone(), &cluster.state_dir().join("pki"), mode, &machine.node);
     machine
         .sim
         .set_settings(|s| {
@@ -62,17 +117,17 @@ pub async fn node_with_pod_on(
         })
         .unwrap();
     seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
-    let daemon = machine.start_daemon(cluster);
+    let daemon = machine.start_daemon(&cluster);
     let pod = managed_pod(&ns, &machine.node, "web-0", "vm-web", &[(IMAGE, "base")]);
     create_pod(&admin, &pod).await;
     wait_up(&admin, &ns, "web-0").await;
     let n = Node {
-        cluster,
         admin,
         ns,
         machine,
         daemon,
         _signer: signer,
+        cluster,
     };
     n.wait_serving().await;
     Some(n)
@@ -161,7 +216,7 @@ impl Node {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_logs_tails_filters_timestamps_and_follows() {
-    let Some(node) = node_with_pod("logs", Duration::from_secs(3600)).await else {
+    let Some(node) = node_with_pod("logs").await else {
         return;
     };
     for i in 0..5 {

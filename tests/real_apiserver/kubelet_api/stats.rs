@@ -69,7 +69,7 @@ struct FsStats {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_summary_and_resource_metrics_through_the_nodes_proxy() {
-    let Some(node) = node_with_pod("stats", Duration::from_secs(3600)).await else {
+    let Some(node) = node_with_pod("stats").await else {
         return;
     };
     node.machine.sim.set_cpu_stat("vm-web", 2_500_000, 300_000, 4).unwrap();

@@ -38,7 +38,7 @@ impl Server {
 
     /// The binary's real cluster as admin, in a fresh namespace; `None` when skipped.
     pub async fn real() -> Option<Server> {
-        let cluster = kube_support::shared().await?;
+        let cluster = kube_support::shared_apiserver_only().await?;
         Some(Server {
             client: cluster.admin_client().await,
             ns: cluster.namespace("semantics").await,
