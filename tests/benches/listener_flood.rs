@@ -194,14 +194,10 @@ fn main() {
             .with_peer("127.0.0.1", peer_port, TOKEN, None);
         // Debug logging of every refused connection would measure the log, not the listener.
         machine.daemon_env.push(("VK_LOG_LEVEL".into(), "info".into()));
-        // What the controller-manager does: approve and sign the kubelet API's CSR.
+        // What a cluster operator does: approve the kubelet API's CSR (the controller-manager
+        // signs it).
         let admin = cluster.admin_client().await;
-        let _signer = signer::start(
-            admin,
-            &cluster.state_dir().join("pki"),
-            Duration::from_secs(24 * 3600),
-            &machine.node,
-        );
+        let _signer = signer::start(admin, &cluster.state_dir().join("pki"), signer::Mode::Approve, &machine.node);
         let daemon = machine.start_daemon(cluster);
         machine.wait_registered(cluster).await;
         let pid = daemon.pid();

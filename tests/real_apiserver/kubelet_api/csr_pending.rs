@@ -81,17 +81,11 @@ async fn a_pending_serving_csr_shows_on_the_node_until_it_is_approved() {
         "the port is bound while the certificate is awaited"
     );
 
-    // The operator approves, as the condition says; the cluster's signer (here the harness's
-    // stand-in for the controller-manager) signs the approved request.
+    // The operator approves, as the condition says; the cluster's controller-manager signs the
+    // approved request.
     cluster
         .kubectl_checked(&["certificate", "approve", &csr])
         .expect("kubectl certificate approve");
-    let _signer = signer::start(
-        admin.clone(),
-        &cluster.state_dir().join("pki"),
-        Duration::from_secs(3600),
-        &machine.node,
-    );
 
     let issued = until(60, "the condition clears once the certificate is issued", || async {
         serving_condition(&admin, &machine.node)

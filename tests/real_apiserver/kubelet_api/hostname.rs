@@ -20,14 +20,7 @@ fn machine_hostname() -> String {
 async fn the_hostname_address_is_the_machines_host_name_so_kubectl_logs_reaches_the_node() {
     // No VK_NODE_HOSTNAME (empty counts as unset): the daemon picks the address itself. The
     // node name (unique, e.g. `hostaddr-…`) resolves nowhere.
-    let Some(node) = node_with_pod_on(
-        "hostaddr",
-        Duration::from_secs(3600),
-        |_| {},
-        &[("VK_NODE_HOSTNAME", "")],
-    )
-    .await
-    else {
+    let Some(node) = node_with_pod_on("hostaddr", |_| {}, &[("VK_NODE_HOSTNAME", "")]).await else {
         return;
     };
     let hostname = machine_hostname();

@@ -183,7 +183,7 @@ async fn summary_json(node: &Node) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_summary_carries_the_cpu_rate_over_the_last_two_samples() {
-    let Some(node) = node_with_pod("rate", Duration::from_secs(3600)).await else {
+    let Some(node) = node_with_pod("rate").await else {
         return;
     };
     node.machine.sim.set_cpu_stat("vm-web", 1_000_000, 0, 0).unwrap();
