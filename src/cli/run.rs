@@ -1,4 +1,4 @@
-//! `vk-cocoon run`: the node daemon. Takes its settings (behaviour spec §2, [`RunArgs`]), builds the
+//! `vk-cocoon run`: the node daemon. Takes its settings ([`RunArgs`]), builds the
 //! policies (defaults, then the operator's components, watched for hot reload), the cocoon
 //! runtime, the optional registry, the provider, the peer snapshot tier and the `/metrics`
 //! server, then runs the virtual node until SIGINT or SIGTERM.
@@ -43,8 +43,8 @@ use vk_cocoon::stats::paths::PathsArgs;
 use vk_cocoon::stats::sample::{SAMPLE_INTERVAL, SAMPLE_TTL};
 use vk_cocoon::stats::{HostPaths, Sampler};
 
-/// `vk-cocoon run`: the settings of every concern, each declared by its owner (behaviour spec
-/// §2; `deploy/vk-cocoon.env.example`).
+/// `vk-cocoon run`: the settings of every concern, each declared by its owner (every variable with
+/// its default: `deploy/vk-cocoon.env.example`).
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]

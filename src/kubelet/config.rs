@@ -138,7 +138,8 @@ pub fn is_dns_subdomain(v: &str) -> bool {
         })
 }
 
-/// The virtual node's settings (behaviour spec §2, §8.3, §8.4), flattened into `vk-cocoon run`.
+/// The virtual node's settings (name, pool, CPU class, addresses, kubelet port, resources),
+/// flattened into `vk-cocoon run`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Node")]
 pub struct KubeletArgs {

@@ -117,8 +117,9 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str, now: &Time)
     }
 }
 
-/// The static conditions (§8.4), heartbeat at `now`. Transition times are kept from `previous`
-/// when the condition's status did not change.
+/// The static conditions the Go daemon always reported (Ready, no disk, memory or PID pressure,
+/// network available), heartbeat at `now`. Transition times are kept from `previous` when the
+/// condition's status did not change.
 pub fn node_conditions(now: &Time, previous: Option<&[NodeCondition]>) -> Vec<NodeCondition> {
     let mut conditions = vec![
         condition("Ready", "True", "KubeletReady", "vk-cocoon is ready", now),

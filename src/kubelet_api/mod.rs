@@ -1,6 +1,6 @@
-//! The kubelet API on `VK_KUBELET_PORT` (spec §8.2; the kubelet's own behaviour where the spec
-//! is silent): what `kubectl logs`, `kubectl top`, metrics-server and the HPA talk to through
-//! the apiserver.
+//! The kubelet API on `VK_KUBELET_PORT` (the Go daemon's endpoints; the kubelet's own behaviour
+//! where the Go daemon had none): what `kubectl logs`, `kubectl top`, metrics-server and the HPA
+//! talk to through the apiserver.
 //!
 //! Layout:
 //! * [`config`]: the environment; [`tls`]: serving certificate (operator files, a

@@ -181,7 +181,7 @@ fn cpu(time: &Time, usage_ns: u64, nanocores: Option<u64>) -> CpuStats {
 }
 
 fn network(time: &Time, net: &GuestNet) -> Option<NetworkStats> {
-    // No traffic at all reads as "no data" (spec §8.2).
+    // No traffic at all reads as "no data": the interface is left out, as the Go daemon did.
     if net.rx_bytes == 0 && net.tx_bytes == 0 {
         return None;
     }

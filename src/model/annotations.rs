@@ -1,4 +1,5 @@
-//! The pod annotation keys of the cocoon contract (behaviour spec §1.1).
+//! The pod annotation keys of the cocoon contract: the operator writes the VM spec, vk-cocoon the
+//! runtime and lifecycle keys.
 
 pub const VM_NAME: &str = "vm.cocoonstack.io/name";
 pub const IMAGE: &str = "cocoonset.cocoonstack.io/image";
@@ -24,12 +25,13 @@ pub const KEEP_SNAPSHOT_ON_DELETE: &str = "vm.cocoonstack.io/keep-snapshot-on-de
 /// The CocoonSet generation the operator stamps on the pod.
 pub const GENERATION: &str = "cocoonset.cocoonstack.io/generation";
 
-// Written by vk-cocoon: guest fixup progress, and its hint when retries are exhausted (§4e).
+// Written by vk-cocoon: guest fixup progress, and its hint when retries are exhausted.
 pub const POST_CLONE_STATE: &str = "vm.cocoonstack.io/post-clone-state";
 pub const POST_CLONE_HINT: &str = "vm.cocoonstack.io/post-clone-hint";
 pub const POST_CLONE_ERRORS: &str = "vm.cocoonstack.io/post-clone-errors";
 
-// Written by vk-cocoon: its lifecycle intent (behaviour spec §3.8).
+// Written by vk-cocoon: its lifecycle intent (state, the CocoonSet generation it answers, a
+// message).
 pub const LIFECYCLE_STATE: &str = "vm.cocoonstack.io/lifecycle-state";
 pub const LIFECYCLE_OBSERVED_GENERATION: &str = "vm.cocoonstack.io/lifecycle-observed-generation";
 pub const LIFECYCLE_MESSAGE: &str = "vm.cocoonstack.io/lifecycle-state-message";

@@ -1,4 +1,4 @@
-//! The one decoder of a pod's VM annotations (cocoon-common `ParseVMSpec`, behaviour spec §1.3),
+//! The one decoder of a pod's VM annotations (cocoon-common `ParseVMSpec`),
 //! into the contract's typed `vm-spec`. Every reader of these annotations — the policies' facts
 //! and the provider alike — goes through here, so each annotation has one rule:
 //!

@@ -1,4 +1,4 @@
-//! The peer restore client (behaviour spec §6.5 client side): fetches a hibernated guest's files
+//! The peer restore client: fetches a hibernated guest's files
 //! from the node it was hibernated on and lays them out for `vm clone --from-dir`.
 //!
 //! Nothing from the peer is trusted: the plan's snapshot id must be the registry config's (the

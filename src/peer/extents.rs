@@ -1,4 +1,4 @@
-//! Which byte ranges of a snapshot file a peer sends (behaviour spec §6.5): the file's data
+//! Which byte ranges of a snapshot file a peer sends: the file's data
 //! extents (SEEK_DATA / SEEK_HOLE), holes of at most [`MAX_COALESCED_HOLE`] merged into the
 //! surrounding data (one request beats two for a small gap), then cut into slices of at most
 //! [`MAX_SLICE`]. The pure part ([`slices`]) is separate from the syscalls ([`data_extents`]).

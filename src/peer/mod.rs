@@ -1,5 +1,5 @@
-//! The peer snapshot tier (lifecycle document, UpdatePod "true → false"; behaviour spec §4f
-//! step 2, §6.5): a guest hibernated on node A and woken on node B is restored from A's raw
+//! The peer snapshot tier (the wake's middle tier, between a verified local snapshot and a registry
+//! pull): a guest hibernated on node A and woken on node B is restored from A's raw
 //! snapshot files instead of the registry when A is up, then cloned with `--from-dir`.
 //!
 //! Layout: [`protocol`] (documents and the checks both ends make) and [`extents`] (which ranges
@@ -27,7 +27,7 @@ pub use nodes::{KubeNodes, NodeAddresses};
 pub use server::PeerServer;
 pub use staging::Staging;
 
-/// Peer settings (behaviour spec §2).
+/// Peer settings.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
     /// `VK_PEER_ADDR` (default `:12501`): the listener; its port is what peers dial.

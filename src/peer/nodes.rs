@@ -1,4 +1,5 @@
-//! Where a peer listens: the `InternalIP` of its Node object (behaviour spec §4f step 2).
+//! Where a peer listens: the `InternalIP` of its Node object (no InternalIP: the wake skips the
+//! peer).
 
 use std::net::IpAddr;
 

@@ -1,5 +1,5 @@
-//! The peer snapshot protocol's documents and the checks both ends make (behaviour spec §6.5,
-//! contracts B.7). Pure: no I/O.
+//! The peer snapshot protocol's documents (the plan, the slices) and the checks both ends make.
+//! Pure: no I/O.
 
 use std::collections::HashSet;
 

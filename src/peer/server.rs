@@ -1,4 +1,4 @@
-//! The peer snapshot server on `VK_PEER_ADDR` (behaviour spec §6.5): hands a hibernated guest's
+//! The peer snapshot server on `VK_PEER_ADDR`: hands a hibernated guest's
 //! raw snapshot files to the node that wakes it. Every request must carry the peer token (401
 //! otherwise); a plan is served only for a snapshot whose `:hibernate` manifest names this node
 //! as `from-node` (403 otherwise), and slices only of a snapshot a plan was served for, so an

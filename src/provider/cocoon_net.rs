@@ -1,4 +1,4 @@
-//! cocoon-net (contracts §C): the JSON lease file (IP by MAC) and lease release over the
+//! cocoon-net: the JSON lease file (IP by MAC) and lease release over the
 //! control socket (`DELETE /v1/leases/<mac>`, HTTP/1.1 on a unix socket).
 
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
-//! Provider settings ([`ProviderArgs`], behaviour spec §2) and the timings of its background work.
-//! Every timing defaults to the spec's value; tests shorten them.
+//! Provider settings ([`ProviderArgs`]) and the timings of its background work. Every timing
+//! defaults to the Go daemon's value; tests shorten them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,7 +35,8 @@ pub struct ProviderConfig {
     pub timings: Timings,
 }
 
-/// The provider's own settings (behaviour spec §2, §3.5, §4b).
+/// The provider's own settings: the restore mode, the orphan policy, the reclaimer's period, where
+/// the VM holders are kept, the clone-from-dir roots, the macOS path.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Provider")]
 pub struct ProviderArgs {
@@ -134,7 +135,7 @@ fn parse_interval(text: &str) -> Option<Option<Duration>> {
     Some((secs > 0).then(|| Duration::from_secs(secs)))
 }
 
-/// Readiness probing (§3.7).
+/// Readiness probing: how often, and how many failures flip a ready pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeTimings {
     /// First interval while not ready; grows ×1.5 up to `max_unready`.
@@ -160,7 +161,8 @@ impl Default for ProbeTimings {
     }
 }
 
-/// How long background work waits and retries (§3.4–§3.9, §4e, §4h).
+/// How long background work waits and retries: apiserver writes, fixups, the lease wait, rechecks,
+/// owed retries, the reconcilers.
 #[derive(Debug, Clone)]
 pub struct Timings {
     /// Pause between attempts of an apiserver write (3 attempts).
@@ -197,7 +199,7 @@ pub struct Timings {
     pub evict_retry_max: Duration,
     /// Classifying a resumed CH+Windows clone (hibernate evidence lookups) gives up after this.
     pub classify_budget: Duration,
-    /// A macOS guest whose record shows no MAC yet is inspected again at most this often (§9).
+    /// A macOS guest whose record shows no MAC yet is inspected again at most this often.
     pub mac_reinspect: Duration,
     /// Period of the local snapshot reclaimer (first pass right after the startup reconcile);
     /// `None` = off (`VK_SNAPSHOT_RECLAIM_INTERVAL=0`).

@@ -1,9 +1,9 @@
-//! CreatePod (lifecycle document; behaviour spec §3.2, §4b): decode, admit, claim, adopt or
-//! gather evidence, ask the bring-up policy, execute its plan, write the runtime annotations,
-//! then finish the boot (probe; guest fixup and lease wait in the background; Ready only when
-//! the probe and the lifecycle agree). A failure boots no VM, leaves a Warning Event and
-//! lifecycle `failed` with the message, and drops the provisional row so the retry is a fresh
-//! create. A pod that asks to stay hibernated boots nothing.
+//! CreatePod (the Go code's order: runtime annotations first, guest work after; `DECISIONS.md` row
+//! 5): decode, admit, claim, adopt or gather evidence, ask the bring-up policy, execute its plan,
+//! write the runtime annotations, then finish the boot (probe; guest fixup and lease wait in the
+//! background; Ready only when the probe and the lifecycle agree). A failure boots no VM, leaves a
+//! Warning Event and lifecycle `failed` with the message, and drops the provisional row so the
+//! retry is a fresh create. A pod that asks to stay hibernated boots nothing.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,6 +1,7 @@
-//! DeletePod (lifecycle document; behaviour spec §3.3, decision 3): the snapshot-before-destroy
-//! policy, save + push `:latest` (a failure keeps the VM and the delete retries), `vm rm
-//! --force`, lease release, snapshot cleanup unless `keep-snapshot-on-delete`, forget.
+//! DeletePod (never destroys a VM whose save failed: `DECISIONS.md` row 3): the
+//! snapshot-before-destroy policy, save + push `:latest` (a failure keeps the VM and the delete
+//! retries), `vm rm --force`, lease release, snapshot cleanup unless `keep-snapshot-on-delete`,
+//! forget.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! What a bring-up needs present before `cocoon vm clone` / `vm run` (behaviour spec §4b): the
+//! What a bring-up needs present before `cocoon vm clone` / `vm run`: the
 //! shared fork snapshot of a lineage, the clone source snapshot (pulled once per name), the
 //! snapshot's base image, and a run image (a cloud image is imported, a snapshot artifact is
 //! refused, anything else is `cocoon image pull`). Concurrent callers share one run of each piece

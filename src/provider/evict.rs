@@ -1,4 +1,4 @@
-//! Eviction (behaviour spec §3.6 `evictPod`): the pod of a VM that is gone (or was removed
+//! Eviction (the Go daemon's `evictPod`): the pod of a VM that is gone (or was removed
 //! after failing) is deleted, conditioned on its uid, and reported Failed with its `agent`
 //! container terminated for the reason. The kubelet then finalizes it like any delete.
 

@@ -1,4 +1,4 @@
-//! What a VM event means for its pod (behaviour spec §3.6), as pure decisions: which events
+//! What a VM event means for its pod, as pure decisions: which events
 //! are worth an inspect, what the inspect result asks for, and the deferred-recheck steps.
 
 use std::time::{Duration, Instant};
@@ -74,7 +74,9 @@ pub enum Action {
     Restart,
 }
 
-/// §3.6 table: the inspect result, and when the VM was last restarted in place.
+/// The inspect result decides: not found evicts (`VMGone`), running is a false alarm, an
+/// inconclusive inspect is rechecked later, and any other state is started in place unless it was
+/// restarted within `cooldown` (then it is removed and the pod evicted, `RestartCooldown`).
 pub fn after_inspect(inspected: &Inspected, last_restart: Option<Instant>, now: Instant, cooldown: Duration) -> Action {
     match inspected {
         Inspected::NotFound => Action::Evict(Eviction::vm_gone()),

@@ -1,4 +1,4 @@
-//! Finishing a boot (behaviour spec §3.2 steps 11–15, §3.4 "hibernate-restore finish", §4e):
+//! Finishing a boot, after a create or a wake:
 //! start the readiness probe, then — in the background, so CreatePod returns — run the guest
 //! fixup the `guest-fixup` policy asks for over `cocoon vm exec` (every 3 s within 180 s),
 //! wait for the guest's DHCP lease (45 s), and only then publish Ready. An exhausted fixup

@@ -1,4 +1,4 @@
-//! Lifecycle intent (behaviour spec §3.8): what vk-cocoon says about a pod in the
+//! Lifecycle intent: what vk-cocoon says about a pod in the
 //! `vm.cocoonstack.io/lifecycle-*` annotations, and the pure rules deciding whether a new
 //! intent replaces the stored one.
 
@@ -105,8 +105,10 @@ pub fn pod_generation(annotations: &BTreeMap<String, String>) -> i64 {
         .unwrap_or(0)
 }
 
-/// Whether `new` replaces `current` (§3.8 `applyLifecycle`). `tracked_uid` is the incarnation
-/// the provider tracks under the pod key, if any.
+/// Whether `new` replaces `current` (the Go daemon's `applyLifecycle`): an intent of another
+/// incarnation, or of an older generation, is dropped, and a `failed` one is replaced at its
+/// generation only by `failed`, `creating` or `hibernating`. `tracked_uid` is the incarnation the
+/// provider tracks under the pod key, if any.
 pub fn admit(current: Option<&Intent>, tracked_uid: Option<&str>, new: &Intent) -> Result<(), Dropped> {
     match tracked_uid {
         Some(t) if t != new.uid => return Err(Dropped::OtherIncarnation),

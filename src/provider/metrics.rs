@@ -1,4 +1,4 @@
-//! The provider's Prometheus metrics (behaviour spec §8.1, namespace `cocoon`, subsystem `vk`)
+//! The provider's Prometheus metrics (the Go daemon's names: namespace `cocoon`, subsystem `vk`)
 //! and the `/metrics` endpoint.
 
 use prometheus::{

@@ -194,7 +194,8 @@ pub enum ArtifactKind {
     Other,
 }
 
-/// By the artifact type alone (behaviour spec §4b), as the registry's classification reads it.
+/// By the artifact type alone, as the registry's classification reads it: a cloud image is
+/// imported, a snapshot refused for mode=run, anything else pulled by cocoon.
 pub fn artifact_kind(artifact_type: &str) -> ArtifactKind {
     use crate::registry::media::{self, ArtifactKind as Oci};
     match media::classify(None, Some(artifact_type), None) {

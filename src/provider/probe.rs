@@ -1,4 +1,4 @@
-//! Readiness probing (behaviour spec §3.7): one agent per pod. The first probe runs inside the
+//! Readiness probing: one agent per pod. The first probe runs inside the
 //! caller (so the first status already says whether the guest answers); later probes run on a
 //! schedule — 100 ms growing ×1.5 to 1 s while not ready, 5 s once ready, three failures in a
 //! row to flip back — and every flip calls back into the provider so the status is republished.
@@ -97,7 +97,7 @@ pub enum Target {
     },
 }
 
-/// The probe of a macOS guest (behaviour spec §9, contracts D): a TCP accept on the probe
+/// The probe of a macOS guest: a TCP accept on the probe
 /// port when one is set, else an `SSH-` banner on `:22`; no lease yet is its own state.
 pub fn macos_target(has_vm: bool, ip: &str, probe: &ReadinessProbe) -> Target {
     if !has_vm {
@@ -286,7 +286,7 @@ pub type TargetFn = Arc<dyn Fn() -> Option<Target> + Send + Sync>;
 #[derive(Clone)]
 pub struct FlipHooks {
     /// Awaited before the new result is visible to [`Probes::result`]: what a Ready must follow
-    /// (the IP annotation, §9) is in place before any status can say Ready.
+    /// (the IP annotation) is in place before any status can say Ready.
     pub prepare: Arc<dyn Fn(bool) -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
     /// Called once the new result is visible: republish the status.
     pub announce: Arc<dyn Fn(bool) + Send + Sync>,
@@ -374,7 +374,7 @@ impl Probes {
                 let (flipped, next) = schedule.observe(r.ready);
                 delay = next;
                 // The verdict is the schedule's: a ready pod stays ready through the failures
-                // before the third in a row (§3.7), with the latest probe's message.
+                // before the third in a row, with the latest probe's message.
                 let ready = schedule.ready();
                 let r = ProbeResult { ready, ..r };
                 if flipped {

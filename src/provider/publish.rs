@@ -1,4 +1,4 @@
-//! Publication towards the apiserver (behaviour spec §1.4, §3.8): lifecycle intents and their
+//! Publication towards the apiserver: lifecycle intents and their
 //! flush, Ready (status before the `ready` annotation), failures (Warning Event + lifecycle
 //! `failed`), and the runtime annotations.
 

@@ -1,4 +1,4 @@
-//! The local snapshot reclaimer (behaviour spec §4h, issue 18): after the startup reconcile and
+//! The local snapshot reclaimer (issue 18): after the startup reconcile and
 //! then every `Timings::reclaim_interval`, drop the local snapshots no pod on this node can wake
 //! or clone from, so the disk does not fill with stale guest memory.
 //!

@@ -1,11 +1,12 @@
-//! Pure decisions of the startup reconcile (behaviour spec §3.5, §4g, §4h): the orphan policy,
+//! Pure decisions of the startup reconcile: the orphan policy,
 //! the stale-create table, matching pods to VMs, and the work owed after a restart.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
 
-/// What happens to a VM no pod claims (§4g).
+/// What happens to a VM no pod claims: destroyed (the default), kept, or kept with an alert; a kept
+/// one is indexed by name, so a later CreatePod for that name adopts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrphanPolicy {
     Destroy,
@@ -25,7 +26,8 @@ impl OrphanPolicy {
     }
 }
 
-/// What to do with a VM left in `creating` after the verb answered (§3.5 table).
+/// What to do with a VM left in `creating` after `vm reconcile-stale-create` answered: only a VM
+/// that turns out running is adopted; a gone one frees its name; anything still in flux is watched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StaleStep {
     /// Gone (or collected): the name is free for a clean recreate.
@@ -165,7 +167,8 @@ pub fn match_pods(
     (out, orphans)
 }
 
-/// Work a restart owes a pod (§4h `owedOpFor`).
+/// Work a restart owes a pod (the Go daemon's `owedOpFor`), read from its annotations: a hibernate
+/// to run or finish, or the guest work of a boot (fixup, lease wait, a Windows clone to classify).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwedOp {
     None,

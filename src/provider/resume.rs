@@ -1,8 +1,8 @@
-//! Work a restart owes (behaviour spec §3.5 step 7, §4h): a hibernate interrupted anywhere
-//! resumes (from the save, or just its last step), a guest fixup or lease wait finishes, and a
-//! cloud-hypervisor Windows clone is classified as restored or fresh by its hibernate evidence.
-//! Operations that change the VM hold a resume claim, so CreatePod, UpdatePod and DeletePod of
-//! the pod back off until they are done.
+//! Work a restart owes, dispatched at the end of the startup reconcile: a hibernate interrupted
+//! anywhere resumes (from the save, or just its last step), a guest fixup or lease wait finishes,
+//! and a cloud-hypervisor Windows clone is classified as restored or fresh by its hibernate
+//! evidence. Operations that change the VM hold a resume claim, so CreatePod, UpdatePod and
+//! DeletePod of the pod back off until they are done.
 
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-//! Startup reconcile (behaviour spec §3.5): list the VMs, check every live pod's CPU class
+//! Startup reconcile: list the VMs, check every live pod's CPU class
 //! (a mismatch is fatal), reconcile stale creates, adopt by id then by name, apply the orphan
 //! policy to the rest, and resume owed work.
 
@@ -303,7 +303,7 @@ fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
     });
 }
 
-/// §4g: destroy (default), alert, keep.
+/// The orphan policy: destroy (default; the leases go with the VM), alert, keep.
 async fn apply_orphan_policy(p: &CocoonProvider, vm: &VmRecord) {
     match p.cfg.orphan_policy {
         OrphanPolicy::Destroy => match p.ports.runtime.remove(&vm.id).await {

@@ -1,4 +1,4 @@
-//! The pod status from what the provider knows (behaviour spec §3.8), as a pure function:
+//! The pod status from what the provider knows, as a pure function:
 //! Ready = the probe answered ∧ the lifecycle intent is `ready`.
 
 use super::lifecycle::{Intent, LifecycleState};

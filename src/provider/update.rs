@@ -1,9 +1,10 @@
-//! UpdatePod (lifecycle document; behaviour spec §3.4, decision 10): the only update honoured is
-//! the hibernate transition. The CPU-class gate runs first, so a wake never resumes a snapshot on
-//! a foreign CPU class. A failed hibernate or wake is reported on the pod and owed a retry: the
+//! UpdatePod (failures retried in the background: `DECISIONS.md` row 10): the only update honoured
+//! is the hibernate transition. The CPU-class gate runs first, so a wake never resumes a snapshot
+//! on a foreign CPU class. A failed hibernate or wake is reported on the pod and owed a retry: the
 //! operation returns [`Next::Requeue`] with the retry's schedule (15 s doubling to 5 min,
-//! jittered), the pod controller waits it out and calls [`requeue`], while the same incarnation
-//! is tracked; it is not returned as an error. Any other update is a no-op that publishes nothing (no status echo).
+//! jittered), the pod controller waits it out and calls [`requeue`], while the same incarnation is
+//! tracked; it is not returned as an error. Any other update is a no-op that publishes nothing (no
+//! status echo).
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::RefusalKind;
 use crate::retry::Schedule;
 
-/// What an update asks of the provider (§3.4 decision table).
+/// What an update asks of the provider: hibernate, wake, bring up a pod that never booted, or nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
     Hibernate,

@@ -1,4 +1,4 @@
-//! Waking a hibernated guest (lifecycle document "true → false"; behaviour spec §3.4, §4f):
+//! Waking a hibernated guest (the hibernate annotation cleared, no VM):
 //! UpdatePod clears the runtime annotations, asks the bring-up policy (a wake is an explicit
 //! restore: evidence fails closed, the image ref must match) and runs the one restore of
 //! [`super::bring_up::restore`]; never an unverified copy and never a fresh boot. The daemon

@@ -1,6 +1,7 @@
-//! The wake's middle tier (behaviour spec §4f step 2): restore the hibernated guest's raw files
-//! from the node its `:hibernate` manifest names as `from-node`, staged for `vm clone --from-dir`.
-//! Best effort: every reason to skip or failure returns why, and the wake pulls from the registry.
+//! The wake's middle tier, after a verified local snapshot and before a registry pull: restore the
+//! hibernated guest's raw files from the node its `:hibernate` manifest names as `from-node`,
+//! staged for `vm clone --from-dir`. Best effort: every reason to skip or failure returns why, and
+//! the wake pulls from the registry.
 
 use std::net::SocketAddr;
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! The VM event watcher (behaviour spec §3.6): `cocoon vm status --event` tells the provider
+//! The VM event watcher: `cocoon vm status --event` tells the provider
 //! within a poll interval that a VM was deleted or stopped behind its back. A deleted VM evicts
 //! its pod (`VMGone`); a stopped one is started again in place, unless it stopped again within
 //! the restart cooldown (then it is removed and the pod evicted, `RestartCooldown`). An

@@ -1,6 +1,7 @@
-//! Cloud images for mode=run (contracts B.4, behaviour §4b "ensure run image" / §6.4):
-//! [`Registry::open_cloud_image`] classifies the artifact (a snapshot is refused: "use mode=clone"), and
-//! [`Registry::write_cloud_image`] streams its disk layers, sorted by title, verified and concatenated.
+//! Cloud images for mode=run (cocoonstack's os-image artifact, imported with `cocoon image
+//! import`): [`Registry::open_cloud_image`] classifies the artifact (a snapshot is refused: "use
+//! mode=clone"), and [`Registry::write_cloud_image`] streams its disk layers, sorted by title,
+//! verified and concatenated.
 
 use super::client::Registry;
 use super::errors::RegistryError;

@@ -7,8 +7,8 @@ use super::names;
 use std::net::IpAddr;
 use std::time::Duration;
 
-/// How snapshots move (behaviour spec §2: `SNAPSHOT_*`; unparsable or negative values count as 0, and 0
-/// means the default).
+/// How snapshots move (`SNAPSHOT_*`; unparsable or negative values count as 0, and 0 means the
+/// default).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransferSettings {
     /// `SNAPSHOT_ZSTD_LEVEL` (0 = off): zstd-compress files of at least 1 MiB (v2 artifact).
@@ -114,8 +114,8 @@ impl TransferSettings {
     }
 }
 
-/// Behaviour spec §2: "Invalid or negative SNAPSHOT_* values become 0" (the Go daemon's rule,
-/// kept: a fleet's environment files were written against it), and 0 means the default.
+/// Invalid or negative `SNAPSHOT_*` values become 0 (the Go daemon's rule, kept: a fleet's
+/// environment files were written against it), and 0 means the default.
 fn lenient(text: &str) -> Result<u64, String> {
     Ok(text.trim().parse::<i64>().map_or(0, |n| n.max(0) as u64))
 }

@@ -1,4 +1,4 @@
-//! Snapshots and cloud images over a real OCI registry (issue 4; contracts B, behaviour §6) — a pure OCI
+//! Snapshots and cloud images over a real OCI registry (issue 4) — a pure OCI
 //! adapter: it reads snapshot exports from readers and writes import streams into writers; running cocoon
 //! is the caller's job (`provider::transfer`).
 //!

@@ -1,14 +1,14 @@
-//! Pull a snapshot artifact as cocoon's A.6 import tar (contracts B.3/B.5, behaviour §6.2), in two steps:
-//! [`Registry::open_snapshot`] resolves the manifest (an index resolves to linux/amd64), the config and the
-//! plan — so an absent tag or an unreadable artifact fails before anything is imported — and
-//! [`Registry::write_snapshot`] streams the tar into a writer: `snapshot.json` synthesised from the config,
-//! then each file re-assembled from its blobs (fetched ahead in parallel within `SNAPSHOT_PULL_BUDGET_MIB`,
-//! see `prefetch`), then the end marker. Every blob is verified (size and
-//! sha256), and no file's body runs past the size its entry header declares: the first byte beyond
-//! it fails the pull as corrupt before it is written (what follows a body is read as the next tar
-//! header, so an artifact must not choose it). The caller must discard what it imported when the
-//! write fails. v2 and index artifacts hold
-//! one of the node's `max_heavy_pulls` slots from open to the end of the write.
+//! Pull a snapshot artifact as cocoon's import tar (`snapshot.json` first, then the files), in two
+//! steps: [`Registry::open_snapshot`] resolves the manifest (an index resolves to linux/amd64), the
+//! config and the plan — so an absent tag or an unreadable artifact fails before anything is
+//! imported — and [`Registry::write_snapshot`] streams the tar into a writer: `snapshot.json`
+//! synthesised from the config, then each file re-assembled from its blobs (fetched ahead in
+//! parallel within `SNAPSHOT_PULL_BUDGET_MIB`, see `prefetch`), then the end marker. Every blob is
+//! verified (size and sha256), and no file's body runs past the size its entry header declares: the
+//! first byte beyond it fails the pull as corrupt before it is written (what follows a body is read
+//! as the next tar header, so an artifact must not choose it). The caller must discard what it
+//! imported when the write fails. v2 and index artifacts hold one of the node's `max_heavy_pulls`
+//! slots from open to the end of the write.
 
 use super::client::Registry;
 use super::errors::RegistryError;

@@ -1,4 +1,4 @@
-//! Pure argv construction for every verb, in the exact flag order of behaviour spec §5.
+//! Pure argv construction for every verb, in the exact flag order the Go daemon sent them.
 
 use super::quantity::to_byte_arg;
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! The VM event stream (`vm status --event --format json`) with reconnects (behaviour spec §3.6).
+//! The VM event stream (`vm status --event --format json`) with reconnects.
 //!
 //! Each connection's stdout is read line by line (lines up to [`MAX_LINE`]; longer, blank or undecodable
 //! lines are skipped). When a connection cannot be opened or ends abnormally the stream waits with

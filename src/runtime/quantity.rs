@@ -1,4 +1,5 @@
-//! Kubernetes resource quantities → byte counts (behaviour spec §4d: `4Gi` → `4294967296`).
+//! Kubernetes resource quantities → byte counts for cocoon's flags (`4Gi` → `4294967296`; an
+//! unparsable string passes through, as the Go daemon passed it).
 //!
 //! Grammar (k8s `resource.Quantity`): `[+-]digits[.digits][suffix]` where suffix is a binary SI suffix
 //! (`Ki Mi Gi Ti Pi Ei`), a decimal SI suffix (`n u m "" k M G T P E`) or a decimal exponent (`e3`, `E-2`).

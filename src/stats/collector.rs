@@ -1,4 +1,4 @@
-//! The per-VM and node collector on `:9091/metrics` (spec §8.1): `cocoon_vk_vm_*` labelled
+//! The per-VM and node collector on `:9091/metrics`: `cocoon_vk_vm_*` labelled
 //! `vm, pod, namespace, backend`, and `cocoon_vk_node_*`, from the shared sample.
 
 use std::sync::Arc;

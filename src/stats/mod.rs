@@ -1,4 +1,4 @@
-//! Resource statistics of the node and of every VM (spec §8.1/8.2), read straight from the
+//! Resource statistics of the node and of every VM, read straight from the
 //! kernel's files: the VM scope's `cpu.stat`, the VMM's `/proc/<pid>/{status,stat,net/dev}`,
 //! the COW disk's allocated size, `/proc/stat`, `/proc/meminfo` and `statvfs(COCOON_ROOT_DIR)`.
 //!

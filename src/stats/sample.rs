@@ -70,7 +70,7 @@ impl GuestNet {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct VmSample {
     pub target: VmTarget,
-    /// `cpu.stat` of the VM's scope; a missing scope reads as zero (spec §8.1).
+    /// `cpu.stat` of the VM's scope; a missing scope reads as zero rather than failing the sample.
     pub cpu: CpuStat,
     /// CPU rate since the previous sample, in nanocores (None on the first sample).
     pub cpu_nanocores: Option<u64>,
@@ -102,7 +102,7 @@ pub struct NodeSample {
 }
 
 impl NodeSample {
-    /// MemTotal − MemAvailable (spec §8.2).
+    /// MemTotal − MemAvailable, as the Go daemon's Summary reported it.
     pub fn memory_used(&self) -> u64 {
         self.mem_total.saturating_sub(self.mem_available)
     }
@@ -281,7 +281,8 @@ pub struct Sampler {
     latest: Mutex<Option<(Instant, Arc<Sample>)>>,
 }
 
-/// How long one sample serves every surface (spec §8.1: 2 s).
+/// How long one sample serves every surface: 2 s, so the surfaces scraped together read the host
+/// once.
 pub const SAMPLE_TTL: Duration = Duration::from_secs(2);
 
 /// How often [`Sampler::keep_fresh`] samples while nothing asks (the kubelet runs cadvisor's

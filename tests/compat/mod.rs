@@ -73,7 +73,7 @@ fn differences_from_0_2_0() -> Vec<(Slot, &'static str, Value)> {
 fn differences_from_0_1_0() -> Vec<(Slot, &'static str, Value)> {
     let permanent = |event: &str| json!({"Refuse": {"kind": "Permanent", "event": event}});
     vec![
-        // The current default runs managed macOS guests through cocoon-macos (behaviour spec §9);
+        // The current default runs managed macOS guests through cocoon-macos;
         // the 0.1.0 build treated them as Linux guests.
         (
             Slot::BringUp,

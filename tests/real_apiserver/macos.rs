@@ -1,4 +1,4 @@
-//! A macOS guest through the real server (behaviour spec §9): `vk-cocoon run` under the
+//! A macOS guest through the real server: `vk-cocoon run` under the
 //! `deploy/rbac.yaml` identity drives the cocoon-macos simulator (a real "qemu" process, its VNC
 //! display and the guest's sshd on loopback). The pod goes Running → waiting for its lease →
 //! Ready on the guest's SSH banner; `kubectl annotate` asking for hibernate is refused with an

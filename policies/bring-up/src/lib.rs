@@ -1,5 +1,7 @@
-//! Default `bring-up` policy (behaviour spec §4b, lifecycle document, decision 4): choose how
-//! CreatePod brings a pod's VM up, or refuse.
+//! Default `bring-up` policy: choose how CreatePod brings a pod's VM up, or refuse. Both an
+//! explicit restore marker and a restore derived from hibernate evidence fail closed when the
+//! evidence cannot be read and refuse an image ref other than the one the hibernate push recorded
+//! (`src/provider/DECISIONS.md`, row 4).
 //!
 //! Rows, first match wins: adopt a VM that already runs here; adopt an unmanaged pod's
 //! pre-assigned VM; validate `clone-from-dir`; restore a hibernated guest (explicit marker or
@@ -134,7 +136,7 @@ fn choose(facts: &Facts) -> Decision {
     fresh_boot(facts, clone_dir)
 }
 
-/// A managed macOS guest (behaviour spec §9) boots through cocoon-macos from its image: `run`
+/// A managed macOS guest (`os=macos`) boots through cocoon-macos from its image: `run`
 /// (an existing VM of that name was adopted above; the host starts a stopped one). No snapshot,
 /// fork or clone path exists for it.
 fn macos(spec: &VmSpec) -> Decision {

@@ -1,4 +1,4 @@
-//! Default `cpu-class-admission` policy (behaviour spec §4c): a pod that pins a snapshot CPU
+//! Default `cpu-class-admission` policy: a pod that pins a snapshot CPU
 //! class through its node selector runs only on a node of exactly that class, so a memory
 //! snapshot never resumes on a foreign guest CPU ABI. Terminal pods are exempt (they have no VM
 //! to resume, and must not wedge node registration).

@@ -1,6 +1,6 @@
-//! Default `guest-fixup` policy (behaviour spec §4e, decision 8): after a clone, fork,
-//! clone-from-dir, wake or run, decide which commands must run in the guest, and which static
-//! addresses must be set through its serial console, before it is usable.
+//! Default `guest-fixup` policy: after a clone, fork, clone-from-dir, wake or run, decide which
+//! commands must run in the guest, and which static addresses must be set through its serial
+//! console, before it is usable.
 //!
 //! A Windows guest's static NICs get their addresses through the Special Administration
 //! Console (the host sets them after any command ran): after a clone, fork or clone-from-dir

@@ -1,6 +1,6 @@
-//! The guest commands of §4e: the Windows network-device reset, and the Linux script that
-//! refreshes the page cache, the hostname, (on firecracker) the NIC MACs, and the network
-//! configuration. Inputs must already have passed [`crate::safety`].
+//! The guest commands the Go daemon ran after a clone: the Windows network-device reset, and the
+//! Linux script that refreshes the page cache, the hostname, (on firecracker) the NIC MACs, and the
+//! network configuration. Inputs must already have passed [`crate::safety`].
 
 use alloc::format;
 use alloc::string::String;

@@ -1,4 +1,5 @@
-//! The §4e table through `decide`, on the guest's own generated types.
+//! Every post-clone scenario (which guests need a fixup, and its commands) through `decide`, on the
+//! guest's own generated types.
 
 use super::*;
 use alloc::string::ToString;

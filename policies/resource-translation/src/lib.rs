@@ -1,6 +1,6 @@
-//! Default `resource-translation` policy (behaviour spec §4d): the first container's resources
-//! become cocoon's host cgroup flags on every path, and guest vCPU / memory / storage on the run
-//! path only (a clone inherits its topology from the snapshot).
+//! Default `resource-translation` policy (the kubelet's cgroup v2 conversion): the first
+//! container's resources become cocoon's host cgroup flags on every path, and guest vCPU / memory /
+//! storage on the run path only (a clone inherits its topology from the snapshot).
 //!
 //! `cpu.weight` follows the kubelet's cgroup v2 conversion as runc implements it
 //! (shares = milli × 1024 / 1000 clamped to [2, 262144]; weight = 1 + (shares − 2) × 9999 / 262142),

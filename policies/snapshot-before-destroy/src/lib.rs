@@ -1,6 +1,8 @@
-//! Default `snapshot-before-destroy` policy (behaviour spec §4a, decisions 3, 8 and 9): before
-//! DeletePod destroys a VM, save and push it to `<vm>:latest` unless the pod's snapshot policy
-//! says otherwise. The role comes from the pod's CocoonSet owner and its exact VM name.
+//! Default `snapshot-before-destroy` policy: before DeletePod destroys a VM, save and push it to
+//! `<vm>:latest` unless the pod's snapshot policy says otherwise (`never`; `main-only` for any role
+//! but the main agent). Only a running VM is saved, never an unmanaged pod's (its VM is the
+//! operator's: `src/provider/DECISIONS.md` row 8) or a macOS guest's (no live snapshot). The role
+//! comes from the pod's CocoonSet owner and its exact VM name, in either naming generation (row 9).
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 

@@ -1,4 +1,5 @@
-//! Snapshot naming rules (behaviour spec §1.5).
+//! Snapshot naming rules, as cocoon-common names them: the tag-aware local name, the fork snapshot,
+//! the hibernate import.
 
 use alloc::format;
 use alloc::string::String;

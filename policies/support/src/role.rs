@@ -1,6 +1,6 @@
-//! A pod's agent role, from its CocoonSet owner and its VM name (behaviour spec §1.6,
-//! decision 9): the role never comes from a VM-name suffix alone, so a toolbox whose name ends
-//! in `-0` is not mistaken for a main agent.
+//! A pod's agent role, from its CocoonSet owner and its VM name (cocoon-common's `RoleForPod`; both
+//! naming generations, `src/provider/DECISIONS.md` row 9): the role never comes from a VM-name
+//! suffix alone, so a toolbox whose name ends in `-0` is not mistaken for a main agent.
 
 use alloc::format;
 use alloc::string::String;

@@ -1,5 +1,5 @@
 //! `/attach/{namespace}/{pod}/{container}`: the VM's serial console — `console.sock` in its run
-//! directory, cloud-hypervisor's `--serial socket=` (contracts §A.9) — as an interactive stream:
+//! directory, cloud-hypervisor's `--serial socket=` — as an interactive stream:
 //! stdin goes to the guest's serial port, what the guest prints comes back on stdout. A terminal
 //! (`-t`) is fine here (the console is one). cloud-hypervisor serves one console client at a
 //! time, so one session holds a VM's console; another gets 409 until it ends. The session

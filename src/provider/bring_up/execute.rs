@@ -246,7 +246,9 @@ fn clone_spec(
     plan::clone_spec(options, source, pull, cpu, None).map_err(|m| Failure::permanent("CreateBringUpFailed", m))
 }
 
-/// What an adopted VM still needs, from the markers its pod carries (behaviour spec §4h).
+/// What an adopted VM still needs, from the markers its pod carries (the owed-work rule a restart
+/// uses: a fixup owed runs, a finished one waits for the lease, a Windows clone is classified by
+/// its hibernate evidence; otherwise Ready at once).
 pub(in crate::provider) async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish {
     match reconcile::owed_for(pod, true) {
         OwedOp::PostClone => Finish::resumed_fixup(),

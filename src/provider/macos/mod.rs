@@ -1,5 +1,5 @@
-//! macOS guests through cocoon-macos (lifecycle document "macOS guests", behaviour spec §9,
-//! contracts D, decision 7): managed `os=macos` pods never reach the cocoon paths.
+//! macOS guests through cocoon-macos, with the newer cocoon-macos flags (`DECISIONS.md` row 7):
+//! managed `os=macos` pods never reach the cocoon paths. What a reader needs: `macos/README.md`.
 //!
 //! - CreatePod: the image is required; a VM this node already tracks by name is adopted; else
 //!   `vm inspect` decides (see [`plan::step`]): a live qemu is adopted, a dead record started,
@@ -77,7 +77,7 @@ impl Default for MacosSettings {
     }
 }
 
-/// The macOS path's node settings (behaviour spec §9).
+/// The macOS path's node settings.
 #[derive(Clone, clap::Args)]
 #[command(next_help_heading = "macOS guests")]
 pub struct MacosArgs {
@@ -312,7 +312,7 @@ enum Decided {
     Run(String),
 }
 
-/// The bring-up policy decides (behaviour spec §9 through the contract): adopt the VM of
+/// The bring-up policy decides, through the contract unchanged: adopt the VM of
 /// that name, run one from an image, or refuse. A plan no cocoon-macos path can carry out (a
 /// clone, fork, restore, ... from a policy that does not know macOS guests) is refused with the
 /// policy named, never guessed at.
@@ -450,7 +450,7 @@ async fn register(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord) {
 }
 
 impl CocoonProvider {
-    /// A macOS guest whose record shows no MAC yet (spec §9): inspect it again, at most every
+    /// A macOS guest whose record shows no MAC yet: inspect it again, at most every
     /// `timings.mac_reinspect` per pod (`last` is the pod's probe's own clock), on a task of its
     /// own since the probe's target is synchronous. A MAC that appears is attached to the
     /// tracked VM, so the next probe looks up the guest's lease by it.

@@ -1,7 +1,7 @@
-//! The macOS path's decisions, pure (behaviour spec §9, decision 7). They are the host's for
+//! The macOS path's decisions, pure (`DECISIONS.md` row 7). They are the host's for
 //! now: the bring-up and translation contracts (WIT v0.1/v0.2) have no macOS facts or plans, so
 //! the adopt / start / run choice, the launch sizes and the refusals are taken here, in this
-//! one module, until the contract grows them (README "macOS guests").
+//! one module, until the contract grows them (`src/provider/macos/README.md`).
 
 use crate::policy::contract::resource_translation::GuestResources;
 use crate::runtime::VmRecord;

@@ -1,4 +1,4 @@
-//! The lifecycle intents of the table's records (§3.8): staged under the admission rules,
+//! The lifecycle intents of the table's records: staged under the admission rules,
 //! flushed to the apiserver by their caller, re-flushed by the lifecycle reconciler.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use super::super::lifecycle::{self, Dropped, Intent};
 use super::{StoredIntent, Table, apply};
 
 impl Table {
-    /// Stages an intent under the §3.8 rules; the caller flushes it.
+    /// Stages an intent under [`crate::provider::lifecycle::admit`]'s rules; the caller flushes it.
     pub fn stage_intent(&self, key: &str, mut intent: Intent, pod: Option<&Pod>) -> Result<Intent, Dropped> {
         let mut s = self.lock();
         let e = s.entry(key);

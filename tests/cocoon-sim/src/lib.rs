@@ -1,8 +1,9 @@
 //! cocoon-sim: a simulator of the `cocoon` CLI for vk-cocoon's tests.
 //!
-//! The binary `cocoon-sim` answers the same argv as `cocoon` (see `/work/shared/spec/cocoon-contracts.md` §A)
-//! with the same JSON, error texts and exit codes. All state lives under `COCOON_SIM_ROOT` and every
-//! read-modify-write happens under an exclusive file lock, so concurrent invocations are safe.
+//! The binary `cocoon-sim` answers the same argv as `cocoon` (verbs, flags, JSON records; see
+//! `README.md`) with the same JSON, error texts and exit codes. All state lives under
+//! `COCOON_SIM_ROOT` and every read-modify-write happens under an exclusive file lock, so
+//! concurrent invocations are safe.
 //!
 //! Tests drive it through [`Sim`] (fault injection, out-of-band VM flips, the exec and call logs).
 //! The control file format is documented in `tests/cocoon-sim/README.md`.

@@ -1,8 +1,8 @@
-//! macOS guests end to end (behaviour spec §9, contracts D, decision 7): the daemon on the fake
-//! apiserver drives the cocoon-macos simulator (a real "qemu" process per running VM, its VNC
-//! display and the guest's sshd on loopback), and the daemon's real probes read the guest's
-//! `SSH-` banner. Create (run new / start dead / adopt live), registration, readiness, delete
-//! with lease release, VNC ports, hibernate refused, restart re-registration, bad input.
+//! macOS guests end to end (the newer cocoon-macos flags: `src/provider/DECISIONS.md` row 7): the
+//! daemon on the fake apiserver drives the cocoon-macos simulator (a real "qemu" process per
+//! running VM, its VNC display and the guest's sshd on loopback), and the daemon's real probes read
+//! the guest's `SSH-` banner. Create (run new / start dead / adopt live), registration, readiness,
+//! delete with lease release, VNC ports, hibernate refused, restart re-registration, bad input.
 
 use crate::provider_support;
 
@@ -102,7 +102,7 @@ async fn a_macos_pod_runs_waits_for_its_lease_turns_ready_on_the_ssh_banner_and_
     })
     .await;
     assert_eq!(phase(&env, "mac-0").as_deref(), Some("Running"));
-    // Pulled once (it was not in the store), then run with the §9 flags.
+    // Pulled once (it was not in the store), then run with the macOS path's flags.
     assert_eq!(mac_calls(&env, "image pull").len(), 1);
     let run = mac_calls(&env, "vm run");
     assert_eq!(run.len(), 1, "{run:?}");

@@ -80,7 +80,7 @@ fn help_lists_every_variable_with_the_spec_defaults() {
         Vec::<&String>::new(),
         "documented in deploy/vk-cocoon.env.example but not a setting of `vk-cocoon run`"
     );
-    // Behaviour spec §2 (and the project's decisions: mmap, destroy, the 32 MiB budgets).
+    // The Go daemon's defaults (and the project's decisions: mmap, destroy, the 32 MiB budgets).
     for (var, default) in [
         ("VK_NODE_NAME", "cocoon-pool"),
         ("VK_LOG_LEVEL", "info"),
