@@ -7,10 +7,10 @@
 //! A backoff schedule doubles from `min` to `max` with *equal jitter*: each delay is drawn from
 //! `[d/2, d)` of the un-jittered delay `d`, so a thousand pods that failed together (a registry
 //! outage) do not retry in step, and no delay ever exceeds `max`. (backon's jitter adds up to one
-//! more delay; asking it for half the delays gives the equal-jitter spread.) A fixed cadence the
-//! behaviour spec prescribes (the fixup every 3 s) is `Schedule::every` and has no jitter.
-//! An optional budget bounds a loop by elapsed time — the time of the attempts included, as the
-//! spec's budgets are written — and an optional attempt count bounds it by tries.
+//! more delay; asking it for half the delays gives the equal-jitter spread.) A fixed cadence kept
+//! from the Go daemon (the fixup every 3 s) is `Schedule::every` and has no jitter. An optional
+//! budget bounds a loop by elapsed time — the time of the attempts included, as the spec's budgets
+//! are written — and an optional attempt count bounds it by tries.
 
 use std::time::{Duration, Instant};
 

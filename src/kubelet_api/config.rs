@@ -22,7 +22,7 @@ pub struct ApiConfig {
     pub client_ca: Option<PathBuf>,
 }
 
-/// The kubelet API's listener and certificates (README "The kubelet API").
+/// The kubelet API's listener and certificates (`src/kubelet_api/README.md`).
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Kubelet API")]
 pub struct ApiArgs {

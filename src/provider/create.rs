@@ -88,7 +88,8 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if let Err(f) = held {
         return fail_create(p, &key, pod, false, f).await;
     }
-    // 1. (lifecycle document) os=macos pods branch to the self-contained cocoon-macos path.
+    // Still part of step 1, once claimed: os=macos pods branch to the self-contained cocoon-macos
+    // path.
     if super::macos::is_macos(&spec) {
         return super::macos::create(p, pod, &key, &spec, facts).await;
     }

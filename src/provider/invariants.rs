@@ -1,7 +1,7 @@
 //! The host invariants: the few rules the provider applies itself rather than asking a policy,
-//! because they describe what this build and the cocoon runtime can do, not a choice a policy
-//! could make differently (README "Host invariants" lists them with the reasons). Each is typed
-//! on the decoded VM spec; nothing here reads an annotation.
+//! because they describe what this build and the cocoon runtime can do, not a choice a policy could
+//! make differently (`policies/README.md`, "Host invariants", lists them with the reasons). Each is
+//! typed on the decoded VM spec; nothing here reads an annotation.
 
 use crate::model::VmSpec;
 use crate::policy::contract::types::{Backend, BootMode, GuestOs};

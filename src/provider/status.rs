@@ -26,7 +26,8 @@ pub fn build(v: &View<'_>) -> ProviderPodStatus {
         .map(|i| i.message.clone());
     let Some(vm) = v.vm else {
         if v.hibernated {
-            // The pod stays alive (lifecycle document): Running, its guest parked in a snapshot.
+            // The pod stays alive, so no controller recreates it: Running, its guest parked in a
+            // snapshot.
             let waking = v.intent.is_some_and(|i| i.state == LifecycleState::Creating);
             let (reason, message) = match (&failed, waking) {
                 (Some(m), _) => ("Hibernated", m.clone()),

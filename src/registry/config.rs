@@ -61,7 +61,8 @@ impl TransferSettings {
     /// The transfers' settings; the rules that bind two values (a chunk within the budget) are
     /// checked here.
     pub fn from_args(args: &TransferArgs) -> Result<TransferSettings, ConfigError> {
-        // Behaviour spec: "Invalid or negative SNAPSHOT_* values become 0" (and 0 means the default).
+        // The Go daemon's rule: invalid or negative SNAPSHOT_* values become 0 (and 0 means the
+        // default).
         let or = |v: u64, d: u64| if v == 0 { d } else { v };
         let d = TransferSettings::default();
         // zstd's levels are 1..=22 (its library clamps too; a larger value is a typo worth refusing).

@@ -78,7 +78,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-/// kubectl exec / attach / port-forward sessions (README "exec, attach and port-forward").
+/// kubectl exec / attach / port-forward sessions (`src/kubelet_api/README.md`, "exec, attach and
+/// port-forward").
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Streaming (exec, attach, port-forward)")]
 pub struct StreamingArgs {

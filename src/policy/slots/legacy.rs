@@ -1,5 +1,5 @@
-//! Adapting components built against older contracts (README "Contract versions" states these
-//! rules for operators).
+//! Adapting components built against older contracts (`policies/README.md`, "Contract versions",
+//! states these rules for operators).
 //!
 //! 0.2.0 has the current records without the 0.3.0 additions, so a value crosses by its JSON
 //! form ([`down`], [`up`]): the facts lose the fields 0.2.0 does not have, and a 0.2.0 decision

@@ -100,7 +100,8 @@ pub trait PolicySlot: SlotCell + Sized + Send + Sync + 'static {
     fn summary(decision: &Self::Decision) -> Summary<'_>;
 
     /// The facts of a pod with the host's side at its defaults (case tables and `policy eval`
-    /// override them with `host:`); see README "Testing a policy" for each slot's defaults.
+    /// override them with `host:`); see `policies/README.md`, "Testing a policy", for each
+    /// slot's defaults.
     fn default_facts(pod: PodInput<'_>) -> Self::Facts;
 
     /// Fills, in facts written as contract JSON (`host:` of a case table merged over the

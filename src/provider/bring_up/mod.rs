@@ -1,8 +1,8 @@
-//! A bring-up as a pipeline of typed steps (lifecycle document steps 2–3): [`gather`] reads
-//! what this node has for the pod (I/O), [`decide`] asks the bring-up policy (pure, sandboxed),
-//! [`execute`] carries out the plan it chose (I/O). Each step fails with its own
-//! [`BringUpError`] case, so the caller knows whether a failed bring-up was a restore (a failed
-//! wake) without a flag threaded through every step. [`restore`] is the one restore of a
+//! A bring-up (adopt the VM already here, else the path the policy picks) as a pipeline of typed
+//! steps: [`gather`] reads what this node has for the pod (I/O), [`decide`] asks the bring-up
+//! policy (pure, sandboxed), [`execute`] carries out the plan it chose (I/O). Each step fails with
+//! its own [`BringUpError`] case, so the caller knows whether a failed bring-up was a restore (a
+//! failed wake) without a flag threaded through every step. [`restore`] is the one restore of a
 //! hibernated guest, shared by CreatePod and the UpdatePod wake.
 //!
 //! Nothing here imports `create` or `wake`: both import this.

@@ -129,7 +129,7 @@ async fn a_cocoonset_with_sub_agents_runs_scales_suspends_and_resumes_through_th
             "{pod}: {woken:?}"
         );
         // cocoon-operator v0.3.3 drops a `:hibernate` tag only when a CocoonHibernation wakes
-        // its pod and when the set is deleted, not when a set resumes (see the README).
+        // its pod and when the set is deleted, not when a set resumes (see `deploy/operator.md`).
         assert!(
             site.has_tag(vm, "hibernate").await,
             "{vm}:hibernate stays after the resume"
@@ -148,7 +148,7 @@ async fn a_cocoonset_with_sub_agents_runs_scales_suspends_and_resumes_through_th
 /// that the explicit clone source conflicts with (`HibernateSourceConflict`, lifecycle
 /// `failed`); the operator rebuilds the slot four times, each refused the same way, then marks
 /// the pod `cocoonset.cocoonstack.io/dead-letter` and the set stays `Scaling`. Ignored until the daemon tells a tag it has already woken a guest from from
-/// one that still holds a hibernated guest (the lead's; see the README's operator section).
+/// one that still holds a hibernated guest (the lead's; see `deploy/operator.md`).
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a sub-agent slot returning after a resume is refused over the :hibernate tag v0.3.3 leaves"]
 async fn a_sub_agent_slot_that_returns_after_a_resume_is_forked_again() {
