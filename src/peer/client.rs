@@ -158,7 +158,7 @@ impl PeerClient {
             received += r;
             written += w;
         }
-        // Written last: its presence marks the directory complete (contracts A.7).
+        // Written last: cocoon takes its presence to mean the directory is complete.
         let marker = dir.path().join(ENVELOPE_FILE);
         std::fs::OpenOptions::new()
             .write(true)

@@ -1,5 +1,5 @@
 //! The staging directory (`VK_STAGING_DIR`): where a peer restore lays out a snapshot in the
-//! `--to-dir` format (contracts A.7) for `vm clone --from-dir`. Each restore gets a fresh
+//! `--to-dir` format for `vm clone --from-dir`. Each restore gets a fresh
 //! `<root>/<sanitized-name>-XXXXXX/` that is removed when the restore fails or once the clone
 //! is done; whatever a crash left behind is swept at startup.
 

@@ -45,10 +45,10 @@ pub trait SnapshotRegistry: Send + Sync {
     async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryError>;
     /// The config of a snapshot artifact; `Ok(None)` when the tag is absent.
     async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryError>;
-    /// The snapshot id and `snapshot.json` envelope (contracts A.7, its name `local_name`) of
-    /// `repo:tag`'s config: what a peer restore checks its peer's plan against and writes as the
-    /// staging directory's marker. `Ok(None)` when the tag is absent, or when this adapter cannot
-    /// build an envelope (the wake then skips the peer tier).
+    /// The snapshot id and `snapshot.json` envelope (the `--to-dir` format's, its name
+    /// `local_name`) of `repo:tag`'s config: what a peer restore checks its peer's plan against and
+    /// writes as the staging directory's marker. `Ok(None)` when the tag is absent, or when this
+    /// adapter cannot build an envelope (the wake then skips the peer tier).
     async fn snapshot_envelope(
         &self,
         repo: &str,
@@ -58,7 +58,8 @@ pub trait SnapshotRegistry: Send + Sync {
         let _ = (repo, tag, local_name);
         Ok(None)
     }
-    /// Uploads the A.6 export tar read from `export` as `repo:tag`, recording `base_image`.
+    /// Uploads the export tar (`snapshot export -o -`) read from `export` as `repo:tag`, recording
+    /// `base_image`.
     async fn push_snapshot(
         &self,
         export: Box<dyn AsyncRead + Send + Unpin>,
@@ -69,7 +70,7 @@ pub trait SnapshotRegistry: Send + Sync {
     ) -> Result<PushReport, RegistryError>;
     /// Resolves `repo:tag` for a pull, before anything is imported (`NotFound` when the tag is absent).
     async fn open_snapshot(&self, repo: &str, tag: &str) -> Result<SnapshotSource, RegistryError>;
-    /// Writes the A.6 import tar of `src`, its snapshot named `local_name`, into `sink`.
+    /// Writes the import tar (for `snapshot import`) of `src`, its snapshot named `local_name`, into `sink`.
     async fn write_snapshot(
         &self,
         src: &SnapshotSource,

@@ -1,5 +1,5 @@
-//! Pure media-type logic (contracts B.3/B.4): names, layer type by file name, the reader allowlist, and
-//! artifact classification.
+//! Pure media-type logic (snapshot and cloud-image artifacts): names, layer type by file name, the
+//! reader allowlist, and artifact classification.
 
 // The standard OCI / Docker types, as oci-client names them.
 pub use oci_client::manifest::{

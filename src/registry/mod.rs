@@ -6,7 +6,7 @@
 //! - [`media`]: media types and artifact classification (pure).
 //! - [`manifest`]: oci-client's manifest/index types, the camelCase config blob, the pull plan, the
 //!   snapshot manifest a push writes (pure).
-//! - [`tarfmt`]: cocoon's A.6 tar headers on top of the `tar` crate (pure).
+//! - [`tarfmt`]: cocoon's export/import tar headers on top of the `tar` crate (pure).
 //! - [`client`]: [`Registry`] — manifest reads with a typed outcome, config blobs, verified blob streams.
 //! - `distribution`: the distribution API requests (manifests, blobs), each answer held to its shape
 //!   (`answer`: read whole to a limit, within a deadline; `names`: the name grammar);

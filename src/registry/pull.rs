@@ -126,7 +126,7 @@ impl Registry {
         })
     }
 
-    /// Writes the A.6 import tar of `src` into `sink`, naming the snapshot `local_name` in its
+    /// Writes the import tar of `src` into `sink`, naming the snapshot `local_name` in its
     /// `snapshot.json`. The sink is not shut down; on an error the caller must discard what was written.
     pub async fn write_snapshot(
         &self,

@@ -1,4 +1,4 @@
-//! Push a snapshot export (cocoon's A.6 tar, read from any reader) as an OCI artifact (contracts B.3/B.5):
+//! Push a snapshot export (cocoon's export tar, read from any reader) as an OCI artifact:
 //! v1 — one blob per file — or, with `SNAPSHOT_ZSTD_LEVEL` / `SNAPSHOT_CHUNK_SIZE_MIB`, v2 — files of at
 //! least 1 MiB zstd-compressed and / or cut into fixed-size chunks, one blob each, `config.files[title]`
 //! carrying the uncompressed size and the authoritative chunk order.

@@ -1,5 +1,5 @@
-//! The export side of a push: cocoon's A.6 tar read on a blocking thread with the `tar` crate, each entry
-//! turned into what the uploader sends, in export order —
+//! The export side of a push: cocoon's export tar read on a blocking thread with the `tar` crate,
+//! each entry turned into what the uploader sends, in export order —
 //!
 //! - a small raw file (≤ [`ReadPlan::small_max`]): read whole and hashed here, uploaded after a `HEAD`;
 //! - a big raw file: streamed in pieces as it is read, hashed along the way (the digest ends the stream);

@@ -1,6 +1,6 @@
-//! cocoon's import/export tar (contracts A.6), on top of the `tar` crate: the header bytes of one entry
-//! (with the `COCOON.sparse.*` PAX records), padding, the end-of-archive marker, and reading an entry's
-//! metadata from the export stream.
+//! cocoon's import/export tar (`snapshot.json` first, then every file), on top of the `tar` crate:
+//! the header bytes of one entry (with the `COCOON.sparse.*` PAX records), padding, the
+//! end-of-archive marker, and reading an entry's metadata from the export stream.
 
 use super::manifest::FilePlan;
 

@@ -58,7 +58,8 @@ pub struct RunSpec {
 pub enum CloneSource {
     /// A local snapshot ref (name or ID).
     Snapshot(String),
-    /// A directory in the `--to-dir` format (contracts A.7).
+    /// A directory in the format `snapshot export --to-dir` writes (the files, then
+    /// `snapshot.json`).
     Dir(String),
 }
 

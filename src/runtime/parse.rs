@@ -1,4 +1,4 @@
-//! Pure parsing of cocoon's JSON output (old and new shapes, contracts A.4) and of its stderr (A.8).
+//! Pure parsing of cocoon's JSON output (old and new shapes) and of the error texts on its stderr.
 
 use super::errors::RuntimeError;
 use serde::{Deserialize, Deserializer, Serialize};

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// The host's and cocoon's directories the daemon reads directly (contracts A.9).
+/// The host's and cocoon's directories the daemon reads directly, bypassing the cocoon CLI.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPaths {
     /// `VK_PROC_ROOT` (default `/proc`): `stat`, `meminfo`, `<pid>/{status,stat,net/dev}`.

@@ -395,7 +395,7 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Files of an A.7 directory (`snapshot export --to-dir`): name → (apparent size, bytes).
+/// Files of a `snapshot export --to-dir` directory: name → (apparent size, bytes).
 pub fn dir_files(dir: &Path) -> std::collections::BTreeMap<String, (u64, Vec<u8>)> {
     let mut out = std::collections::BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {

@@ -17,7 +17,7 @@ pub use config::{FileInfo, SnapshotConfig};
 pub use plan::{BlobPart, FilePlan, PlanError, snapshot_plan};
 pub use write::{PushedLayer, sha256_digest, snapshot_manifest};
 
-/// The biggest config blob we read (contracts B.3).
+/// The biggest config blob we read (a snapshot's config is a few KiB of JSON).
 pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// The biggest manifest we accept.
 pub const MAX_MANIFEST_BYTES: usize = 4 << 20;

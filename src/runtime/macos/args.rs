@@ -1,4 +1,4 @@
-//! The argv of every `cocoon-macos` verb vk-cocoon issues (contracts appendix D). Pure: the
+//! The argv of every `cocoon-macos` verb vk-cocoon issues. Pure: the
 //! client runs these as they are, never through a shell.
 
 /// A VNC display and its password (the CLI never persists the password: `vm start` needs it

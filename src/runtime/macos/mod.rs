@@ -1,4 +1,4 @@
-//! Typed async client for the `cocoon-macos` CLI (QEMU/KVM macOS guests; contracts appendix D):
+//! Typed async client for the `cocoon-macos` CLI (QEMU/KVM macOS guests):
 //! [`MacosRuntime`] is what the provider uses, [`MacosCli`] runs `VK_COCOON_MACOS_BIN` with an
 //! argv (never a shell). `vm run` and `vm start` outlive the call that asked for them: they run
 //! on a task of their own with a 5 min budget, and when that runs out the process gets SIGTERM

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use std::time::Duration;
 
-/// `vm inspect NAME` (contracts D: `{name, pid, mac, tap, disk, vnc}`; the CLI prints more).
+/// `vm inspect NAME` (`{name, pid, mac, tap, disk, vnc}`; the CLI prints more).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct MacVm {
     #[serde(default)]

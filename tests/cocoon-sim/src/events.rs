@@ -21,7 +21,8 @@ struct Event<'a> {
     vm: &'a Vm,
 }
 
-/// The change-detection tuple of contracts A.5.
+/// What cocoon compares to decide that a VM changed (id, name, state, cpu, memory, IPs, image): a
+/// new id is ADDED, a changed tuple MODIFIED; other fields (the pid) raise no event.
 fn key(vm: &Vm) -> (String, String, String, i64, u64, String, String) {
     let ips = vm
         .network_configs

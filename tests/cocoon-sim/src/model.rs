@@ -1,4 +1,4 @@
-//! Records in cocoon's JSON shapes (contracts A.4), plus the simulator's internal bookkeeping.
+//! Records in cocoon's JSON shapes, plus the simulator's internal bookkeeping.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! cocoon's snapshot tar format (contracts A.6): `snapshot.json` first, then every regular file name-sorted;
+//! cocoon's snapshot tar format: `snapshot.json` first, then every regular file name-sorted;
 //! files with holes carry the PAX records `COCOON.sparse.map` / `COCOON.sparse.size`.
 
 use crate::model::Envelope;

@@ -1,5 +1,5 @@
 //! The "hypervisor" of a running VM: a real process per running VM (so its pid, `/proc/<pid>`
-//! and RSS are real), plus the files cocoon and the kernel keep for it (contracts A.9): the run
+//! and RSS are real), plus the files cocoon and the kernel keep for it: the run
 //! directory with the COW disk and pid file, the hypervisor log `cocoon vm logs` reads, and a
 //! cgroup-like `vm-<id>.scope/cpu.stat`. As root, the process also gets its own network
 //! namespace with the VM's TAP device and sends `settings.vm_net_tx_bytes` of frames on it, so
