@@ -191,7 +191,8 @@ pub struct Timings {
     /// Status reconciler: first pass after start, then every `status_period`.
     pub status_initial: Duration,
     pub status_period: Duration,
-    /// Retry of a failed hibernate or wake (decision 10): `op_retry_min` doubling to `op_retry_max`.
+    /// Retry of a failed hibernate or wake (`DECISIONS.md` row 10): `op_retry_min` doubling to
+    /// `op_retry_max`.
     pub op_retry_min: Duration,
     pub op_retry_max: Duration,
     /// Eviction: pause × attempt between delete attempts, then background retries up to `evict_retry_max`.

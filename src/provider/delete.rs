@@ -173,7 +173,7 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
     Ok(())
 }
 
-/// The VM stays (decision 3): record the failure and let the delete retry.
+/// The VM stays (`DECISIONS.md` row 3): record the failure and let the delete retry.
 pub(super) fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
     keep(p, pod, key, vm_id, &message, "the delete retries");
     ProviderError::Transient(format!("{message}; vm {vm_id} kept"))

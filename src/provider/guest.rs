@@ -2,7 +2,7 @@
 //! start the readiness probe, then — in the background, so CreatePod returns — run the guest
 //! fixup the `guest-fixup` policy asks for over `cocoon vm exec` (every 3 s within 180 s),
 //! wait for the guest's DHCP lease (45 s), and only then publish Ready. An exhausted fixup
-//! leaves the pod Running / Not Ready with the commands as a base64 hint (decision 1).
+//! leaves the pod Running / Not Ready with the commands as a base64 hint (`DECISIONS.md` row 1).
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -73,7 +73,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     p.state.refresh(&key, pod);
     let spec = vm_spec::of_pod(pod);
     if !spec.managed {
-        // Decision 8: an unmanaged VM is not ours to hibernate.
+        // `DECISIONS.md` row 8: an unmanaged VM is not ours to hibernate.
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(Next::Done);
     }
@@ -188,8 +188,8 @@ impl CocoonProvider {
         next
     }
 
-    /// The schedule of a failed transition's retries (decision 10): doubling from the minimum to
-    /// the cap, or at the cap when an operator must act.
+    /// The schedule of a failed transition's retries (`DECISIONS.md` row 10): doubling from the
+    /// minimum to the cap, or at the cap when an operator must act.
     fn retry_schedule(&self, kind: RefusalKind) -> Schedule {
         op_retry_schedule(&self.cfg.timings, kind)
     }

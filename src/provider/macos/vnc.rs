@@ -1,7 +1,7 @@
-//! Node-unique VNC ports for macOS guests (decision 7): a port in the node's range (5900–5999 by
-//! default) belongs to at most one VM name until that VM is deleted. The CLI binds the port on
-//! all interfaces, so two VMs given one port would fail the second launch; handing them out
-//! here makes that impossible rather than a retry loop.
+//! Node-unique VNC ports for macOS guests (`DECISIONS.md` row 7): a port in the node's range
+//! (5900–5999 by default) belongs to at most one VM name until that VM is deleted. The CLI binds
+//! the port on all interfaces, so two VMs given one port would fail the second launch; handing them
+//! out here makes that impossible rather than a retry loop.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;

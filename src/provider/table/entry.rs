@@ -64,8 +64,8 @@ pub struct GuestWork {
     pub stop: CancellationToken,
 }
 
-/// A failed hibernate or wake owed a retry (decision 10). The pod controller waits it out on
-/// `schedule` and calls the provider's requeue hook, which runs the retry.
+/// A failed hibernate or wake owed a retry (`DECISIONS.md` row 10). The pod controller waits it out
+/// on `schedule` and calls the provider's requeue hook, which runs the retry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwedRetry {
     pub uid: Uid,

@@ -1,5 +1,5 @@
 //! DeletePod end to end: snapshot-before-destroy and `:latest` push with the base image, a
-//! failed push keeps the VM and the delete retries (decision 3), snapshot cleanup and the
+//! failed push keeps the VM and the delete retries (`DECISIONS.md` row 3), snapshot cleanup and the
 //! keep-snapshot-on-delete flag.
 
 use crate::provider_support;
