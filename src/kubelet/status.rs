@@ -111,7 +111,7 @@ pub fn build_pod_status(pod: &Pod, s: &ProviderPodStatus, now: &Time) -> PodStat
     }
 }
 
-/// Whether the stored status already says what `s` says (§3.9 step 4: phase, podIP, the Ready
+/// Whether the stored status already says what `s` says (phase, podIP, the Ready
 /// condition and its message, Initialized, the `agent` container's readiness and state), so
 /// publishing it again would only echo.
 pub fn matches(current: Option<&PodStatus>, s: &ProviderPodStatus) -> bool {
@@ -156,7 +156,7 @@ pub enum WriteOutcome {
     Superseded { code: u16, message: String },
 }
 
-/// Whether an apiserver error means "this incarnation is gone" (§ terms: superseded).
+/// Whether an apiserver error means "this incarnation is gone" (superseded: another incarnation of the pod, or none, now holds its name).
 pub fn superseded(err: &kube::Error) -> Option<(u16, String)> {
     match err {
         kube::Error::Api(s) if matches!(s.code, 404 | 409 | 422) => Some((s.code, s.message.clone())),
@@ -188,8 +188,19 @@ fn uid_of(pod: &Pod) -> Result<String, kube::Error> {
 }
 
 /// The merge patch of the status subresource, carrying `metadata.uid` as a precondition.
+///
+/// A merge patch keeps every field it leaves out, so a live pod that has no address any more
+/// (its guest hibernated, its VM gone) names `podIP` / `podIPs` as null: otherwise the pod would
+/// keep advertising an address cocoon-net may lease to another guest. A finished pod keeps the
+/// address it last had, as the kubelet's does.
 pub fn status_patch(uid: &str, status: &PodStatus) -> Value {
-    json!({"metadata": {"uid": uid}, "status": status})
+    let mut patch = json!({"metadata": {"uid": uid}, "status": status});
+    let finished = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
+    if status.pod_ip.is_none() && !finished {
+        patch["status"]["podIP"] = Value::Null;
+        patch["status"]["podIPs"] = Value::Null;
+    }
+    patch
 }
 
 /// Patches the pod's status subresource for exactly this incarnation (`pod.metadata.uid`).
@@ -346,6 +357,27 @@ mod tests {
             p.status.as_ref(),
             &ProviderPodStatus::failed("VMGone", "vm no longer exists")
         ));
+    }
+
+    #[test]
+    fn a_live_pod_without_an_address_has_it_removed_and_a_finished_one_keeps_it() {
+        let now = Time(Timestamp::from_second(100).unwrap());
+        let mut hibernated = running(false);
+        hibernated.pod_ip = None;
+        let patch = status_patch("u", &build_pod_status(&pod(), &hibernated, &now));
+        assert_eq!(patch["status"]["podIP"], Value::Null, "{patch}");
+        assert!(patch["status"].as_object().unwrap().contains_key("podIPs"), "{patch}");
+
+        let with_ip = status_patch("u", &build_pod_status(&pod(), &running(true), &now));
+        assert_eq!(with_ip["status"]["podIP"], "10.0.0.7");
+
+        let mut failed = hibernated.clone();
+        failed.phase = PodPhase::Failed;
+        let patch = status_patch("u", &build_pod_status(&pod(), &failed, &now));
+        assert!(
+            !patch["status"].as_object().unwrap().contains_key("podIP"),
+            "a finished pod keeps its last address: {patch}"
+        );
     }
 
     #[test]

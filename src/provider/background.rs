@@ -1,4 +1,4 @@
-//! The provider's background loops (behaviour spec §3.8, §3.9): the lifecycle reconciler
+//! The provider's background loops: the lifecycle reconciler
 //! re-flushes intents that did not reach the apiserver; the VM event watcher; the status
 //! reconciler keeps the IP annotation on the lease and republishes drifted statuses.
 
@@ -101,8 +101,20 @@ impl CocoonProvider {
         }
     }
 
-    /// The IP annotation follows the VM's resolved IP (cocoon-net may rebind a MAC).
+    /// The IP annotation follows the VM's resolved IP (cocoon-net may rebind a MAC) — only while
+    /// the VM is the pod's live guest. A hibernate clears the annotation before it removes the
+    /// VM; writing the address back then would leave a hibernated pod naming a lease cocoon-net
+    /// may hand to another guest. The table's copy of the pod is checked as well as the one read:
+    /// it sees the hibernate request before the hibernate starts, a read may predate it.
     pub(super) async fn reconcile_endpoint(&self, pod: &k8s_openapi::api::core::v1::Pod, key: &str, vm: &VmRecord) {
+        let hibernating = |pod: &k8s_openapi::api::core::v1::Pod| crate::model::vm_spec::of_pod(pod).hibernate;
+        let live = self
+            .state
+            .tracked(key)
+            .is_some_and(|t| !hibernating(&t.pod) && t.vm.as_ref().is_some_and(|v| v.id == vm.id));
+        if hibernating(pod) || !live {
+            return;
+        }
         let ip = self.resolve_ip(vm);
         let annotated = crate::model::RuntimeAnnotations::of_pod(pod).ip;
         let annotated = annotated.as_str();

@@ -13,6 +13,7 @@ use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, pod_facts, vm_spec};
 use crate::policy::contract::snapshot_before_destroy::{Facts, Outcome};
 use crate::policy::slots::SnapshotBeforeDestroy;
+use crate::registry::PushLabels;
 use crate::runtime::{RuntimeError, VmState};
 
 pub(super) async fn delete(p: &CocoonProvider, pod: &Pod) -> Result<(), ProviderError> {
@@ -139,7 +140,10 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
                 &vm_name,
                 &target.repository,
                 &target.tag,
-                &target.base_image,
+                PushLabels {
+                    base_image: &target.base_image,
+                    owner: key,
+                },
             )
             .await
         {

@@ -124,13 +124,19 @@ impl CocoonProvider {
         policies: Arc<Policies>,
         metrics: ProviderMetrics,
     ) -> Result<Arc<Self>, String> {
-        let holders = match &cfg.state_dir {
+        let (holders, woken) = match &cfg.state_dir {
             Some(dir) => {
-                let dir = dir.join("vm-holders");
-                table::Holders::open(&dir)
-                    .map_err(|e| format!("the VM holder records in {}: {e} (VK_STATE_DIR)", dir.display()))?
+                let records = |sub: &str| dir.join(sub);
+                let err = |what: &str, dir: std::path::PathBuf, e: std::io::Error| {
+                    format!("the {what} records in {}: {e} (VK_STATE_DIR)", dir.display())
+                };
+                let holders = table::Holders::open_holders(&records("vm-holders"))
+                    .map_err(|e| err("VM holder", records("vm-holders"), e))?;
+                let woken = table::WokenFrom::open_woken(&records("woken-from"))
+                    .map_err(|e| err("woken-from", records("woken-from"), e))?;
+                (holders, woken)
             }
-            None => table::Holders::default(),
+            None => Default::default(),
         };
         let probes = Probes::new(ports.prober.clone(), cfg.timings.probe, metrics.probe_duration.clone());
         let vnc = macos::vnc::VncPorts::new(cfg.macos.vnc_ports.clone());
@@ -139,7 +145,7 @@ impl CocoonProvider {
             cfg,
             ports,
             policies,
-            state: Table::with_holders(holders),
+            state: Table::with_records(holders, woken),
             metrics,
             probes,
             notifier: OnceLock::new(),

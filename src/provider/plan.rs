@@ -18,7 +18,7 @@ pub use vk_policy_support::naming::{
 /// Manifest annotation recording the image a snapshot was taken from.
 pub use crate::registry::media::ANN_BASEIMAGE as BASE_IMAGE_ANNOTATION;
 /// Manifest annotation recording the pod (`<namespace>/<pod>`) whose VM state a push holds.
-pub const OWNER_ANNOTATION: &str = "cocoonstack.snapshot.owner";
+pub use crate::registry::media::ANN_OWNER as OWNER_ANNOTATION;
 
 /// Local name a `:hibernate` pull is imported under.
 pub fn hibernate_import_name(vm: &str) -> String {

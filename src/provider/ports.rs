@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::kubelet::ProviderPodStatus;
-use crate::registry::{CloudImageSource, Progress, PullReport, PushReport, RegistryError, SnapshotSource};
+use crate::registry::{CloudImageSource, Progress, PullReport, PushLabels, PushReport, RegistryError, SnapshotSource};
 
 /// A manifest's identity: artifact type and annotations.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,13 +59,13 @@ pub trait SnapshotRegistry: Send + Sync {
         Ok(None)
     }
     /// Uploads the export tar (`snapshot export -o -`) read from `export` as `repo:tag`, recording
-    /// `base_image`.
+    /// the `labels`.
     async fn push_snapshot(
         &self,
         export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: PushLabels<'_>,
         progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError>;
     /// Resolves `repo:tag` for a pull, before anything is imported (`NotFound` when the tag is absent).

@@ -8,7 +8,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::ports::{Artifact, SnapshotMeta, SnapshotRegistry};
 use crate::registry::{
-    CloudImageSource, ManifestLookup, Progress, PullReport, PushReport, Registry, RegistryError, SnapshotSource,
+    CloudImageSource, ManifestLookup, Progress, PullReport, PushLabels, PushReport, Registry, RegistryError,
+    SnapshotSource,
 };
 
 #[async_trait]
@@ -48,10 +49,10 @@ impl SnapshotRegistry for Registry {
         export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: PushLabels<'_>,
         progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError> {
-        Registry::push_snapshot(self, export, repo, tag, base_image, progress).await
+        Registry::push_snapshot(self, export, repo, tag, labels, progress).await
     }
 
     async fn open_snapshot(&self, repo: &str, tag: &str) -> Result<SnapshotSource, RegistryError> {

@@ -29,6 +29,8 @@ pub use oci_client::annotations::{
 };
 pub const ANN_BASEIMAGE: &str = "cocoonstack.snapshot.baseimage";
 pub const ANN_FROM_NODE: &str = "cocoonstack.snapshot.from-node";
+/// The pod (`<namespace>/<pod>`) whose guest a snapshot holds.
+pub const ANN_OWNER: &str = "cocoonstack.snapshot.owner";
 pub const ANN_CHUNK_INDEX: &str = "cocoonstack.chunk.index";
 pub const ANN_CHUNK_COUNT: &str = "cocoonstack.chunk.count";
 

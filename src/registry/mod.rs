@@ -47,7 +47,7 @@ pub use manifest::{FileInfo, SnapshotConfig};
 pub use oci_client::secrets::RegistryAuth;
 pub use progress::Progress;
 pub use pull::{PullReport, SnapshotSource};
-pub use push::PushReport;
+pub use push::{PushLabels, PushReport};
 
 /// Compile-time check: the provider runs these from spawned tasks, so their futures must be `Send`.
 #[allow(dead_code)]

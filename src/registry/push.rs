@@ -54,19 +54,36 @@ struct Uploaded {
     sent: u64,
 }
 
+/// What a snapshot push records about the guest beside its bytes (each only when not empty).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushLabels<'a> {
+    /// The image the guest was booted from: a restore that asks for another image is refused.
+    pub base_image: &'a str,
+    /// `<namespace>/<pod>` whose guest the snapshot holds: a restore by a pod of another
+    /// namespace is the bring-up policy's to refuse.
+    pub owner: &'a str,
+}
+
+impl<'a> From<&'a str> for PushLabels<'a> {
+    /// Labels with the base image only (a push on behalf of no pod).
+    fn from(base_image: &'a str) -> Self {
+        Self { base_image, owner: "" }
+    }
+}
+
 impl Registry {
-    /// Pushes the snapshot export read from `export` to `repo:tag`, recording `base_image` (when not empty)
-    /// and this node as `from-node` (when the client has a node name).
-    pub async fn push_snapshot(
+    /// Pushes the snapshot export read from `export` to `repo:tag`, recording the `labels` and
+    /// this node as `from-node` (when the client has a node name).
+    pub async fn push_snapshot<'a>(
         &self,
         export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: impl Into<PushLabels<'a>>,
         progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError> {
         let artifact = format!("{repo}:{tag}");
-        let push = self.push_export(export, repo, tag, base_image, progress.clone());
+        let push = self.push_export(export, repo, tag, labels.into(), progress.clone());
         watched(push, &progress, self.watch(), &artifact)
             .await
             .unwrap_or_else(|stalled| Err(self.unavailable("pushing", &artifact, stalled)))
@@ -78,7 +95,7 @@ impl Registry {
         export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: PushLabels<'_>,
         progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError> {
         let artifact = format!("{repo}:{tag}");
@@ -159,7 +176,7 @@ impl Registry {
             artifact: artifact.clone(),
             detail: "the export has no snapshot.json".into(),
         })?;
-        self.finish_push(repo, tag, base_image, &envelope, files, done, started)
+        self.finish_push(repo, tag, labels, &envelope, files, done, started)
             .await
     }
 
@@ -169,7 +186,7 @@ impl Registry {
         &self,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: PushLabels<'_>,
         envelope: &[u8],
         files: Vec<FileEntry>,
         mut done: Vec<Uploaded>,
@@ -221,8 +238,11 @@ impl Registry {
             media::ANN_CREATED.to_string(),
             created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         );
-        if !base_image.is_empty() {
-            annotations.insert(media::ANN_BASEIMAGE.to_string(), base_image.to_string());
+        if !labels.base_image.is_empty() {
+            annotations.insert(media::ANN_BASEIMAGE.to_string(), labels.base_image.to_string());
+        }
+        if !labels.owner.is_empty() {
+            annotations.insert(media::ANN_OWNER.to_string(), labels.owner.to_string());
         }
         if !self.node_name.is_empty() {
             annotations.insert(media::ANN_FROM_NODE.to_string(), self.node_name.clone());

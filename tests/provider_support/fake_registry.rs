@@ -2,6 +2,7 @@
 //! artifacts keyed by (repo, tag), injected unavailability, and a log of deletes.
 
 use super::*;
+use vk_cocoon::registry::PushLabels;
 
 pub const SNAPSHOT_V1: &str = "application/vnd.cocoonstack.snapshot.v1+json";
 
@@ -115,9 +116,10 @@ impl SnapshotRegistry for FakeRegistry {
         mut export: Box<dyn AsyncRead + Send + Unpin>,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: PushLabels<'_>,
         progress: Arc<Progress>,
     ) -> Result<PushReport, RegistryError> {
+        let base_image = labels.base_image;
         self.check()?;
         let artifact = format!("{repo}:{tag}");
         if self
@@ -141,7 +143,10 @@ impl SnapshotRegistry for FakeRegistry {
         let stored = Artifact {
             digest: digest.clone(),
             artifact_type: SNAPSHOT_V1.into(),
-            annotations: BTreeMap::from([("cocoonstack.snapshot.baseimage".to_string(), base_image.to_string())]),
+            annotations: BTreeMap::from([
+                ("cocoonstack.snapshot.baseimage".to_string(), base_image.to_string()),
+                ("cocoonstack.snapshot.owner".to_string(), labels.owner.to_string()),
+            ]),
         };
         let size = tar.len() as u64;
         self.store.lock().unwrap().insert(

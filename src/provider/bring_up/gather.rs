@@ -152,8 +152,26 @@ fn still_creating_or_failed(vm: &VmRecord, outcome: &Result<StaleCreateOutcome, 
     }
 }
 
-/// Hibernate evidence: the registry's `<vm>:hibernate` tag, or a local snapshot when registry-less.
+/// Hibernate evidence: the registry's `<vm>:hibernate` tag, or a local snapshot when registry-less
+/// — unless it holds the very guest this node already woke under that name (its snapshot id is
+/// the one recorded at the wake): that guest lives on in a VM since, and the tag is a leftover,
+/// no hibernated state.
 pub(in crate::provider) async fn hibernate_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
+    let evidence = recorded_evidence(p, vm).await;
+    let (HibernateEvidence::Found(_), Some(woken)) = (&evidence, p.state.woken_from(vm)) else {
+        return evidence;
+    };
+    match p.saved_snapshot_id(vm).await {
+        Ok(Some(id)) if id == woken => {
+            tracing::info!(vm, snapshot = %id, "the hibernate snapshot of this vm name was already woken here: not hibernated state");
+            HibernateEvidence::None
+        }
+        Ok(_) => evidence,
+        Err(error) => HibernateEvidence::Unavailable(format!("which guest {vm}:hibernate holds: {error}")),
+    }
+}
+
+async fn recorded_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
     match &p.ports.registry {
         Some(registry) => {
             let lookup = registry.manifest(vm, plan::HIBERNATE_SNAPSHOT_TAG).await;

@@ -186,8 +186,25 @@ pub(in crate::provider) async fn restore(
             }
         });
     }
+    if result.is_ok() {
+        remember_woken(p, vm).await;
+    }
     // A staged directory goes now, whether the clone took it or not (`source` drops here).
     result.map(|vm| (vm, source.label))
+}
+
+/// Records which hibernated guest the VM name was just woken from: the `:hibernate` tag's
+/// snapshot id (or, registry-less, the local snapshot's). The guest moves on in its VM from now
+/// on, so a tag that still holds that snapshot later (the operator does not drop it after a
+/// CocoonSet resume) is no hibernated state to restore a recreated pod from.
+async fn remember_woken(p: &CocoonProvider, vm: &str) {
+    match p.saved_snapshot_id(vm).await {
+        Ok(Some(id)) => p.state.set_woken_from(vm, Some(&id)),
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(vm, %error, "could not read which snapshot the wake came from; a pod recreated under this name may restore it again")
+        }
+    }
 }
 
 /// How a restored guest finishes its boot (one restored with a fresh NIC only waits for its lease).

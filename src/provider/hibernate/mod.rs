@@ -1,4 +1,4 @@
-//! Hibernate (lifecycle document "false → true"; behaviour spec §3.4, decision 2) as a saga:
+//! Hibernate (the pod's `hibernate` annotation going from false to true) as a saga:
 //! settle a VM that is gone or not running, drop the NIC (CH Windows), save the guest, push it
 //! to `<vm>:hibernate`, clear the runtime annotations and remove the VM, release its DHCP
 //! leases. Each step that changes something the pod or the registry shows records its undo
@@ -22,6 +22,7 @@ use super::invariants;
 use super::lifecycle::LifecycleState;
 use super::plan;
 use crate::model::vm_spec;
+use crate::registry::PushLabels;
 use crate::runtime::VmRecord;
 use rules::{FailedRemove, NotRunning};
 
@@ -119,7 +120,16 @@ impl CocoonProvider {
         if let Some(registry) = &self.ports.registry {
             let name = saga.name.as_str();
             let pushed = self
-                .push_snapshot(registry.as_ref(), name, name, plan::HIBERNATE_SNAPSHOT_TAG, &spec.image)
+                .push_snapshot(
+                    registry.as_ref(),
+                    name,
+                    name,
+                    plan::HIBERNATE_SNAPSHOT_TAG,
+                    PushLabels {
+                        base_image: &spec.image,
+                        owner: pkey,
+                    },
+                )
                 .await;
             self.metrics.hibernate_step("push", pushed.is_ok());
             if let Err(e) = pushed {
@@ -130,13 +140,15 @@ impl CocoonProvider {
             }
             saga.done.push(Undo::WithdrawTag);
         }
+        // The saved guest is new: it is hibernated state, whatever an earlier wake recorded.
+        self.state.set_woken_from(&saga.name, None);
 
         saga.remove().await
     }
 
     /// The snapshot id the hibernated guest lives in: the `:hibernate` tag's (with a registry),
     /// else the local snapshot's. `None` when there is none.
-    async fn saved_snapshot_id(&self, name: &str) -> Result<Option<String>, String> {
+    pub(in crate::provider) async fn saved_snapshot_id(&self, name: &str) -> Result<Option<String>, String> {
         match &self.ports.registry {
             Some(registry) => registry
                 .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
@@ -241,7 +253,7 @@ impl Saga<'_> {
 
     /// The last step, once the guest is saved: clear the runtime annotations (the id and ip go
     /// first, so the operator never pairs the new manifest with a live VMID), remove the VM,
-    /// release its leases (decision 2: only after a successful remove, never after an undo).
+    /// release its leases (`DECISIONS.md` row 2: only after a successful remove, never after an undo).
     async fn remove(mut self) -> bool {
         let (p, pod, pkey) = (self.p, self.pod, self.pkey);
         let cleared = p.clear_runtime(pod, pkey).await;

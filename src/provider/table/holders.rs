@@ -6,14 +6,16 @@
 //!
 //! The record outlives the daemon: one small JSON file per name in the state directory
 //! (`<dir>/<vm-name>`; VM names are checked by cocoon's rule before they get here, so a name is
-//! always a plain file name), written to a temporary file and renamed into place. A record that
-//! cannot be read back names an unknown holder, which no pod matches: the name stays refused
-//! until an operator removes the file (fail closed).
+//! always a plain file name), written to a temporary file and renamed into place
+//! ([`NameRecords`], which also keeps [`WokenFrom`]). A record that cannot be read back names an
+//! unknown holder, which no pod matches: the name stays refused until an operator removes the
+//! file (fail closed).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::kubelet::PodKey;
@@ -53,20 +55,31 @@ impl Holder {
     }
 }
 
-/// The names held, and where they are kept.
-#[derive(Debug, Default)]
-pub struct Holders {
-    names: HashMap<String, Holder>,
-    /// `None`: in memory only (a table built without a state directory).
+/// Records by VM name, one small JSON file each in a directory of the state directory
+/// (`<dir>/<vm-name>`), written to a temporary file and renamed into place; `None` for the
+/// directory keeps them in memory only.
+#[derive(Debug)]
+pub struct NameRecords<T> {
+    records: HashMap<String, T>,
     dir: Option<PathBuf>,
 }
 
-impl Holders {
-    /// Loads every record of `dir` (created 0700 when missing).
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
+impl<T> Default for NameRecords<T> {
+    fn default() -> Self {
+        Self {
+            records: HashMap::new(),
+            dir: None,
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + PartialEq> NameRecords<T> {
+    /// Loads every record of `dir` (created 0700 when missing); a record that cannot be read
+    /// back is `unreadable`'s value, logged.
+    pub fn open(dir: &Path, unreadable: impl Fn() -> T) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         restrict(dir)?;
-        let mut names = HashMap::new();
+        let mut records = HashMap::new();
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
@@ -76,62 +89,81 @@ impl Holders {
                 // A temporary file of an interrupted write, or something that is not ours.
                 continue;
             }
-            let holder = std::fs::read(entry.path())
+            let record = std::fs::read(entry.path())
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| serde_json::from_slice::<Holder>(&bytes).map_err(|e| e.to_string()))
+                .and_then(|bytes| serde_json::from_slice::<T>(&bytes).map_err(|e| e.to_string()))
                 .unwrap_or_else(|error| {
-                    tracing::error!(
-                        file = %entry.path().display(), %error,
-                        "unreadable vm holder record: the name stays refused to every pod until the file is fixed or removed"
-                    );
-                    Holder::unknown()
+                    tracing::error!(file = %entry.path().display(), %error, "unreadable record; fix or remove the file");
+                    unreadable()
                 });
-            names.insert(name, holder);
+            records.insert(name, record);
         }
         Ok(Self {
-            names,
+            records,
             dir: Some(dir.to_path_buf()),
         })
     }
 
-    pub fn get(&self, name: &str) -> Option<&Holder> {
-        self.names.get(name)
+    pub fn get(&self, name: &str) -> Option<&T> {
+        self.records.get(name)
     }
 
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.records.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.records.is_empty()
     }
 
-    /// Records `holder` for `name` (replacing an earlier one).
-    pub fn put(&mut self, name: &str, holder: Holder) {
-        if self.names.get(name) == Some(&holder) {
+    /// Records `value` for `name` (replacing an earlier one).
+    pub fn put(&mut self, name: &str, value: T) {
+        if self.records.get(name) == Some(&value) {
             return;
         }
         if let Some(dir) = &self.dir
-            && let Err(error) = write_record(dir, name, &holder)
+            && let Err(error) = write_record(dir, name, &value)
         {
-            // Kept in memory: the name is protected until the daemon restarts.
-            tracing::error!(vm = name, dir = %dir.display(), %error, "could not persist the vm holder record");
+            // Kept in memory: it holds until the daemon restarts.
+            tracing::error!(vm = name, dir = %dir.display(), %error, "could not persist the record");
         }
-        self.names.insert(name.to_string(), holder);
+        self.records.insert(name.to_string(), value);
     }
 
-    /// Forgets the holder of `name`.
+    /// Forgets the record of `name`.
     pub fn release(&mut self, name: &str) {
-        if self.names.remove(name).is_none() {
+        if self.records.remove(name).is_none() {
             return;
         }
         if let Some(dir) = &self.dir {
             match std::fs::remove_file(dir.join(name)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => tracing::error!(vm = name, %error, "could not remove the vm holder record"),
+                Err(error) => tracing::error!(vm = name, %error, "could not remove the record"),
             }
         }
+    }
+}
+
+/// Who holds each VM name. A record that cannot be read back names an unknown holder, which no
+/// pod matches: the name stays refused until an operator removes the file (fail closed).
+pub type Holders = NameRecords<Holder>;
+
+impl Holders {
+    pub fn open_holders(dir: &Path) -> std::io::Result<Self> {
+        Self::open(dir, Holder::unknown)
+    }
+}
+
+/// The `:hibernate` snapshot id each VM name's guest was last woken from on this node: the
+/// guest moved on into a VM since, so a tag still holding that snapshot is no hibernated state
+/// (the operator does not always drop the tag after a resume). A record that cannot be read
+/// back is an id no tag has.
+pub type WokenFrom = NameRecords<String>;
+
+impl WokenFrom {
+    pub fn open_woken(dir: &Path) -> std::io::Result<Self> {
+        Self::open(dir, String::new)
     }
 }
 
@@ -140,9 +172,9 @@ fn restrict(dir: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
-fn write_record(dir: &Path, name: &str, holder: &Holder) -> std::io::Result<()> {
-    let mut file = tempfile::Builder::new().prefix(".holder-").tempfile_in(dir)?;
-    file.write_all(&serde_json::to_vec(holder).map_err(std::io::Error::other)?)?;
+fn write_record<T: Serialize>(dir: &Path, name: &str, value: &T) -> std::io::Result<()> {
+    let mut file = tempfile::Builder::new().prefix(".record-").tempfile_in(dir)?;
+    file.write_all(&serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
     file.persist(dir.join(name)).map_err(|e| e.error)?;
     Ok(())
 }
@@ -155,14 +187,14 @@ mod tests {
     fn records_survive_a_reopen_and_a_broken_one_holds_its_name_for_nobody() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("holders");
-        let mut h = Holders::open(&state).unwrap();
+        let mut h = Holders::open_holders(&state).unwrap();
         h.put("vk-a-0", Holder::new("a/web-0", "u1"));
         h.put("vk-b-0", Holder::new("b/web-0", "u2"));
         h.release("vk-b-0");
         std::fs::write(state.join("vk-c-0"), b"{not json").unwrap();
         std::fs::write(state.join(".holder-x1"), b"{}").unwrap();
 
-        let h = Holders::open(&state).unwrap();
+        let h = Holders::open_holders(&state).unwrap();
         assert_eq!(h.get("vk-a-0"), Some(&Holder::new("a/web-0", "u1")));
         assert_eq!(h.get("vk-a-0").unwrap().key(), "a/web-0");
         assert_eq!(h.get("vk-b-0"), None);

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 
 pub use entry::{Claim, GuestWork, OwedRetry, Phase, PodEntry, StoredIntent, Terminal};
-pub use holders::{Holder, Holders};
+pub use holders::{Holder, Holders, WokenFrom};
 pub use shared::{Interrupted, SHARED_WORK_DEADLINE, SharedWork};
 pub use vms::{VmRow, VmTable};
 
@@ -56,6 +56,8 @@ struct Inner {
     vms: VmTable,
     /// Who holds each VM name (persisted).
     holders: Holders,
+    /// The hibernate snapshot each VM name was last woken from here (persisted).
+    woken: WokenFrom,
     next_token: u64,
 }
 
@@ -151,11 +153,12 @@ pub struct Table {
 }
 
 impl Table {
-    /// A table whose VM name holders are `holders` (loaded from the state directory).
-    pub fn with_holders(holders: Holders) -> Self {
+    /// A table whose VM name records (`holders`, `woken`) were loaded from the state directory.
+    pub fn with_records(holders: Holders, woken: WokenFrom) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 holders,
+                woken,
                 ..Default::default()
             }),
         }
@@ -407,6 +410,21 @@ impl Table {
         }
         s.holders.put(name, Holder::new(key, uid));
         Ok(())
+    }
+
+    /// The `:hibernate` snapshot id VM name `name`'s guest was last woken from here.
+    pub fn woken_from(&self, name: &str) -> Option<String> {
+        self.lock().woken.get(name).cloned()
+    }
+
+    /// VM name `name`'s guest was woken from snapshot `id` (`None`: it was hibernated again, its
+    /// tag holds a new guest).
+    pub fn set_woken_from(&self, name: &str, id: Option<&str>) {
+        let mut s = self.lock();
+        match id {
+            Some(id) => s.woken.put(name, id.to_string()),
+            None => s.woken.release(name),
+        }
     }
 
     /// Pod `key` gives up VM name `name` (its VM and its snapshots are gone); another pod's
@@ -689,7 +707,7 @@ impl Table {
         }
     }
 
-    // ---- owed retries (decision 10) ----
+    // ---- owed retries (`DECISIONS.md` row 10) ----
 
     /// Owes incarnation `uid` a retry of its failed transition, on `schedule`.
     pub fn owe_retry(&self, key: &str, uid: &str, schedule: Schedule) {

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use super::CocoonProvider;
 use super::metrics::ProviderMetrics;
 use super::ports::{CloudImageResult, SnapshotRegistry};
-use crate::registry::{Progress, PullReport, PushReport, RegistryError};
+use crate::registry::{Progress, PullReport, PushLabels, PushReport, RegistryError};
 use crate::runtime::{CocoonRuntime, RuntimeError};
 
 /// Bytes in flight between the registry and an import's stdin.
@@ -90,15 +90,15 @@ impl Transfers {
         Self::default()
     }
 
-    /// `cocoon snapshot export <local>` into `repo:tag`, recording `base_image`.
-    pub async fn push(
+    /// `cocoon snapshot export <local>` into `repo:tag`, recording the `labels`.
+    pub async fn push<'a>(
         &self,
         runtime: &dyn CocoonRuntime,
         registry: &dyn SnapshotRegistry,
         local: &str,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: impl Into<PushLabels<'a>>,
     ) -> Result<PushReport, TransferError> {
         let artifact = format!("{repo}:{tag}");
         let export_failed = |e: RuntimeError| TransferError::Export {
@@ -110,7 +110,7 @@ impl Transfers {
         let (export, tap) = ErrorTap::new(export);
         let progress = Arc::new(Progress::new());
         match registry
-            .push_snapshot(Box::new(export), repo, tag, base_image, progress)
+            .push_snapshot(Box::new(export), repo, tag, labels.into(), progress)
             .await
         {
             Ok(report) => Ok(report),
@@ -326,19 +326,19 @@ impl CocoonProvider {
         saved
     }
 
-    /// Streams the local snapshot `local` into `repo:tag`, recording `base_image`.
+    /// Streams the local snapshot `local` into `repo:tag`, recording the `labels`.
     pub(super) async fn push_snapshot(
         &self,
         registry: &dyn SnapshotRegistry,
         local: &str,
         repo: &str,
         tag: &str,
-        base_image: &str,
+        labels: PushLabels<'_>,
     ) -> Result<PushReport, TransferError> {
         let started = Instant::now();
         let pushed = self
             .transfers
-            .push(self.ports.runtime.as_ref(), registry, local, repo, tag, base_image)
+            .push(self.ports.runtime.as_ref(), registry, local, repo, tag, labels)
             .await;
         ProviderMetrics::count(&self.metrics.snapshot_push, pushed.is_ok());
         self.metrics

@@ -343,3 +343,83 @@ async fn an_unrelated_update_is_a_noop_without_a_status_echo() {
     assert!(vm_named(&env, "vm-q").await.is_some() && ready(&env, "agent-0"));
     d.kill().await;
 }
+
+/// The cocoon-operator does not drop `<vm>:hibernate` after a CocoonSet resume, so the tag of a
+/// guest that was woken lingers. A pod recreated later under the same VM name (a sub-agent slot
+/// coming back, a CocoonSet rebuilt) must boot fresh, not restore the guest as it was before the
+/// wake — even across a daemon restart. A genuine hibernate after that is restored as ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernate_tag_left_behind_after_a_wake_is_not_restored_into_a_recreated_pod() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    let never = ("cocoonset.cocoonstack.io/snapshot-policy", "never");
+    create(&env, &managed("agent-0", "vm-w", &[(IMAGE, "base"), never])).await;
+    eventually(30, "agent-0 ready", || is_up(&env, "agent-0")).await;
+    hibernate_now(&env, "agent-0").await;
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "woken", || is_up(&env, "agent-0")).await;
+    assert!(
+        tag_exists(&env, "vm-w").await,
+        "the operator's leftover tag is still there"
+    );
+    d.kill().await;
+
+    // A restarted daemon remembers which guest it woke under that name.
+    let d = start(&env, Options::default());
+    delete(&env, "agent-0").await;
+    eventually(30, "pod gone", || get(&env, "agent-0").is_none()).await;
+    assert!(vm_named(&env, "vm-w").await.is_none(), "the VM went with its pod");
+    create(&env, &managed("agent-0", "vm-w", &[(IMAGE, "base"), never])).await;
+    eventually(30, "recreated and ready", || is_up(&env, "agent-0")).await;
+    let clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(
+        clone.ends_with(" base"),
+        "the recreated pod boots fresh from its image, not from the woken guest's old tag: {clone}"
+    );
+
+    // A new hibernate of the recreated guest is hibernated state again, and its wake restores it.
+    hibernate_now(&env, "agent-0").await;
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "woken again", || is_up(&env, "agent-0")).await;
+    let clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(
+        clone.ends_with(" vm-w") || clone.ends_with(" vm-w-hibernate-import"),
+        "the second hibernate's guest is restored: {clone}"
+    );
+    d.kill().await;
+}
+
+/// A hibernate clears the pod's address before it removes the VM; while a slow `vm rm` runs,
+/// the status reconciler (every 400 ms here) must not write the address back, and the
+/// hibernated pod's status must name no IP either (a status merge patch keeps a field it leaves
+/// out): cocoon-net may lease that address to another guest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernated_pod_names_no_address_even_when_its_vm_is_slow_to_go() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-s").await;
+    eventually(10, "the pod names its address", || pod_ip(&env, "agent-0").is_some()).await;
+    env.sim
+        .add_fault(Fault {
+            verb: "vm rm".into(),
+            match_arg: None,
+            times: Some(1),
+            action: FaultAction::Delay { ms: 2000 },
+        })
+        .unwrap();
+    hibernate_now(&env, "agent-0").await;
+    assert_eq!(
+        annotation(&env, "agent-0", "vm.cocoonstack.io/ip"),
+        None,
+        "no address annotation on the hibernated pod"
+    );
+    eventually(10, "a Hibernated status with no pod IP", || {
+        pod_ip(&env, "agent-0").is_none() && !ready(&env, "agent-0")
+    })
+    .await;
+    let pod = get(&env, "agent-0").unwrap();
+    assert_eq!(pod.status.unwrap().pod_ips, None, "no podIPs either");
+    d.kill().await;
+}

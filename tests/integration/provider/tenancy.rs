@@ -301,3 +301,61 @@ async fn another_namespaces_hibernated_guest_is_neither_cloned_nor_restored() {
     );
     d.kill().await;
 }
+
+/// With a registry, a hibernated guest outlives its pod as `<vm>:hibernate`, and another node
+/// holds no record of who the VM name belonged to. The push records the pod it came from, so a
+/// pod of another namespace that takes the VM name (and asks to restore it) is refused instead
+/// of waking the victim's guest, memory and all.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_namespaces_pushed_guest_is_not_restored_on_a_node_that_never_held_it() {
+    let env = env_with_oci().await;
+    let d = start(&env, Options::default());
+    victim(&env).await;
+    annotate(&env, "web-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
+    eventually(60, "web-0 hibernated", || {
+        lifecycle(&env, "web-0").as_deref() == Some("hibernated")
+    })
+    .await;
+    let oci = env.oci.as_ref().unwrap();
+    let artifact = match oci.client.manifest("vm-web", "hibernate").await.unwrap() {
+        vk_cocoon::registry::ManifestLookup::Found(a) => a,
+        vk_cocoon::registry::ManifestLookup::Absent => panic!("the guest is pushed"),
+    };
+    assert_eq!(
+        artifact
+            .annotations
+            .get("cocoonstack.snapshot.owner")
+            .map(String::as_str),
+        Some("default/web-0"),
+        "the push names the pod whose guest it holds"
+    );
+    delete(&env, "web-0").await;
+    eventually(60, "web-0 gone", || get(&env, "web-0").is_none()).await;
+    d.kill().await;
+
+    // Another node: a fresh state directory (no holder records) and no local copy.
+    env.runtime.snapshot_remove_if_exists("vm-web").await.unwrap();
+    std::fs::remove_dir_all(env.sim_dir.path().join("vk-state")).unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &tenant_pod(
+            "wake-0",
+            &[
+                ("vm.cocoonstack.io/name", "vm-web"),
+                ("cocoonset.cocoonstack.io/managed", "true"),
+                ("vm.cocoonstack.io/restore-from-hibernate", "true"),
+                (IMAGE, "base"),
+            ],
+        ),
+    )
+    .await;
+    let message = refused(&env, "wake-0").await;
+    assert!(message.contains("default/web-0"), "{message}");
+    assert!(vm_named(&env, "vm-web").await.is_none(), "nothing was restored");
+    assert!(
+        calls(&env, "snapshot import").is_empty(),
+        "nothing of the victim was pulled"
+    );
+    d.kill().await;
+}

@@ -144,13 +144,10 @@ async fn a_cocoonset_with_sub_agents_runs_scales_suspends_and_resumes_through_th
 
 /// After a retained suspend and resume, cocoon-operator v0.3.3 leaves each VM's `:hibernate`
 /// tag in the registry, and a sub-agent slot that leaves and comes back gets a pod with
-/// `fork-from` and no restore marker. The daemon takes the leftover tag as hibernated state
-/// that the explicit clone source conflicts with (`HibernateSourceConflict`, lifecycle
-/// `failed`); the operator rebuilds the slot four times, each refused the same way, then marks
-/// the pod `cocoonset.cocoonstack.io/dead-letter` and the set stays `Scaling`. Ignored until the daemon tells a tag it has already woken a guest from from
-/// one that still holds a hibernated guest (the lead's; see `deploy/operator.md`).
+/// `fork-from` and no restore marker. The daemon remembers which guest it woke from that tag, so
+/// the leftover is no hibernated state: the slot is forked from the main agent again (before,
+/// each rebuild was refused `HibernateSourceConflict` until the operator dead-lettered the pod).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a sub-agent slot returning after a resume is refused over the :hibernate tag v0.3.3 leaves"]
 async fn a_sub_agent_slot_that_returns_after_a_resume_is_forked_again() {
     let Some(site) = Site::new("return").await else {
         return;
