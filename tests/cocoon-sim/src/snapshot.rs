@@ -374,7 +374,10 @@ fn rm(ctx: &Ctx, a: &crate::cli::Args) -> Res {
     }
     for r in &a.positionals {
         let id = ctx.store.update(|s| -> Result<String, Fail> {
-            let id = match resolve_snap(s, r) {
+            // cocoon's delete resolves pending records too: a save that died holds its name until
+            // removed, and `rm` is how it is removed.
+            let every = s.snapshots.iter().map(|(id, e)| (id, e.record.config.name.as_str()));
+            let id = match resolve(r, every) {
                 Resolved::Found(id) => id,
                 Resolved::NotFound => return Err(Fail::new(format!("rm: resolve \"{r}\": snapshot not found"))),
                 Resolved::Ambiguous => return Err(Fail::new(format!("rm: ambiguous ref \"{r}\": multiple matches"))),

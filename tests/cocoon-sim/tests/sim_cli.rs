@@ -386,3 +386,35 @@ fn version_reports_the_build_and_an_old_one_answers_like_one() {
     let stderr = String::from_utf8_lossy(&exec.stderr);
     assert!(!stderr.contains("unknown command") && !stderr.is_empty(), "{stderr}");
 }
+
+/// A `snapshot save` killed after writing its data leaves a pending record that still holds the
+/// name (a new save under it is refused) and that `snapshot list` does not show; cocoon's
+/// `snapshot rm` removes such a record by name, after which the name can be saved again.
+#[test]
+fn a_save_that_died_holds_its_name_until_its_pending_record_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Sim::new(dir.path()).unwrap();
+    ok(&cocoon(&sim, &["image", "pull", "img"], None));
+    ok(&cocoon(&sim, &["vm", "run", "--name", "a", "img"], None));
+    sim.add_fault(cocoon_sim::Fault {
+        verb: "snapshot save".into(),
+        match_arg: None,
+        times: Some(1),
+        action: cocoon_sim::FaultAction::Die { after_bytes: 0 },
+    })
+    .unwrap();
+    let died = cocoon(&sim, &["snapshot", "save", "--name", "s1", "a"], None);
+    assert!(!died.status.success(), "the save was killed");
+    assert_eq!(
+        ok(&cocoon(&sim, &["snapshot", "list", "-o", "json"], None)),
+        "No snapshots found.\n",
+        "a pending record is not listed"
+    );
+    let taken = err(&cocoon(&sim, &["snapshot", "save", "--name", "s1", "a"], None));
+    assert!(taken.contains("already in use by"), "{taken}");
+    ok(&cocoon(&sim, &["snapshot", "rm", "s1"], None));
+    ok(&cocoon(&sim, &["snapshot", "save", "--name", "s1", "a"], None));
+    let rec: serde_json::Value =
+        serde_json::from_str(&ok(&cocoon(&sim, &["snapshot", "inspect", "s1"], None))).unwrap();
+    assert_eq!(rec["name"], "s1");
+}
