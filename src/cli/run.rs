@@ -196,7 +196,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         prober,
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
-    let provider = CocoonProvider::new(provider_cfg, ports, policies, provider_metrics).map_err(|e| anyhow!("{e}"))?;
+    let provider =
+        CocoonProvider::new(provider_cfg, ports, policies.clone(), provider_metrics).map_err(|e| anyhow!("{e}"))?;
     let node_name = kubelet.node_name.clone();
     let peer_server = peer_tier(
         &peer_cfg,
@@ -271,6 +272,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), metrics_server).await;
     let _ = tokio::time::timeout(Duration::from_secs(12), kubelet_api.task).await;
+    // The decisions of the last moments are in the decision log before the process ends.
+    policies.flush_decision_log();
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(anyhow!("{e}")),

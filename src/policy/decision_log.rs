@@ -3,8 +3,11 @@
 //! fail-safe was taken and why, and the latency — to stderr or to a file rotated at a size limit.
 //! `vk-cocoon policy eval --from-log LINE` replays a line against another component.
 //!
-//! Off by default; then a decision pays one branch. On, the line is built after the decision
-//! and written under a lock (one `write` per line, so concurrent decisions never interleave).
+//! Off by default; then a decision pays one branch. On, a decision only hands its facts and
+//! answer (cloned) to a bounded queue; a writer thread turns them into lines and writes them in
+//! batches (one `write` per batch, so lines never interleave). A full queue never blocks a
+//! decision: the record is dropped and counted (`cocoon_vk_policy_decision_log_dropped_total`).
+//! Dropping the log writes what is queued; [`DecisionLog::flush`] waits for it.
 //!
 //! The file holds what pods carry, so it is the daemon's alone: created 0600 (an existing one is
 //! narrowed to 0600), never opened through a symbolic link (a link planted at the path would
@@ -14,8 +17,10 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +36,12 @@ use super::slots::{PolicySlot, Slot};
 pub const FACT_STRING_CUT: usize = 1024;
 /// Default size at which the file is rotated (to `<path>.1`).
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+/// Records that may wait for the writer thread. A decision takes microseconds and a line's
+/// write a few more, so the queue only fills when the disk stalls; then records are dropped
+/// rather than decisions slowed.
+pub const QUEUE_CAPACITY: usize = 4096;
+/// Lines written by one `write` at most.
+const BATCH_LINES: usize = 256;
 
 /// One logged decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,41 +128,75 @@ impl LogTarget {
     }
 }
 
+/// What the writer thread is asked to do.
+enum Job {
+    /// Build a record (off the decision path) and write it.
+    Record(Box<dyn FnOnce() -> DecisionRecord + Send>),
+    /// Answer once every record queued before has been written.
+    Flush(SyncSender<()>),
+}
+
 /// The open log.
 pub struct DecisionLog {
-    target: LogTarget,
-    file: Mutex<Option<(File, u64)>>,
+    sink: Arc<Sink>,
+    /// `None` only while dropping: the writer sees the queue close and ends.
+    queue: Option<SyncSender<Job>>,
+    writer: Option<JoinHandle<()>>,
     epoch: String,
     sequence: AtomicU64,
+    dropped: AtomicU64,
+    dropped_metric: OnceLock<prometheus::IntCounter>,
 }
 
 impl std::fmt::Debug for DecisionLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecisionLog")
-            .field("target", &self.target)
+            .field("target", &self.sink.target)
             .finish_non_exhaustive()
     }
 }
 
 impl DecisionLog {
-    /// Opens (creates, appends to) the target; a file that cannot be opened is an error at
-    /// startup, naming it.
+    /// Opens (creates, appends to) the target and starts its writer thread; a file that cannot
+    /// be opened is an error at startup, naming it.
     pub fn open(target: LogTarget) -> std::io::Result<DecisionLog> {
         let file = match &target {
             LogTarget::Stderr => None,
             LogTarget::File { path, .. } => Some(open_append(path)?),
         };
-        let started = chrono::Utc::now().timestamp_micros();
-        Ok(DecisionLog {
+        let sink = Arc::new(Sink {
             target,
             file: Mutex::new(file),
+        });
+        let (queue, jobs) = std::sync::mpsc::sync_channel(QUEUE_CAPACITY);
+        let writer = std::thread::Builder::new().name("decision-log".into()).spawn({
+            let sink = sink.clone();
+            move || write_jobs(&sink, &jobs)
+        })?;
+        let started = chrono::Utc::now().timestamp_micros();
+        Ok(DecisionLog {
+            sink,
+            queue: Some(queue),
+            writer: Some(writer),
             epoch: format!("{started:x}"),
             sequence: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            dropped_metric: OnceLock::new(),
         })
     }
 
     pub fn target(&self) -> &LogTarget {
-        &self.target
+        &self.sink.target
+    }
+
+    /// Counts dropped records in `counter` too (the daemon's metrics).
+    pub fn count_drops_in(&self, counter: prometheus::IntCounter) {
+        let _ = self.dropped_metric.set(counter);
+    }
+
+    /// Records dropped because the queue was full (or the writer gone) since the log opened.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// A fresh record id.
@@ -159,41 +204,142 @@ impl DecisionLog {
         format!("{}-{}", self.epoch, self.sequence.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Writes one record. Logging never fails a decision: errors are reported by tracing.
+    /// Writes one record now, on the caller's thread (tools and tests; decisions go through
+    /// the queue). Logging never fails a caller: errors are reported by tracing.
     pub fn write(&self, record: &DecisionRecord) {
-        let mut line = serde_json::to_vec(record).expect("JSON of a decision record");
-        line.push(b'\n');
+        self.sink.write_lines(&[line_of(record)]);
+    }
+
+    /// Waits until every record queued so far is written.
+    pub fn flush(&self) {
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        if let Some(queue) = &self.queue
+            && queue.send(Job::Flush(done)).is_ok()
+        {
+            let _ = finished.recv();
+        }
+    }
+
+    /// Queues a record built later by `build`; never blocks. A full queue drops it, counted.
+    fn enqueue(&self, build: Box<dyn FnOnce() -> DecisionRecord + Send>) {
+        let Some(queue) = &self.queue else { return };
+        match queue.try_send(Job::Record(build)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(counter) = self.dropped_metric.get() {
+                    counter.inc();
+                }
+                // Said at the 1st, 2nd, 4th, 8th… drop: a stalled disk must not flood the log.
+                if dropped.is_power_of_two() {
+                    tracing::warn!(dropped, capacity = QUEUE_CAPACITY, target = ?self.sink.target, "the decision log cannot keep up; records are dropped (decisions are not slowed)");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for DecisionLog {
+    /// Writes what is queued: closing the queue ends the writer once it has drained it.
+    fn drop(&mut self) {
+        self.queue = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The writer thread: takes what is queued (up to [`BATCH_LINES`] at a time), builds the lines
+/// and writes them together, then answers the flushes that were among them.
+fn write_jobs(sink: &Sink, jobs: &Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut lines = Vec::new();
+        let mut flushes = Vec::new();
+        let mut next = Some(first);
+        while let Some(job) = next {
+            match job {
+                Job::Record(build) => lines.push(line_of(&build())),
+                Job::Flush(done) => flushes.push(done),
+            }
+            next = if lines.len() < BATCH_LINES {
+                jobs.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        sink.write_lines(&lines);
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+}
+
+fn line_of(record: &DecisionRecord) -> Vec<u8> {
+    let mut line = serde_json::to_vec(record).expect("JSON of a decision record");
+    line.push(b'\n');
+    line
+}
+
+/// Where the lines land: stderr, or the file and its size so far.
+struct Sink {
+    target: LogTarget,
+    file: Mutex<Option<(File, u64)>>,
+}
+
+impl Sink {
+    /// Writes `lines` in as few `write`s as rotation allows; errors are reported by tracing.
+    fn write_lines(&self, lines: &[Vec<u8>]) {
+        if lines.is_empty() {
+            return;
+        }
         let result = match &self.target {
-            LogTarget::Stderr => std::io::stderr().lock().write_all(&line),
+            LogTarget::Stderr => std::io::stderr().lock().write_all(&lines.concat()),
             LogTarget::File { path, max_bytes } => {
-                let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
-                self.write_file(&mut guard, path, *max_bytes, &line)
+                let mut open = self.file.lock().unwrap_or_else(|p| p.into_inner());
+                write_file(&mut open, path, *max_bytes, lines)
             }
         };
         if let Err(error) = result {
             tracing::warn!(%error, target = ?self.target, "cannot write the decision log");
         }
     }
+}
 
-    fn write_file(&self, open: &mut Option<(File, u64)>, path: &PathBuf, max: u64, line: &[u8]) -> std::io::Result<()> {
-        if open
-            .as_ref()
-            .is_some_and(|(_, size)| *size > 0 && size + line.len() as u64 > max)
-        {
-            // Rotate: the full file becomes `<path>.1` (replacing the previous one).
+/// Appends `lines` to the file, moving a full file to `<path>.1` (replacing the previous one)
+/// before the line that would take it past `max`.
+fn write_file(open: &mut Option<(File, u64)>, path: &PathBuf, max: u64, lines: &[Vec<u8>]) -> std::io::Result<()> {
+    let mut pending: Vec<u8> = Vec::new();
+    for line in lines {
+        if open.is_none() {
+            *open = Some(open_append(path)?);
+        }
+        let size = open.as_ref().map_or(0, |(_, size)| *size);
+        let filled = size + pending.len() as u64;
+        if filled > 0 && filled + line.len() as u64 > max {
+            append(open, &mut pending)?;
             *open = None;
             let mut rotated = path.clone().into_os_string();
             rotated.push(".1");
             fs::rename(path, PathBuf::from(rotated))?;
-        }
-        if open.is_none() {
             *open = Some(open_append(path)?);
         }
-        let (file, size) = open.as_mut().expect("opened above");
-        file.write_all(line)?;
-        *size += line.len() as u64;
-        Ok(())
+        pending.extend_from_slice(line);
     }
+    append(open, &mut pending)
+}
+
+/// Writes `pending` to the open file in one `write_all` and empties it.
+fn append(open: &mut Option<(File, u64)>, pending: &mut Vec<u8>) -> std::io::Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let (file, size) = open
+        .as_mut()
+        .expect("the file is opened before lines are queued for it");
+    file.write_all(pending)?;
+    *size += pending.len() as u64;
+    pending.clear();
+    Ok(())
 }
 
 /// Opens the log for appending: created 0600, an existing file narrowed to 0600, a symbolic
@@ -236,34 +382,41 @@ fn open_append(path: &PathBuf) -> std::io::Result<(File, u64)> {
 }
 
 impl DecisionLog {
-    /// Logs one decision of `policy` (called after the daemon has its decision).
+    /// Logs one decision of `policy` (called after the daemon has its decision). The decision
+    /// path only clones what the record needs; the writer thread builds it.
     pub(crate) fn decision<S: PolicySlot>(
         &self,
-        policy: &LoadedPolicy<S>,
+        policy: &Arc<LoadedPolicy<S>>,
         facts: &S::Facts,
         decision: &S::Decision,
         failure: Option<&DecisionError>,
         elapsed: Duration,
     ) {
-        let (facts, facts_redacted) = redact_secrets(to_contract_json(facts));
-        let (facts, facts_truncated) = cut_long_strings(facts);
-        self.write(&DecisionRecord {
-            id: self.next_id(),
-            time: now_rfc3339(),
-            slot: S::SLOT,
-            component: format!("sha256:{}", policy.digest()),
-            source: policy.origin().source(),
-            contract: policy.version().to_string(),
-            facts,
-            facts_truncated,
-            facts_redacted,
-            decision: to_contract_json(decision),
-            fail_safe: failure.map(|error| FailSafe {
-                error: error.metric_label().to_string(),
-                detail: error.to_string(),
-            }),
-            latency_us: micros(elapsed),
+        let id = self.next_id();
+        let time = chrono::Utc::now();
+        let (policy, facts, decision) = (policy.clone(), facts.clone(), decision.clone());
+        let fail_safe = failure.map(|error| FailSafe {
+            error: error.metric_label().to_string(),
+            detail: error.to_string(),
         });
+        self.enqueue(Box::new(move || {
+            let (facts, facts_redacted) = redact_secrets(to_contract_json(&facts));
+            let (facts, facts_truncated) = cut_long_strings(facts);
+            DecisionRecord {
+                id,
+                time: rfc3339(time),
+                slot: S::SLOT,
+                component: format!("sha256:{}", policy.digest()),
+                source: policy.origin().source(),
+                contract: policy.version().to_string(),
+                facts,
+                facts_truncated,
+                facts_redacted,
+                decision: to_contract_json(&decision),
+                fail_safe,
+                latency_us: micros(elapsed),
+            }
+        }));
     }
 }
 
@@ -382,7 +535,11 @@ pub fn redact_secrets(facts: Value) -> (Value, bool) {
 
 /// `time` for a record: now, RFC 3339 with microseconds.
 pub fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    rfc3339(chrono::Utc::now())
+}
+
+fn rfc3339(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
 /// Microseconds of `elapsed`, saturating.
@@ -479,6 +636,59 @@ mod tests {
             .map(|l| serde_json::from_str::<DecisionRecord>(&l).unwrap().id)
             .collect();
         assert!(ids.windows(2).all(|w| w[0] != w[1]), "{ids:?}");
+    }
+
+    #[test]
+    fn a_stalled_disk_drops_records_and_counts_them_but_never_blocks_a_decision() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let log = DecisionLog::open(LogTarget::File {
+            path: path.clone(),
+            max_bytes: 1 << 30,
+        })
+        .unwrap();
+        let counter = prometheus::IntCounter::new("dropped", "dropped").unwrap();
+        log.count_drops_in(counter.clone());
+        // The disk "stalls": the writer cannot get at the file while the test holds it.
+        let stalled = log.sink.file.lock().unwrap();
+        let offered = QUEUE_CAPACITY + BATCH_LINES + 50;
+        for _ in 0..offered {
+            let record = record(&log, json!({"name": "vm1"}));
+            log.enqueue(Box::new(move || record));
+        }
+        let dropped = log.dropped();
+        assert!(dropped >= 50, "the queue holds {QUEUE_CAPACITY}: {dropped} dropped");
+        assert_eq!(counter.get(), dropped, "every drop is counted in the metric");
+        drop(stalled);
+        log.flush();
+        let written = fs::read_to_string(&path).unwrap().lines().count() as u64;
+        assert_eq!(written + dropped, offered as u64, "every record is written or counted");
+    }
+
+    #[test]
+    fn queued_records_are_written_in_order_when_the_log_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let log = DecisionLog::open(LogTarget::File {
+            path: path.clone(),
+            max_bytes: 1 << 30,
+        })
+        .unwrap();
+        let ids: Vec<String> = (0..1000)
+            .map(|_| {
+                let record = record(&log, json!({"name": "vm1"}));
+                let id = record.id.clone();
+                log.enqueue(Box::new(move || record));
+                id
+            })
+            .collect();
+        drop(log);
+        let logged: Vec<String> = fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<DecisionRecord>(l).unwrap().id)
+            .collect();
+        assert_eq!(logged, ids);
     }
 
     #[test]
@@ -585,6 +795,7 @@ mod tests {
         .unwrap();
         let facts = facts_for::<BringUp>(&input).unwrap();
         assert_eq!(policies.decide::<BringUp>(&facts).reason, "clone");
+        policies.flush_decision_log();
         let text = fs::read_to_string(&path).unwrap();
         assert!(!text.contains("hunter2"), "a secret reached the decision log: {text}");
         assert!(text.contains("snap:v1"), "other annotations are kept: {text}");

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::slots::Slot;
 
@@ -14,6 +14,7 @@ pub struct PolicyMetrics {
     latency: HistogramVec,
     reloads: IntCounterVec,
     active: IntGaugeVec,
+    decision_log_dropped: IntCounter,
 }
 
 impl PolicyMetrics {
@@ -59,18 +60,27 @@ impl PolicyMetrics {
                 ),
                 &["slot", "digest"],
             )?,
+            decision_log_dropped: IntCounter::with_opts(opts(
+                "policy_decision_log_dropped_total",
+                "Decision records the decision log dropped because its queue was full (the disk could not keep up); decisions are never slowed by the log",
+            ))?,
         };
         registry.register(Box::new(metrics.decisions.clone()))?;
         registry.register(Box::new(metrics.failures.clone()))?;
         registry.register(Box::new(metrics.latency.clone()))?;
         registry.register(Box::new(metrics.reloads.clone()))?;
         registry.register(Box::new(metrics.active.clone()))?;
+        registry.register(Box::new(metrics.decision_log_dropped.clone()))?;
         Ok(metrics)
     }
 
     /// Metrics registered nowhere (CLI tools, tests).
     pub fn unregistered() -> Self {
         Self::register(&Registry::new()).expect("fresh registry accepts the policy metrics")
+    }
+
+    pub(crate) fn decision_log_dropped(&self) -> IntCounter {
+        self.decision_log_dropped.clone()
     }
 
     pub(crate) fn count_decision(&self, slot: Slot, outcome: &'static str) {

@@ -50,10 +50,21 @@ impl Policies {
         Ok(policies)
     }
 
-    /// Logs every decision to `log` (one JSON line each).
+    /// Logs every decision to `log` (one JSON line each), its dropped records counted in the
+    /// policy metrics.
     pub fn with_decision_log(mut self, log: Option<DecisionLog>) -> Self {
+        if let Some(log) = &log {
+            log.count_drops_in(self.metrics.decision_log_dropped());
+        }
         self.log = log;
         self
+    }
+
+    /// Waits until every decision so far is in the decision log (when it is on).
+    pub fn flush_decision_log(&self) {
+        if let Some(log) = &self.log {
+            log.flush();
+        }
     }
 
     pub fn engine(&self) -> &PolicyEngine {
