@@ -78,7 +78,7 @@ pub struct VirtualNode<P: Provider> {
 }
 
 /// The kubelet API's serving-certificate status, as the Node publishes it.
-pub type ServingCertWatch = tokio::sync::watch::Receiver<Option<crate::kubelet_api::tls::csr::ServingCertStatus>>;
+pub type ServingCertWatch = tokio::sync::watch::Receiver<Option<serving_cert::ServingCertStatus>>;
 
 impl<P: Provider> VirtualNode<P> {
     /// A node with already measured host resources and IP (tests inject both).

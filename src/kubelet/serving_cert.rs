@@ -14,7 +14,27 @@ use tokio_util::sync::CancellationToken;
 
 use super::events::EventSink;
 use super::registration::{self, NodeIdentity};
-use crate::kubelet_api::tls::csr::ServingCertStatus;
+
+/// Where the cluster-signed serving certificate stands, for the Node (a condition and Events):
+/// without an approver in the cluster a request waits for an operator, and the kubelet API
+/// cannot start until one acts, so the wait must be visible where an operator looks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServingCertStatus {
+    /// CSR `csr` waits for approval and signing; `serving` = an earlier certificate still
+    /// serves (a renewal).
+    Pending { csr: String, serving: bool },
+    /// A cluster-signed certificate serves: the one CSR `csr` brought, or (`None`) the one
+    /// stored by an earlier run.
+    Issued { csr: Option<String> },
+    /// The cluster refused CSR `csr`; a new one is requested after a backoff.
+    Refused {
+        csr: String,
+        verdict: String,
+        reason: String,
+        message: String,
+        serving: bool,
+    },
+}
 
 pub const CONDITION: &str = "KubeletServingCertificate";
 pub const REASON_PENDING: &str = "CSRPending";

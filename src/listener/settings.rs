@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Limits;
-use crate::kubelet_api::streaming::config::parse_duration;
+use crate::settings::parse_duration;
 use crate::settings::{self, parser};
 
 /// A client has this long from connecting to its request's complete headers (hyper's own

@@ -18,6 +18,7 @@ mod provider_support;
 use provider_support::{kubelet_support, registry_support};
 use registry_support::runtime_support;
 
+mod architecture;
 mod kubelet;
 mod policy;
 mod provider;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::settings::{self, parser};
+use crate::settings::{self, parse_duration, parser};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamingConfig {
@@ -38,44 +38,6 @@ impl Default for StreamingConfig {
             max_forwarded_connections: 256,
         }
     }
-}
-
-/// A Go-style duration (`4h`, `30s`, `1h30m`, `500ms`, `4h0m0s`), as the kubelet's flags take.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
-    if s.is_empty() {
-        return Err("empty".into());
-    }
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .ok_or_else(|| format!("{s:?}: a number without a unit (use h, m, s or ms)"))?;
-        if digits == 0 {
-            return Err(format!("{s:?}: expected a number at {rest:?}"));
-        }
-        let value: f64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("{s:?}: {:?} is not a number", &rest[..digits]))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            other => return Err(format!("{s:?}: unknown unit {other:?} (use h, m, s or ms)")),
-        };
-        rest = &rest[unit_len..];
-        total += Duration::from_secs_f64(value * unit);
-    }
-    Ok(total)
 }
 
 /// kubectl exec / attach / port-forward sessions (`src/kubelet_api/README.md`, "exec, attach and
@@ -140,24 +102,6 @@ impl StreamingConfig {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-
-    #[test]
-    fn go_durations() {
-        for (text, secs) in [
-            ("4h", 14400.0),
-            ("4h0m0s", 14400.0),
-            ("30s", 30.0),
-            ("1h30m", 5400.0),
-            ("500ms", 0.5),
-            ("1.5s", 1.5),
-            ("0", 0.0),
-        ] {
-            assert_eq!(parse_duration(text).unwrap(), Duration::from_secs_f64(secs), "{text}");
-        }
-        for bad in ["", "4", "h", "4x", "1h30", "-1s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     fn cfg(vars: &[(&str, &str)]) -> Result<StreamingConfig, String> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
