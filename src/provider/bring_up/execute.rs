@@ -255,7 +255,15 @@ pub(in crate::provider) async fn adopted_finish(p: &CocoonProvider, pod: &Pod, s
         OwedOp::ReadyWait => Finish::LeaseWait,
         OwedOp::ClassifyDropNic => match hibernate_evidence(p, &spec.vm_name).await {
             HibernateEvidence::Found(_) => Finish::LeaseWait,
-            _ => Finish::resumed_fixup(),
+            HibernateEvidence::None => Finish::resumed_fixup(),
+            // Whether it was restored cannot be told: a fresh clone's network reset would
+            // disrupt a restored guest, while a lease wait is safe for both (a fresh clone that
+            // needed the reset fails the wait, on the pod, instead).
+            HibernateEvidence::Unavailable(error) => {
+                tracing::warn!(vm = %spec.vm_name, %error, "adopting a VM whose hibernate evidence cannot be read: no fresh-clone fixup, waiting for its lease");
+                Finish::LeaseWait
+            }
+            HibernateEvidence::NotChecked => Finish::LeaseWait,
         },
         OwedOp::None | OwedOp::Hibernate | OwedOp::FinishHibernate => Finish::ReadyNow,
     }

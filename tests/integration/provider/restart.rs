@@ -395,3 +395,55 @@ async fn a_stale_create_its_pod_adopted_is_never_destroyed_as_an_orphan() {
     eventually(10, "VMRestarted event", || has_event(&env, "s-0", "VMRestarted")).await;
     d.kill().await;
 }
+
+/// A cloud-hypervisor Windows VM adopted by name without a fixup marker may be a fresh clone
+/// (owed the network-device reset) or a restored guest (which the reset would disrupt). While
+/// the registry cannot say which, the adoption runs no fresh clone's fixup: it only waits for
+/// the guest's lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_adopted_windows_vm_whose_evidence_cannot_be_read_gets_no_fresh_clone_reset() {
+    let env = env(true).await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let orphan = clone_direct(&env, "winbase", "vm-win").await;
+    let d = start(
+        &env,
+        Options {
+            orphan: OrphanPolicy::Keep,
+            ..Default::default()
+        },
+    );
+    eventually(10, "node registered", || {
+        env.server.store().get_as::<Node>(None, NODE).is_some()
+    })
+    .await;
+    env.registry
+        .as_ref()
+        .unwrap()
+        .down
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let windows = [
+        ("cocoonset.cocoonstack.io/image", "winbase"),
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ];
+    create(&env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "adopted and ready", || {
+        annotation(&env, "win-0", "vm.cocoonstack.io/id").as_deref() == Some(orphan.id.as_str())
+            && lifecycle(&env, "win-0").as_deref() == Some("ready")
+            && ready(&env, "win-0")
+    })
+    .await;
+    let resets: Vec<_> = env
+        .sim
+        .exec_log()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.argv.first().map(String::as_str) == Some("powershell"))
+        .collect();
+    assert!(
+        resets.is_empty(),
+        "a fresh clone's reset ran in a guest that may be restored: {resets:?}"
+    );
+    assert_eq!(calls(&env, "vm clone").len(), 1, "adopted, not cloned again");
+    d.kill().await;
+}
