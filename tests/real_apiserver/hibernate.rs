@@ -126,3 +126,56 @@ async fn hibernate_wake_and_a_restore_round_trip_the_guest_through_the_real_regi
     wait_event(&admin, &ns, "agent-1", "HibernateSnapshotExists", "").await;
     assert_eq!(machine.vms_named("vm-h").await.len(), 1);
 }
+
+/// SIGTERM while a hibernate is saving the guest: the daemon exits within its shutdown deadline,
+/// the guest is in its VM or in the registry at that moment (never in neither), and the daemon
+/// started again finishes the hibernate: the VM gone, the guest in `<vm>:hibernate`, the pod
+/// reported hibernated.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_in_the_middle_of_a_hibernate_exits_in_time_and_the_next_daemon_finishes_it() {
+    let Some(cluster) = kube_support::shared().await else {
+        return;
+    };
+    let admin = cluster.admin_client().await;
+    let ns = cluster.namespace("sigterm").await;
+    let machine = Machine::new("vk-sigterm").with_registry();
+    seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
+    let mut daemon = machine.start_daemon(cluster);
+    create_pod(
+        &admin,
+        &managed_pod(&ns, &machine.node, "agent-0", "vm-t", &[(IMAGE, "base")]),
+    )
+    .await;
+    wait_up(&admin, &ns, "agent-0").await;
+    // The save takes 5 s, so the signal lands inside it.
+    machine.sim.delay("snapshot save", Some(1), 5_000).unwrap();
+    cluster
+        .kubectl_checked(&["annotate", "pod", "agent-0", "-n", &ns, &format!("{HIBERNATE}=true")])
+        .unwrap();
+    machine.wait_cocoon_running("snapshot save", true).await;
+
+    let signalled = std::time::Instant::now();
+    let status = daemon.terminate().await;
+    let took = signalled.elapsed();
+    assert!(
+        status.success(),
+        "a clean exit on SIGTERM: {status:?}\n{}",
+        daemon.log()
+    );
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "the daemon took {took:?} to stop after SIGTERM"
+    );
+    let vm_left = !machine.vms_named("vm-t").await.is_empty();
+    assert!(
+        vm_left || tag_exists(&machine, "vm-t").await,
+        "the guest is in its VM or in the registry"
+    );
+    drop(daemon);
+
+    let _daemon = machine.start_daemon(cluster);
+    let hibernated = wait_lifecycle(&admin, &ns, "agent-0", "hibernated").await;
+    assert!(tag_exists(&machine, "vm-t").await, "the guest is in vm-t:hibernate");
+    assert!(machine.vms_named("vm-t").await.is_empty(), "the VM is gone");
+    assert_eq!(annotation(&hibernated, VM_ID), None, "no VM id on the hibernated pod");
+}
