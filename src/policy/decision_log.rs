@@ -42,6 +42,8 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 pub const QUEUE_CAPACITY: usize = 4096;
 /// Lines written by one `write` at most.
 const BATCH_LINES: usize = 256;
+/// How long closing the log (or a flush) waits for the writer.
+pub const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 /// One logged decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,14 +212,28 @@ impl DecisionLog {
         self.sink.write_lines(&[line_of(record)]);
     }
 
-    /// Waits until every record queued so far is written.
-    pub fn flush(&self) {
+    /// Waits until every record queued so far is written, for at most [`FLUSH_WAIT`] (a stalled
+    /// disk must not hold up the daemon's exit); whether they were.
+    pub fn flush(&self) -> bool {
         let (done, finished) = std::sync::mpsc::sync_channel(1);
-        if let Some(queue) = &self.queue
-            && queue.send(Job::Flush(done)).is_ok()
-        {
-            let _ = finished.recv();
+        let Some(queue) = &self.queue else { return true };
+        // The queue may be full: a blocking send is bounded by the writer's progress, so it too
+        // is given the deadline.
+        let deadline = std::time::Instant::now() + FLUSH_WAIT;
+        let mut job = Job::Flush(done);
+        loop {
+            match queue.try_send(job) {
+                Ok(()) => break,
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(back)) if std::time::Instant::now() < deadline => {
+                    job = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TrySendError::Full(_)) => return false,
+            }
         }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        finished.recv_timeout(left).is_ok()
     }
 
     /// Queues a record built later by `build`; never blocks. A full queue drops it, counted.
@@ -240,11 +256,19 @@ impl DecisionLog {
 }
 
 impl Drop for DecisionLog {
-    /// Writes what is queued: closing the queue ends the writer once it has drained it.
+    /// Writes what is queued: closing the queue ends the writer once it has drained it. A writer
+    /// stuck on its disk past [`FLUSH_WAIT`] is left behind (said once) rather than waited for.
     fn drop(&mut self) {
+        let drained = self.flush();
         self.queue = None;
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+        match self.writer.take() {
+            Some(writer) if drained => {
+                let _ = writer.join();
+            }
+            Some(_) => {
+                tracing::warn!(target = ?self.sink.target, "the decision log could not write its last records in time; they may be lost")
+            }
+            None => {}
         }
     }
 }

@@ -60,6 +60,11 @@ impl Policies {
         self
     }
 
+    /// The decision log, when it is on.
+    pub fn decision_log(&self) -> Option<&DecisionLog> {
+        self.log.as_ref()
+    }
+
     /// Waits until every decision so far is in the decision log (when it is on).
     pub fn flush_decision_log(&self) {
         if let Some(log) = &self.log {

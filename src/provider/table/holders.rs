@@ -75,8 +75,9 @@ impl<T> Default for NameRecords<T> {
 
 impl<T: Serialize + DeserializeOwned + PartialEq> NameRecords<T> {
     /// Loads every record of `dir` (created 0700 when missing); a record that cannot be read
-    /// back is `unreadable`'s value, logged.
-    pub fn open(dir: &Path, unreadable: impl Fn() -> T) -> std::io::Result<Self> {
+    /// back is `unreadable`'s value, logged with `meaning` (what that value does until the file
+    /// is fixed or removed).
+    pub fn open(dir: &Path, unreadable: impl Fn() -> T, meaning: &str) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         restrict(dir)?;
         let mut records = HashMap::new();
@@ -93,7 +94,7 @@ impl<T: Serialize + DeserializeOwned + PartialEq> NameRecords<T> {
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| serde_json::from_slice::<T>(&bytes).map_err(|e| e.to_string()))
                 .unwrap_or_else(|error| {
-                    tracing::error!(file = %entry.path().display(), %error, "unreadable record; fix or remove the file");
+                    tracing::error!(file = %entry.path().display(), %error, "unreadable record: {meaning} until the file is fixed or removed");
                     unreadable()
                 });
             records.insert(name, record);
@@ -151,7 +152,7 @@ pub type Holders = NameRecords<Holder>;
 
 impl Holders {
     pub fn open_holders(dir: &Path) -> std::io::Result<Self> {
-        Self::open(dir, Holder::unknown)
+        Self::open(dir, Holder::unknown, "the VM name stays refused to every pod")
     }
 }
 
@@ -163,7 +164,11 @@ pub type WokenFrom = NameRecords<String>;
 
 impl WokenFrom {
     pub fn open_woken(dir: &Path) -> std::io::Result<Self> {
-        Self::open(dir, String::new)
+        Self::open(
+            dir,
+            String::new,
+            "a :hibernate tag of this VM name counts as hibernated state even if this node woke it",
+        )
     }
 }
 
