@@ -32,6 +32,7 @@ use crate::provider_support::*;
 
 mod limits;
 mod reclaim;
+mod trust;
 
 const IMAGE: &str = "cocoonset.cocoonstack.io/image";
 const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";
@@ -293,6 +294,11 @@ enum Tamper {
     WrongSnapshotId,
     FlipByte,
     Truncate,
+    /// Rewrites a byte and sends the checksum of the rewritten bytes (an attacker who controls
+    /// the stream can always make the CRC match).
+    Rewrite,
+    /// Forwards everything untouched: an impostor that knows the token stands where A should.
+    Faithful,
 }
 
 #[derive(Clone)]
@@ -367,7 +373,12 @@ async fn proxied_slice(
             bytes.truncate(bytes.len() / 2);
             crc = crc32c::crc32c(&bytes);
         }
-        Tamper::WrongSnapshotId => {}
+        Tamper::Rewrite => {
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+            crc = crc32c::crc32c(&bytes);
+        }
+        Tamper::WrongSnapshotId | Tamper::Faithful => {}
     }
     let frames = futures::stream::iter(vec![
         Ok::<_, std::io::Error>(Frame::data(Bytes::from(bytes))),
