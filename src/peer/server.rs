@@ -1,6 +1,7 @@
 //! The peer snapshot server on `VK_PEER_ADDR` (behaviour spec §6.5): hands a hibernated guest's
-//! raw snapshot files to the node that wakes it. Every request must carry the peer token (401
-//! otherwise); a plan is served only for a snapshot whose `:hibernate` manifest names this node
+//! raw snapshot files to the node that wakes it. It speaks only mutual TLS (a caller without a
+//! fleet node's certificate never gets a request in: [`super::tls`]), and every request must
+//! also carry the peer token (401 otherwise); a plan is served only for a snapshot whose `:hibernate` manifest names this node
 //! as `from-node` (403 otherwise), and slices only of a snapshot a plan was served for, so an
 //! authenticated peer still cannot read an arbitrary snapshot's files.
 
@@ -23,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 use super::auth::PeerToken;
 use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
-use crate::listener::Listener;
+use super::tls::PeerTls;
 use crate::listener::throttle::Throttled;
+use crate::listener::{Limits, Listener};
 use crate::provider::ports::SnapshotRegistry;
 use crate::registry::media::ANN_FROM_NODE;
 use crate::runtime::CocoonRuntime;
@@ -83,13 +85,23 @@ impl PeerServer {
             .with_state(self)
     }
 
-    /// Serves on `tcp` through `listener` (the peer port's limits) until `shutdown`.
+    /// The peer port's listener: mutual TLS with `tls`, within `limits`.
+    pub fn listener(tls: &PeerTls, limits: Limits) -> Arc<Listener> {
+        Listener::new("peer", limits, Some(tls.server.clone()))
+    }
+
+    /// Serves on `tcp` through `listener` (see [`PeerServer::listener`]) until `shutdown`. A
+    /// listener without TLS is refused: guest memory never crosses the network in clear.
     pub async fn serve(
         self: Arc<Self>,
         tcp: tokio::net::TcpListener,
         listener: Arc<Listener>,
         shutdown: CancellationToken,
     ) {
+        if !listener.is_tls() {
+            tracing::error!("the peer server was given a plain-HTTP listener and does not serve; this is a bug");
+            return;
+        }
         listener.serve(tcp, self.router(), shutdown).await;
     }
 
