@@ -31,6 +31,7 @@ use vk_cocoon::peer::{
     KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerTls, PeerToken, Staging, Timeouts,
 };
 use vk_cocoon::provider::ports::SnapshotRegistry;
+use vk_cocoon::registry::{RegistryAuth, TransferSettings};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
 
 use crate::provider_support::fleet_ca::FleetCa;
@@ -122,6 +123,11 @@ impl Drop for NodeA {
 /// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A, remove the VM;
 /// the seat release keeps the local copy) and serves it.
 async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
+    node_a_pushing(env, memory_bytes, TransferSettings::default()).await
+}
+
+/// [`node_a`], pushing with `push` (the v2 layouts: chunks, zstd).
+async fn node_a_pushing(env: &Env, memory_bytes: u64, push: TransferSettings) -> NodeA {
     let dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(dir.path().join("sim")).unwrap();
     sim.set_settings(|s| s.snapshot_memory_bytes = memory_bytes).unwrap();
@@ -130,14 +136,12 @@ async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
     let vm = clone_direct_on(&runtime, "base", VM, None).await;
     runtime.snapshot_save(VM, &vm.id).await.unwrap();
     runtime.remove(&vm.id).await.unwrap();
-    let pusher = env
-        .oci
-        .as_ref()
-        .unwrap()
-        .server
-        .lock()
-        .unwrap()
-        .transfer_client("", NODE_A);
+    let pusher = env.oci.as_ref().unwrap().server.lock().unwrap().transfer_client_tuned(
+        "",
+        NODE_A,
+        RegistryAuth::Anonymous,
+        push,
+    );
     pusher
         .push_snapshot(runtime.as_ref(), VM, VM, "hibernate", "base")
         .await
@@ -231,9 +235,14 @@ fn last_clone(env: &Env) -> Vec<String> {
 }
 
 async fn setup(memory_bytes: u64) -> (Env, NodeA) {
+    setup_pushing(memory_bytes, TransferSettings::default()).await
+}
+
+/// [`setup`], node A pushing with `push`.
+async fn setup_pushing(memory_bytes: u64, push: TransferSettings) -> (Env, NodeA) {
     let env = env_with_oci().await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
-    let a = node_a(&env, memory_bytes).await;
+    let a = node_a_pushing(&env, memory_bytes, push).await;
     register_node_a(&env).await;
     (env, a)
 }

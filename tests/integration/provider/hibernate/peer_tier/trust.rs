@@ -142,3 +142,60 @@ async fn the_peer_server_never_serves_plain_http() {
         .await;
     assert!(answer.is_err(), "the port answered plain HTTP: {answer:?}");
 }
+
+/// Chunks of 1 MiB, uncompressed (`SNAPSHOT_CHUNK_SIZE_MIB=1`): each chunk's digest covers a
+/// piece of a file's data, so the copy is checked chunk by chunk.
+fn chunked() -> TransferSettings {
+    TransferSettings {
+        chunk_size: 1 << 20,
+        ..TransferSettings::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_v2_snapshot_is_checked_chunk_by_chunk_and_restored_from_its_peer() {
+    let (env, a) = setup_pushing(4 << 20, chunked()).await;
+    let b = node_b(&env, a.addr.port());
+    wake_on_b(&env).await;
+    assert_eq!((b.metrics.count("ok"), b.metrics.count("failed")), (1, 0));
+    assert!(
+        last_clone(&env).iter().any(|a| a == "--from-dir"),
+        "{:?}",
+        last_clone(&env)
+    );
+    assert!(
+        calls(&env, "snapshot import").is_empty(),
+        "nothing pulled from the registry"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rewritten_chunk_makes_the_wake_pull_from_the_registry() {
+    let (env, a) = setup_pushing(4 << 20, chunked()).await;
+    let (proxy, stop) = tampering_peer(a.addr, Tamper::Rewrite, &FLEET.node_tls(NODE_A)).await;
+    let b = node_b(&env, proxy.port());
+    wake_on_b(&env).await;
+    // The memory file is 4 chunks: the rewritten byte lies in one of them, which is named.
+    fell_back_to_the_registry(&env, &b, "of the file) hashes to").await;
+    stop.cancel();
+}
+
+/// zstd layers' digests cover compressed bytes: a copy of the file cannot be checked against
+/// them, so such a snapshot is never taken from a peer (not a failure: nothing was tried).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compressed_v2_snapshot_is_never_taken_from_a_peer() {
+    let zstd = TransferSettings {
+        zstd_level: 3,
+        ..TransferSettings::default()
+    };
+    let (env, a) = setup_pushing(4 << 20, zstd).await;
+    let b = node_b(&env, a.addr.port());
+    wake_on_b(&env).await;
+    assert_eq!(
+        last_clone(&env).last().map(String::as_str),
+        Some("vm-p-hibernate-import"),
+        "pulled from the registry"
+    );
+    assert_eq!((b.metrics.count("ok"), b.metrics.count("failed")), (0, 0), "not tried");
+    assert!(!has_event(&env, "agent-0", "PeerRestoreFailed"));
+}
