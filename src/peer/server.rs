@@ -1,9 +1,10 @@
 //! The peer snapshot server on `VK_PEER_ADDR` (behaviour spec §6.5): hands a hibernated guest's
 //! raw snapshot files to the node that wakes it. It speaks only mutual TLS (a caller without a
 //! fleet node's certificate never gets a request in: [`super::tls`]), and every request must
-//! also carry the peer token (401 otherwise); a plan is served only for a snapshot whose `:hibernate` manifest names this node
-//! as `from-node` (403 otherwise), and slices only of a snapshot a plan was served for, so an
-//! authenticated peer still cannot read an arbitrary snapshot's files.
+//! also carry the peer token (401 otherwise); a plan is served only for a snapshot whose
+//! `:hibernate` manifest names this node as `from-node` (403 otherwise), and slices only of a
+//! snapshot a plan was served for, so an authenticated peer still cannot read an arbitrary
+//! snapshot's files.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -99,7 +100,9 @@ impl PeerServer {
         shutdown: CancellationToken,
     ) {
         if !listener.is_tls() {
-            tracing::error!("the peer server was given a plain-HTTP listener and does not serve; this is a bug");
+            tracing::error!(
+                "the peer server was given a plain-HTTP listener and does not serve (a wiring bug: build it with PeerServer::listener)"
+            );
             return;
         }
         listener.serve(tcp, self.router(), shutdown).await;
