@@ -120,13 +120,8 @@ impl Drop for NodeA {
     }
 }
 
-/// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A, remove the VM;
-/// the seat release keeps the local copy) and serves it.
-async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
-    node_a_pushing(env, memory_bytes, TransferSettings::default()).await
-}
-
-/// [`node_a`], pushing with `push` (the v2 layouts: chunks, zstd).
+/// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A and `push`'s
+/// layout, remove the VM; the seat release keeps the local copy) and serves it.
 async fn node_a_pushing(env: &Env, memory_bytes: u64, push: TransferSettings) -> NodeA {
     let dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(dir.path().join("sim")).unwrap();
