@@ -356,19 +356,7 @@ fn peer_tier(
     let (Some(token), Some(registry), Some(ca), Some(identity)) =
         (cfg.token.clone(), registry.clone(), cfg.ca.clone(), identity.clone())
     else {
-        let mut missing = Vec::new();
-        if cfg.token.is_none() {
-            missing.push("VK_PEER_TOKEN_FILE");
-        }
-        if cfg.ca.is_none() {
-            missing.push("VK_PEER_CA_FILE (the CA of the nodes' certificates)");
-        }
-        if cfg.identity == PeerIdentity::KubeletServing && identity.is_none() {
-            missing.push("a certificate peers can verify (the kubelet API's is self-signed: set VK_PEER_TLS_CERT/VK_PEER_TLS_KEY)");
-        }
-        if registry.is_none() {
-            missing.push("a registry (OCI_REGISTRY)");
-        }
+        let missing = cfg.missing(registry.is_some(), identity.is_some());
         tracing::warn!(
             missing = %missing.join(", "),
             "peer snapshot tier off: it runs only over mutual TLS with a token and checks copies against the registry; wakes restore from a local snapshot or the registry"

@@ -124,6 +124,29 @@ impl PeerConfig {
         })
     }
 
+    /// What the tier needs and this node lacks; empty: it runs. The tier runs only over mutual
+    /// TLS, with the token, and with a registry to check every copy against — never with less,
+    /// and never over plain HTTP. `has_certificate`: this node has a certificate peers can verify
+    /// (the kubelet API's self-signed one is none).
+    pub fn missing(&self, has_registry: bool, has_certificate: bool) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if self.token.is_none() {
+            missing.push("VK_PEER_TOKEN_FILE");
+        }
+        if self.ca.is_none() {
+            missing.push("VK_PEER_CA_FILE (the CA of the nodes' certificates)");
+        }
+        if !has_certificate {
+            missing.push(
+                "a certificate peers can verify (the kubelet API's is self-signed: set VK_PEER_TLS_CERT/VK_PEER_TLS_KEY)",
+            );
+        }
+        if !has_registry {
+            missing.push("a registry (OCI_REGISTRY)");
+        }
+        missing
+    }
+
     /// Reads the variables (and `COCOON_ROOT_DIR`) through `lookup`, with the rules of the
     /// environment.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
@@ -192,6 +215,47 @@ pub struct PeerTier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_tls_material_the_tier_is_off() {
+        let none = PeerConfig::from_lookup(|_| None).unwrap();
+        assert_eq!(
+            none.missing(true, true).len(),
+            2,
+            "no token, no CA: {:?}",
+            none.missing(true, true)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "a-long-enough-peer-token\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let ca = dir.path().join("ca.crt");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let vars = |with_ca: bool| {
+            let (token, ca) = (token.display().to_string(), ca.display().to_string());
+            move |k: &str| match k {
+                "VK_PEER_TOKEN_FILE" => Some(token.clone()),
+                "VK_PEER_CA_FILE" if with_ca => Some(ca.clone()),
+                _ => None,
+            }
+        };
+        // The token alone (what ran the tier before, over plain HTTP) is not enough.
+        let token_only = PeerConfig::from_lookup(vars(false)).unwrap();
+        let missing = token_only.missing(true, true);
+        assert!(
+            missing.len() == 1 && missing[0].contains("VK_PEER_CA_FILE"),
+            "{missing:?}"
+        );
+        let all = PeerConfig::from_lookup(vars(true)).unwrap();
+        assert!(all.missing(true, true).is_empty());
+        // A self-signed kubelet certificate, or no registry to check copies against.
+        assert!(all.missing(true, false)[0].contains("VK_PEER_TLS_CERT"));
+        assert!(all.missing(false, true)[0].contains("OCI_REGISTRY"));
+    }
 
     #[test]
     fn configuration_defaults_and_errors() {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -27,7 +28,7 @@ use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
 use super::tls::PeerTls;
 use crate::listener::throttle::Throttled;
-use crate::listener::{Limits, Listener};
+use crate::listener::{ClientCertificates, Limits, Listener};
 use crate::provider::ports::SnapshotRegistry;
 use crate::registry::media::ANN_FROM_NODE;
 use crate::runtime::CocoonRuntime;
@@ -163,8 +164,17 @@ fn text(status: StatusCode, message: String) -> Response {
     (status, format!("{message}\n")).into_response()
 }
 
+/// Who asked, for the log: the subject of the client's certificate (TLS verified it).
+fn caller(client: Option<&ClientCertificates>) -> String {
+    client
+        .and_then(ClientCertificates::leaf)
+        .and_then(|leaf| crate::kubelet_api::tls::certs::subject_of(leaf.as_ref()))
+        .map_or_else(|| "(no certificate)".to_string(), |(cn, _)| cn)
+}
+
 async fn plan(
     State(s): State<Arc<PeerServer>>,
+    client: Option<Extension<ClientCertificates>>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
@@ -212,7 +222,8 @@ async fn plan(
         snapshot_id: record.id,
         files,
     };
-    tracing::info!(snapshot = %name, id = %plan.snapshot_id, files = plan.files.len(), bytes = plan.data_bytes(), "serving a snapshot plan to a peer");
+    let caller = caller(client.as_ref().map(|Extension(c)| c));
+    tracing::info!(snapshot = %name, id = %plan.snapshot_id, files = plan.files.len(), bytes = plan.data_bytes(), %caller, "serving a snapshot plan to a peer");
     axum::Json(plan).into_response()
 }
 
