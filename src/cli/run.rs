@@ -16,11 +16,13 @@ use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::kubelet_api::auth::Auth;
 use vk_cocoon::kubelet_api::config::ApiArgs;
 use vk_cocoon::kubelet_api::streaming::{Streaming, StreamingArgs, StreamingConfig};
-use vk_cocoon::kubelet_api::tls::manager::CertTimings;
+use vk_cocoon::kubelet_api::tls::manager::{CertManager, CertTimings};
+use vk_cocoon::kubelet_api::tls::{CertSlot, TlsSource};
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
-use vk_cocoon::listener::{Listener, ListenerArgs, Which};
+use vk_cocoon::listener::{ListenerArgs, Which};
 use vk_cocoon::peer::{
-    KubeNodes, PeerArgs, PeerClient, PeerConfig, PeerMetrics, PeerServer, PeerTier, Staging, Timeouts,
+    KubeNodes, PeerArgs, PeerClient, PeerConfig, PeerIdentity, PeerMetrics, PeerServer, PeerTier, PeerTls, Staging,
+    Timeouts,
 };
 use vk_cocoon::policy::config::{PolicyArgs, PolicyConfig};
 use vk_cocoon::policy::decision_log::{DecisionLog, DecisionLogArgs, LogTarget};
@@ -199,15 +201,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let provider =
         CocoonProvider::new(provider_cfg, ports, policies.clone(), provider_metrics).map_err(|e| anyhow!("{e}"))?;
     let node_name = kubelet.node_name.clone();
-    let peer_server = peer_tier(
-        &peer_cfg,
-        &provider,
-        &prometheus,
-        &node_name,
-        runtime.clone(),
-        peer_registry,
-        client.clone(),
-    )?;
+    let api_tls = api_cfg.tls.clone();
     let node = VirtualNode::measured(client.clone(), kubelet, provider.clone())
         .map_err(|e| anyhow!("{e}"))?
         .with_policy_status(policy_board);
@@ -227,6 +221,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     // Sampled on a schedule as well: every Summary has a recent sample to rate its CPU against.
     sampler.keep_fresh(SAMPLE_INTERVAL, shutdown.clone());
+    // The peer tier starts after the kubelet API: it presents the API's serving certificate.
+    let (peer_runtime, peer_client, peer_kube) = (runtime.clone(), client.clone(), client.clone());
     let api = KubeletApi {
         config: api_cfg,
         node_ip: node.node_ip(),
@@ -248,6 +244,25 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let kubelet_api = api.start(shutdown.clone()).await.map_err(|e| anyhow!("{e}"))?;
     tracing::info!(addr = %kubelet_api.addr, "kubelet API listening (serving once its certificate is ready)");
+    let peer_identity = peer_identity(
+        &peer_cfg,
+        &api_tls,
+        kubelet_api.cert.clone(),
+        &node_name,
+        peer_client,
+        &shutdown,
+    )
+    .await?;
+    let peer_server = peer_tier(
+        &peer_cfg,
+        &provider,
+        &prometheus,
+        &node_name,
+        peer_runtime,
+        peer_registry,
+        peer_kube,
+        peer_identity,
+    )?;
     let addr = args.metrics.metrics_addr;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -255,13 +270,12 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     tracing::info!(%addr, "serving /metrics");
     let metrics_listener = metrics::listener(args.listeners.limits(Which::Metrics));
     let metrics_server = tokio::spawn(metrics::serve(listener, metrics_listener, prometheus, shutdown.clone()));
-    if let Some(server) = peer_server {
+    if let Some((server, tls)) = peer_server {
         let listener = tokio::net::TcpListener::bind(peer_cfg.listen)
             .await
             .with_context(|| format!("binding the peer snapshot listener VK_PEER_ADDR={}", peer_cfg.listen))?;
-        tracing::info!(addr = %peer_cfg.listen, "serving hibernated snapshots to authenticated peers");
-        let limits = args.listeners.limits(Which::Peer);
-        let peer_listener = Listener::new("peer", limits, None);
+        tracing::info!(addr = %peer_cfg.listen, "serving hibernated snapshots to peers over mutual TLS");
+        let peer_listener = PeerServer::listener(&tls, args.listeners.limits(Which::Peer));
         tokio::spawn(server.serve(listener, peer_listener, shutdown.clone()));
     }
     tokio::spawn(provider.clone().run_background(shutdown.clone()));
@@ -280,9 +294,52 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The peer snapshot tier: the staging directory is swept in the background; with a peer token
-/// and a registry, wakes may restore from the `from-node` peer and the returned server hands this
-/// node's hibernated snapshots to authenticated peers. Without either, both are off (said once).
+/// This node's certificate on the peer tier: the kubelet API's serving certificate (not a
+/// self-signed one: no peer could verify it), or the operator's `VK_PEER_TLS_CERT`/`KEY`, kept
+/// current by a manager of their own. `None`: nothing to present.
+async fn peer_identity(
+    cfg: &PeerConfig,
+    api_tls: &TlsSource,
+    kubelet_cert: Arc<CertSlot>,
+    node_name: &str,
+    client: kube::Client,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Arc<CertSlot>>> {
+    match &cfg.identity {
+        PeerIdentity::KubeletServing if *api_tls == TlsSource::SelfSigned => Ok(None),
+        PeerIdentity::KubeletServing => Ok(Some(kubelet_cert)),
+        PeerIdentity::Files { cert, key } => {
+            let slot = Arc::new(CertSlot::default());
+            let manager = CertManager {
+                source: TlsSource::Files {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+                node_name: node_name.to_string(),
+                ips: Vec::new(),
+                client,
+                slot: slot.clone(),
+                timings: CertTimings::default(),
+                status: None,
+            };
+            let first = manager.obtain(shutdown).await.map_err(|e| {
+                anyhow!(
+                    "VK_PEER_TLS_CERT={} / VK_PEER_TLS_KEY={}: {e}",
+                    cert.display(),
+                    key.display()
+                )
+            })?;
+            tokio::spawn(manager.run(first, shutdown.clone()));
+            Ok(Some(slot))
+        }
+    }
+}
+
+/// The peer snapshot tier: the staging directory is swept in the background; with a peer token,
+/// a registry, the peers' CA and a certificate of this node, wakes may restore from the
+/// `from-node` peer and the returned server hands this node's hibernated snapshots to peers,
+/// both over mutual TLS. Without any of them both are off (said once): never plain HTTP.
+#[allow(clippy::too_many_arguments)]
 fn peer_tier(
     cfg: &PeerConfig,
     provider: &Arc<CocoonProvider>,
@@ -291,34 +348,41 @@ fn peer_tier(
     runtime: Arc<dyn CocoonRuntime>,
     registry: Option<Arc<dyn SnapshotRegistry>>,
     client: kube::Client,
-) -> anyhow::Result<Option<Arc<PeerServer>>> {
+    identity: Option<Arc<CertSlot>>,
+) -> anyhow::Result<Option<(Arc<PeerServer>, PeerTls)>> {
     let staging = Staging::new(cfg.staging_dir.clone());
     let sweeping = staging.clone();
     tokio::task::spawn_blocking(move || match sweeping.sweep() {
         Ok(n) => tracing::info!(dir = %sweeping.root().display(), removed = n, "staging directory swept"),
         Err(error) => tracing::warn!(dir = %sweeping.root().display(), %error, "sweeping the staging directory failed"),
     });
-    let (Some(token), Some(registry)) = (cfg.token.clone(), registry) else {
+    let (Some(token), Some(registry), Some(ca), Some(identity)) =
+        (cfg.token.clone(), registry.clone(), cfg.ca.clone(), identity.clone())
+    else {
+        let missing = cfg.missing(registry.is_some(), identity.is_some());
         tracing::warn!(
-            "peer snapshot tier off: it needs VK_PEER_TOKEN_FILE (peers authenticate) and a registry; wakes restore from a local snapshot or the registry"
+            missing = %missing.join(", "),
+            "peer snapshot tier off: it runs only over mutual TLS with a token and checks copies against the registry; wakes restore from a local snapshot or the registry"
         );
         return Ok(None);
     };
+    let tls = PeerTls::new(identity, ca).map_err(|e| anyhow!("{e}"))?;
     let metrics = PeerMetrics::register(prometheus).context("registering the peer metrics")?;
     provider.set_peer_tier(Arc::new(PeerTier {
-        client: PeerClient::new(token.clone(), staging, Timeouts::default()),
+        client: PeerClient::new(token.clone(), &tls, staging, Timeouts::default()),
         nodes: Arc::new(KubeNodes::new(client)),
         port: cfg.listen.port(),
         metrics,
     }));
-    Ok(Some(PeerServer::new(
+    let server = PeerServer::new(
         node_name.to_string(),
         runtime,
         registry,
         cfg.snapshot_dir.clone(),
         token,
         vk_cocoon::peer::server::MAX_STREAMS,
-    )))
+    );
+    Ok(Some((server, tls)))
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

@@ -58,10 +58,12 @@ pub struct KubeletApi {
     pub limits: crate::listener::Limits,
 }
 
-/// A started server: its address, and the task serving it.
+/// A started server: its address, the task serving it, and its serving certificate (kept
+/// current by its manager; the peer tier presents it too).
 pub struct Serving {
     pub addr: SocketAddr,
     pub task: tokio::task::JoinHandle<()>,
+    pub cert: Arc<tls::CertSlot>,
 }
 
 impl KubeletApi {
@@ -103,7 +105,7 @@ impl KubeletApi {
             node_name: self.state.node_name.clone(),
             ips: self.cert_ips(ip),
             client: self.client.clone(),
-            slot,
+            slot: slot.clone(),
             timings: self.cert_timings.clone(),
             status: self.cert_status.clone(),
         };
@@ -122,6 +124,6 @@ impl KubeletApi {
             tokio::spawn(manager.run(cert, shutdown.clone()));
             server::run(listener, server, app, shutdown).await;
         });
-        Ok(Serving { addr, task })
+        Ok(Serving { addr, task, cert: slot })
     }
 }

@@ -117,6 +117,11 @@ impl Listener {
         &self.limits
     }
 
+    /// Whether connections are TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// Connections open now.
     pub fn open_connections(&self) -> usize {
         self.limits.max_connections - self.slots.available_permits()

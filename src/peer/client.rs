@@ -2,9 +2,11 @@
 //! from the node it was hibernated on and lays them out for `vm clone --from-dir`.
 //!
 //! Nothing from the peer is trusted: the plan's snapshot id must be the registry config's (the
-//! trust anchor), its slices must lie within their files, every slice must arrive whole with a
-//! matching CRC-32C trailer. Any failure removes the staging directory, so a bad or partial
-//! transfer can never be booted; the caller then falls back to the registry.
+//! trust anchor), its files and sizes the registry's, its slices must lie within their files,
+//! every slice must arrive whole with a matching CRC-32C trailer (an accident check), and the
+//! staged files must hash to the registry's blob digests ([`super::verify`]). Any failure removes
+//! the staging directory, so a bad, partial or rewritten transfer can never be booted; the caller
+//! then falls back to the registry.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
@@ -22,6 +24,9 @@ use tokio::sync::Semaphore;
 use super::auth::PeerToken;
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanError, Slice};
 use super::staging::{SliceWriter, Staging};
+use super::tls::PeerTls;
+use super::verify;
+use crate::registry::content::FileContent;
 
 /// Restores one node runs at a time (a third waits).
 pub const MAX_RESTORES: usize = 2;
@@ -71,6 +76,8 @@ pub enum RestoreError {
     },
     #[error("peer {addr} sent an unusable plan: {0}", addr = .1)]
     Plan(PlanError, SocketAddr),
+    #[error("the copy of peer {addr} does not match the registry's artifact: {detail}")]
+    Mismatch { addr: SocketAddr, detail: String },
     #[error("staging {what}: {source}")]
     Staging {
         what: String,
@@ -90,6 +97,7 @@ pub struct Restored {
 
 pub struct PeerClient {
     token: PeerToken,
+    tls: tokio_rustls::TlsConnector,
     staging: Staging,
     timeouts: Timeouts,
     restores: Semaphore,
@@ -97,9 +105,13 @@ pub struct PeerClient {
 }
 
 impl PeerClient {
-    pub fn new(token: PeerToken, staging: Staging, timeouts: Timeouts) -> Self {
+    /// A client that speaks only TLS, presenting this node's certificate and accepting only the
+    /// peer the registry recorded ([`PeerTls`]); `token` is sent inside the session as a second
+    /// factor.
+    pub fn new(token: PeerToken, tls: &PeerTls, staging: Staging, timeouts: Timeouts) -> Self {
         Self {
             token,
+            tls: tokio_rustls::TlsConnector::from(tls.client.clone()),
             staging,
             timeouts,
             restores: Semaphore::new(MAX_RESTORES),
@@ -111,22 +123,26 @@ impl PeerClient {
         &self.staging
     }
 
-    /// Restores snapshot `name` from the peer at `addr` into a fresh staging directory, with
-    /// `envelope` (the registry config's `snapshot.json`) written last as its completeness marker.
+    /// Restores snapshot `name` from the peer at `addr` into a fresh staging directory, checks
+    /// every file against `files` (what the registry says they are), and writes `envelope` (the
+    /// registry config's `snapshot.json`) last as its completeness marker.
     pub async fn restore(
         &self,
         addr: SocketAddr,
+        node: &str,
         name: &str,
         want_id: &str,
         envelope: &[u8],
+        files: &[FileContent],
     ) -> Result<Restored, RestoreError> {
         let _slot = self
             .restores
             .acquire()
             .await
             .expect("the restore semaphore is never closed");
-        let plan = self.fetch_plan(addr, name).await?;
+        let plan = self.fetch_plan(addr, node, name).await?;
         protocol::check_plan(&plan, want_id).map_err(|e| RestoreError::Plan(e, addr))?;
+        verify::check_plan(&plan, files).map_err(|detail| RestoreError::Mismatch { addr, detail })?;
         let dir = self.staging.fresh(name).map_err(|source| RestoreError::Staging {
             what: format!("a directory under {}", self.staging.root().display()),
             source,
@@ -149,7 +165,7 @@ impl PeerClient {
             let file = Arc::new(file);
             let per_group = f.slices.len().div_ceil(GROUPS_PER_FILE).max(1);
             for group in f.slices.chunks(per_group) {
-                groups.push(self.fetch_group(addr, &plan.snapshot_id, &f.name, group, file.clone()));
+                groups.push(self.fetch_group(addr, node, &plan.snapshot_id, &f.name, group, file.clone()));
             }
         }
         let mut received = 0;
@@ -158,6 +174,11 @@ impl PeerClient {
             received += r;
             written += w;
         }
+        // Only bytes the registry vouches for are ever cloned; the directory goes if they differ.
+        let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+        verify::check_dir(dir.path(), files, parallel)
+            .await
+            .map_err(|detail| RestoreError::Mismatch { addr, detail })?;
         // Written last: cocoon takes its presence to mean the directory is complete.
         let marker = dir.path().join(ENVELOPE_FILE);
         std::fs::OpenOptions::new()
@@ -173,9 +194,9 @@ impl PeerClient {
         Ok(Restored { dir, received, written })
     }
 
-    async fn fetch_plan(&self, addr: SocketAddr, name: &str) -> Result<Plan, RestoreError> {
+    async fn fetch_plan(&self, addr: SocketAddr, node: &str, name: &str) -> Result<Plan, RestoreError> {
         let what = format!("the plan of {name}");
-        let mut conn = self.connect(addr).await?;
+        let mut conn = self.connect(addr, node).await?;
         let query = form_urlencoded::Serializer::new(String::new())
             .append_pair("name", name)
             .finish();
@@ -199,6 +220,7 @@ impl PeerClient {
     async fn fetch_group(
         &self,
         addr: SocketAddr,
+        node: &str,
         id: &str,
         file_name: &str,
         slices: &[Slice],
@@ -219,7 +241,7 @@ impl PeerClient {
                 None => false,
             };
             if !reusable {
-                conn = Some(self.connect(addr).await?);
+                conn = Some(self.connect(addr, node).await?);
             }
             let c = conn.as_mut().expect("connected above");
             let query = form_urlencoded::Serializer::new(String::new())
@@ -275,14 +297,24 @@ impl PeerClient {
         Ok((received, written))
     }
 
-    async fn connect(&self, addr: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, RestoreError> {
+    /// A TLS connection to `addr` that proves to be `node` (see [`PeerTls`]).
+    async fn connect(&self, addr: SocketAddr, node: &str) -> Result<SendRequest<Empty<Bytes>>, RestoreError> {
         let err = |detail: String| RestoreError::Connect { addr, detail };
+        let name = PeerTls::server_name(node).map_err(err)?;
         let tcp = tokio::time::timeout(self.timeouts.dial, tokio::net::TcpStream::connect(addr))
             .await
             .map_err(|_| err(format!("no connection within {:?}", self.timeouts.dial)))?
             .map_err(|e| err(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        let tls = tokio::time::timeout(self.timeouts.dial, self.tls.connect(name, tcp))
+            .await
+            .map_err(|_| err(format!("no TLS handshake within {:?}", self.timeouts.dial)))?
+            .map_err(|e| {
+                err(format!(
+                    "TLS with node {node}: {e} (its certificate must chain to VK_PEER_CA_FILE and name {node}; this node's must be accepted by it)"
+                ))
+            })?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|e| err(e.to_string()))?;
         // The connection task ends when the sender drops.

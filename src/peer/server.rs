@@ -1,14 +1,17 @@
 //! The peer snapshot server on `VK_PEER_ADDR`: hands a hibernated guest's
-//! raw snapshot files to the node that wakes it. Every request must carry the peer token (401
-//! otherwise); a plan is served only for a snapshot whose `:hibernate` manifest names this node
-//! as `from-node` (403 otherwise), and slices only of a snapshot a plan was served for, so an
-//! authenticated peer still cannot read an arbitrary snapshot's files.
+//! raw snapshot files to the node that wakes it. It speaks only mutual TLS (a caller without a
+//! fleet node's certificate never gets a request in: [`super::tls`]), and every request must
+//! also carry the peer token (401 otherwise); a plan is served only for a snapshot whose
+//! `:hibernate` manifest names this node as `from-node` (403 otherwise), and slices only of a
+//! snapshot a plan was served for, so an authenticated peer still cannot read an arbitrary
+//! snapshot's files.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -23,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 use super::auth::PeerToken;
 use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
-use crate::listener::Listener;
+use super::tls::PeerTls;
 use crate::listener::throttle::Throttled;
+use crate::listener::{ClientCertificates, Limits, Listener};
 use crate::provider::ports::SnapshotRegistry;
 use crate::registry::media::ANN_FROM_NODE;
 use crate::runtime::CocoonRuntime;
@@ -83,13 +87,25 @@ impl PeerServer {
             .with_state(self)
     }
 
-    /// Serves on `tcp` through `listener` (the peer port's limits) until `shutdown`.
+    /// The peer port's listener: mutual TLS with `tls`, within `limits`.
+    pub fn listener(tls: &PeerTls, limits: Limits) -> Arc<Listener> {
+        Listener::new("peer", limits, Some(tls.server.clone()))
+    }
+
+    /// Serves on `tcp` through `listener` (see [`PeerServer::listener`]) until `shutdown`. A
+    /// listener without TLS is refused: guest memory never crosses the network in clear.
     pub async fn serve(
         self: Arc<Self>,
         tcp: tokio::net::TcpListener,
         listener: Arc<Listener>,
         shutdown: CancellationToken,
     ) {
+        if !listener.is_tls() {
+            tracing::error!(
+                "the peer server was given a plain-HTTP listener and does not serve (a wiring bug: build it with PeerServer::listener)"
+            );
+            return;
+        }
         listener.serve(tcp, self.router(), shutdown).await;
     }
 
@@ -148,8 +164,17 @@ fn text(status: StatusCode, message: String) -> Response {
     (status, format!("{message}\n")).into_response()
 }
 
+/// Who asked, for the log: the subject of the client's certificate (TLS verified it).
+fn caller(client: Option<&ClientCertificates>) -> String {
+    client
+        .and_then(ClientCertificates::leaf)
+        .and_then(|leaf| crate::kubelet_api::tls::certs::subject_of(leaf.as_ref()))
+        .map_or_else(|| "(no certificate)".to_string(), |(cn, _)| cn)
+}
+
 async fn plan(
     State(s): State<Arc<PeerServer>>,
+    client: Option<Extension<ClientCertificates>>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
@@ -197,7 +222,8 @@ async fn plan(
         snapshot_id: record.id,
         files,
     };
-    tracing::info!(snapshot = %name, id = %plan.snapshot_id, files = plan.files.len(), bytes = plan.data_bytes(), "serving a snapshot plan to a peer");
+    let caller = caller(client.as_ref().map(|Extension(c)| c));
+    tracing::info!(snapshot = %name, id = %plan.snapshot_id, files = plan.files.len(), bytes = plan.data_bytes(), %caller, "serving a snapshot plan to a peer");
     axum::Json(plan).into_response()
 }
 

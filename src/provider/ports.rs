@@ -45,17 +45,16 @@ pub trait SnapshotRegistry: Send + Sync {
     async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryError>;
     /// The config of a snapshot artifact; `Ok(None)` when the tag is absent.
     async fn snapshot_meta(&self, repo: &str, tag: &str) -> Result<Option<SnapshotMeta>, RegistryError>;
-    /// The snapshot id and `snapshot.json` envelope (the `--to-dir` format's, its name
-    /// `local_name`) of `repo:tag`'s config: what a peer restore checks its peer's plan against and
-    /// writes as the staging directory's marker. `Ok(None)` when the tag is absent, or when this
-    /// adapter cannot build an envelope (the wake then skips the peer tier).
-    async fn snapshot_envelope(
+    /// What `repo:tag` says its snapshot is — its config (snapshot id, the `snapshot.json`
+    /// envelope) and each file's size, sparse map and blob digests — from one resolution of the
+    /// tag: what a peer restore checks its peer's copy against. `Ok(None)` when the tag is
+    /// absent, or when this adapter cannot say (the wake then skips the peer tier).
+    async fn snapshot_content(
         &self,
         repo: &str,
         tag: &str,
-        local_name: &str,
-    ) -> Result<Option<(String, Vec<u8>)>, RegistryError> {
-        let _ = (repo, tag, local_name);
+    ) -> Result<Option<crate::registry::content::SnapshotContent>, RegistryError> {
+        let _ = (repo, tag);
         Ok(None)
     }
     /// Uploads the export tar (`snapshot export -o -`) read from `export` as `repo:tag`, recording

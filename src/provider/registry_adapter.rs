@@ -33,15 +33,12 @@ impl SnapshotRegistry for Registry {
         }))
     }
 
-    async fn snapshot_envelope(
+    async fn snapshot_content(
         &self,
         repo: &str,
         tag: &str,
-        local_name: &str,
-    ) -> Result<Option<(String, Vec<u8>)>, RegistryError> {
-        Ok(Registry::snapshot_config(self, repo, tag)
-            .await?
-            .map(|c| (c.snapshot_id.clone(), c.envelope(local_name))))
+    ) -> Result<Option<crate::registry::content::SnapshotContent>, RegistryError> {
+        Registry::snapshot_content(self, repo, tag).await
     }
 
     async fn push_snapshot(

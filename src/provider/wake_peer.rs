@@ -50,11 +50,24 @@ pub(super) async fn restore_from_peer(
             "{vm}:{tag} was hibernated on this node"
         )));
     }
-    let (want_id, envelope) = match registry.snapshot_envelope(vm, tag, vm).await {
+    let content = match registry.snapshot_content(vm, tag).await {
         Ok(Some(found)) => found,
         Ok(None) => return Err(Skipped::NotApplicable(format!("no snapshot config for {vm}:{tag}"))),
         Err(e) => return Err(Skipped::Failed(format!("reading the config of {vm}:{tag}: {e}"))),
     };
+    // The registry says what the snapshot is; a copy that cannot be checked against it is not
+    // taken from a peer at all.
+    let files = match content.files {
+        Ok(files) => files,
+        Err(why) => {
+            tracing::info!(vm, %peer, %why, "the peer's copy could not be checked against the registry; pulling from the registry");
+            return Err(Skipped::NotApplicable(format!(
+                "{vm}:{tag} cannot be checked file by file against the registry ({why})"
+            )));
+        }
+    };
+    let want_id = content.config.snapshot_id.clone();
+    let envelope = content.config.envelope(vm);
     let record = record_of(&envelope).map_err(Skipped::Failed)?;
     let ip = match tier.nodes.internal_ip(&peer).await {
         Ok(Some(ip)) => ip,
@@ -64,7 +77,7 @@ pub(super) async fn restore_from_peer(
     let started = Instant::now();
     match tier
         .client
-        .restore(SocketAddr::new(ip, tier.port), vm, &want_id, &envelope)
+        .restore(SocketAddr::new(ip, tier.port), &peer, vm, &want_id, &envelope, &files)
         .await
     {
         Ok(staged) => {

@@ -15,6 +15,8 @@
 //!   core, and `upload`, blob uploads), [`pull`] (with `prefetch`: its
 //!   blobs fetched in parallel ahead of the tar writer, within the pull budget),
 //!   [`cloud_image`], `delete`: the transfers; [`progress`]: their byte counts.
+//! - [`content`]: what a snapshot's files must be (sizes, sparse maps, blob digests), to check a copy
+//!   obtained elsewhere (the peer tier) against.
 //! - [`artifact`]: small in-memory artifacts (policy components) pushed and pulled by digest.
 
 mod answer;
@@ -24,6 +26,7 @@ mod chunk_compressor;
 pub mod client;
 pub mod cloud_image;
 pub mod config;
+pub mod content;
 mod delete;
 mod distribution;
 pub mod errors;

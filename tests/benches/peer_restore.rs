@@ -1,7 +1,8 @@
 //! Peer restore vs registry restore (issue 18): waking a pod whose hibernated guest holds 1 GiB of
 //! memory and a sparse disk, once through the registry tier (docker-registry on loopback, the
 //! daemon's pull into `cocoon snapshot import`) and once through the peer tier (node A's
-//! `PeerServer` on loopback, staged sparse, `vm clone --from-dir`), in the same run, on the same
+//! `PeerServer` on loopback over mutual TLS, staged sparse, every file checked against the
+//! registry's digests, `vm clone --from-dir`), in the same run, on the same
 //! daemon. Target: the peer wake ≥ 2× faster. The figures are create → Ready of the pod (what a
 //! user waits for) and the transfer part alone (the pull's and the peer restore's histograms),
 //! the median of `BENCH_ROUNDS` (default 3) interleaved rounds (the shared machine is noisy).
@@ -21,6 +22,7 @@ use std::time::Instant;
 use cocoon_sim::Sim;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
+use provider_support::fleet_ca::FleetCa;
 use provider_support::*;
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::peer::server::MAX_STREAMS;
@@ -125,7 +127,9 @@ async fn bench() {
     let port = listener.local_addr().unwrap().port();
     let stop = CancellationToken::new();
     let limits = vk_cocoon::listener::Limits::with_cap(256);
-    let peer_listener = vk_cocoon::listener::Listener::new("peer", limits, None);
+    // Mutual TLS as the daemon speaks it: node certificates of one fleet CA.
+    let fleet = FleetCa::new("fleet CA");
+    let peer_listener = PeerServer::listener(&fleet.node_tls(NODE_A), limits);
     tokio::spawn(server.serve(listener, peer_listener, stop.clone()));
     let nodes: kube::Api<Node> = kube::Api::all(env.server.client());
     let mut node = Node::default();
@@ -143,6 +147,7 @@ async fn bench() {
     b.provider.set_peer_tier(Arc::new(PeerTier {
         client: PeerClient::new(
             PeerToken::new(TOKEN).unwrap(),
+            &fleet.node_tls(NODE),
             Staging::new(env.sim_dir.path().join("vk-staging")),
             Timeouts::default(),
         ),

@@ -27,8 +27,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("stats", 2),
     ("kubelet", 3),
     ("kubelet_api", 4),
-    ("peer", 4),
-    ("provider", 5),
+    ("peer", 5),
+    ("provider", 6),
 ];
 
 /// The imports that break the layer rule today: (importing file, imported module).

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 mod fake_registry;
+pub mod fleet_ca;
 mod history;
 #[path = "../kubelet_support/mod.rs"]
 pub mod kubelet_support;

@@ -78,6 +78,11 @@ impl CertSlot {
     pub fn is_loaded(&self) -> bool {
         self.current.load().is_some()
     }
+
+    /// The certificate now (the peer tier presents it as a client certificate too).
+    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
+        self.current.load_full()
+    }
 }
 
 impl ResolvesServerCert for CertSlot {

@@ -3,13 +3,14 @@
 //! daemon: fake apiserver, its own cocoon-sim) wakes it through CreatePod. B restores A's raw
 //! files when A serves them whole and correct, and otherwise — a CRC mismatch, a truncated slice,
 //! a wrong snapshot id, A down, A's 128 streams busy — pulls from the registry, never booting a
-//! bad copy and leaving no staging directory. A refuses callers without the peer token.
+//! bad copy and leaving no staging directory. Both speak mutual TLS with certificates of one
+//! fleet CA ([`FLEET`]); A refuses callers without the peer token as well.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -17,27 +18,79 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use cocoon_sim::Sim;
 use http_body_util::StreamBody;
-use hyper::body::Frame;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::listener::{Limits, Listener};
 use vk_cocoon::peer::protocol::{CRC_TRAILER, Plan};
 use vk_cocoon::peer::server::MAX_STREAMS;
-use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
+use vk_cocoon::peer::{
+    KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerTls, PeerToken, Staging, Timeouts,
+};
 use vk_cocoon::provider::ports::SnapshotRegistry;
+use vk_cocoon::registry::{RegistryAuth, TransferSettings};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
 
+use crate::provider_support::fleet_ca::FleetCa;
 use crate::provider_support::*;
 
 mod limits;
 mod reclaim;
+mod trust;
 
 const IMAGE: &str = "cocoonset.cocoonstack.io/image";
 const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";
 const TOKEN: &str = "peer-token-for-the-tests-0123456789";
 const NODE_A: &str = "node-a";
 const VM: &str = "vm-p";
+
+/// The CA of the test fleet: node A, node B (`NODE`) and the impostors' genuine certificates.
+static FLEET: LazyLock<FleetCa> = LazyLock::new(|| FleetCa::new("fleet CA"));
+
+/// Sends one GET to a peer port over TLS, as the client `tls` (its certificate), expecting the
+/// server to prove it is `node`; the token, when given, as a bearer token.
+async fn peer_request(
+    addr: SocketAddr,
+    tls: &PeerTls,
+    node: &str,
+    path_and_query: &str,
+    token: Option<&str>,
+) -> Result<hyper::Response<Incoming>, String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
+        .connect(PeerTls::server_name(node)?, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let mut req = hyper::Request::get(path_and_query).header("host", addr.to_string());
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    sender
+        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// [`peer_request`], its body read whole: the status and the bytes.
+async fn peer_get(
+    addr: SocketAddr,
+    tls: &PeerTls,
+    node: &str,
+    path_and_query: &str,
+    token: Option<&str>,
+) -> Result<(u16, Bytes), String> {
+    let r = peer_request(addr, tls, node, path_and_query, token).await?;
+    let status = r.status().as_u16();
+    let body = r.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((status, body))
+}
 
 /// Node A: a simulator holding the hibernated guest, and its peer server.
 struct NodeA {
@@ -50,11 +103,12 @@ struct NodeA {
     stop: CancellationToken,
 }
 
-/// Node A's peer port: the daemon's cap, and a header deadline short enough for a test to wait
-/// for (a client of these tests sends its headers at once).
+/// Node A's peer port: the daemon's cap, and handshake and header deadlines short enough for a
+/// test to wait for (a client of these tests sends its handshake and headers at once).
 fn peer_limits() -> Limits {
     Limits {
         header_timeout: std::time::Duration::from_secs(2),
+        handshake_timeout: std::time::Duration::from_secs(2),
         ..Limits::with_cap(256)
     }
 }
@@ -66,9 +120,9 @@ impl Drop for NodeA {
     }
 }
 
-/// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A, remove the VM;
-/// the seat release keeps the local copy) and serves it.
-async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
+/// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A and `push`'s
+/// layout, remove the VM; the seat release keeps the local copy) and serves it.
+async fn node_a_pushing(env: &Env, memory_bytes: u64, push: TransferSettings) -> NodeA {
     let dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(dir.path().join("sim")).unwrap();
     sim.set_settings(|s| s.snapshot_memory_bytes = memory_bytes).unwrap();
@@ -77,14 +131,12 @@ async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
     let vm = clone_direct_on(&runtime, "base", VM, None).await;
     runtime.snapshot_save(VM, &vm.id).await.unwrap();
     runtime.remove(&vm.id).await.unwrap();
-    let pusher = env
-        .oci
-        .as_ref()
-        .unwrap()
-        .server
-        .lock()
-        .unwrap()
-        .transfer_client("", NODE_A);
+    let pusher = env.oci.as_ref().unwrap().server.lock().unwrap().transfer_client_tuned(
+        "",
+        NODE_A,
+        RegistryAuth::Anonymous,
+        push,
+    );
     pusher
         .push_snapshot(runtime.as_ref(), VM, VM, "hibernate", "base")
         .await
@@ -103,7 +155,7 @@ async fn node_a(env: &Env, memory_bytes: u64) -> NodeA {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let peer_listener = Listener::new("peer", peer_limits(), None);
+    let peer_listener = PeerServer::listener(&FLEET.node_tls(NODE_A), peer_limits());
     tokio::spawn(server.serve(listener, peer_listener.clone(), stop.clone()));
     NodeA {
         _dir: dir,
@@ -142,6 +194,7 @@ fn node_b(env: &Env, port: u16) -> NodeB {
     daemon.provider.set_peer_tier(Arc::new(PeerTier {
         client: PeerClient::new(
             PeerToken::new(TOKEN).unwrap(),
+            &FLEET.node_tls(NODE),
             Staging::new(&staging),
             Timeouts::default(),
         ),
@@ -177,9 +230,14 @@ fn last_clone(env: &Env) -> Vec<String> {
 }
 
 async fn setup(memory_bytes: u64) -> (Env, NodeA) {
+    setup_pushing(memory_bytes, TransferSettings::default()).await
+}
+
+/// [`setup`], node A pushing with `push`.
+async fn setup_pushing(memory_bytes: u64, push: TransferSettings) -> (Env, NodeA) {
     let env = env_with_oci().await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
-    let a = node_a(&env, memory_bytes).await;
+    let a = node_a_pushing(&env, memory_bytes, push).await;
     register_node_a(&env).await;
     (env, a)
 }
@@ -293,21 +351,29 @@ enum Tamper {
     WrongSnapshotId,
     FlipByte,
     Truncate,
+    /// Rewrites a byte and sends the checksum of the rewritten bytes (an attacker who controls
+    /// the stream can always make the CRC match).
+    Rewrite,
+    /// Forwards everything untouched: an impostor that knows the token stands where A should.
+    Faithful,
 }
 
 #[derive(Clone)]
 struct Proxy {
     upstream: SocketAddr,
     mode: Tamper,
-    http: reqwest::Client,
+    /// How the proxy reaches A: a client of the fleet.
+    to_a: PeerTls,
 }
 
 /// A peer in front of A that forwards every request (token included) and spoils the answers.
-async fn tampering_peer(upstream: SocketAddr, mode: Tamper) -> (SocketAddr, CancellationToken) {
+/// It presents `identity` to B: node A's genuine certificate for a compromised A, another
+/// node's or a forged one for an impostor.
+async fn tampering_peer(upstream: SocketAddr, mode: Tamper, identity: &PeerTls) -> (SocketAddr, CancellationToken) {
     let proxy = Proxy {
         upstream,
         mode,
-        http: reqwest::Client::new(),
+        to_a: FLEET.node_tls("node-proxy"),
     };
     let app = axum::Router::new()
         .route("/v1/snapshot-plan", axum::routing::get(proxied_plan))
@@ -316,23 +382,22 @@ async fn tampering_peer(upstream: SocketAddr, mode: Tamper) -> (SocketAddr, Canc
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { s.cancelled().await })
-            .await
-    });
+    let served = Listener::new("tampering peer", peer_limits(), Some(identity.server.clone()));
+    tokio::spawn(served.serve(listener, app, stop.clone()));
     (addr, stop)
 }
 
-async fn forward(p: &Proxy, path: &str, headers: &HeaderMap, q: &HashMap<String, String>) -> reqwest::Response {
-    p.http
-        .get(format!("http://{}{path}", p.upstream))
-        .query(q)
-        .header("authorization", headers.get("authorization").unwrap().to_str().unwrap())
-        .send()
+async fn forward(p: &Proxy, path: &str, headers: &HeaderMap, q: &HashMap<String, String>) -> Bytes {
+    let query = form_urlencoded::Serializer::new(String::new()).extend_pairs(q).finish();
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let (status, body) = peer_get(p.upstream, &p.to_a, NODE_A, &format!("{path}?{query}"), token)
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(status, 200, "A answered the proxy: {}", String::from_utf8_lossy(&body));
+    body
 }
 
 async fn proxied_plan(
@@ -341,7 +406,7 @@ async fn proxied_plan(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let r = forward(&p, "/v1/snapshot-plan", &headers, &q).await;
-    let mut plan: Plan = r.json().await.unwrap();
+    let mut plan: Plan = serde_json::from_slice(&r).unwrap();
     if p.mode == Tamper::WrongSnapshotId {
         plan.snapshot_id = "SOMEONE-ELSES-SAVE".into();
     }
@@ -354,7 +419,7 @@ async fn proxied_slice(
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let r = forward(&p, "/v1/snapshot-slice", &headers, &q).await;
-    let mut bytes = r.bytes().await.unwrap().to_vec();
+    let mut bytes = r.to_vec();
     let mut crc = crc32c::crc32c(&bytes);
     match p.mode {
         // The checksum of the true bytes over spoiled ones.
@@ -367,7 +432,12 @@ async fn proxied_slice(
             bytes.truncate(bytes.len() / 2);
             crc = crc32c::crc32c(&bytes);
         }
-        Tamper::WrongSnapshotId => {}
+        Tamper::Rewrite => {
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+            crc = crc32c::crc32c(&bytes);
+        }
+        Tamper::WrongSnapshotId | Tamper::Faithful => {}
     }
     let frames = futures::stream::iter(vec![
         Ok::<_, std::io::Error>(Frame::data(Bytes::from(bytes))),
@@ -383,9 +453,11 @@ async fn proxied_slice(
     r
 }
 
+/// A wake through a compromised node A (it holds A's genuine certificate) that spoils its
+/// answers the way `mode` says.
 async fn tampered_wake_falls_back(mode: Tamper, why: &str) {
     let (env, a) = setup(4 << 20).await;
-    let (proxy, stop) = tampering_peer(a.addr, mode).await;
+    let (proxy, stop) = tampering_peer(a.addr, mode, &FLEET.node_tls(NODE_A)).await;
     let b = node_b(&env, proxy.port());
     wake_on_b(&env).await;
     fell_back_to_the_registry(&env, &b, why).await;
@@ -407,38 +479,31 @@ async fn a_wrong_snapshot_id_falls_back_to_the_registry() {
     tampered_wake_falls_back(Tamper::WrongSnapshotId, "is not the registry's").await;
 }
 
-fn plan_url(a: &NodeA, name: &str) -> String {
-    format!("http://{}/v1/snapshot-plan?name={name}", a.addr)
+fn plan_path(name: &str) -> String {
+    format!("/v1/snapshot-plan?name={name}")
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn node_a_serves_only_authenticated_peers_and_only_its_own_hibernated_guests() {
     let (env, a) = setup(1 << 20).await;
-    let http = reqwest::Client::new();
-    let status = |r: reqwest::Response| r.status().as_u16();
-    assert_eq!(status(http.get(plan_url(&a, VM)).send().await.unwrap()), 401);
-    let wrong = http
-        .get(plan_url(&a, VM))
-        .bearer_auth("not-the-peer-token-at-all")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(status(wrong), 401);
-    let slice = format!(
-        "http://{}/v1/snapshot-slice?id=X&file=memory-ranges&offset=0&length=1",
-        a.addr
-    );
-    assert_eq!(status(http.get(&slice).send().await.unwrap()), 401, "slices too");
-    let ok = http.get(plan_url(&a, VM)).bearer_auth(TOKEN).send().await.unwrap();
-    assert_eq!(ok.status().as_u16(), 200);
-    let plan: Plan = ok.json().await.unwrap();
+    // A node of the fleet (its certificate is accepted); the token is the second factor.
+    let b = FLEET.node_tls(NODE);
+    let get = |path: String, token: Option<&'static str>| {
+        let b = b.clone();
+        let addr = a.addr;
+        async move { peer_get(addr, &b, NODE_A, &path, token).await.unwrap() }
+    };
+    assert_eq!(get(plan_path(VM), None).await.0, 401);
+    assert_eq!(get(plan_path(VM), Some("not-the-peer-token-at-all")).await.0, 401);
+    let slice = "/v1/snapshot-slice?id=X&file=memory-ranges&offset=0&length=1".to_string();
+    assert_eq!(get(slice, None).await.0, 401, "slices too");
+    let (status, body) = get(plan_path(VM), Some(TOKEN)).await;
+    assert_eq!(status, 200);
+    let plan: Plan = serde_json::from_slice(&body).unwrap();
     assert_eq!(plan.snapshot_id, a.runtime.snapshot_inspect(VM).await.unwrap().id);
     assert!(plan.files.iter().any(|f| f.name == "memory-ranges"));
     // A snapshot of A that was not hibernated from A (no such tag): not served.
-    assert_eq!(
-        status(http.get(plan_url(&a, "base")).bearer_auth(TOKEN).send().await.unwrap()),
-        404
-    );
+    assert_eq!(get(plan_path("base"), Some(TOKEN)).await.0, 404);
     // Another node's hibernated guest: refused even though A has a copy of it.
     let other = env
         .oci
@@ -452,66 +517,40 @@ async fn node_a_serves_only_authenticated_peers_and_only_its_own_hibernated_gues
         .push_snapshot(a.runtime.as_ref(), "base", "vk-other", "hibernate", "base")
         .await
         .unwrap();
-    assert_eq!(
-        status(
-            http.get(plan_url(&a, "vk-other"))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .unwrap()
-        ),
-        403
-    );
+    assert_eq!(get(plan_path("vk-other"), Some(TOKEN)).await.0, 403);
     // Slices only of a snapshot a plan was served for, plain names only.
-    let ungranted = format!(
-        "http://{}/v1/snapshot-slice?id=NOPE&file=memory-ranges&offset=0&length=1",
-        a.addr
-    );
-    assert_eq!(
-        status(http.get(&ungranted).bearer_auth(TOKEN).send().await.unwrap()),
-        403
-    );
+    let ungranted = "/v1/snapshot-slice?id=NOPE&file=memory-ranges&offset=0&length=1".to_string();
+    assert_eq!(get(ungranted, Some(TOKEN)).await.0, 403);
     let escape = format!(
-        "http://{}/v1/snapshot-slice?id={}&file=..%2Fx&offset=0&length=1",
-        a.addr, plan.snapshot_id
+        "/v1/snapshot-slice?id={}&file=..%2Fx&offset=0&length=1",
+        plan.snapshot_id
     );
-    assert_eq!(status(http.get(&escape).bearer_auth(TOKEN).send().await.unwrap()), 400);
-    let missing = format!("http://{}/v1/snapshot-plan", a.addr);
-    assert_eq!(status(http.get(&missing).bearer_auth(TOKEN).send().await.unwrap()), 400);
+    assert_eq!(get(escape, Some(TOKEN)).await.0, 400);
+    assert_eq!(get("/v1/snapshot-plan".into(), Some(TOKEN)).await.0, 400);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_peer_with_every_stream_busy_answers_503_and_the_wake_falls_back() {
     // 32 MiB of memory: a slice stream nobody reads stays open (the socket buffers fill).
     let (env, a) = setup(32 << 20).await;
-    let http = reqwest::Client::new();
-    let plan: Plan = http
-        .get(plan_url(&a, VM))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
+    let tls = FLEET.node_tls(NODE);
+    let (_, body) = peer_get(a.addr, &tls, NODE_A, &plan_path(VM), Some(TOKEN))
         .await
         .unwrap();
+    let plan: Plan = serde_json::from_slice(&body).unwrap();
     let mem = plan.files.iter().find(|f| f.name == "memory-ranges").unwrap();
-    let url = format!(
-        "http://{}/v1/snapshot-slice?id={}&file=memory-ranges&offset=0&length={}",
-        a.addr, plan.snapshot_id, mem.slices[0].length
+    let path = format!(
+        "/v1/snapshot-slice?id={}&file=memory-ranges&offset=0&length={}",
+        plan.snapshot_id, mem.slices[0].length
     );
-    // One client per stream: each holds its own connection.
+    // One connection per stream, each left unread.
     let mut held = Vec::new();
     for _ in 0..MAX_STREAMS {
-        let r = reqwest::Client::new()
-            .get(&url)
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
+        let r = peer_request(a.addr, &tls, NODE_A, &path, Some(TOKEN)).await.unwrap();
         assert_eq!(r.status().as_u16(), 200);
         held.push(r);
     }
-    let over = http.get(&url).bearer_auth(TOKEN).send().await.unwrap();
+    let over = peer_request(a.addr, &tls, NODE_A, &path, Some(TOKEN)).await.unwrap();
     assert_eq!(over.status().as_u16(), 503, "stream {} is refused", MAX_STREAMS + 1);
     let b = node_b(&env, a.addr.port());
     wake_on_b(&env).await;
