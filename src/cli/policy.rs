@@ -109,6 +109,7 @@ impl LimitArgs {
             timeout: std::time::Duration::from_millis(self.timeout_ms),
             memory_bytes: self.memory_mib << 20,
             max_concurrent: 4,
+            ..SandboxLimits::default()
         };
         PolicyEngine::new(limits).map_err(|e| anyhow::anyhow!("cannot start the wasm engine: {e:#}"))
     }
@@ -389,6 +390,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let slot_independent = matches!(
         first,
         LoadError::Corrupt { .. }
+            | LoadError::TooLarge { .. }
             | LoadError::ForbiddenImports { .. }
             | LoadError::Read { .. }
             | LoadError::UnsupportedVersion { .. }
