@@ -53,9 +53,10 @@ pub use slots::{PolicySlot, Slot, SlotVisitor, with_slot};
 /// version: what `policy check` reports before validating a slot.
 pub fn contract_exports(
     engine: &PolicyEngine,
+    cache: Option<&CompileCache>,
     origin: &Origin,
     bytes: &[u8],
 ) -> Result<Vec<(String, String)>, LoadError> {
-    let compiled = component::compile(engine, None, origin, bytes)?;
+    let compiled = component::compile(engine, cache, origin, bytes)?;
     Ok(component::contract_exports(&compiled.component))
 }
