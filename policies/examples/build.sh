@@ -33,17 +33,19 @@ build_py() { # SOURCE_DIR MODULE WORLD OUTPUT
     # --stub-wasi: the component imports no WASI (the host grants none); a WASI call traps.
     (cd "$work" && "$tools/python/bin/componentize-py" -d "$wit" -w "$3" componentize "$2" -o "$4" --stub-wasi >/dev/null)
 }
-build_js() { # SOURCE WORLD OUTPUT
+build_js() { # SOURCE WORLD OUTPUT [FLAG…]
     # --sync: the host runs components without the component-model async ABI.
-    "$qjs" --wit "$wit" --js "$1" -n "$2" --sync --stub-wasi -o "$3" >/dev/null
+    "$qjs" --wit "$wit" --js "$1" -n "$2" --stub-wasi -o "$3" "${@:4}" >/dev/null
 }
 
 started=$SECONDS
 build_py "$root/policies/examples/snapshot-before-destroy-py" app snapshot-before-destroy-policy \
     "$out/snapshot-before-destroy-py.wasm"
 build_js "$root/policies/examples/cpu-class-admission-js/policy.js" cpu-class-admission-policy \
-    "$out/cpu-class-admission-js.wasm"
+    "$out/cpu-class-admission-js.wasm" --sync
 build_py "$root/tests/guests/lang-probes" probe snapshot-before-destroy-policy "$out/probe-py.wasm"
-build_js "$root/tests/guests/lang-probes/probe.js" cpu-class-admission-policy "$out/probe-js.wasm"
+build_js "$root/tests/guests/lang-probes/probe.js" cpu-class-admission-policy "$out/probe-js.wasm" --sync
+# Without --sync (componentize-qjs's default): the test checks the host refuses it, saying why.
+build_js "$root/tests/guests/lang-probes/probe.js" cpu-class-admission-policy "$out/probe-js-async.wasm"
 echo "policy examples built in $((SECONDS - started)) s into $out:"
 ls -l "$out"/*.wasm | awk '{print "  " $5 " bytes  " $9}'

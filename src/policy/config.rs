@@ -376,6 +376,35 @@ mod tests {
     }
 
     #[test]
+    fn the_component_shape_limits_come_from_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        fs::write(
+            &file,
+            "limits: {max-core-instances: 40, max-memories: 3, max-concurrent-large: 2}\n",
+        )
+        .unwrap();
+        let config = PolicyConfig::from_env(env(&[
+            ("VK_POLICY_CONFIG", file.to_str().unwrap()),
+            ("VK_POLICY_MAX_MEMORIES", "6"),
+            ("VK_POLICY_MAX_TABLES", "5"),
+            ("VK_POLICY_MAX_TABLE_ELEMENTS", "20000"),
+        ]))
+        .unwrap();
+        let limits = config.limits;
+        assert_eq!(
+            (limits.max_core_instances, limits.max_memories, limits.max_tables),
+            (40, 6, 5)
+        );
+        assert_eq!((limits.max_table_elements, limits.max_concurrent_large), (20_000, 2));
+        let err = PolicyConfig::from_env(env(&[("VK_POLICY_MAX_CORE_INSTANCES", "0")])).unwrap_err();
+        assert!(
+            err.contains("VK_POLICY_MAX_CORE_INSTANCES") && err.contains("between 1 and 1024"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn file_then_environment_overrides() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("policies.yaml");

@@ -21,7 +21,8 @@ fn examples_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("VK_POLICY_EXAMPLES_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-examples"));
-    if dir.join("probe-js.wasm").exists() {
+    // The last component build.sh writes: all are there.
+    if dir.join("probe-js-async.wasm").exists() {
         return Some(dir);
     }
     assert_ne!(
@@ -97,9 +98,27 @@ fn policy_check_reports_the_shape_the_pool_and_the_compile() {
         text.contains("11 core instances, 3 memories") && text.contains("the pool of large components"),
         "{text}"
     );
-    assert!(text.contains("compiled in ") && text.contains("KiB of native code"), "{text}");
+    assert!(
+        text.contains("compiled in ") && text.contains("KiB of native code"),
+        "{text}"
+    );
     assert!(
         text.contains("implements slot cpu-class-admission") && !text.contains("implements slot bring-up"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_component_built_for_the_async_abi_is_refused_saying_how_to_build_it() {
+    let Some(dir) = examples_dir() else { return };
+    let path = dir.join("probe-js-async.wasm");
+    let bytes = std::fs::read(&path).unwrap();
+    let Err(error) = LoadedPolicy::<CpuClassAdmission>::load(engine(), None, Origin::File(path), &bytes) else {
+        panic!("the host does not enable the component-model async ABI: the component must be refused");
+    };
+    let text = error.to_string();
+    assert!(
+        text.contains("async") && text.contains("componentize-qjs --sync"),
         "{text}"
     );
 }
