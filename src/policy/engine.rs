@@ -1,6 +1,7 @@
-//! The wasmtime engine every policy runs in: component model, pooling allocator, an epoch
-//! clock for deadlines (running only while a decision is in flight), and a cap on concurrent
-//! decisions (the pool has a fixed size). The limits themselves live in [`super::limits`].
+//! The wasmtime engines every policy runs in: component model, pooling allocator (a small pool
+//! for the Rust guests, a large one for components that need more, see [`PolicyEngine`]), an
+//! epoch clock per pool for deadlines (running only while a decision is in flight), and a cap on
+//! concurrent decisions (each pool has a fixed size). The limits live in [`super::limits`].
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
