@@ -109,6 +109,7 @@ impl LimitArgs {
             timeout: std::time::Duration::from_millis(self.timeout_ms),
             memory_bytes: self.memory_mib << 20,
             max_concurrent: 4,
+            ..SandboxLimits::default()
         };
         PolicyEngine::new(limits).map_err(|e| anyhow::anyhow!("cannot start the wasm engine: {e:#}"))
     }
@@ -309,6 +310,20 @@ fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// Bytes of the files below `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => dir_bytes(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let engine = LimitArgs {
         timeout_ms: 100,
@@ -321,8 +336,35 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         Some(slot) => vec![slot],
         None => Slot::ALL.to_vec(),
     };
+    // What one instance creates, and which pool it runs in (before the compile it may refuse).
+    if let Ok(shape) = vk_cocoon::policy::shape::ComponentShape::read(&bytes) {
+        let pool = match shape.exceeds(&engine.limits()) {
+            Some(_) => "beyond the limits",
+            None if shape.fits(&vk_cocoon::policy::limits::PER_DECISION) => "the small pool",
+            None => "the pool of large components",
+        };
+        println!(
+            "{}: {} bytes; {} core instances, {} memories (largest initially {} KiB), {} tables: {pool}",
+            args.file.display(),
+            bytes.len(),
+            shape.core_instances,
+            shape.memories,
+            shape.max_initial_memory_bytes >> 10,
+            shape.tables,
+        );
+    }
+    // Compiled once, not once per slot checked: a CPython component takes tens of seconds.
+    let scratch = tempfile::tempdir().context("cannot create a scratch compile cache")?;
+    let cache = vk_cocoon::policy::CompileCache::new(scratch.path());
     // What the component says it is, before any slot is checked.
-    if let Ok(exports) = vk_cocoon::policy::contract_exports(&engine, &origin, &bytes) {
+    let started = std::time::Instant::now();
+    if let Ok(exports) = vk_cocoon::policy::contract_exports(&engine, Some(&cache), &origin, &bytes) {
+        println!(
+            "{}: compiled in {:.1} s to {} KiB of native code (its compile cache entry)",
+            args.file.display(),
+            started.elapsed().as_secs_f64(),
+            dir_bytes(scratch.path()) >> 10
+        );
         for (interface, version) in &exports {
             let spoken = if ContractVersion::parse(version).is_some() {
                 ""
@@ -338,13 +380,14 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     }
     struct Check<'a> {
         engine: &'a PolicyEngine,
+        cache: &'a vk_cocoon::policy::CompileCache,
         origin: &'a Origin,
         bytes: &'a [u8],
     }
     impl SlotVisitor for Check<'_> {
         type Output = Result<(String, ContractVersion), LoadError>;
         fn visit<S: PolicySlot>(self) -> Self::Output {
-            let policy = LoadedPolicy::<S>::load(self.engine, None, self.origin.clone(), self.bytes)?;
+            let policy = LoadedPolicy::<S>::load(self.engine, Some(self.cache), self.origin.clone(), self.bytes)?;
             Ok((policy.digest().to_string(), policy.version()))
         }
     }
@@ -353,6 +396,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     for slot in slots {
         let check = Check {
             engine: &engine,
+            cache: &cache,
             origin: &origin,
             bytes: &bytes,
         };
@@ -389,6 +433,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let slot_independent = matches!(
         first,
         LoadError::Corrupt { .. }
+            | LoadError::TooLarge { .. }
             | LoadError::ForbiddenImports { .. }
             | LoadError::Read { .. }
             | LoadError::UnsupportedVersion { .. }

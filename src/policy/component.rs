@@ -10,9 +10,10 @@ use wasmtime::component::{Component, Linker};
 
 use super::cache::{CompileCache, sha256_hex};
 use super::contract::ContractVersion;
-use super::engine::PolicyEngine;
+use super::engine::{PolicyEngine, PoolSize};
 use super::error::LoadError;
 use super::sandbox::{Sandbox, new_store};
+use super::shape::ComponentShape;
 use super::slots::{PolicySlot, Slot, WorldPre};
 
 /// Where a component came from, for messages.
@@ -59,10 +60,11 @@ pub(crate) enum Bound<S: PolicySlot> {
 const COMPONENT_LAYER: [u8; 4] = [0x0d, 0x00, 0x01, 0x00];
 const WASM_MAGIC: [u8; 4] = *b"\0asm";
 
-/// A compiled component whose header was checked.
+/// A compiled component whose header and shape were checked, and the pool it runs in.
 pub(crate) struct Compiled {
     pub component: Component,
     pub digest: String,
+    pub size: PoolSize,
 }
 
 /// Compiles (or loads from `cache`) `bytes` after checking they are a component.
@@ -89,9 +91,32 @@ pub(crate) fn compile(
         (None, _) | (_, None) => return Err(corrupt(format!("it is only {} bytes long", bytes.len()))),
         _ => {}
     }
+    let shape = ComponentShape::read(bytes).map_err(corrupt)?;
+    let size = engine.place(&shape).map_err(|detail| LoadError::TooLarge {
+        origin: origin.to_string(),
+        detail,
+    })?;
     let digest = sha256_hex(bytes);
-    let component = compile_cached(engine, cache, &digest, bytes).map_err(|e| corrupt(format!("{e:#}")))?;
-    Ok(Compiled { component, digest })
+    let component = compile_cached(engine, cache, &digest, bytes, size).map_err(|e| corrupt(compile_error(&e)))?;
+    Ok(Compiled {
+        component,
+        digest,
+        size,
+    })
+}
+
+/// A compile error, with what to do about the one jco's and componentize-qjs's default output
+/// meets: the host does not enable the component-model async ABI (a policy decides
+/// synchronously, and the async ABI would need a Tokio-driven store per decision).
+fn compile_error(error: &wasmtime::Error) -> String {
+    let text = format!("{error:#}");
+    if text.contains("component model async") {
+        format!(
+            "{text}; the policy sandbox runs components synchronously: build it without the async ABI (componentize-qjs --sync)"
+        )
+    } else {
+        text
+    }
 }
 
 /// Validates a compiled component for slot `S` and binds it to the contract version it exports.
@@ -103,45 +128,61 @@ pub(crate) fn bind<S: PolicySlot>(
     let component = &compiled.component;
     // Imports first: a component that imports WASI is refused for that, whatever it exports.
     let any_types: Vec<String> = ContractVersion::SPOKEN.map(|v| v.interface("types")).to_vec();
-    check_imports(engine, component, &any_types, origin)?;
-    let version = export_version(engine, component, S::SLOT, origin)?;
-    check_imports(engine, component, &[version.interface("types")], origin)?;
+    check_imports(component, &any_types, origin)?;
+    let version = export_version(component, S::SLOT, origin)?;
+    check_imports(component, &[version.interface("types")], origin)?;
     let mismatch = |e: wasmtime::Error| LoadError::ExportMismatch {
         origin: origin.to_string(),
         slot: S::SLOT,
         expected: S::SLOT.export_name(version),
         detail: format!("{e:#}"),
     };
-    let mut linker = Linker::<Sandbox>::new(engine.wasmtime());
+    let mut linker = Linker::<Sandbox>::new(component.engine());
     // The granted types-only import: an instance with no items satisfies it.
     linker.instance(&version.interface("types")).map_err(mismatch)?;
     let pre = linker.instantiate_pre(component).map_err(mismatch)?;
     // Resolving an export only finds it by name; instantiating type-checks its functions
     // against the slot's world, so a component with the right names but the wrong signatures
     // is refused here, not at its first decision.
+    // The pool has the last word on the instance's shape (nested components instantiated more
+    // than once count more than their bytes show): its refusal names the settings too.
+    let trial_error = |e: wasmtime::Error| {
+        let text = format!("{e:#}");
+        if text.contains("pooling allocator") {
+            LoadError::TooLarge {
+                origin: origin.to_string(),
+                detail: format!(
+                    "{text}; the limits are limits.max-core-instances, max-memories, max-tables and max-table-elements in the policy configuration (VK_POLICY_MAX_CORE_INSTANCES, …)"
+                ),
+            }
+        } else {
+            mismatch(e)
+        }
+    };
+    let size = compiled.size;
     let bound = match version {
         ContractVersion::V0_3_0 => {
             let pre = S::Pre::new(pre).map_err(mismatch)?;
-            trial(engine, &pre).map_err(mismatch)?;
+            trial(engine, size, &pre).map_err(trial_error)?;
             Bound::Current(pre)
         }
         ContractVersion::V0_2_0 => {
             let pre = S::V0_2Pre::new(pre).map_err(mismatch)?;
-            trial(engine, &pre).map_err(mismatch)?;
+            trial(engine, size, &pre).map_err(trial_error)?;
             Bound::V0_2(pre)
         }
         ContractVersion::V0_1_0 => {
             let pre = S::V0_1Pre::new(pre).map_err(mismatch)?;
-            trial(engine, &pre).map_err(mismatch)?;
+            trial(engine, size, &pre).map_err(trial_error)?;
             Bound::V0_1(pre)
         }
     };
     Ok((bound, version))
 }
 
-fn trial<P: WorldPre>(engine: &PolicyEngine, pre: &P) -> wasmtime::Result<()> {
-    let _permit = engine.acquire();
-    let mut store = new_store(engine);
+fn trial<P: WorldPre>(engine: &PolicyEngine, size: PoolSize, pre: &P) -> wasmtime::Result<()> {
+    let permit = engine.acquire(size)?;
+    let mut store = new_store(engine, &permit);
     pre.instantiate(&mut store).map(drop)
 }
 
@@ -150,30 +191,31 @@ fn compile_cached(
     cache: Option<&CompileCache>,
     digest: &str,
     bytes: &[u8],
+    size: PoolSize,
 ) -> wasmtime::Result<Component> {
     let Some(cache) = cache else {
-        return engine.compile(bytes).map(|(component, _)| component);
+        return engine.compile(bytes, size).map(|(component, _)| component);
     };
     let compat = engine.compatibility_key();
     if let Some(compiled) = cache.get(digest, &compat) {
         // SAFETY: the entry was produced by `precompile_component` of an engine with the same
         // compatibility key, and its SHA-256 was checked; wasmtime also re-checks its header.
-        match unsafe { Component::deserialize(engine.wasmtime(), &compiled) } {
+        match unsafe { engine.deserialize(&compiled, size) } {
             Ok(component) => return Ok(component),
             Err(error) => tracing::warn!(%error, "cached policy refused by wasmtime; recompiling"),
         }
     }
-    let (component, compiled) = engine.compile(bytes)?;
+    let (component, compiled) = engine.compile(bytes, size)?;
     cache.put(digest, &compat, &compiled);
     Ok(component)
 }
 
 /// `(interface name, version)` of every `cocoonstack:vk-policy/<name>@<version>` export.
-pub(crate) fn contract_exports(engine: &PolicyEngine, component: &Component) -> Vec<(String, String)> {
+pub(crate) fn contract_exports(component: &Component) -> Vec<(String, String)> {
     let prefix = format!("{}/", ContractVersion::PACKAGE);
     component
         .component_type()
-        .exports(engine.wasmtime())
+        .exports(component.engine())
         .filter_map(|(name, _)| {
             let (iface, version) = name.strip_prefix(&prefix)?.split_once('@')?;
             Some((iface.to_string(), version.to_string()))
@@ -183,13 +225,8 @@ pub(crate) fn contract_exports(engine: &PolicyEngine, component: &Component) -> 
 
 /// The contract version of the component's export for `slot`: the newest spoken one if it
 /// exports several; an error naming the versions the host speaks if it exports only others.
-fn export_version(
-    engine: &PolicyEngine,
-    component: &Component,
-    slot: Slot,
-    origin: &Origin,
-) -> Result<ContractVersion, LoadError> {
-    let exports = contract_exports(engine, component);
+fn export_version(component: &Component, slot: Slot, origin: &Origin) -> Result<ContractVersion, LoadError> {
+    let exports = contract_exports(component);
     let versions: Vec<&str> = exports
         .iter()
         .filter(|(iface, _)| iface == slot.name())
@@ -213,7 +250,7 @@ fn export_version(
         world: slot.world(),
         found: component
             .component_type()
-            .exports(engine.wasmtime())
+            .exports(component.engine())
             .map(|(name, _)| name.to_string())
             .collect(),
     })
@@ -223,16 +260,11 @@ fn export_version(
 /// own contract version (one of `granted`), which only carries types (a component that uses
 /// them imports it as an instance of types). Anything else, a WASI interface or a host
 /// function, is refused: a policy can only compute.
-fn check_imports(
-    engine: &PolicyEngine,
-    component: &Component,
-    granted: &[String],
-    origin: &Origin,
-) -> Result<(), LoadError> {
+fn check_imports(component: &Component, granted: &[String], origin: &Origin) -> Result<(), LoadError> {
     let forbidden: Vec<String> = component
         .component_type()
-        .imports(engine.wasmtime())
-        .filter(|(name, item)| !(granted.iter().any(|g| g == name) && is_types_only(engine, &item.ty)))
+        .imports(component.engine())
+        .filter(|(name, item)| !(granted.iter().any(|g| g == name) && is_types_only(component.engine(), &item.ty)))
         .map(|(name, _)| name.to_string())
         .collect();
     if forbidden.is_empty() {
@@ -246,10 +278,10 @@ fn check_imports(
 }
 
 /// An instance that exports nothing but (non-resource) types.
-fn is_types_only(engine: &PolicyEngine, item: &ComponentItem) -> bool {
+fn is_types_only(engine: &wasmtime::Engine, item: &ComponentItem) -> bool {
     match item {
         ComponentItem::ComponentInstance(instance) => instance
-            .exports(engine.wasmtime())
+            .exports(engine)
             .all(|(_, export)| matches!(export.ty, ComponentItem::Type(_))),
         _ => false,
     }

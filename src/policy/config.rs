@@ -211,6 +211,26 @@ pub struct PolicyArgs {
     #[arg(long, env = "VK_POLICY_MAX_CONCURRENT", value_name = "COUNT",
           value_parser = parser("VK_POLICY_MAX_CONCURRENT", "a whole number between 1 and 1024", |v| within(v, 1, 1024)))]
     pub policy_max_concurrent: Option<u64>,
+    /// Core instances one policy component may create, 1-1024 (unset: the file's, else 64)
+    #[arg(long, env = "VK_POLICY_MAX_CORE_INSTANCES", value_name = "COUNT",
+          value_parser = parser("VK_POLICY_MAX_CORE_INSTANCES", "a whole number between 1 and 1024", |v| within(v, 1, 1024)))]
+    pub policy_max_core_instances: Option<u64>,
+    /// Linear memories one policy component may define, 1-64 (unset: the file's, else 4)
+    #[arg(long, env = "VK_POLICY_MAX_MEMORIES", value_name = "COUNT",
+          value_parser = parser("VK_POLICY_MAX_MEMORIES", "a whole number between 1 and 64", |v| within(v, 1, 64)))]
+    pub policy_max_memories: Option<u64>,
+    /// Tables one policy component may define, 1-256 (unset: the file's, else 16)
+    #[arg(long, env = "VK_POLICY_MAX_TABLES", value_name = "COUNT",
+          value_parser = parser("VK_POLICY_MAX_TABLES", "a whole number between 1 and 256", |v| within(v, 1, 256)))]
+    pub policy_max_tables: Option<u64>,
+    /// Elements one table of a policy component may hold, 1-10000000 (unset: the file's, else 65536)
+    #[arg(long, env = "VK_POLICY_MAX_TABLE_ELEMENTS", value_name = "COUNT",
+          value_parser = parser("VK_POLICY_MAX_TABLE_ELEMENTS", "a whole number between 1 and 10000000", |v| within(v, 1, 10_000_000)))]
+    pub policy_max_table_elements: Option<u64>,
+    /// Decisions of large components (Python, JavaScript) running at once, 1-1024 (unset: the file's, else 4)
+    #[arg(long, env = "VK_POLICY_MAX_CONCURRENT_LARGE", value_name = "COUNT",
+          value_parser = parser("VK_POLICY_MAX_CONCURRENT_LARGE", "a whole number between 1 and 1024", |v| within(v, 1, 1024)))]
+    pub policy_max_concurrent_large: Option<u64>,
     /// Seconds one component's compile may take, in its worker process, 1-3600 (unset: the file's, else 300)
     #[arg(long, env = "VK_POLICY_COMPILE_DEADLINE_S", value_name = "SECONDS",
           value_parser = parser("VK_POLICY_COMPILE_DEADLINE_S", "a whole number between 1 and 3600", |v| within(v, *DEADLINE_RANGE_S.start(), *DEADLINE_RANGE_S.end())))]
@@ -281,6 +301,22 @@ impl PolicyConfig {
         if let Some(n) = args.policy_max_concurrent {
             config.limits.max_concurrent = u32::try_from(n).unwrap_or(u32::MAX);
         }
+        let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        if let Some(n) = args.policy_max_core_instances {
+            config.limits.max_core_instances = count(n);
+        }
+        if let Some(n) = args.policy_max_memories {
+            config.limits.max_memories = count(n);
+        }
+        if let Some(n) = args.policy_max_tables {
+            config.limits.max_tables = count(n);
+        }
+        if let Some(n) = args.policy_max_table_elements {
+            config.limits.max_table_elements = count(n);
+        }
+        if let Some(n) = args.policy_max_concurrent_large {
+            config.limits.max_concurrent_large = count(n);
+        }
         if let Some(seconds) = args.policy_compile_deadline_s {
             config.compile.deadline = Duration::from_secs(seconds);
         }
@@ -337,6 +373,35 @@ mod tests {
         assert_eq!(config.limits, SandboxLimits::default());
         assert_eq!(config.compile, CompileLimits::default());
         assert_eq!(config.compile.deadline, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_component_shape_limits_come_from_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        fs::write(
+            &file,
+            "limits: {max-core-instances: 40, max-memories: 3, max-concurrent-large: 2}\n",
+        )
+        .unwrap();
+        let config = PolicyConfig::from_env(env(&[
+            ("VK_POLICY_CONFIG", file.to_str().unwrap()),
+            ("VK_POLICY_MAX_MEMORIES", "6"),
+            ("VK_POLICY_MAX_TABLES", "5"),
+            ("VK_POLICY_MAX_TABLE_ELEMENTS", "20000"),
+        ]))
+        .unwrap();
+        let limits = config.limits;
+        assert_eq!(
+            (limits.max_core_instances, limits.max_memories, limits.max_tables),
+            (40, 6, 5)
+        );
+        assert_eq!((limits.max_table_elements, limits.max_concurrent_large), (20_000, 2));
+        let err = PolicyConfig::from_env(env(&[("VK_POLICY_MAX_CORE_INSTANCES", "0")])).unwrap_err();
+        assert!(
+            err.contains("VK_POLICY_MAX_CORE_INSTANCES") && err.contains("between 1 and 1024"),
+            "{err}"
+        );
     }
 
     #[test]

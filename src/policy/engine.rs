@@ -1,9 +1,10 @@
-//! The wasmtime engine every policy runs in: component model, pooling allocator, an epoch
-//! clock for deadlines (running only while a decision is in flight), and a cap on concurrent
-//! decisions (the pool has a fixed size). The limits themselves live in [`super::limits`].
+//! The wasmtime engines every policy runs in: component model, pooling allocator (a small pool
+//! for the Rust guests, a large one for components that need more, see [`PolicyEngine`]), an
+//! epoch clock per pool for deadlines (running only while a decision is in flight), and a cap on
+//! concurrent decisions (each pool has a fixed size). The limits live in [`super::limits`].
 
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -11,26 +12,33 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 use super::clock::{EpochClock, InFlight};
 use super::compile_worker::CompileLimits;
 pub use super::limits::SandboxLimits;
-use super::limits::{KEEP_RESIDENT_BYTES, PER_DECISION, TABLE_KEEP_RESIDENT_BYTES};
+use super::limits::{InstanceShape, KEEP_RESIDENT_BYTES, PER_DECISION, TABLE_KEEP_RESIDENT_BYTES};
+use super::shape::ComponentShape;
 
-/// The shared engine of all slots.
-#[derive(Clone)]
-pub struct PolicyEngine {
-    engine: Engine,
-    limits: SandboxLimits,
-    permits: Arc<Permits>,
-    clock: Arc<EpochClock>,
-    /// The binary that compiles components in a child process ([`super::compile_worker`]),
-    /// and its limits; `None` compiles in this process (the authors' tools, tests).
-    compile_worker: Option<Arc<(PathBuf, CompileLimits)>>,
+/// Which instance pool a component runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSize {
+    /// The small shape ([`PER_DECISION`]) every Rust guest fits: sized for `max-concurrent`.
+    Small,
+    /// The operator's large shape ([`SandboxLimits::large_shape`]): sized for
+    /// `max-concurrent-large`, created at the first component that needs it.
+    Large,
 }
 
-impl PolicyEngine {
-    pub fn new(limits: SandboxLimits) -> wasmtime::Result<Self> {
+/// One pooled wasmtime engine: its own instance pool, epoch clock and concurrency cap. A
+/// component is compiled for, and only instantiates in, the engine of its pool.
+struct Pool {
+    engine: Engine,
+    shape: InstanceShape,
+    permits: Permits,
+    clock: EpochClock,
+}
+
+impl Pool {
+    fn new(limits: &SandboxLimits, shape: InstanceShape, concurrency: u32) -> wasmtime::Result<Self> {
         let mut config = code_settings();
         let mut pool = PoolingAllocationConfig::new();
-        let n = limits.max_concurrent.max(1);
-        let shape = &PER_DECISION;
+        let n = concurrency.max(1);
         pool.total_component_instances(n)
             .total_core_instances(n * shape.core_instances)
             .total_memories(n * shape.memories)
@@ -50,13 +58,72 @@ impl PolicyEngine {
             .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
-        let clock = Arc::new(EpochClock::start(&engine));
-        Ok(PolicyEngine {
+        let clock = EpochClock::start(&engine);
+        Ok(Pool {
             engine,
-            limits,
-            permits: Arc::new(Permits::new(n)),
+            shape,
+            permits: Permits::new(n),
             clock,
+        })
+    }
+}
+
+/// The shared engine of all slots.
+///
+/// Two pools, not one: the Rust guests fit a small shape (8 core instances, 2 memories), and
+/// the pool's per-slot reservation and its reset work on every decision follow the shape. Making
+/// the one pool large enough for CPython (38 core instances) would make every Rust decision pay
+/// for it. On-demand allocation for large components was the other choice; a pool keeps their
+/// memories mapped between decisions and resets them from the copy-on-write image, which is
+/// what keeps a 12 MiB CPython heap cheap to instantiate, so large components get a pool of
+/// their own, smaller in count (`max-concurrent-large`) and created only when a large component
+/// is first loaded (a daemon of Rust guests reserves nothing for it).
+#[derive(Clone)]
+pub struct PolicyEngine {
+    small: Arc<Pool>,
+    large: Arc<OnceLock<Result<Pool, String>>>,
+    limits: SandboxLimits,
+    /// The binary that compiles components in a child process ([`super::compile_worker`]),
+    /// and its limits; `None` compiles in this process (the authors' tools, tests).
+    compile_worker: Option<Arc<(PathBuf, CompileLimits)>>,
+}
+
+impl PolicyEngine {
+    pub fn new(limits: SandboxLimits) -> wasmtime::Result<Self> {
+        let small = Pool::new(&limits, PER_DECISION, limits.max_concurrent)?;
+        Ok(PolicyEngine {
+            small: Arc::new(small),
+            large: Arc::new(OnceLock::new()),
+            limits,
             compile_worker: None,
+        })
+    }
+
+    fn pool(&self, size: PoolSize) -> wasmtime::Result<&Pool> {
+        match size {
+            PoolSize::Small => Ok(&self.small),
+            PoolSize::Large => self
+                .large
+                .get_or_init(|| {
+                    let limits = self.limits;
+                    Pool::new(&limits, limits.large_shape(), limits.max_concurrent_large)
+                        .map_err(|e| format!("cannot create the instance pool of large policy components: {e:#}"))
+                })
+                .as_ref()
+                .map_err(|e| wasmtime::Error::msg(e.clone())),
+        }
+    }
+
+    /// The pool a component of `shape` runs in: the small one when it fits, else the large one;
+    /// an error naming the limit and its setting when the slot's limits do not admit it.
+    pub(crate) fn place(&self, shape: &ComponentShape) -> Result<PoolSize, String> {
+        if let Some(refusal) = shape.exceeds(&self.limits) {
+            return Err(refusal);
+        }
+        Ok(if shape.fits(&PER_DECISION) {
+            PoolSize::Small
+        } else {
+            PoolSize::Large
         })
     }
 
@@ -71,15 +138,16 @@ impl PolicyEngine {
     /// cache keeps. In the compile worker when there is one: a worker that cannot run, or whose
     /// artifact this engine refuses, costs a warning and an in-process compile; a component the
     /// worker failed on is an error, since compiling it here would risk the daemon.
-    pub(crate) fn compile(&self, component: &[u8]) -> wasmtime::Result<(Component, Vec<u8>)> {
+    pub(crate) fn compile(&self, component: &[u8], size: PoolSize) -> wasmtime::Result<(Component, Vec<u8>)> {
         use super::compile_worker::{self, WorkerError};
+        let engine = &self.pool(size)?.engine;
         if let Some(worker) = &self.compile_worker {
             let (exe, limits) = &**worker;
             match compile_worker::compile(exe, *limits, component) {
                 // SAFETY: the artifact comes from this binary's own compiler (the daemon trusts
                 // its executable as it trusts its compile cache); wasmtime checks its header
                 // against this engine's settings.
-                Ok(artifact) => match unsafe { Component::deserialize(&self.engine, &artifact) } {
+                Ok(artifact) => match unsafe { Component::deserialize(engine, &artifact) } {
                     Ok(loaded) => {
                         tracing::debug!(
                             component_bytes = component.len(),
@@ -100,14 +168,25 @@ impl PolicyEngine {
                 ),
             }
         }
-        let artifact = self.engine.precompile_component(component)?;
+        let artifact = engine.precompile_component(component)?;
         // SAFETY: `artifact` was just produced by this engine.
-        let loaded = unsafe { Component::deserialize(&self.engine, &artifact) }?;
+        let loaded = unsafe { Component::deserialize(engine, &artifact) }?;
         Ok((loaded, artifact))
     }
 
+    /// Loads a compiled artifact (from the cache) into the engine of the pool of `size`.
+    ///
+    /// # Safety
+    /// As [`Component::deserialize`]: `artifact` must come from `precompile_component` of an
+    /// engine with this one's code settings.
+    pub(crate) unsafe fn deserialize(&self, artifact: &[u8], size: PoolSize) -> wasmtime::Result<Component> {
+        // SAFETY: the caller's promise.
+        unsafe { Component::deserialize(&self.pool(size)?.engine, artifact) }
+    }
+
+    /// The engine of the small pool (the Rust guests').
     pub fn wasmtime(&self) -> &Engine {
-        &self.engine
+        &self.small.engine
     }
 
     pub fn limits(&self) -> SandboxLimits {
@@ -116,22 +195,30 @@ impl PolicyEngine {
 
     /// Waits for a free instance slot and starts the epoch clock; the guard gives both back
     /// when dropped.
-    pub(crate) fn acquire(&self) -> Permit<'_> {
-        let slot = self.permits.acquire();
-        Permit {
-            _clock: self.clock.enter(),
+    pub(crate) fn acquire(&self, size: PoolSize) -> wasmtime::Result<Permit<'_>> {
+        let pool = self.pool(size)?;
+        let slot = pool.permits.acquire();
+        Ok(Permit {
+            engine: &pool.engine,
+            shape: pool.shape,
+            _clock: pool.clock.enter(),
             _slot: slot,
-        }
+        })
     }
 
-    /// The epoch clock is asleep: no decision is in flight and none ended recently.
+    /// The small pool's epoch clock is asleep: no decision is in flight and none ended recently.
     pub fn clock_parked(&self) -> bool {
-        self.clock.is_parked()
+        self.small.clock.is_parked()
     }
 
-    /// Epoch ticks so far (the clock's wake-ups).
+    /// The small pool's epoch ticks so far (the clock's wake-ups).
     pub fn clock_ticks(&self) -> u64 {
-        self.clock.ticks()
+        self.small.clock.ticks()
+    }
+
+    /// Whether the pool of large components exists (it is created at the first one loaded).
+    pub fn has_large_pool(&self) -> bool {
+        self.large.get().is_some_and(|pool| pool.is_ok())
     }
 
     /// A key identifying compiled artifacts this engine can load: same wasmtime build and
@@ -141,7 +228,8 @@ impl PolicyEngine {
         // DefaultHasher with its fixed keys is deterministic for one build of the binary, and
         // the key also names the wasmtime version, so a stale entry is never loaded.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.engine.precompile_compatibility_hash().hash(&mut hasher);
+        // Both pools share the code settings (`code_settings`), so one key covers both.
+        self.small.engine.precompile_compatibility_hash().hash(&mut hasher);
         format!("wasmtime-48.0.8-{:016x}", hasher.finish())
     }
 }
@@ -201,8 +289,11 @@ impl Drop for PoolSlot<'_> {
     }
 }
 
-/// One decision's hold on the engine: a pool slot and a running epoch clock.
+/// One decision's hold on the engine: a pool slot and a running epoch clock, and the engine
+/// and shape of that pool (for the decision's store).
 pub(crate) struct Permit<'a> {
+    pub(crate) engine: &'a Engine,
+    pub(crate) shape: InstanceShape,
     _clock: InFlight<'a>,
     _slot: PoolSlot<'a>,
 }
@@ -230,6 +321,7 @@ mod tests {
             memory_bytes: 1 << 20,
             timeout: std::time::Duration::from_millis(5),
             max_concurrent: 1,
+            ..SandboxLimits::default()
         };
         for limits in [SandboxLimits::default(), small] {
             let engine = PolicyEngine::new(limits).unwrap();
@@ -245,7 +337,7 @@ mod tests {
         wait_for("the idle clock to park", || engine.clock_parked());
         let parked_at = engine.clock_ticks();
         {
-            let _permit = engine.acquire();
+            let _permit = engine.acquire(PoolSize::Small).unwrap();
             assert!(!engine.clock_parked() || engine.clock_ticks() == parked_at);
             wait_for("a tick while in flight", || engine.clock_ticks() > parked_at + 2);
         }

@@ -14,6 +14,9 @@ pub enum LoadError {
     #[error("{origin} is not a valid WebAssembly component: {detail}")]
     Corrupt { origin: String, detail: String },
 
+    #[error("{origin} is too large for the policy sandbox: {detail}")]
+    TooLarge { origin: String, detail: String },
+
     #[error(
         "{origin} imports {imports:?}, but the policy contract grants none beyond its types-only `types` interface; build the policy without WASI (a #![no_std] guest, see README \"Writing a policy\")"
     )]
@@ -73,6 +76,7 @@ impl LoadError {
         match self {
             LoadError::Read { .. } => "read",
             LoadError::Corrupt { .. } => "corrupt",
+            LoadError::TooLarge { .. } => "too_large",
             LoadError::ForbiddenImports { .. } => "forbidden_imports",
             LoadError::WrongWorld { .. } => "wrong_world",
             LoadError::UnsupportedVersion { .. } => "unsupported_version",

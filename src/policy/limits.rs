@@ -20,6 +20,22 @@ pub struct SandboxLimits {
     /// Decisions that may run at once (the instance pool is sized from it).
     #[serde(default = "SandboxLimits::default_concurrency")]
     pub max_concurrent: u32,
+    /// The most one policy component may create per decision: core instances, linear
+    /// memories, tables, elements in one table. A component beyond any of them is refused at
+    /// load. The defaults admit componentize-py (CPython: 38 core instances) and the QuickJS
+    /// and SpiderMonkey JavaScript components, with room to spare.
+    #[serde(default = "SandboxLimits::default_core_instances")]
+    pub max_core_instances: u32,
+    #[serde(default = "SandboxLimits::default_memories")]
+    pub max_memories: u32,
+    #[serde(default = "SandboxLimits::default_tables")]
+    pub max_tables: u32,
+    #[serde(default = "SandboxLimits::default_table_elements")]
+    pub max_table_elements: u32,
+    /// Decisions of large components (beyond the small shape the Rust guests fit,
+    /// [`PER_DECISION`]) that may run at once: they have a pool of their own, this size.
+    #[serde(default = "SandboxLimits::default_large_concurrency")]
+    pub max_concurrent_large: u32,
 }
 
 impl SandboxLimits {
@@ -31,6 +47,31 @@ impl SandboxLimits {
     }
     fn default_concurrency() -> u32 {
         32
+    }
+    fn default_core_instances() -> u32 {
+        64
+    }
+    fn default_memories() -> u32 {
+        4
+    }
+    fn default_tables() -> u32 {
+        16
+    }
+    fn default_table_elements() -> u32 {
+        65_536
+    }
+    fn default_large_concurrency() -> u32 {
+        4
+    }
+
+    /// The shape of one large component's instance: what the large pool reserves per decision.
+    pub fn large_shape(&self) -> InstanceShape {
+        InstanceShape {
+            core_instances: self.max_core_instances,
+            memories: self.max_memories,
+            tables: self.max_tables,
+            table_elements: self.max_table_elements as usize,
+        }
     }
 
     /// Epoch ticks that cover the timeout (at least one whole tick more than asked).
@@ -46,6 +87,11 @@ impl Default for SandboxLimits {
             memory_bytes: Self::default_memory_bytes(),
             timeout: Self::default_timeout(),
             max_concurrent: Self::default_concurrency(),
+            max_core_instances: Self::default_core_instances(),
+            max_memories: Self::default_memories(),
+            max_tables: Self::default_tables(),
+            max_table_elements: Self::default_table_elements(),
+            max_concurrent_large: Self::default_large_concurrency(),
         }
     }
 }
@@ -73,8 +119,10 @@ pub const EPOCH_LINGER_TICKS: u32 = 50;
 // ---- the shape of one decision's instance --------------------------------------------------
 
 /// What one decision may create. The pooling allocator reserves this much per concurrent
-/// decision and the store's limiter refuses more: a component has a few core instances (its
-/// module plus canonical-ABI shims), one or two memories and a few tables.
+/// decision and the store's limiter refuses more. [`PER_DECISION`] is the small shape: a Rust
+/// component has a few core instances (its module plus canonical-ABI shims), one or two
+/// memories and a few tables; larger components run in a pool of [`SandboxLimits::large_shape`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceShape {
     pub core_instances: u32,
     pub memories: u32,

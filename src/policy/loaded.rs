@@ -9,7 +9,7 @@ use wasmtime::Store;
 use super::cache::CompileCache;
 use super::component::{self, Bound, Origin};
 use super::contract::ContractVersion;
-use super::engine::PolicyEngine;
+use super::engine::{PolicyEngine, PoolSize};
 use super::error::{DecisionError, LoadError};
 use super::limits::SandboxLimits;
 use super::sandbox::{Sandbox, new_store};
@@ -20,6 +20,8 @@ pub struct LoadedPolicy<S: PolicySlot> {
     origin: Origin,
     digest: String,
     version: ContractVersion,
+    /// The instance pool its decisions run in.
+    size: PoolSize,
     bound: Bound<S>,
 }
 
@@ -37,6 +39,7 @@ impl<S: PolicySlot> LoadedPolicy<S> {
             origin,
             digest: compiled.digest,
             version,
+            size: compiled.size,
             bound,
         })
     }
@@ -64,11 +67,19 @@ impl<S: PolicySlot> LoadedPolicy<S> {
         self.version
     }
 
+    /// Whether it runs in the pool of large components (it does not fit the Rust guests' shape).
+    pub fn is_large(&self) -> bool {
+        self.size == PoolSize::Large
+    }
+
     /// Runs one decision in a fresh instance. Errors are typed; the caller picks the fail-safe.
     pub fn decide(&self, engine: &PolicyEngine, facts: &S::Facts) -> Result<S::Decision, DecisionError> {
         let limits = engine.limits();
-        let _permit = engine.acquire();
-        let mut store = new_store(engine);
+        let permit = engine.acquire(self.size).map_err(|error| DecisionError::Instantiate {
+            slot: S::SLOT,
+            detail: format!("{error:#}"),
+        })?;
+        let mut store = new_store(engine, &permit);
         let started = Instant::now();
         let answer = match &self.bound {
             Bound::Current(pre) => pre
@@ -83,9 +94,17 @@ impl<S: PolicySlot> LoadedPolicy<S> {
                 .and_then(|world| S::call_v0_2(&world, &mut store, facts)),
         };
         let invalid = |detail| DecisionError::InvalidDecision { slot: S::SLOT, detail };
-        let decision = answer
-            .map_err(|error| classify(S::SLOT, &store, &limits, error))?
-            .map_err(invalid)?;
+        let answer = answer.map_err(|error| classify(S::SLOT, &store, &limits, error))?;
+        // A guest that caught its own failed growth (CPython raises MemoryError, which a policy
+        // may catch) answered without the memory it asked for: its answer is not trusted, and
+        // the failure is the limit's, as if it had trapped.
+        if store.data().memory_exhausted {
+            return Err(DecisionError::OutOfMemory {
+                slot: S::SLOT,
+                limit_bytes: limits.memory_bytes,
+            });
+        }
+        let decision = answer.map_err(invalid)?;
         tracing::trace!(slot = %S::SLOT, elapsed_us = started.elapsed().as_micros() as u64, "policy decided");
         validate::<S>(&decision).map_err(invalid)?;
         Ok(decision)

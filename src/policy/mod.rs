@@ -7,6 +7,8 @@
 //! - [`engine`] and [`limits`]: the wasmtime engine (pooling allocator, an epoch clock that runs
 //!   only while a decision is in flight, concurrency cap) and every limit in one place;
 //!   [`compile_worker`]: the daemon compiles components in a child process.
+//! - [`shape`]: what one instance of a component creates, read from its bytes at load: it picks
+//!   the instance pool (small for the Rust guests, large for CPython or QuickJS) or refuses it.
 //! - [`LoadedPolicy`]: a component validated for a slot; one fresh instance per decision.
 //! - [`Policies`]: the live set, swapped atomically on reload.
 //! - [`cases`] / [`input`]: YAML case tables and decision inputs, run inside the sandbox.
@@ -33,6 +35,7 @@ pub mod metrics;
 pub mod reload;
 pub(crate) mod sandbox;
 mod set;
+pub mod shape;
 pub mod slots;
 pub mod status;
 
@@ -50,9 +53,10 @@ pub use slots::{PolicySlot, Slot, SlotVisitor, with_slot};
 /// version: what `policy check` reports before validating a slot.
 pub fn contract_exports(
     engine: &PolicyEngine,
+    cache: Option<&CompileCache>,
     origin: &Origin,
     bytes: &[u8],
 ) -> Result<Vec<(String, String)>, LoadError> {
-    let compiled = component::compile(engine, None, origin, bytes)?;
-    Ok(component::contract_exports(engine, &compiled.component))
+    let compiled = component::compile(engine, cache, origin, bytes)?;
+    Ok(component::contract_exports(&compiled.component))
 }

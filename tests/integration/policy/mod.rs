@@ -3,5 +3,6 @@
 
 mod cli;
 mod compile_worker;
+mod languages;
 mod reload;
 mod sandbox;

@@ -32,6 +32,7 @@ fn engine() -> PolicyEngine {
         memory_bytes: 16 << 20,
         timeout: DEADLINE,
         max_concurrent: 8,
+        ..SandboxLimits::default()
     })
     .expect("engine")
 }
@@ -98,6 +99,51 @@ fn a_memory_bomb_hits_the_memory_limit() {
             limit_bytes: 16 << 20
         }
     );
+}
+
+#[test]
+fn a_guest_that_catches_its_own_out_of_memory_is_still_out_of_memory() {
+    let engine = engine();
+    let bomb = load::<ResourceTranslation>(&engine, "bomb.wasm", hostile::MEMORY_BOMB).expect("valid at load");
+    let catching = facts::<ResourceTranslation>(
+        "pod: {metadata: {namespace: ns, name: p, annotations: {vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', test.cocoonstack.io/bomb: catch}}}",
+    );
+    // The guest answers a permissive translation after memory.grow failed; the host reports the
+    // limit instead of acting on it, so the slot fails safe like any out-of-memory policy.
+    assert_eq!(
+        bomb.decide(&engine, &catching).unwrap_err(),
+        DecisionError::OutOfMemory {
+            slot: Slot::ResourceTranslation,
+            limit_bytes: 16 << 20
+        }
+    );
+}
+
+#[test]
+fn a_component_beyond_the_limits_is_refused_at_load_naming_the_setting() {
+    // The defaults start with two 64 KiB pages (their stack and data): a memory limit of one
+    // page refuses them before compiling, with the setting to raise.
+    let engine = PolicyEngine::new(SandboxLimits {
+        memory_bytes: 64 << 10,
+        ..SandboxLimits::default()
+    })
+    .unwrap();
+    let Err(error) = LoadedPolicy::<CpuClassAdmission>::builtin(&engine, None) else {
+        panic!("a component with more core instances than allowed must be refused");
+    };
+    let text = error.to_string();
+    assert!(matches!(error, LoadError::TooLarge { .. }), "{error:?}");
+    assert!(
+        text.contains(
+            "bytes of initial memory (in one memory), more than the limit of 65536: raise limits.memory-bytes"
+        ) && text.contains("VK_POLICY_MEMORY_MIB"),
+        "{text}"
+    );
+    assert!(!engine.has_large_pool(), "a refused component creates no pool");
+    // With the defaults the same component runs in the small pool, and no large pool exists.
+    let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+    let policy = LoadedPolicy::<CpuClassAdmission>::builtin(&engine, None).unwrap();
+    assert!(!policy.is_large() && !engine.has_large_pool());
 }
 
 #[test]
