@@ -189,9 +189,10 @@ fn main() {
             return;
         };
         let peer_port = free_port();
+        let fleet = provider_support::fleet_ca::FleetCa::new("the fleet's peer CA");
         let mut machine = Machine::new("vk-flood")
             .with_registry()
-            .with_peer("127.0.0.1", peer_port, TOKEN, None);
+            .with_peer(&fleet, "127.0.0.1", peer_port, TOKEN, None);
         // Debug logging of every refused connection would measure the log, not the listener.
         machine.daemon_env.push(("VK_LOG_LEVEL".into(), "info".into()));
         // What a cluster operator does: approve the kubelet API's CSR (the controller-manager

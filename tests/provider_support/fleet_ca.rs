@@ -34,6 +34,15 @@ impl FleetCa {
 
     /// `node`'s serving certificate, signed by this CA.
     pub fn node_cert(&self, node: &str) -> Arc<CertSlot> {
+        let (cert, key) = self.node_pem(node);
+        let serving = ServingCert::from_pem(&cert, &key).unwrap();
+        let slot = Arc::new(CertSlot::default());
+        slot.set(serving.certified_key(&provider()).unwrap());
+        slot
+    }
+
+    /// `node`'s serving certificate and its private key, PEM (for a daemon's files).
+    pub fn node_pem(&self, node: &str) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::default();
         params
@@ -47,10 +56,7 @@ impl FleetCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let serving = ServingCert::from_pem(&cert.pem(), &key.serialize_pem()).unwrap();
-        let slot = Arc::new(CertSlot::default());
-        slot.set(serving.certified_key(&provider()).unwrap());
-        slot
+        (cert.pem(), key.serialize_pem())
     }
 
     /// The peer TLS of a node presenting `identity` and trusting this CA.

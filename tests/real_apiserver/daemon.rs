@@ -62,15 +62,39 @@ impl Machine {
         }
     }
 
-    /// Turns on the peer snapshot tier: the peer token, the listener on `ip:port` (every node
-    /// of a test on the same port, each on its own loopback address, which is its InternalIP),
-    /// and `registry` when the machine has none of its own (the one registry of the cluster).
-    pub fn with_peer(mut self, ip: &str, port: u16, token: &str, registry: Option<&TestRegistry>) -> Machine {
+    /// Turns on the peer snapshot tier: the peer token, the node's certificate from the fleet's
+    /// peer CA `fleet` (this test's nodes ask the cluster for no serving certificate), the
+    /// listener on `ip:port` (every node of a test on the same port, each on its own loopback
+    /// address, which is its InternalIP), and `registry` when the machine has none of its own
+    /// (the one registry of the cluster).
+    pub fn with_peer(
+        mut self,
+        fleet: &crate::provider_support::fleet_ca::FleetCa,
+        ip: &str,
+        port: u16,
+        token: &str,
+        registry: Option<&TestRegistry>,
+    ) -> Machine {
+        use std::os::unix::fs::PermissionsExt;
+        let private = |path: &Path| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let token_file = self.dir.path().join("peer-token");
         std::fs::write(&token_file, format!("{token}\n")).unwrap();
         // The daemon refuses a token file others may read.
-        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        private(&token_file);
+        let (cert, key) = fleet.node_pem(&self.node);
+        let (ca_file, cert_file, key_file) = (
+            self.dir.path().join("peer-ca.crt"),
+            self.dir.path().join("peer.crt"),
+            self.dir.path().join("peer.key"),
+        );
+        std::fs::write(&ca_file, &fleet.pem).unwrap();
+        std::fs::write(&cert_file, cert).unwrap();
+        std::fs::write(&key_file, key).unwrap();
+        private(&key_file);
         let mut env = vec![
+            ("VK_PEER_CA_FILE".to_string(), ca_file.display().to_string()),
+            ("VK_PEER_TLS_CERT".to_string(), cert_file.display().to_string()),
+            ("VK_PEER_TLS_KEY".to_string(), key_file.display().to_string()),
             ("VK_PEER_TOKEN_FILE".to_string(), token_file.display().to_string()),
             ("VK_PEER_ADDR".to_string(), format!("{ip}:{port}")),
             ("VK_NODE_IP".to_string(), ip.to_string()),

@@ -8,6 +8,7 @@
 use crate::daemon::*;
 use crate::hibernate::{HIBERNATE, wait_lifecycle};
 use crate::kube_support;
+use crate::provider_support::fleet_ca::FleetCa;
 use crate::provider_support::seed_snapshot_on;
 
 const TOKEN: &str = "the-clusters-peer-token-0123456789";
@@ -20,9 +21,10 @@ async fn a_guest_hibernated_on_node_a_wakes_on_node_b_from_as_files() {
     let admin = cluster.admin_client().await;
     let ns = cluster.namespace("peer").await;
     let port = free_port();
+    let fleet = FleetCa::new("the fleet's peer CA");
     let a = Machine::new("vk-peer-a").with_registry();
-    let a = a.with_peer("127.0.0.1", port, TOKEN, None);
-    let b = Machine::new("vk-peer-b").with_peer("127.0.0.2", port, TOKEN, a.registry.as_ref());
+    let a = a.with_peer(&fleet, "127.0.0.1", port, TOKEN, None);
+    let b = Machine::new("vk-peer-b").with_peer(&fleet, "127.0.0.2", port, TOKEN, a.registry.as_ref());
     seed_snapshot_on(&a.runtime, "base", "ghcr.io/x/base:1").await;
     seed_snapshot_on(&b.runtime, "base", "ghcr.io/x/base:1").await;
     let daemon_a = a.start_daemon(cluster);

@@ -448,6 +448,8 @@ fn logged_decisions_parse_and_replay_against_a_candidate() {
         LoadedPolicy::<BringUp>::load(&engine, None, Origin::File("trapper.wasm".into()), hostile::TRAPPER).unwrap();
     policies.install(trapper);
     assert_eq!(policies.decide::<BringUp>(&facts).reason, "policy-failed");
+    // The log is written by its own thread: wait for both lines.
+    policies.flush_decision_log();
 
     let text = fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
