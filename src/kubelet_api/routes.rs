@@ -1,7 +1,7 @@
 //! The routes of the kubelet API and the layers every one of them sits behind
 //! (authentication and authorization, request counting).
 //!
-//! Adding an endpoint: add its route to [`endpoints`] — the [`auth::guard`] layer and the
+//! Adding an endpoint: add its route to `endpoints` — the [`auth::guard`] layer and the
 //! attribute mapping ([`auth::attributes`]: `/exec`, `/attach`, `/portForward` are
 //! `nodes/proxy`) cover it with no further change. The streaming endpoints take GET (WebSocket)
 //! and POST (SPDY), as the kubelet's do; the server serves their HTTP/1.1 upgrades.

@@ -497,7 +497,7 @@ const SECRET_PAIRS: &[(&str, &str)] = &[("user", "data"), ("cloud", "init")];
 /// apart, far too few to look one up).
 const REDACTED_DIGEST_HEX: usize = 12;
 
-/// Whether a key names a secret (see [`SECRET_WORDS`]).
+/// Whether a key names a secret (see `SECRET_WORDS`).
 pub fn looks_secret(key: &str) -> bool {
     let words: Vec<String> = key
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -520,7 +520,7 @@ fn redacted(value: &str) -> String {
     )
 }
 
-/// `facts` with the value of every secret-looking key replaced by [`redacted`], and whether any
+/// `facts` with the value of every secret-looking key replaced by `redacted`, and whether any
 /// was. A key is an annotation's, label's or node selector's (the contract's `{key, value}`
 /// records) or an object field's name ([`looks_secret`]).
 pub fn redact_secrets(facts: Value) -> (Value, bool) {
@@ -594,6 +594,18 @@ mod tests {
         }
     }
 
+    /// A log writing to `decisions.jsonl` in a fresh directory, rotated at `max_bytes`.
+    fn file_log(max_bytes: u64) -> (tempfile::TempDir, PathBuf, DecisionLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("decisions.jsonl");
+        let log = DecisionLog::open(LogTarget::File {
+            path: path.clone(),
+            max_bytes,
+        })
+        .unwrap();
+        (dir, path, log)
+    }
+
     #[test]
     fn the_variable_selects_off_stderr_or_a_file() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
@@ -622,13 +634,7 @@ mod tests {
 
     #[test]
     fn lines_parse_back_long_strings_are_cut_and_the_file_rotates() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        let log = DecisionLog::open(LogTarget::File {
-            path: path.clone(),
-            max_bytes: 4096,
-        })
-        .unwrap();
+        let (dir, path, log) = file_log(4096);
         let long = "é".repeat(FACT_STRING_CUT);
         let first = record(&log, json!({"annotations": [["user-data", long]], "name": "vm1"}));
         assert!(first.facts_truncated);
@@ -664,13 +670,7 @@ mod tests {
 
     #[test]
     fn a_stalled_disk_drops_records_and_counts_them_but_never_blocks_a_decision() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        let log = DecisionLog::open(LogTarget::File {
-            path: path.clone(),
-            max_bytes: 1 << 30,
-        })
-        .unwrap();
+        let (_dir, path, log) = file_log(1 << 30);
         let counter = prometheus::IntCounter::new("dropped", "dropped").unwrap();
         log.count_drops_in(counter.clone());
         // The disk "stalls": the writer cannot get at the file while the test holds it.
@@ -691,13 +691,7 @@ mod tests {
 
     #[test]
     fn queued_records_are_written_in_order_when_the_log_closes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        let log = DecisionLog::open(LogTarget::File {
-            path: path.clone(),
-            max_bytes: 1 << 30,
-        })
-        .unwrap();
+        let (_dir, path, log) = file_log(1 << 30);
         let ids: Vec<String> = (0..1000)
             .map(|_| {
                 let record = record(&log, json!({"name": "vm1"}));
@@ -760,13 +754,7 @@ mod tests {
     #[test]
     fn the_log_file_is_created_private() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        let log = DecisionLog::open(LogTarget::File {
-            path: path.clone(),
-            max_bytes: 1 << 20,
-        })
-        .unwrap();
+        let (_dir, path, log) = file_log(1 << 20);
         log.write(&record(&log, json!({"name": "vm1"})));
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the decision log is created {mode:o}");
@@ -802,13 +790,7 @@ mod tests {
         use crate::policy::slots::BringUp;
         use crate::policy::{Policies, PolicyEngine, PolicyMetrics, SandboxLimits};
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("decisions.jsonl");
-        let log = DecisionLog::open(LogTarget::File {
-            path: path.clone(),
-            max_bytes: 1 << 20,
-        })
-        .unwrap();
+        let (_dir, path, log) = file_log(1 << 20);
         let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
         let policies = Policies::with_defaults(engine, None, PolicyMetrics::unregistered())
             .unwrap()

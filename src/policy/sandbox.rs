@@ -1,10 +1,13 @@
 //! The per-decision store state: resource accounting that lets the host tell "the policy ran
-//! out of memory" apart from any other trap, even when the guest caught the failed growth.
+//! out of memory" apart from any other trap, even when the guest caught the failed growth; and
+//! the decision's deadline, counted in the CPU time of the thread that runs it.
 
-use wasmtime::{ResourceLimiter, Store};
+use std::time::{Duration, Instant};
+
+use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 
 use super::engine::{Permit, PolicyEngine};
-use super::limits::InstanceShape;
+use super::limits::{EPOCH_TICK, InstanceShape};
 
 /// State of one decision's `Store`.
 pub struct Sandbox {
@@ -61,12 +64,68 @@ impl ResourceLimiter for Sandbox {
 }
 
 /// A fresh store for one decision (or load-time check) in the pool `permit` holds a slot of:
-/// the memory limiter and the epoch deadline of the engine's limits are armed.
+/// the memory limiter and the deadline of the engine's limits are armed. Call the guest on the
+/// thread that made the store: the deadline counts that thread's CPU time.
 pub(crate) fn new_store(engine: &PolicyEngine, permit: &Permit<'_>) -> Store<Sandbox> {
     let limits = engine.limits();
     let mut store = Store::new(permit.engine, Sandbox::new(limits.memory_bytes, permit.shape));
     store.limiter(|sandbox| sandbox);
     store.set_epoch_deadline(limits.deadline_ticks());
-    store.epoch_deadline_trap();
+    let mut deadline = CpuDeadline::start(limits.timeout);
+    store.epoch_deadline_callback(move |_| Ok(deadline.at_epoch()));
     store
+}
+
+/// How long past its deadline a starved decision may wait for a core before it is stopped all
+/// the same: a multiple of the deadline, and never less than [`MIN_WALL_CAP`].
+const WALL_CAP_FACTOR: u32 = 20;
+const MIN_WALL_CAP: Duration = Duration::from_secs(2);
+
+/// A decision's deadline in the CPU time of the thread that runs it, not in wall time: on a
+/// loaded host the epoch clock keeps ticking while the thread waits for a core, and a sound
+/// policy would miss a wall-clock deadline it never had the CPU to meet. The epoch deadline
+/// fires as before; it stops the guest only once the thread has used its budget (or waited past
+/// the wall cap, or runs on another thread than the one that armed it), and otherwise extends
+/// the deadline by what is left.
+struct CpuDeadline {
+    budget: Duration,
+    thread: std::thread::ThreadId,
+    cpu_at_start: Option<Duration>,
+    wall_at_start: Instant,
+    wall_cap: Duration,
+}
+
+impl CpuDeadline {
+    fn start(budget: Duration) -> Self {
+        CpuDeadline {
+            budget,
+            thread: std::thread::current().id(),
+            cpu_at_start: thread_cpu_time(),
+            wall_at_start: Instant::now(),
+            wall_cap: (budget * WALL_CAP_FACTOR).max(MIN_WALL_CAP),
+        }
+    }
+
+    /// Called when the epoch deadline is reached (on the thread running the guest).
+    fn at_epoch(&mut self) -> UpdateDeadline {
+        let used = match (self.cpu_at_start, thread_cpu_time()) {
+            (Some(start), Some(now)) if std::thread::current().id() == self.thread => now.saturating_sub(start),
+            // No per-thread clock, or another thread: wall time is all there is.
+            _ => self.wall_at_start.elapsed(),
+        };
+        if used >= self.budget || self.wall_at_start.elapsed() >= self.wall_cap {
+            return UpdateDeadline::Interrupt;
+        }
+        let left = self.budget - used;
+        let ticks = left.as_micros().div_ceil(EPOCH_TICK.as_micros()).max(1);
+        UpdateDeadline::Continue(u64::try_from(ticks).unwrap_or(u64::MAX))
+    }
+}
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); `None` if unavailable.
+fn thread_cpu_time() -> Option<Duration> {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime only writes the timespec it is given, which lives on this stack.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    (rc == 0).then(|| Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
 }

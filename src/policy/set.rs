@@ -134,9 +134,10 @@ impl Policies {
         let started = Instant::now();
         let mut result = policy.decide(&self.engine, facts);
         if let Err(DecisionError::Timeout { .. }) = result {
-            // The deadline is wall-clock time: on a starved host a sound policy can miss it.
-            // Decisions are pure, so one retry on a fresh instance is safe; a policy that
-            // really loops costs two deadlines and then fails safe.
+            // The deadline counts the deciding thread's CPU time, but a decision starved of a
+            // core past the wall cap is stopped too. Decisions are pure, so one retry on a
+            // fresh instance is safe; a policy that really loops costs two deadlines and then
+            // fails safe.
             warn!(%slot, origin = %policy.origin(), "policy missed its deadline; retrying once");
             self.metrics.count_failure(slot, "timeout_retried");
             result = policy.decide(&self.engine, facts);

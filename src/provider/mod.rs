@@ -5,9 +5,9 @@
 //! Layout — a pure core and thin executors over ports:
 //! * pure: [`plan`] (evidence, CLI specs, image routing, backend assertion), [`lifecycle`]
 //!   (intent rules), [`reconcile`] (orphans, stale creates, pod↔VM matching, owed work),
-//!   [`gone`] (what a VM event means), [`retry`] (owed-retry delays), the probe [`probe::Schedule`],
+//!   [`gone`] (what a VM event means), `retry` (owed-retry delays), the probe [`probe::Schedule`],
 //!   [`status`] (the pod status from what the provider knows);
-//! * tables: [`state`]; ports: [`ports`] (`SnapshotRegistry`, `LeaseSource`, `LeaseReleaser`,
+//! * tables: `state`; ports: [`ports`] (`SnapshotRegistry`, `LeaseSource`, `LeaseReleaser`,
 //!   `PodPatcher`, `EventRecorder`), [`probe::Prober`] (scoped by [`probe_scope`]); adapters: [`cocoon_net`],
 //!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`); [`transfer`] runs
 //!   cocoon's export / import around the registry;

@@ -1,5 +1,5 @@
-//! [`Registry`]: the OCI client — the distribution requests of [`super::distribution`], authorized by
-//! [`super::auth`], on oci-client's manifest types — with manifest reads of a typed outcome, config
+//! [`Registry`]: the OCI client — the distribution requests of `super::distribution`, authorized by
+//! `super::auth`, on oci-client's manifest types — with manifest reads of a typed outcome, config
 //! blobs and verified blob streams.
 
 use super::auth::{AuthedHttp, RealmPolicy};

@@ -150,6 +150,9 @@ pub struct TransferArgs {
 }
 
 /// The registry's settings.
+// The fields' doc comments are `--help` text, where `host[:port]` is read as written, not as a
+// rustdoc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Registry")]
 pub struct RegistryArgs {

@@ -3,7 +3,7 @@
 //! least 1 MiB zstd-compressed and / or cut into fixed-size chunks, one blob each, `config.files[title]`
 //! carrying the uncompressed size and the authoritative chunk order.
 //!
-//! The export is read on a blocking thread ([`super::push_reader`]); its blobs go up concurrently
+//! The export is read on a blocking thread (`super::push_reader`); its blobs go up concurrently
 //! (`SNAPSHOT_TRANSFER_CONCURRENCY`), v2 chunks compressed on the blocking pool, all within the memory
 //! budget (`SNAPSHOT_MEMORY_BUDGET_MIB`). Big raw files stream straight from the export into one upload
 //! session, so the bytes are read once and hashed on the way. The manifest, with every annotation

@@ -128,7 +128,7 @@ pub struct VmRecord {
     pub network_configs: Vec<Nic>,
     #[serde(default, deserialize_with = "null_default")]
     pub snapshot_ids: BTreeMap<String, serde_json::Value>,
-    /// `vm clone -o json` [newer]: guest commands to run after the clone.
+    /// `vm clone -o json` (newer cocoon): guest commands to run after the clone.
     #[serde(default, deserialize_with = "null_default")]
     pub hints: Vec<String>,
     #[serde(default)]

@@ -1,5 +1,5 @@
 //! Policies as OCI artifacts: a slot may name `oci://REGISTRY/REPOSITORY@sha256:…` instead of a
-//! file. The artifact carries the component and its case table ([`format`]); pulled artifacts are
+//! file. The artifact carries the component and its case table ([`mod@format`]); pulled artifacts are
 //! kept by digest ([`store`]) so a node restarts through a registry outage; [`fetch`] decides
 //! where bytes come from. Validation and the case table run exactly as for files (`reload`).
 

@@ -5,7 +5,7 @@
 //! is written once, generically, over this trait.
 //!
 //! Adding a slot: a world in `wit/vk-policy.wit`, a guest crate under `policies/`, one module
-//! here implementing [`PolicySlot`] (listed in [`declare_slots!`]), and its case table.
+//! here implementing [`PolicySlot`] (listed in `declare_slots!`), and its case table.
 
 use std::fmt::{self, Debug};
 use std::str::FromStr;

@@ -12,7 +12,7 @@
 //!   the probe port, else an `SSH-` banner on `:22` (`probe::macos_target`).
 //! - DeletePod: `vm rm NAME` (absent counts as done), the leases released, the VNC port freed;
 //!   no snapshot logic. Hibernate is refused (`HibernateUnsupported`).
-//! - Restart: macOS VMs are not in `cocoon vm list`; [`adopt_at_startup`] inspects each macOS
+//! - Restart: macOS VMs are not in `cocoon vm list`; `adopt_at_startup` inspects each macOS
 //!   pod's VM and re-registers a live one; a dead one is left to the CreatePod replay.
 
 pub mod plan;

@@ -5,7 +5,7 @@ use crate::runtime::events::WatchBackoff;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Per-call deadlines. A call past its deadline is killed and reported as [`RuntimeError::Timeout`].
+/// Per-call deadlines. A call past its deadline is killed and reported as `RuntimeError::Timeout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// inspect, list, rm, start, net, logs, reconcile-stale-create, snapshot inspect/rm/list, image inspect.

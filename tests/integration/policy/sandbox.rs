@@ -507,3 +507,74 @@ fn every_decision_gets_a_fresh_instance() {
         assert_eq!(d.message, "decision 1 of this instance", "round {round}");
     }
 }
+
+/// Pins the calling thread to CPU `cpu` (so that it competes with every thread pinned there).
+fn pin_to(cpu: usize) {
+    // SAFETY: the set is a plain bit mask on this stack; the call only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// A decision's deadline counts the CPU time its thread used, not the time it spent waiting for
+/// a core: with the deciding thread sharing one core with four busy threads, decisions of the
+/// default policy that were preempted mid-way (their wall time past the 2 ms deadline) still
+/// decide, and an infinite loop is still stopped. (On a wall-clock deadline each preempted
+/// decision timed out.)
+#[test]
+fn a_preempted_decision_keeps_its_deadline_but_a_loop_is_still_stopped() {
+    const TIMEOUT: Duration = Duration::from_millis(2);
+    let engine = PolicyEngine::new(SandboxLimits {
+        timeout: TIMEOUT,
+        ..SandboxLimits::default()
+    })
+    .unwrap();
+    let good = LoadedPolicy::<CpuClassAdmission>::builtin(&engine, None).unwrap();
+    let spin = load::<CpuClassAdmission>(&engine, "spin.wasm", hostile::SPIN_FOREVER).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hogs: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                pin_to(0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let (preempted, outcomes) = thread::spawn(move || {
+        pin_to(0);
+        let (mut preempted, mut outcomes) = (0, Vec::new());
+        for _ in 0..20_000 {
+            let started = std::time::Instant::now();
+            let result = good.decide(&engine, &matching_pod());
+            if started.elapsed() > TIMEOUT {
+                preempted += 1;
+                outcomes.push(result.map(|d| d.verdict));
+            }
+            if preempted == 5 {
+                break;
+            }
+        }
+        let looped = spin.decide(&engine, &matching_pod());
+        assert!(
+            matches!(looped, Err(DecisionError::Timeout { .. })),
+            "the loop is stopped: {looped:?}"
+        );
+        (preempted, outcomes)
+    })
+    .join()
+    .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    hogs.into_iter().for_each(|h| h.join().unwrap());
+    assert_eq!(preempted, 5, "the busy core preempted decisions past their deadline");
+    for outcome in outcomes {
+        assert_eq!(outcome, Ok(Verdict::Admit), "a preempted decision still decides");
+    }
+}

@@ -31,6 +31,19 @@ fn tenant_pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
     pod
 }
 
+/// The tenant's pod `name` taking the victim's VM name and asking to restore its hibernated guest.
+fn restore_of_the_victims_vm(name: &str) -> Pod {
+    tenant_pod(
+        name,
+        &[
+            ("vm.cocoonstack.io/name", "vm-web"),
+            ("cocoonset.cocoonstack.io/managed", "true"),
+            ("vm.cocoonstack.io/restore-from-hibernate", "true"),
+            (IMAGE, "base"),
+        ],
+    )
+}
+
 fn tenant(env: &Env, name: &str) -> Option<Pod> {
     env.server.store().get_as::<Pod>(Some(OTHER), name)
 }
@@ -279,19 +292,7 @@ async fn another_namespaces_hibernated_guest_is_neither_cloned_nor_restored() {
         ),
     )
     .await;
-    create(
-        &env,
-        &tenant_pod(
-            "wake-0",
-            &[
-                ("vm.cocoonstack.io/name", "vm-web"),
-                ("cocoonset.cocoonstack.io/managed", "true"),
-                ("vm.cocoonstack.io/restore-from-hibernate", "true"),
-                (IMAGE, "base"),
-            ],
-        ),
-    )
-    .await;
+    create(&env, &restore_of_the_victims_vm("wake-0")).await;
     refused(&env, "clone-0").await;
     refused(&env, "wake-0").await;
     assert_eq!(calls(&env, "vm clone").len(), clones, "nothing was cloned from it");
@@ -337,19 +338,7 @@ async fn another_namespaces_pushed_guest_is_not_restored_on_a_node_that_never_he
     env.runtime.snapshot_remove_if_exists("vm-web").await.unwrap();
     std::fs::remove_dir_all(env.sim_dir.path().join("vk-state")).unwrap();
     let d = start(&env, Options::default());
-    create(
-        &env,
-        &tenant_pod(
-            "wake-0",
-            &[
-                ("vm.cocoonstack.io/name", "vm-web"),
-                ("cocoonset.cocoonstack.io/managed", "true"),
-                ("vm.cocoonstack.io/restore-from-hibernate", "true"),
-                (IMAGE, "base"),
-            ],
-        ),
-    )
-    .await;
+    create(&env, &restore_of_the_victims_vm("wake-0")).await;
     let message = refused(&env, "wake-0").await;
     assert!(message.contains("default/web-0"), "{message}");
     assert!(vm_named(&env, "vm-web").await.is_none(), "nothing was restored");
