@@ -4,9 +4,11 @@
 //!
 //! Rules, first match wins ([`first_rule`] is pure; [`verdict`] judges the registry's answer):
 //! 1. not named `vk-*` — not ours: kept;
-//! 2. the name (or the name without `-hibernate-import`) is a tracked pod's VM, or the tag-aware
-//!    local name of a tracked pod's image — in use (a wake, a clone, a warm cache): kept;
-//! 3. a leftover `<vm>-hibernate-import` (its wake is gone): removed;
+//! 2. the name is a tracked pod's VM, the import (`<vm>-hibernate-import`) of a tracked pod that
+//!    has no VM yet (its wake or restore clones from it), or the tag-aware local name of a
+//!    tracked pod's image — in use (a wake, a clone, a warm cache): kept;
+//! 3. a leftover `<vm>-hibernate-import` (its wake is gone, or done: a crash after the clone
+//!    left it behind): removed;
 //! 4. registry-less node: kept (there is nothing to verify against);
 //! 5. verified against `<name>:hibernate`: the tag is absent, or its snapshot id is not the local
 //!    one — removed, with its fork snapshot; a registry error keeps it (logged); current: kept.
@@ -40,11 +42,10 @@ pub fn first_rule(name: &str, in_use: &HashSet<String>, registry: bool) -> Rule 
     if !name.starts_with("vk-") {
         return Rule::NotOurs;
     }
-    let base = name.strip_suffix(IMPORT_SUFFIX);
-    if in_use.contains(name) || base.is_some_and(|b| in_use.contains(b)) {
+    if in_use.contains(name) {
         return Rule::InUse;
     }
-    if base.is_some() {
+    if name.ends_with(IMPORT_SUFFIX) {
         return Rule::StaleImport;
     }
     if !registry {
@@ -81,6 +82,12 @@ impl CocoonProvider {
             let spec = vm_spec::of_pod(&t.pod);
             if !spec.vm_name.is_empty() {
                 used.insert(spec.vm_name.clone());
+                // Its import is needed only until the clone gave the pod its VM: the restore
+                // drops it after the clone, and one a crash left behind must not stay for as
+                // long as the pod lives.
+                if t.vm.is_none() {
+                    used.insert(plan::hibernate_import_name(&spec.vm_name));
+                }
             }
             if !spec.image.is_empty() {
                 let (repo, tag) = plan::parse_ref(&spec.image);
@@ -165,12 +172,20 @@ mod tests {
 
     #[test]
     fn the_first_rules_in_order() {
-        let u = used(&["vk-ns-a-111111", "vk-base:v2"]);
+        // Pod a is waking (no VM yet: its import is in use); pod c runs its VM.
+        let u = used(&[
+            "vk-ns-a-111111",
+            "vk-ns-a-111111-hibernate-import",
+            "vk-ns-c-333333",
+            "vk-base:v2",
+        ]);
         let cases = [
             ("fork-vk-ns-a-111111", true, Rule::NotOurs),
             ("ubuntu", true, Rule::NotOurs),
             ("vk-ns-a-111111", true, Rule::InUse),
             ("vk-ns-a-111111-hibernate-import", true, Rule::InUse),
+            ("vk-ns-c-333333", true, Rule::InUse),
+            ("vk-ns-c-333333-hibernate-import", true, Rule::StaleImport),
             ("vk-base:v2", true, Rule::InUse),
             ("vk-ns-b-222222-hibernate-import", true, Rule::StaleImport),
             ("vk-ns-b-222222-hibernate-import", false, Rule::StaleImport),
