@@ -60,7 +60,11 @@ fn scaffold_build_and_test(root: &Path, tools: &Path, lang: &str, slot: Slot) ->
     let dir = root.join(&name);
     let out = vk_cocoon(&["policy", "new", slot.name(), dir.to_str().unwrap(), "--lang", lang]);
     assert!(out.status.success(), "{lang} {slot}: {}", text(&out));
-    assert!(text(&out).contains("build.sh"), "the next steps say how to build it: {}", text(&out));
+    assert!(
+        text(&out).contains("build.sh"),
+        "the next steps say how to build it: {}",
+        text(&out)
+    );
 
     let started = Instant::now();
     let build = Command::new(dir.join("build.sh"))
@@ -68,9 +72,17 @@ fn scaffold_build_and_test(root: &Path, tools: &Path, lang: &str, slot: Slot) ->
         .output()
         .expect("run build.sh");
     let seconds = started.elapsed().as_secs_f64();
-    assert!(build.status.success(), "{lang} {slot}: build.sh failed: {}", text(&build));
+    assert!(
+        build.status.success(),
+        "{lang} {slot}: build.sh failed: {}",
+        text(&build)
+    );
     let component = dir.join(format!("{name}.wasm"));
-    assert!(component.exists(), "{lang} {slot}: build.sh wrote no {}", component.display());
+    assert!(
+        component.exists(),
+        "{lang} {slot}: build.sh wrote no {}",
+        component.display()
+    );
 
     let table = std::fs::read_to_string(dir.join(format!("{name}.cases.yaml"))).unwrap();
     let rows = table.matches("\n  - name: ").count();
@@ -134,7 +146,7 @@ fn a_scaffold_pins_the_examples_toolchains_and_flags() {
             assert!(script.contains(flag), "{lang}: build.sh passes {flag}:\n{script}");
         }
         assert!(
-            dir.join("wit/vk-policy.wit").exists() && dir.join("pinned-{lang}.cases.yaml".replace("{lang}", lang)).exists(),
+            dir.join("wit/vk-policy.wit").exists() && dir.join(format!("pinned-{lang}.cases.yaml")).exists(),
             "{lang}: the contract and the table are written"
         );
     }
