@@ -42,11 +42,11 @@ pub enum Lang {
 const COMPONENTIZE_PY: &str = "0.25.1";
 const COMPONENTIZE_QJS: &str = "0.4.5";
 
-/// The starting policy in Python and in JavaScript for `slot`; same decisions, same table as
-/// the Rust template.
-fn script_template(slot: Slot, lang: Lang) -> &'static str {
-    match (slot, lang) {
-        (_, Lang::Rust) => unreachable!("the Rust template is a crate: see template()"),
+/// A Python or JavaScript policy's source file, its text for `slot` (same decisions, same
+/// table as the Rust template) and its build.sh; none for Rust, which is a crate.
+fn script(slot: Slot, lang: Lang) -> Option<(&'static str, &'static str, &'static str)> {
+    let source = match (slot, lang) {
+        (_, Lang::Rust) => return None,
         (Slot::SnapshotBeforeDestroy, Lang::Python) => include_str!("templates/snapshot-before-destroy.py"),
         (Slot::SnapshotBeforeDestroy, Lang::Js) => include_str!("templates/snapshot-before-destroy.js"),
         (Slot::BringUp, Lang::Python) => include_str!("templates/bring-up.py"),
@@ -57,7 +57,11 @@ fn script_template(slot: Slot, lang: Lang) -> &'static str {
         (Slot::ResourceTranslation, Lang::Js) => include_str!("templates/resource-translation.js"),
         (Slot::GuestFixup, Lang::Python) => include_str!("templates/guest-fixup.py"),
         (Slot::GuestFixup, Lang::Js) => include_str!("templates/guest-fixup.js"),
-    }
+    };
+    Some(match lang {
+        Lang::Python => ("app.py", source, include_str!("templates/build-python.sh")),
+        _ => ("policy.js", source, include_str!("templates/build-js.sh")),
+    })
 }
 
 /// The starting policy and its case table for `slot`. Every slot has one: adding a slot
@@ -125,7 +129,7 @@ fn package_name(dir: &Path) -> anyhow::Result<String> {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
     if !valid {
         bail!(
-            "the crate is named after its directory, and {name:?} is not a crate name: use a directory name of lower-case letters, digits and '-', starting with a letter"
+            "the policy (crate, table, component) is named after its directory, and {name:?} is not a usable name: use a directory name of lower-case letters, digits and '-', starting with a letter"
         );
     }
     Ok(name)
@@ -159,25 +163,21 @@ pub fn scaffold(slot: Slot, lang: Lang, dir: &Path) -> anyhow::Result<Scaffolded
         (dir.join("wit/vk-policy.wit"), CONTRACT.into()),
         (table_path.clone(), table),
     ];
-    match lang {
-        Lang::Rust => files.extend([
+    match script(slot, lang) {
+        None => files.extend([
             (dir.join("Cargo.toml"), cargo_toml(&package)),
             (dir.join(".cargo/config.toml"), CARGO_CONFIG.into()),
             (dir.join("src/lib.rs"), lib.into()),
             (dir.join("src/wasm_glue.rs"), WASM_GLUE.into()),
         ]),
-        Lang::Python | Lang::Js => {
-            let (source, build) = match lang {
-                Lang::Python => ("app.py", include_str!("templates/build-python.sh")),
-                _ => ("policy.js", include_str!("templates/build-js.sh")),
-            };
+        Some((source_name, source, build)) => {
             let build = build
                 .replace("{{NAME}}", &package)
                 .replace("{{WORLD}}", &slot.world())
                 .replace("{{COMPONENTIZE_PY}}", COMPONENTIZE_PY)
                 .replace("{{COMPONENTIZE_QJS}}", COMPONENTIZE_QJS);
             files.extend([
-                (dir.join(source), script_template(slot, lang).into()),
+                (dir.join(source_name), source.into()),
                 (dir.join("build.sh"), build),
                 // The toolchain build.sh installs when $VK_POLICY_TOOLCHAINS is unset.
                 (dir.join(".gitignore"), ".toolchains/\n".into()),
