@@ -25,7 +25,7 @@ pub enum PolicyCommand {
     Bench(super::bench::BenchArgs),
     /// Validate a component: readable, imports nothing, exports a slot's world.
     Check(CheckArgs),
-    /// Create a policy crate for a slot that builds for wasm32-wasip2 and passes its own table.
+    /// Create a policy for a slot (Rust, Python or JavaScript) that builds and passes its own table.
     New(NewArgs),
     /// Validate and test a component, then push it (with its case table) to an OCI registry;
     /// prints the digest-pinned reference to configure.
@@ -50,8 +50,11 @@ pub struct CompileWorkerArgs {
 pub struct NewArgs {
     /// The slot the policy serves.
     slot: Slot,
-    /// A new (or empty) directory; the crate is named after it.
+    /// A new (or empty) directory; the policy (crate, table, component) is named after it.
     dir: PathBuf,
+    /// The language to write it in.
+    #[arg(long, value_enum, default_value = "rust")]
+    lang: super::scaffold::Lang,
 }
 
 #[derive(Debug, Args)]
@@ -130,7 +133,7 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
             },
         )),
         PolicyCommand::New(args) => {
-            let made = super::scaffold::scaffold(args.slot, &args.dir)?;
+            let made = super::scaffold::scaffold(args.slot, args.lang, &args.dir)?;
             println!("{}", super::scaffold::next_steps(args.slot, &made));
             Ok(ExitCode::SUCCESS)
         }

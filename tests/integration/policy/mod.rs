@@ -6,3 +6,4 @@ mod compile_worker;
 mod languages;
 mod reload;
 mod sandbox;
+mod scaffold;
