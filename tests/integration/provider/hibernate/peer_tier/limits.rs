@@ -44,6 +44,21 @@ async fn half_request(addr: SocketAddr, bound: Duration) -> (Duration, Duration)
 async fn a_flood_of_half_requests_on_the_peer_port_is_closed_and_capped() {
     let (_env, a) = setup(1 << 20).await;
     let limits = *a.listener.limits();
+    // How late this test's own tasks run while the flood is on (5,000 of them share two cores,
+    // often with a build beside): a close read that late is no close the daemon made late.
+    let lateness = Arc::new(Mutex::new(Duration::ZERO));
+    let probe = tokio::spawn({
+        let lateness = lateness.clone();
+        async move {
+            loop {
+                let asked = Instant::now();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let late = asked.elapsed().saturating_sub(Duration::from_millis(10));
+                let mut worst = lateness.lock().unwrap();
+                *worst = (*worst).max(late);
+            }
+        }
+    });
     let flood: Vec<_> = (0..FLOOD)
         .map(|_| tokio::spawn(half_request(a.addr, Duration::from_secs(15))))
         .collect();
@@ -61,6 +76,8 @@ async fn a_flood_of_half_requests_on_the_peer_port_is_closed_and_capped() {
         closes.push(open);
     }
     closes.sort();
+    probe.abort();
+    let late = *lateness.lock().unwrap();
     // A connection within the cap waited for the header deadline; the others were closed at
     // once (a slot freed while the flood was still opening takes one more; a close this test
     // reads late looks held: hence at least).
@@ -73,8 +90,8 @@ async fn a_flood_of_half_requests_on_the_peer_port_is_closed_and_capped() {
     assert!(refused + held >= FLOOD, "{refused} refused, {held} held of {FLOOD}");
     assert!(refused >= FLOOD / 2, "{refused} refused at the cap");
     assert!(
-        closes[FLOOD - 1] < limits.handshake_timeout * 3,
-        "every half-request is closed by about the handshake deadline (the slowest after {:?})",
+        closes[FLOOD - 1] < limits.handshake_timeout * 3 + late,
+        "every half-request is closed by about the handshake deadline (the slowest after {:?}; this test's tasks ran up to {late:?} late)",
         closes[FLOOD - 1]
     );
     let deadline = Instant::now() + Duration::from_secs(10);
