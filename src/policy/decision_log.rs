@@ -42,10 +42,6 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 pub const QUEUE_CAPACITY: usize = 4096;
 /// Lines written by one `write` at most.
 const BATCH_LINES: usize = 256;
-/// How often the writer looks at the queue while records keep coming ([`write_jobs`]).
-const POLL_PAUSE: Duration = Duration::from_millis(1);
-/// Empty looks after which the writer waits on the queue again (and sleeps until a record).
-const IDLE_POLLS: u32 = 50;
 /// How long closing the log (or a flush) waits for the writer.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
@@ -279,44 +275,25 @@ impl Drop for DecisionLog {
 
 /// The writer thread: takes what is queued (up to [`BATCH_LINES`] at a time), builds the lines
 /// and writes them together, then answers the flushes that were among them.
-///
-/// While records keep coming it polls the queue every [`POLL_PAUSE`] instead of waiting on it:
-/// a thread blocked on the queue is woken by every send (a futex call on the decision's path),
-/// one that polls is not. After [`IDLE_POLLS`] empty polls it waits again, so an idle daemon's
-/// writer does not wake up at all.
 fn write_jobs(sink: &Sink, jobs: &Receiver<Job>) {
     while let Ok(first) = jobs.recv() {
+        let mut lines = Vec::new();
+        let mut flushes = Vec::new();
         let mut next = Some(first);
-        let mut empty_polls = 0;
-        while empty_polls < IDLE_POLLS {
-            if next.is_none() {
-                std::thread::sleep(POLL_PAUSE);
-                next = match jobs.try_recv() {
-                    Ok(job) => Some(job),
-                    Err(std::sync::mpsc::TryRecvError::Empty) => {
-                        empty_polls += 1;
-                        continue;
-                    }
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
-                };
+        while let Some(job) = next {
+            match job {
+                Job::Record(build) => lines.push(line_of(&build())),
+                Job::Flush(done) => flushes.push(done),
             }
-            empty_polls = 0;
-            let (mut lines, mut flushes) = (Vec::new(), Vec::new());
-            while let Some(job) = next {
-                match job {
-                    Job::Record(build) => lines.push(line_of(&build())),
-                    Job::Flush(done) => flushes.push(done),
-                }
-                next = if lines.len() < BATCH_LINES {
-                    jobs.try_recv().ok()
-                } else {
-                    None
-                };
-            }
-            sink.write_lines(&lines);
-            for done in flushes {
-                let _ = done.send(());
-            }
+            next = if lines.len() < BATCH_LINES {
+                jobs.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        sink.write_lines(&lines);
+        for done in flushes {
+            let _ = done.send(());
         }
     }
 }
