@@ -24,6 +24,15 @@ async fn victim(env: &Env) -> vk_cocoon::runtime::VmRecord {
     vm_named(env, "vm-web").await.expect("the victim's VM")
 }
 
+/// The victim hibernates its guest, as the operator asks it to.
+async fn hibernate_victim(env: &Env) {
+    annotate(env, "web-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
+    eventually(60, "web-0 hibernated", || {
+        lifecycle(env, "web-0").as_deref() == Some("hibernated")
+    })
+    .await;
+}
+
 /// Pod `name` of namespace `other` with `annotations`.
 fn tenant_pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
     let mut pod = agent_pod(name, annotations);
@@ -269,11 +278,7 @@ async fn another_namespaces_hibernated_guest_is_neither_cloned_nor_restored() {
     let env = env(false).await;
     let d = start(&env, Options::default());
     victim(&env).await;
-    annotate(&env, "web-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
-    eventually(60, "web-0 hibernated", || {
-        lifecycle(&env, "web-0").as_deref() == Some("hibernated")
-    })
-    .await;
+    hibernate_victim(&env).await;
     assert!(
         env.runtime.snapshot_inspect("vm-web").await.is_ok(),
         "the guest's state"
@@ -312,11 +317,7 @@ async fn another_namespaces_pushed_guest_is_not_restored_on_a_node_that_never_he
     let env = env_with_oci().await;
     let d = start(&env, Options::default());
     victim(&env).await;
-    annotate(&env, "web-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
-    eventually(60, "web-0 hibernated", || {
-        lifecycle(&env, "web-0").as_deref() == Some("hibernated")
-    })
-    .await;
+    hibernate_victim(&env).await;
     let oci = env.oci.as_ref().unwrap();
     let artifact = match oci.client.manifest("vm-web", "hibernate").await.unwrap() {
         vk_cocoon::registry::ManifestLookup::Found(a) => a,
