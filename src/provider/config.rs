@@ -30,6 +30,9 @@ pub struct ProviderConfig {
     pub clone_roots: super::clone_roots::CloneRoots,
     /// Where probes and port-forward may connect (`VK_PROBE_NETWORKS`, or derived).
     pub guest_networks: super::probe_scope::GuestNetworks,
+    /// `VK_NETWORK_MODE` (or derived from cocoon-net's pool): which DHCP a Windows guest's
+    /// release and renew address.
+    pub network_mode: super::cocoon_net::NetworkMode,
     /// The cocoon-macos path's node settings.
     pub macos: super::macos::MacosSettings,
     pub timings: Timings,
@@ -78,9 +81,11 @@ impl ProviderConfig {
         node_class: Option<&str>,
         root_dir: &Path,
         guest_networks: super::probe_scope::GuestNetworks,
+        network_mode: super::cocoon_net::NetworkMode,
     ) -> Self {
         Self {
             guest_networks,
+            network_mode,
             node_name: node_name.to_string(),
             node_class: node_class.unwrap_or_default().to_string(),
             restore_mode: args.restore_mode,
@@ -108,12 +113,14 @@ impl ProviderConfig {
         let probes = crate::settings::parse_lookup::<super::probe_scope::ProbeArgs>(&lookup)?;
         let leases = crate::settings::parse_lookup::<super::cocoon_net::CocoonNetArgs>(&lookup)?;
         let guests = super::probe_scope::GuestNetworks::from_settings(probes.probe_networks, &leases.leases_path);
+        let network_mode = super::cocoon_net::NetworkMode::resolve(leases.network_mode, &leases.leases_path);
         Ok(Self::from_args(
             &args,
             &node.node_name,
             node.snapshot_cpu_class.as_deref(),
             &node.root_dir,
             guests,
+            network_mode,
         ))
     }
 }

@@ -413,7 +413,7 @@ impl CocoonProvider {
             if windows && !nudged && started.elapsed() >= t.renew_nudge_after {
                 nudged = true;
                 let left = t.ip_wait.saturating_sub(started.elapsed());
-                let ok = matches!(tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &super::plan::ipconfig("/renew"), None)).await, Ok(Ok(ref out)) if out.code == 0);
+                let ok = matches!(tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &super::plan::ipconfig(super::plan::LeaseStep::Renew, self.cfg.network_mode), None)).await, Ok(Ok(ref out)) if out.code == 0);
                 ProviderMetrics::count(&self.metrics.wake_renew_nudge, ok);
                 continue;
             }

@@ -25,8 +25,25 @@ pub fn hibernate_import_name(vm: &str) -> String {
     format!("{vm}-hibernate-import")
 }
 
-/// `cmd /c ipconfig <verb>` in a Windows guest (`/release` before its NIC goes, `/renew` after).
-pub fn ipconfig(verb: &str) -> crate::runtime::ExecSpec {
+/// What a Windows guest's DHCP client is asked to do with its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// Before its NIC goes: the lease is handed back so cocoon-net may give it out again.
+    Release,
+    /// After a NIC comes back, or when no lease has shown up: ask again.
+    Renew,
+}
+
+/// `cmd /c ipconfig /release|/renew` in a Windows guest, or `/release6|/renew6` on an
+/// IPv6-only network (the plain verbs only touch the DHCPv4 lease).
+pub fn ipconfig(step: LeaseStep, mode: super::cocoon_net::NetworkMode) -> crate::runtime::ExecSpec {
+    use super::cocoon_net::NetworkMode;
+    let verb = match (step, mode) {
+        (LeaseStep::Release, NetworkMode::Ipv4) => "/release",
+        (LeaseStep::Renew, NetworkMode::Ipv4) => "/renew",
+        (LeaseStep::Release, NetworkMode::Ipv6Only) => "/release6",
+        (LeaseStep::Renew, NetworkMode::Ipv6Only) => "/renew6",
+    };
     crate::runtime::ExecSpec {
         argv: vec!["cmd".into(), "/c".into(), "ipconfig".into(), verb.into()],
         ..Default::default()

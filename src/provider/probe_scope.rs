@@ -151,7 +151,7 @@ fn special_purpose(ip: IpAddr) -> bool {
 }
 
 /// The `subnet` of cocoon-net's `pool.json`.
-fn read_pool_subnet(path: &std::path::Path) -> Option<IpNet> {
+pub(super) fn read_pool_subnet(path: &std::path::Path) -> Option<IpNet> {
     let text = std::fs::read(path).ok()?;
     let value: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| tracing::warn!(file = %path.display(), error = %e, "cocoon-net's pool.json is not JSON"))

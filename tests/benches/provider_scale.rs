@@ -214,6 +214,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         state_dir: Some(env.sim_dir.path().join("vk-state")),
         clone_roots: vk_cocoon::provider::clone_roots::CloneRoots::default_for(env.sim_dir.path()),
         guest_networks: guest_networks("127.0.0.0/8,::1/128"),
+        network_mode: Default::default(),
         macos: Default::default(),
         timings: Timings {
             patch_retry: Duration::from_millis(50),

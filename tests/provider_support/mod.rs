@@ -197,6 +197,8 @@ pub struct Options {
     pub prober: Option<Arc<dyn Prober>>,
     /// The daemon's guest networks (default: loopback, where the simulator's guests live).
     pub guest_networks: Option<vk_cocoon::provider::probe_scope::GuestNetworks>,
+    /// The guests' DHCP family (default IPv4).
+    pub network_mode: vk_cocoon::provider::cocoon_net::NetworkMode,
 }
 
 impl Default for Options {
@@ -210,6 +212,7 @@ impl Default for Options {
             macos: Default::default(),
             prober: None,
             guest_networks: None,
+            network_mode: Default::default(),
         }
     }
 }
@@ -322,6 +325,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
             .guest_networks
             .clone()
             .unwrap_or_else(|| guest_networks("127.0.0.0/8,::1/128")),
+        network_mode: opts.network_mode,
         macos: opts.macos.clone(),
         timings: opts.timings.clone(),
     };

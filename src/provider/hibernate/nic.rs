@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::super::CocoonProvider;
 use super::super::failure::Failure;
-use super::super::plan::ipconfig;
+use super::super::plan::{LeaseStep, ipconfig};
 use crate::runtime::VmRecord;
 
 impl CocoonProvider {
@@ -17,7 +17,9 @@ impl CocoonProvider {
     pub(super) async fn drop_nic(&self, vm: &VmRecord) -> Result<(), Failure> {
         let released = tokio::time::timeout(
             Duration::from_secs(20),
-            self.ports.runtime.exec_capture(&vm.id, &ipconfig("/release"), None),
+            self.ports
+                .runtime
+                .exec_capture(&vm.id, &ipconfig(LeaseStep::Release, self.cfg.network_mode), None),
         )
         .await;
         self.metrics
@@ -41,12 +43,15 @@ impl CocoonProvider {
     /// The undo of [`Self::drop_nic`]: gives the NIC back (detached from the request, bounded
     /// at 30 s) and republishes the VM's fresh MAC and address.
     pub(super) async fn give_nic_back(&self, pod: &Pod, pkey: &str, vm: &VmRecord) {
-        let runtime = self.ports.runtime.clone();
-        let id = vm.id.clone();
+        let (runtime, id, renew) = (
+            self.ports.runtime.clone(),
+            vm.id.clone(),
+            ipconfig(LeaseStep::Renew, self.cfg.network_mode),
+        );
         let restored = tokio::spawn(async move {
             tokio::time::timeout(Duration::from_secs(30), async {
                 runtime.net_resize(&id, 1).await?;
-                let _ = runtime.exec_capture(&id, &ipconfig("/renew"), None).await;
+                let _ = runtime.exec_capture(&id, &renew, None).await;
                 runtime.inspect(&id).await
             })
             .await
@@ -65,15 +70,16 @@ impl CocoonProvider {
         }
     }
 
-    /// `ipconfig /renew` in the guest, detached from the caller.
+    /// A lease renew in the guest, detached from the caller.
     fn renew_detached(&self, vm: &VmRecord) {
-        let (runtime, id) = (self.ports.runtime.clone(), vm.id.clone());
+        let (runtime, id, renew) = (
+            self.ports.runtime.clone(),
+            vm.id.clone(),
+            ipconfig(LeaseStep::Renew, self.cfg.network_mode),
+        );
         tokio::spawn(async move {
-            if let Err(error) = tokio::time::timeout(
-                Duration::from_secs(30),
-                runtime.exec_capture(&id, &ipconfig("/renew"), None),
-            )
-            .await
+            if let Err(error) =
+                tokio::time::timeout(Duration::from_secs(30), runtime.exec_capture(&id, &renew, None)).await
             {
                 tracing::warn!(vm = %id, %error, "ipconfig /renew after a failed NIC drop timed out");
             }

@@ -154,3 +154,43 @@ async fn a_failed_remove_of_a_nic_less_guest_gives_the_nic_back_and_publishes_it
     assert!(vm_named(&env, "vm-win").await.is_none());
     d.kill().await;
 }
+
+/// On an IPv6-only guest network a Windows guest's lease is a DHCPv6 one: the release before the
+/// NIC drop and the renew after a failed drop use `/release6` and `/renew6`, never the DHCPv4 verbs
+/// (which would leave the lease held, and ask for an address the network does not hand out).
+///
+/// Checklist rows: update_test/IPv6OnlyWindowsUsesDHCPv6LifecycleCommands
+#[tokio::test(flavor = "multi_thread")]
+async fn on_an_ipv6_only_network_a_windows_guest_releases_and_renews_its_dhcpv6_lease() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(
+        &env,
+        Options {
+            network_mode: vk_cocoon::provider::cocoon_net::NetworkMode::Ipv6Only,
+            ..slow_retries()
+        },
+    );
+    windows_pod_up(&env).await;
+    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
+    annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
+    let ipconfig_verbs = || -> Vec<String> {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.argv.get(2).is_some_and(|a| a == "ipconfig"))
+            .map(|e| e.argv[3..].join(" "))
+            .collect()
+    };
+    eventually(20, "the guest renews its DHCPv6 lease after the failed drop", || {
+        ipconfig_verbs().iter().any(|v| v == "/renew6")
+    })
+    .await;
+    assert!(has_event(&env, "win-0", "HibernateNetResizeFailed"));
+    // The hibernate is retried (a second release may follow): only DHCPv6 verbs, release first.
+    let verbs = ipconfig_verbs();
+    assert_eq!(verbs.first().map(String::as_str), Some("/release6"), "{verbs:?}");
+    assert!(verbs.iter().all(|v| v == "/release6" || v == "/renew6"), "{verbs:?}");
+    d.kill().await;
+}
