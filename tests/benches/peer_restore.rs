@@ -36,7 +36,7 @@ const TOKEN: &str = "peer-token-for-the-benchmark-0123456789";
 const NODE_A: &str = "node-a";
 
 /// Wakes `vm` through a new pod; returns create → Ready. The pod is deleted again (no snapshot
-/// on delete), so the next round wakes the same hibernated guest.
+/// on delete).
 async fn wake(env: &Env, pod: &str, vm: &str) -> f64 {
     let started = Instant::now();
     let never = ("cocoonset.cocoonstack.io/snapshot-policy", "never");
@@ -76,8 +76,10 @@ async fn bench() {
     let env = env_with_oci().await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
 
-    // Node A hibernates two guests of the same size, one woken through each tier: vm-reg names a
-    // from-node without a Node object, so its wakes skip the peer tier (as for a node gone).
+    // Node A hibernates two guests of the same size per round, one woken through each tier:
+    // vm-reg-* name a from-node without a Node object, so their wakes skip the peer tier (as for
+    // a node gone). A hibernated guest is woken once: node B remembers the snapshot it woke
+    // under a name, and a second wake of the same tag would find no hibernated state.
     let dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(dir.path().join("sim")).unwrap();
     sim.set_settings(|s| {
@@ -92,7 +94,11 @@ async fn bench() {
     let pusher = registry.server.lock().unwrap().transfer_client("", NODE_A);
     let gone = registry.server.lock().unwrap().transfer_client("", "node-gone");
     let mut data_bytes = 0;
-    for (vm, pusher) in [("vm-reg", &gone), ("vm-peer", &pusher)] {
+    let guests: Vec<(String, _)> = (0..rounds)
+        .flat_map(|round| [(format!("vm-reg-{round}"), &gone), (format!("vm-peer-{round}"), &pusher)])
+        .collect();
+    for (vm, pusher) in guests {
+        let vm = vm.as_str();
         let v = clone_direct_on(&a, "base", vm, None).await;
         a.snapshot_save(vm, &v.id).await.unwrap();
         a.remove(&v.id).await.unwrap();
@@ -109,7 +115,7 @@ async fn bench() {
         );
     }
     let store = sim
-        .snapshot_dir("vm-peer")
+        .snapshot_dir("vm-peer-0")
         .unwrap()
         .unwrap()
         .parent()
@@ -159,15 +165,16 @@ async fn bench() {
     let (mut registry_wakes, mut peer_wakes, mut pulls, mut restores) = (vec![], vec![], vec![], vec![]);
     for round in 0..rounds {
         let pulled = b.provider.metrics().snapshot_pull_duration.get_sample_sum();
-        registry_wakes.push(wake(&env, &format!("agent-reg-{round}"), "vm-reg").await);
+        let (reg_vm, peer_vm) = (format!("vm-reg-{round}"), format!("vm-peer-{round}"));
+        registry_wakes.push(wake(&env, &format!("agent-reg-{round}"), &reg_vm).await);
         pulls.push(b.provider.metrics().snapshot_pull_duration.get_sample_sum() - pulled);
         assert_eq!(
             last_clone(&env).last().map(String::as_str),
-            Some("vm-reg-hibernate-import"),
+            Some(format!("{reg_vm}-hibernate-import").as_str()),
             "the registry round pulled"
         );
         let restored = metrics.restore_duration.get_sample_sum();
-        peer_wakes.push(wake(&env, &format!("agent-peer-{round}"), "vm-peer").await);
+        peer_wakes.push(wake(&env, &format!("agent-peer-{round}"), &peer_vm).await);
         restores.push(metrics.restore_duration.get_sample_sum() - restored);
         assert_eq!(
             metrics.count("ok"),
