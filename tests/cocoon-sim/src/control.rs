@@ -11,6 +11,36 @@ pub struct Control {
     pub exec: Vec<ExecRule>,
     #[serde(default)]
     pub settings: Settings,
+    /// A staged crash of the caller (see [`Crash`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash: Option<Crash>,
+}
+
+/// A crash of the daemon staged at a cocoon call: the invocations counted since it was staged
+/// (every verb but the `vm status` event stream, whose timing is not the daemon's steps) run
+/// normally up to the `after`-th; with `inside` that one does its work and then parks instead of
+/// answering; every later one parks before doing anything. A parked invocation waits, changing
+/// nothing, until it is killed (the crashed daemon's children die with it) or the crash is
+/// cleared (it then kills itself): what it would have done never happens, as after a real crash.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Crash {
+    pub after: u64,
+    #[serde(default)]
+    pub inside: bool,
+    /// Counted invocations so far.
+    #[serde(default)]
+    pub seen: u64,
+}
+
+/// What a counted invocation does under a staged crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashStep {
+    /// Runs normally (the `n`-th counted call).
+    Run(u64),
+    /// Does its work, then parks before answering.
+    RunThenPark(u64),
+    /// Parks before doing anything.
+    Park(u64),
 }
 
 /// One fault rule: applies to invocations of `verb` (e.g. `"vm inspect"`, `"snapshot export"`).
@@ -255,6 +285,29 @@ impl Control {
             }
             Some(action)
         })
+    }
+
+    /// Counts this invocation against a staged crash and says what it does; `None` when no crash
+    /// is staged.
+    pub fn crash_step(store: &Store) -> std::io::Result<Option<CrashStep>> {
+        if !Self::path(store).exists() {
+            return Ok(None);
+        }
+        Self::update(store, |c| {
+            let crash = c.crash.as_mut()?;
+            crash.seen += 1;
+            let n = crash.seen;
+            Some(match (n.cmp(&crash.after), crash.inside) {
+                (std::cmp::Ordering::Less, _) | (std::cmp::Ordering::Equal, false) => CrashStep::Run(n),
+                (std::cmp::Ordering::Equal, true) => CrashStep::RunThenPark(n),
+                (std::cmp::Ordering::Greater, _) => CrashStep::Park(n),
+            })
+        })
+    }
+
+    /// Whether a crash is still staged (a parked invocation polls it).
+    pub fn crash_staged(store: &Store) -> bool {
+        Self::load(store).map(|c| c.crash.is_some()).unwrap_or(false)
     }
 
     /// Finds the exec rule for a command on a VM and consumes one use of it.

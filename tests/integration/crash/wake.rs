@@ -1,0 +1,139 @@
+//! Wakes crashed anywhere: from the verified local copy, from the registry (no local copy), and
+//! a released seat rebuilt as a new pod that restores the hibernated guest (with and without
+//! the warm local copy the release kept).
+
+use super::*;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    Local,
+    Registry,
+}
+
+/// The pod hibernated (its guest in `vm:hibernate` and the local copy); with `Registry` the
+/// local copy is dropped, as on a node that never held it.
+async fn hibernated_pod(w: &World, vm: &str, source: Source) -> Daemon {
+    let d = w.start().await;
+    create(&w.env, &pod(vm, &[])).await;
+    wait_ready(&w.env).await;
+    annotate(&w.env, POD, &[(HIBERNATE, Some("true"))]).await;
+    wait_hibernated(&w.env).await;
+    if source == Source::Registry {
+        w.env.runtime.snapshot_remove_if_exists(vm).await.unwrap();
+    }
+    d
+}
+
+struct Wake {
+    name: &'static str,
+    vm: &'static str,
+    source: Source,
+}
+
+#[async_trait]
+impl Operation for Wake {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn vm(&self) -> &'static str {
+        self.vm
+    }
+    fn end(&self) -> End {
+        End::Ready
+    }
+    fn guards_hibernated_state(&self) -> bool {
+        true
+    }
+    async fn setup(&self, w: &World) -> Daemon {
+        hibernated_pod(w, self.vm, self.source).await
+    }
+    async fn trigger(&self, w: &World) {
+        annotate(&w.env, POD, &[(HIBERNATE, None)]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_wake_from_the_local_copy_loses_nothing() {
+    explore(Arc::new(Wake {
+        name: "wake-local",
+        vm: "vm-wl",
+        source: Source::Local,
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_wake_from_the_registry_loses_nothing() {
+    explore(Arc::new(Wake {
+        name: "wake-registry",
+        vm: "vm-wr",
+        source: Source::Registry,
+    }))
+    .await;
+}
+
+/// A released seat: the hibernated pod deleted with keep-snapshot-on-delete, then rebuilt by
+/// the operator with the restore marker.
+struct SeatWake {
+    name: &'static str,
+    vm: &'static str,
+    source: Source,
+}
+
+#[async_trait]
+impl Operation for SeatWake {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn vm(&self) -> &'static str {
+        self.vm
+    }
+    fn end(&self) -> End {
+        End::Ready
+    }
+    fn guards_hibernated_state(&self) -> bool {
+        true
+    }
+    async fn setup(&self, w: &World) -> Daemon {
+        let d = hibernated_pod(w, self.vm, Source::Local).await;
+        annotate(
+            &w.env,
+            POD,
+            &[("vm.cocoonstack.io/keep-snapshot-on-delete", Some("true"))],
+        )
+        .await;
+        delete(&w.env, POD).await;
+        eventually(60, "the released pod gone", || get(&w.env, POD).is_none()).await;
+        if self.source == Source::Registry {
+            w.env.runtime.snapshot_remove_if_exists(self.vm).await.unwrap();
+        }
+        d
+    }
+    async fn trigger(&self, w: &World) {
+        create(
+            &w.env,
+            &pod(self.vm, &[("vm.cocoonstack.io/restore-from-hibernate", "true")]),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_released_seat_wake_loses_nothing() {
+    explore(Arc::new(SeatWake {
+        name: "wake-seat-local",
+        vm: "vm-sl",
+        source: Source::Local,
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_released_seat_wake_from_the_registry_loses_nothing() {
+    explore(Arc::new(SeatWake {
+        name: "wake-seat-registry",
+        vm: "vm-sr",
+        source: Source::Registry,
+    }))
+    .await;
+}
