@@ -32,6 +32,8 @@ pub const POD: &str = "agent-0";
 /// How long a run may take to converge before it is reported as a failure (not a wait: a
 /// converged run is checked as soon as it is).
 const CONVERGE_LIMIT: Duration = Duration::from_secs(60);
+/// How long a daemon may sit with nothing to do for the pod before its end state holds.
+const IDLE_LIMIT: Duration = Duration::from_secs(10);
 /// How many crash runs of one operation go at once.
 const PARALLEL: usize = 3;
 
@@ -332,7 +334,7 @@ async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), Str
     let armed = monotonic_ns();
     w.env.sim.stage_crash(u64::MAX, false).unwrap();
     op.trigger(&w).await;
-    converge(op, &w, &d).await?;
+    converge(op, &w, &d, armed).await?;
     let mut log = w.env.sim.crash_log().unwrap();
     log.sort_by_key(|l| l.n);
     let calls = log.into_iter().map(|l| l.verb).collect();
@@ -388,17 +390,19 @@ async fn crash_run(op: &dyn Operation, calls: &[String], p: Point) -> Result<Vec
     }
     w.env.sim.clear_crash().unwrap();
     let d = w.start().await;
-    converge(op, &w, &d).await?;
+    converge(op, &w, &d, armed).await?;
     let leftovers = check(op, &w, armed).await?;
     d.kill().await;
     Ok(leftovers)
 }
 
 /// Waits until the pod's end state is true and the daemon has nothing left to do for it: no
-/// guest work, owed retry, resume or delete, its operation lock free.
-async fn converge(op: &dyn Operation, w: &World, d: &Daemon) -> Result<(), String> {
+/// guest work, owed retry, resume or delete, its operation lock free. A daemon idle that long
+/// without reaching the end state never will: it is reported then rather than at the limit.
+async fn converge(op: &dyn Operation, w: &World, d: &Daemon, armed: u64) -> Result<(), String> {
     let key = format!("default/{POD}");
     let deadline = Instant::now() + CONVERGE_LIMIT;
+    let mut idle_since: Option<Instant> = None;
     loop {
         let end = end_reached(op, w).await;
         let table = d.provider.state();
@@ -410,11 +414,29 @@ async fn converge(op: &dyn Operation, w: &World, d: &Daemon) -> Result<(), Strin
         if end.is_ok() && idle {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        idle_since = if idle {
+            idle_since.or(Some(Instant::now()))
+        } else {
+            None
+        };
+        let stuck = idle_since.is_some_and(|t| t.elapsed() > IDLE_LIMIT);
+        if stuck || Instant::now() > deadline {
+            // What the replay says is the likelier cause than the symptom.
+            let replay = check(op, w, armed).await.err().unwrap_or_default();
             return Err(format!(
-                "not converged in {CONVERGE_LIMIT:?}: end state: {end:?}, daemon idle: {idle}; lifecycle {:?} ({})",
+                "not converged ({}): end state: {end:?}, daemon idle: {idle}; lifecycle {:?} ({}){}",
+                if stuck {
+                    "idle without reaching it"
+                } else {
+                    "time limit"
+                },
                 lifecycle(&w.env, POD),
-                lifecycle_message(&w.env, POD)
+                lifecycle_message(&w.env, POD),
+                if replay.is_empty() {
+                    String::new()
+                } else {
+                    format!("; replay: {replay}")
+                }
             ));
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
