@@ -7,6 +7,7 @@ struct Create {
     name: &'static str,
     vm: &'static str,
     extra: &'static [(&'static str, &'static str)],
+    marker: &'static str,
 }
 
 #[async_trait]
@@ -19,6 +20,9 @@ impl Operation for Create {
     }
     fn end(&self) -> End {
         End::Ready
+    }
+    fn path_marker(&self) -> Option<&'static str> {
+        Some(self.marker)
     }
     async fn setup(&self, w: &World) -> Daemon {
         w.start().await
@@ -34,6 +38,7 @@ async fn a_crash_anywhere_in_a_clone_create_loses_nothing() {
         name: "create-clone",
         vm: "vm-c",
         extra: &[],
+        marker: "base",
     }))
     .await;
 }
@@ -44,6 +49,7 @@ async fn a_crash_anywhere_in_a_run_create_loses_nothing() {
         name: "create-run",
         vm: "vm-r",
         extra: &[("cocoonset.cocoonstack.io/mode", "run"), (IMAGE, "ghcr.io/x/base:1")],
+        marker: "run",
     }))
     .await;
 }
@@ -61,6 +67,9 @@ impl Operation for CreatePulled {
     }
     fn end(&self) -> End {
         End::Ready
+    }
+    fn path_marker(&self) -> Option<&'static str> {
+        Some("golden")
     }
     async fn setup(&self, w: &World) -> Daemon {
         w.registry()
@@ -92,6 +101,9 @@ impl Operation for CreateFork {
     }
     fn end(&self) -> End {
         End::Ready
+    }
+    fn path_marker(&self) -> Option<&'static str> {
+        Some("fork-vm-main")
     }
     async fn setup(&self, w: &World) -> Daemon {
         let d = w.start().await;

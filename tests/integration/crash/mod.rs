@@ -65,6 +65,15 @@ pub trait Operation: Send + Sync {
     fn push_before_remove(&self) -> Option<&'static str> {
         None
     }
+    /// An argv element the clean run's call that makes the pod's VM carries: the operation
+    /// took the path it is named for (the crash runs may take another one to recover).
+    fn path_marker(&self) -> Option<&'static str> {
+        None
+    }
+    /// A fresh world for one run.
+    async fn world(&self) -> World {
+        World::new().await
+    }
     /// Builds the world up to the moment before the operation; returns the running daemon.
     async fn setup(&self, w: &World) -> Daemon;
     /// Asks for the operation.
@@ -94,6 +103,13 @@ pub struct World {
     pub env: Env,
     pub releaser: Arc<TimedReleaser>,
     leases: tokio::task::JoinHandle<()>,
+    /// The port of the peer tier every daemon of this world dials, when it has one.
+    pub peer_port: Mutex<Option<u16>>,
+    /// What the world keeps alive beside the daemon (another node).
+    pub keep: Mutex<Vec<Box<dyn std::any::Any + Send>>>,
+    /// Tags of the real registry (a world with one) present when the operation was asked for:
+    /// it keeps no journal, and a wake never deletes a tag.
+    tags_at_arm: Mutex<BTreeSet<(String, String)>>,
 }
 
 impl Drop for World {
@@ -105,7 +121,15 @@ impl Drop for World {
 
 impl World {
     pub async fn new() -> Self {
-        let env = env(true).await;
+        Self::on(env(true).await).await
+    }
+
+    /// A world whose registry is a real one (`docker-registry` on loopback).
+    pub async fn with_oci() -> Self {
+        Self::on(env_with_oci().await).await
+    }
+
+    async fn on(env: Env) -> Self {
         // cocoon-net's part: every DHCP guest the simulator holds gets a lease for its MAC (read
         // from the journal, so the stand-in makes no cocoon call the crash staging would count).
         let sim = env.sim.clone();
@@ -151,7 +175,27 @@ impl World {
             env,
             releaser: Arc::default(),
             leases,
+            peer_port: Mutex::new(None),
+            keep: Mutex::new(Vec::new()),
+            tags_at_arm: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// Notes the real registry's `<vm>:hibernate` (a world without the in-memory one).
+    async fn arm(&self, vm: &str) -> u64 {
+        if let Some(oci) = &self.env.oci {
+            let found = matches!(
+                oci.client.manifest(vm, "hibernate").await,
+                Ok(vk_cocoon::registry::ManifestLookup::Found(_))
+            );
+            if found {
+                self.tags_at_arm
+                    .lock()
+                    .unwrap()
+                    .insert((vm.to_string(), "hibernate".to_string()));
+            }
+        }
+        monotonic_ns()
     }
 
     /// A daemon on this world, once it has registered its node (its startup reconcile, with
@@ -164,6 +208,9 @@ impl World {
                 ..Default::default()
             },
         );
+        if let Some(port) = *self.peer_port.lock().unwrap() {
+            d.provider.set_peer_tier(peer_tier(&self.env, port));
+        }
         eventually(60, "node registered", || {
             self.env
                 .server
@@ -178,6 +225,23 @@ impl World {
     pub fn registry(&self) -> &FakeRegistry {
         self.env.registry.as_deref().unwrap()
     }
+}
+
+/// The peer tier of a daemon of `env` dialing `port` on the peer node's InternalIP.
+fn peer_tier(env: &Env, port: u16) -> Arc<vk_cocoon::peer::PeerTier> {
+    use crate::provider::hibernate::peer_tier::{FLEET, TOKEN};
+    use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerTier, PeerToken, Staging, Timeouts};
+    Arc::new(PeerTier {
+        client: PeerClient::new(
+            PeerToken::new(TOKEN).unwrap(),
+            &FLEET.node_tls(NODE),
+            Staging::new(env.sim_dir.path().join("vk-staging")),
+            Timeouts::default(),
+        ),
+        nodes: Arc::new(KubeNodes::new(env.server.client())),
+        port,
+        metrics: PeerMetrics::unregistered(),
+    })
 }
 
 /// The local snapshot `base`, taken from a DHCP guest (its clones are DHCP guests too).
@@ -329,9 +393,9 @@ pub async fn explore(op: Arc<dyn Operation>) {
 /// Runs the operation without a crash and records its counted calls (in the order they were
 /// counted), checking the invariants on the way.
 async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), String> {
-    let w = World::new().await;
+    let w = op.world().await;
     let d = op.setup(&w).await;
-    let armed = monotonic_ns();
+    let armed = w.arm(op.vm()).await;
     w.env.sim.stage_crash(u64::MAX, false).unwrap();
     op.trigger(&w).await;
     converge(op, &w, &d, armed).await?;
@@ -339,6 +403,20 @@ async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), Str
     log.sort_by_key(|l| l.n);
     let calls = log.into_iter().map(|l| l.verb).collect();
     w.env.sim.clear_crash().unwrap();
+    if let Some(marker) = op.path_marker() {
+        let made = w
+            .env
+            .sim
+            .journal()
+            .unwrap()
+            .into_iter()
+            .filter(|l| l.at >= armed && l.kind == "vm" && l.op == "add" && l.name == op.vm())
+            .map(|l| l.argv)
+            .collect::<Vec<_>>();
+        if !made.iter().any(|argv| argv.iter().any(|a| a == marker)) {
+            return Err(format!("the VM was not made with `{marker}`: {made:?}"));
+        }
+    }
     let leftovers = check(op, &w, armed).await?;
     d.kill().await;
     Ok((calls, leftovers))
@@ -347,9 +425,9 @@ async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), Str
 /// One crash run: the operation in a fresh world, the daemon killed at `p`, a new daemon on the
 /// same world, convergence, the invariants.
 async fn crash_run(op: &dyn Operation, calls: &[String], p: Point) -> Result<Vec<String>, String> {
-    let w = World::new().await;
+    let w = op.world().await;
     let d = op.setup(&w).await;
-    let armed = monotonic_ns();
+    let armed = w.arm(op.vm()).await;
     w.env.sim.stage_crash(p.after, p.inside).unwrap();
     op.trigger(&w).await;
     // The moment of the crash: the `after`-th call finished (or, inside, parked); for a crash
@@ -568,16 +646,19 @@ async fn check(op: &dyn Operation, w: &World, armed: u64) -> Result<Vec<String>,
         };
         timeline.push((l.at, h));
     }
-    for (at, repo, tag, push) in w.registry().journal.lock().unwrap().iter() {
-        let (repo, tag) = (repo.clone(), tag.clone());
-        timeline.push((
-            *at,
-            if *push {
-                Happened::Push { repo, tag }
-            } else {
-                Happened::Untag { repo, tag }
-            },
-        ));
+    // A world with a real registry has no registry journal: its tags at the start stand.
+    if let Some(registry) = &w.env.registry {
+        for (at, repo, tag, push) in registry.journal.lock().unwrap().iter() {
+            let (repo, tag) = (repo.clone(), tag.clone());
+            timeline.push((
+                *at,
+                if *push {
+                    Happened::Push { repo, tag }
+                } else {
+                    Happened::Untag { repo, tag }
+                },
+            ));
+        }
     }
     for (at, mac) in w.releaser.released.lock().unwrap().iter() {
         timeline.push((*at, Happened::Release { mac: mac.clone() }));
@@ -586,7 +667,7 @@ async fn check(op: &dyn Operation, w: &World, armed: u64) -> Result<Vec<String>,
 
     let mut vms: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut snapshots: BTreeMap<String, usize> = BTreeMap::new();
-    let mut tags: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut tags: BTreeSet<(String, String)> = w.tags_at_arm.lock().unwrap().clone();
     let mut pushed_since_armed: BTreeSet<String> = BTreeSet::new();
     let import = plan_import_name(vm);
     for (at, h) in &timeline {

@@ -24,6 +24,12 @@ async fn hibernated_pod(w: &World, vm: &str, source: Source) -> Daemon {
     d
 }
 
+/// A wake from the registry clones the import of its pull (the local copy's clone carries
+/// only the VM's name, which every clone of the VM carries).
+fn import_marker(vm: &str, source: Source) -> Option<&'static str> {
+    (source == Source::Registry).then(|| &*String::leak(vk_cocoon::provider::plan::hibernate_import_name(vm)))
+}
+
 struct Wake {
     name: &'static str,
     vm: &'static str,
@@ -43,6 +49,9 @@ impl Operation for Wake {
     }
     fn guards_hibernated_state(&self) -> bool {
         true
+    }
+    fn path_marker(&self) -> Option<&'static str> {
+        import_marker(self.vm, self.source)
     }
     async fn setup(&self, w: &World) -> Daemon {
         hibernated_pod(w, self.vm, self.source).await
@@ -94,6 +103,9 @@ impl Operation for SeatWake {
     fn guards_hibernated_state(&self) -> bool {
         true
     }
+    fn path_marker(&self) -> Option<&'static str> {
+        import_marker(self.vm, self.source)
+    }
     async fn setup(&self, w: &World) -> Daemon {
         let d = hibernated_pod(w, self.vm, Source::Local).await;
         annotate(
@@ -136,4 +148,51 @@ async fn a_crash_anywhere_in_a_released_seat_wake_from_the_registry_loses_nothin
         source: Source::Registry,
     }))
     .await;
+}
+
+/// A released seat rebuilt on this node while the node that hibernated the guest (node A, the
+/// peer tier's test node) serves its files: restored from the peer's copy, staged and cloned
+/// `--from-dir`.
+struct PeerWake;
+
+#[async_trait]
+impl Operation for PeerWake {
+    fn name(&self) -> &'static str {
+        "wake-peer"
+    }
+    fn vm(&self) -> &'static str {
+        crate::provider::hibernate::peer_tier::VM
+    }
+    fn end(&self) -> End {
+        End::Ready
+    }
+    fn guards_hibernated_state(&self) -> bool {
+        true
+    }
+    fn path_marker(&self) -> Option<&'static str> {
+        Some("--from-dir")
+    }
+    async fn world(&self) -> World {
+        World::with_oci().await
+    }
+    async fn setup(&self, w: &World) -> Daemon {
+        use crate::provider::hibernate::peer_tier::{node_a_pushing, register_node_a};
+        let a = node_a_pushing(&w.env, 256 << 10, Default::default()).await;
+        register_node_a(&w.env).await;
+        *w.peer_port.lock().unwrap() = Some(a.addr.port());
+        w.keep.lock().unwrap().push(Box::new(a));
+        w.start().await
+    }
+    async fn trigger(&self, w: &World) {
+        create(
+            &w.env,
+            &pod(self.vm(), &[("vm.cocoonstack.io/restore-from-hibernate", "true")]),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_wake_from_a_peer_loses_nothing() {
+    explore(Arc::new(PeerWake)).await;
 }
