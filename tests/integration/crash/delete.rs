@@ -1,5 +1,6 @@
-//! DeletePod crashed under each snapshot policy: `always` (save, push `:latest`, then remove)
-//! and `never` (remove only).
+//! DeletePod crashed under each snapshot policy: `always` (save, push `:latest`, then remove),
+//! `main-only` for a CocoonSet's main agent (as `always`) and `never` (remove only). (The delete
+//! of a released seat, a hibernated pod, makes no cocoon call: nothing to crash at.)
 
 use super::*;
 
@@ -7,6 +8,8 @@ struct Delete {
     name: &'static str,
     vm: &'static str,
     policy: &'static str,
+    /// The CocoonSet the pod belongs to (its role comes from that owner).
+    owner: Option<&'static str>,
 }
 
 #[async_trait]
@@ -21,15 +24,21 @@ impl Operation for Delete {
         End::Gone
     }
     fn push_before_remove(&self) -> Option<&'static str> {
-        (self.policy == "always").then_some("latest")
+        (self.policy != "never").then_some("latest")
     }
     async fn setup(&self, w: &World) -> Daemon {
         let d = w.start().await;
-        create(
-            &w.env,
-            &pod(self.vm, &[("cocoonset.cocoonstack.io/snapshot-policy", self.policy)]),
-        )
-        .await;
+        let mut p = pod(self.vm, &[("cocoonset.cocoonstack.io/snapshot-policy", self.policy)]);
+        if let Some(set) = self.owner {
+            p.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "cocoonstack.io/v1".into(),
+                kind: "CocoonSet".into(),
+                name: set.into(),
+                uid: "cocoonset-uid".into(),
+                ..Default::default()
+            }]);
+        }
+        create(&w.env, &p).await;
         wait_ready(&w.env).await;
         d
     }
@@ -44,6 +53,7 @@ async fn a_crash_anywhere_in_a_delete_that_snapshots_loses_nothing() {
         name: "delete-always",
         vm: "vm-da",
         policy: "always",
+        owner: None,
     }))
     .await;
 }
@@ -54,6 +64,19 @@ async fn a_crash_anywhere_in_a_delete_without_a_snapshot_loses_nothing() {
         name: "delete-never",
         vm: "vm-dn",
         policy: "never",
+        owner: None,
+    }))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_main_agents_delete_under_main_only_loses_nothing() {
+    let vm = vk_policy_support::role::vm_name_for_deployment("default", "demo", 0);
+    explore(Arc::new(Delete {
+        name: "delete-main-only",
+        vm: String::leak(vm),
+        policy: "main-only",
+        owner: Some("demo"),
     }))
     .await;
 }
