@@ -71,6 +71,9 @@ impl Operation for CreatePulled {
     fn path_marker(&self) -> Option<&'static str> {
         Some("golden")
     }
+    fn kept_snapshots(&self) -> &'static [&'static str] {
+        &["golden"]
+    }
     async fn setup(&self, w: &World) -> Daemon {
         w.registry()
             .push_snapshot(w.env.runtime.as_ref(), "base", "golden", "latest", "ghcr.io/x/base:1")
@@ -104,6 +107,9 @@ impl Operation for CreateFork {
     }
     fn path_marker(&self) -> Option<&'static str> {
         Some("fork-vm-main")
+    }
+    fn kept_snapshots(&self) -> &'static [&'static str] {
+        &["fork-vm-main"]
     }
     async fn setup(&self, w: &World) -> Daemon {
         let d = w.start().await;
