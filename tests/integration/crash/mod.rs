@@ -422,6 +422,7 @@ async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), Str
             return Err(format!("the VM was not made with `{marker}`: {made:?}"));
         }
     }
+    d.provider.reclaim_snapshots().await;
     let leftovers = check(op, &w, armed).await?;
     d.kill().await;
     Ok((calls, leftovers))
@@ -474,6 +475,9 @@ async fn crash_run(op: &dyn Operation, calls: &[String], p: Point) -> Result<Vec
     w.env.sim.clear_crash().unwrap();
     let d = w.start().await;
     converge(op, &w, &d, armed).await?;
+    // One pass of the snapshot reclaimer (its timer is off in tests): what a crash left behind
+    // that it is meant to remove (a `vk-*` VM's stale import) is not a leftover.
+    d.provider.reclaim_snapshots().await;
     let leftovers = check(op, &w, armed).await?;
     d.kill().await;
     Ok(leftovers)

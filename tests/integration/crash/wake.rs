@@ -65,7 +65,7 @@ impl Operation for Wake {
 async fn a_crash_anywhere_in_a_wake_from_the_local_copy_loses_nothing() {
     explore(Arc::new(Wake {
         name: "wake-local",
-        vm: "vm-wl",
+        vm: "vk-wl",
         source: Source::Local,
     }))
     .await;
@@ -75,7 +75,7 @@ async fn a_crash_anywhere_in_a_wake_from_the_local_copy_loses_nothing() {
 async fn a_crash_anywhere_in_a_wake_from_the_registry_loses_nothing() {
     explore(Arc::new(Wake {
         name: "wake-registry",
-        vm: "vm-wr",
+        vm: "vk-wr",
         source: Source::Registry,
     }))
     .await;
@@ -134,7 +134,7 @@ impl Operation for SeatWake {
 async fn a_crash_anywhere_in_a_released_seat_wake_loses_nothing() {
     explore(Arc::new(SeatWake {
         name: "wake-seat-local",
-        vm: "vm-sl",
+        vm: "vk-sl",
         source: Source::Local,
     }))
     .await;
@@ -144,7 +144,7 @@ async fn a_crash_anywhere_in_a_released_seat_wake_loses_nothing() {
 async fn a_crash_anywhere_in_a_released_seat_wake_from_the_registry_loses_nothing() {
     explore(Arc::new(SeatWake {
         name: "wake-seat-registry",
-        vm: "vm-sr",
+        vm: "vk-sr",
         source: Source::Registry,
     }))
     .await;
