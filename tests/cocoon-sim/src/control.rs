@@ -333,3 +333,34 @@ impl Control {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps(after: u64, inside: bool, calls: usize) -> Vec<CrashStep> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        Control::update(&store, |c| c.crash = Some(Crash { after, inside, seen: 0 })).unwrap();
+        (0..calls)
+            .map(|_| Control::crash_step(&store).unwrap().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_staged_crash_runs_the_first_calls_then_parks_the_rest() {
+        use CrashStep::*;
+        assert_eq!(steps(2, false, 4), vec![Run(1), Run(2), Park(3), Park(4)]);
+        assert_eq!(steps(2, true, 4), vec![Run(1), RunThenPark(2), Park(3), Park(4)]);
+        assert_eq!(steps(0, false, 2), vec![Park(1), Park(2)]);
+    }
+
+    #[test]
+    fn without_a_staged_crash_nothing_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        assert_eq!(Control::crash_step(&store).unwrap(), None);
+        Control::update(&store, |c| c.settings.event_poll_ms = 50).unwrap();
+        assert_eq!(Control::crash_step(&store).unwrap(), None);
+    }
+}

@@ -586,8 +586,12 @@ async fn end_reached(op: &dyn Operation, w: &World) -> Result<(), String> {
             if !vms.is_empty() {
                 return Err(format!("a VM named {} still lives", op.vm()));
             }
-            if annotation(env, POD, ID).is_some() {
-                return Err("the pod still names a VM".into());
+            if annotation(env, POD, ID).is_some() || annotation(env, POD, IP).is_some() {
+                return Err(format!(
+                    "the pod still names a VM: id {:?}, ip {:?}",
+                    annotation(env, POD, ID),
+                    annotation(env, POD, IP)
+                ));
             }
             if !w.registry().has(op.vm(), "hibernate") {
                 return Err("no :hibernate tag".into());
