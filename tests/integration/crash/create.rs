@@ -36,7 +36,7 @@ impl Operation for Create {
 async fn a_crash_anywhere_in_a_clone_create_loses_nothing() {
     explore(Arc::new(Create {
         name: "create-clone",
-        vm: "vm-c",
+        vm: "vk-c",
         extra: &[],
         marker: "base",
     }))
@@ -47,7 +47,7 @@ async fn a_crash_anywhere_in_a_clone_create_loses_nothing() {
 async fn a_crash_anywhere_in_a_run_create_loses_nothing() {
     explore(Arc::new(Create {
         name: "create-run",
-        vm: "vm-r",
+        vm: "vk-r",
         extra: &[("cocoonset.cocoonstack.io/mode", "run"), (IMAGE, "ghcr.io/x/base:1")],
         marker: "run",
     }))
@@ -63,7 +63,7 @@ impl Operation for CreatePulled {
         "create-pulled"
     }
     fn vm(&self) -> &'static str {
-        "vm-p"
+        "vk-p"
     }
     fn end(&self) -> End {
         End::Ready
@@ -82,7 +82,7 @@ impl Operation for CreatePulled {
         w.start().await
     }
     async fn trigger(&self, w: &World) {
-        create(&w.env, &pod("vm-p", &[(IMAGE, "golden")])).await;
+        create(&w.env, &pod("vk-p", &[(IMAGE, "golden")])).await;
     }
 }
 
@@ -100,20 +100,20 @@ impl Operation for CreateFork {
         "create-fork"
     }
     fn vm(&self) -> &'static str {
-        "vm-f"
+        "vk-f"
     }
     fn end(&self) -> End {
         End::Ready
     }
     fn path_marker(&self) -> Option<&'static str> {
-        Some("fork-vm-main")
+        Some("fork-vk-main")
     }
     fn kept_snapshots(&self) -> &'static [&'static str] {
-        &["fork-vm-main"]
+        &["fork-vk-main"]
     }
     async fn setup(&self, w: &World) -> Daemon {
         let d = w.start().await;
-        let mut main = pod("vm-main", &[]);
+        let mut main = pod("vk-main", &[]);
         main.metadata.name = Some("main-0".into());
         create(&w.env, &main).await;
         eventually(60, "main-0 ready", || {
@@ -123,7 +123,7 @@ impl Operation for CreateFork {
         d
     }
     async fn trigger(&self, w: &World) {
-        create(&w.env, &pod("vm-f", &[("vm.cocoonstack.io/fork-from", "vm-main")])).await;
+        create(&w.env, &pod("vk-f", &[("vm.cocoonstack.io/fork-from", "vk-main")])).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! DeletePod crashed under each snapshot policy: `always` (save, push `:latest`, then remove),
-//! `main-only` for a CocoonSet's main agent (as `always`) and `never` (remove only). (The delete
+//! `main-only` for a CocoonSet's main agent (as `always`) and for a sub-agent (as `never`), and
+//! `never` (remove only). (The delete
 //! of a released seat, a hibernated pod, makes no cocoon call: nothing to crash at.)
 
 use super::*;
@@ -24,7 +25,9 @@ impl Operation for Delete {
         End::Gone
     }
     fn push_before_remove(&self) -> Option<&'static str> {
-        (self.policy != "never").then_some("latest")
+        // `main-only` snapshots the CocoonSet's main agent (slot 0) only.
+        let main = self.owner.is_some() && self.vm == main_vm();
+        (self.policy == "always" || (self.policy == "main-only" && main)).then_some("latest")
     }
     async fn setup(&self, w: &World) -> Daemon {
         let d = w.start().await;
@@ -51,7 +54,7 @@ impl Operation for Delete {
 async fn a_crash_anywhere_in_a_delete_that_snapshots_loses_nothing() {
     explore(Arc::new(Delete {
         name: "delete-always",
-        vm: "vm-da",
+        vm: "vk-da",
         policy: "always",
         owner: None,
     }))
@@ -62,7 +65,7 @@ async fn a_crash_anywhere_in_a_delete_that_snapshots_loses_nothing() {
 async fn a_crash_anywhere_in_a_delete_without_a_snapshot_loses_nothing() {
     explore(Arc::new(Delete {
         name: "delete-never",
-        vm: "vm-dn",
+        vm: "vk-dn",
         policy: "never",
         owner: None,
     }))
@@ -71,9 +74,26 @@ async fn a_crash_anywhere_in_a_delete_without_a_snapshot_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_anywhere_in_a_main_agents_delete_under_main_only_loses_nothing() {
-    let vm = vk_policy_support::role::vm_name_for_deployment("default", "demo", 0);
+    let vm = main_vm();
     explore(Arc::new(Delete {
         name: "delete-main-only",
+        vm: String::leak(vm),
+        policy: "main-only",
+        owner: Some("demo"),
+    }))
+    .await;
+}
+
+/// The VM name of slot 0 of CocoonSet `demo`: its main agent.
+fn main_vm() -> String {
+    vk_policy_support::role::vm_name_for_deployment("default", "demo", 0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_anywhere_in_a_sub_agents_delete_under_main_only_loses_nothing() {
+    let vm = vk_policy_support::role::vm_name_for_deployment("default", "demo", 1);
+    explore(Arc::new(Delete {
+        name: "delete-main-only-sub",
         vm: String::leak(vm),
         policy: "main-only",
         owner: Some("demo"),

@@ -11,7 +11,7 @@ impl Operation for Hibernate {
         "hibernate"
     }
     fn vm(&self) -> &'static str {
-        "vm-h"
+        "vk-h"
     }
     fn end(&self) -> End {
         End::Hibernated
@@ -24,7 +24,7 @@ impl Operation for Hibernate {
     }
     async fn setup(&self, w: &World) -> Daemon {
         let d = w.start().await;
-        create(&w.env, &pod("vm-h", &[])).await;
+        create(&w.env, &pod("vk-h", &[])).await;
         wait_ready(&w.env).await;
         d
     }
