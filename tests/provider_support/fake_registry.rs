@@ -23,6 +23,9 @@ pub struct FakeRegistry {
     pub pulls: AtomicU32,
     pub pushes: Mutex<Vec<(String, String, String)>>,
     pub deletes: Mutex<Vec<(String, String)>>,
+    /// Every tag that came (`true`: a push finished) or went (`false`), with when, on the
+    /// simulator's monotonic clock: a crash test orders it with the simulator's journal.
+    pub journal: Mutex<Vec<(u64, String, String, bool)>>,
 }
 
 impl FakeRegistry {
@@ -161,6 +164,10 @@ impl SnapshotRegistry for FakeRegistry {
             .lock()
             .unwrap()
             .push((repo.into(), tag.into(), base_image.into()));
+        self.journal
+            .lock()
+            .unwrap()
+            .push((cocoon_sim::util::monotonic_ns(), repo.into(), tag.into(), true));
         Ok(PushReport {
             repo: repo.into(),
             tag: tag.into(),
@@ -249,8 +256,11 @@ impl SnapshotRegistry for FakeRegistry {
 
     async fn delete_manifest(&self, repo: &str, tag: &str) -> Result<(), RegistryError> {
         self.check()?;
+        // Stamped before the tag goes: the journal never shows it longer than it was there.
+        let at = cocoon_sim::util::monotonic_ns();
         self.store.lock().unwrap().remove(&(repo.into(), tag.into()));
         self.deletes.lock().unwrap().push((repo.into(), tag.into()));
+        self.journal.lock().unwrap().push((at, repo.into(), tag.into(), false));
         Ok(())
     }
 }

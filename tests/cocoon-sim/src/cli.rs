@@ -1,6 +1,6 @@
 //! argv parsing (cobra-like) and verb dispatch.
 
-use crate::control::{Control, FaultAction};
+use crate::control::{Control, CrashStep, FaultAction};
 use crate::store::Store;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -193,6 +193,8 @@ struct CallLine<'a> {
     pid: u32,
     verb: &'a str,
     argv: &'a [String],
+    /// When it started, on the monotonic clock (ns).
+    at: u64,
 }
 
 /// Records one invocation in `calls.log` (the tests' view of what the daemon ran), the same line
@@ -204,8 +206,42 @@ pub(crate) fn log_call(store: &Store, verb: &str, argv: &[String]) -> std::io::R
             pid: std::process::id(),
             verb,
             argv,
+            at: crate::util::monotonic_ns(),
         },
     )
+}
+
+/// One line of `crash.log`: a counted invocation under a staged crash that finished (`done`)
+/// or parked (`parked`).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct CrashLine {
+    pub n: u64,
+    pub verb: String,
+    pub event: String,
+    pub at: u64,
+}
+
+fn crash_log(store: &Store, n: u64, verb: &str, event: &str) {
+    let _ = store.append_jsonl(
+        "crash.log",
+        &CrashLine {
+            n,
+            verb: verb.into(),
+            event: event.into(),
+            at: crate::util::monotonic_ns(),
+        },
+    );
+}
+
+/// Parks this invocation under a staged crash: it waits without answering until it is killed
+/// (with the daemon that ran it) or the crash is cleared; then it kills itself, so nothing it
+/// would have done after this point ever happens.
+fn park(store: &Store, n: u64, verb: &str) -> ! {
+    crash_log(store, n, verb, "parked");
+    while Control::crash_staged(store) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    die()
 }
 
 /// Splits leading global flags from the argv and finds `group verb`.
@@ -298,8 +334,26 @@ fn run_inner(argv: Vec<String>) -> Res {
     std::fs::write(&proc_file, &verb_key)?;
     let _cleanup = RemoveOnDrop(proc_file);
 
+    let step = if verb_key == "vm status" {
+        None
+    } else {
+        Control::crash_step(&store)?
+    };
+    if let Some(CrashStep::Park(n)) = step {
+        park(&store, n, &verb_key);
+    }
+    let outcome = run_verb(store.clone(), &group, &verb, &verb_key, &argv, &rest);
+    match step {
+        Some(CrashStep::RunThenPark(n)) => park(&store, n, &verb_key),
+        Some(CrashStep::Run(n)) => crash_log(&store, n, &verb_key, "done"),
+        _ => {}
+    }
+    outcome
+}
+
+fn run_verb(store: Store, group: &str, verb: &str, verb_key: &str, argv: &[String], rest: &[String]) -> Res {
     let mut die_after = None;
-    match Control::take_fault(&store, &verb_key, &argv)? {
+    match Control::take_fault(&store, verb_key, argv)? {
         Some(FaultAction::Fail {
             stdout,
             stderr,
@@ -316,17 +370,17 @@ fn run_inner(argv: Vec<String>) -> Res {
         die_after,
     };
     let handled_die = matches!(
-        verb_key.as_str(),
+        verb_key,
         "vm run" | "vm create" | "vm clone" | "snapshot export" | "snapshot import" | "snapshot save" | "image import"
     );
     if die_after.is_some() && !handled_die {
         die();
     }
-    match group.as_str() {
+    match group {
         "version" => version(&ctx.control.settings.version),
-        "vm" => crate::vm::dispatch(&ctx, &verb, &rest),
-        "snapshot" => crate::snapshot::dispatch(&ctx, &verb, &rest),
-        "image" => crate::image::dispatch(&ctx, &verb, &rest),
+        "vm" => crate::vm::dispatch(&ctx, verb, rest),
+        "snapshot" => crate::snapshot::dispatch(&ctx, verb, rest),
+        "image" => crate::image::dispatch(&ctx, verb, rest),
         _ => Err(Fail::new(format!("unknown command \"{group}\" for \"cocoon\""))),
     }
 }

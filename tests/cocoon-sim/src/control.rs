@@ -11,6 +11,36 @@ pub struct Control {
     pub exec: Vec<ExecRule>,
     #[serde(default)]
     pub settings: Settings,
+    /// A staged crash of the caller (see [`Crash`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash: Option<Crash>,
+}
+
+/// A crash of the daemon staged at a cocoon call: the invocations counted since it was staged
+/// (every verb but the `vm status` event stream, whose timing is not the daemon's steps) run
+/// normally up to the `after`-th; with `inside` that one does its work and then parks instead of
+/// answering; every later one parks before doing anything. A parked invocation waits, changing
+/// nothing, until it is killed (the crashed daemon's children die with it) or the crash is
+/// cleared (it then kills itself): what it would have done never happens, as after a real crash.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Crash {
+    pub after: u64,
+    #[serde(default)]
+    pub inside: bool,
+    /// Counted invocations so far.
+    #[serde(default)]
+    pub seen: u64,
+}
+
+/// What a counted invocation does under a staged crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashStep {
+    /// Runs normally (the `n`-th counted call).
+    Run(u64),
+    /// Does its work, then parks before answering.
+    RunThenPark(u64),
+    /// Parks before doing anything.
+    Park(u64),
 }
 
 /// One fault rule: applies to invocations of `verb` (e.g. `"vm inspect"`, `"snapshot export"`).
@@ -257,6 +287,29 @@ impl Control {
         })
     }
 
+    /// Counts this invocation against a staged crash and says what it does; `None` when no crash
+    /// is staged.
+    pub fn crash_step(store: &Store) -> std::io::Result<Option<CrashStep>> {
+        if !Self::path(store).exists() {
+            return Ok(None);
+        }
+        Self::update(store, |c| {
+            let crash = c.crash.as_mut()?;
+            crash.seen += 1;
+            let n = crash.seen;
+            Some(match (n.cmp(&crash.after), crash.inside) {
+                (std::cmp::Ordering::Less, _) | (std::cmp::Ordering::Equal, false) => CrashStep::Run(n),
+                (std::cmp::Ordering::Equal, true) => CrashStep::RunThenPark(n),
+                (std::cmp::Ordering::Greater, _) => CrashStep::Park(n),
+            })
+        })
+    }
+
+    /// Whether a crash is still staged (a parked invocation polls it).
+    pub fn crash_staged(store: &Store) -> bool {
+        Self::load(store).map(|c| c.crash.is_some()).unwrap_or(false)
+    }
+
     /// Finds the exec rule for a command on a VM and consumes one use of it.
     pub fn take_exec(store: &Store, vm_id: &str, vm_name: &str, argv: &[String]) -> std::io::Result<Option<ExecRule>> {
         if !Self::path(store).exists() {
@@ -278,5 +331,36 @@ impl Control {
             }
             Some(rule)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps(after: u64, inside: bool, calls: usize) -> Vec<CrashStep> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        Control::update(&store, |c| c.crash = Some(Crash { after, inside, seen: 0 })).unwrap();
+        (0..calls)
+            .map(|_| Control::crash_step(&store).unwrap().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_staged_crash_runs_the_first_calls_then_parks_the_rest() {
+        use CrashStep::*;
+        assert_eq!(steps(2, false, 4), vec![Run(1), Run(2), Park(3), Park(4)]);
+        assert_eq!(steps(2, true, 4), vec![Run(1), RunThenPark(2), Park(3), Park(4)]);
+        assert_eq!(steps(0, false, 2), vec![Park(1), Park(2)]);
+    }
+
+    #[test]
+    fn without_a_staged_crash_nothing_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        assert_eq!(Control::crash_step(&store).unwrap(), None);
+        Control::update(&store, |c| c.settings.event_poll_ms = 50).unwrap();
+        assert_eq!(Control::crash_step(&store).unwrap(), None);
     }
 }

@@ -27,6 +27,9 @@ pub struct CallRecord {
     pub pid: u32,
     pub verb: String,
     pub argv: Vec<String>,
+    /// When it started, on the monotonic clock (ns; [`crate::util::monotonic_ns`]).
+    #[serde(default)]
+    pub at: u64,
 }
 
 /// Out-of-band VM changes (what a crash, an operator or the host could do behind vk-cocoon's back).
@@ -297,6 +300,32 @@ impl Sim {
 
     pub fn calls(&self) -> std::io::Result<Vec<CallRecord>> {
         self.store().read_jsonl("calls.log")
+    }
+
+    /// Stages a crash: the counted invocations from now on run up to the `after`-th (which,
+    /// with `inside`, does its work and parks instead of answering); every later one parks
+    /// (see [`crate::control::Crash`]). `crash.log` starts afresh.
+    pub fn stage_crash(&self, after: u64, inside: bool) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(self.root.join("crash.log"));
+        Control::update(&self.store(), |c| {
+            c.crash = Some(crate::control::Crash { after, inside, seen: 0 })
+        })
+    }
+
+    /// Withdraws a staged crash: invocations run normally again and a parked one left over kills
+    /// itself without answering.
+    pub fn clear_crash(&self) -> std::io::Result<()> {
+        Control::update(&self.store(), |c| c.crash = None)
+    }
+
+    /// The counted invocations under the staged crash that finished or parked (`crash.log`).
+    pub fn crash_log(&self) -> std::io::Result<Vec<crate::cli::CrashLine>> {
+        self.store().read_jsonl("crash.log")
+    }
+
+    /// Every VM and registered snapshot that came or went, oldest first (`journal.log`).
+    pub fn journal(&self) -> std::io::Result<Vec<crate::store::JournalLine>> {
+        self.store().read_jsonl("journal.log")
     }
 
     /// Every event a `vm status --event` process printed, oldest first (`events.log`).

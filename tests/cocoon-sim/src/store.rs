@@ -104,9 +104,44 @@ impl Store {
     pub fn update<R, E: From<std::io::Error>>(&self, f: impl FnOnce(&mut State) -> Result<R, E>) -> Result<R, E> {
         let _g = self.lock()?;
         let mut state = self.load_unlocked()?;
+        let before = Presence::of(&state);
         let r = f(&mut state)?;
         self.save_unlocked(&state)?;
+        self.journal_unlocked(&before, &Presence::of(&state))?;
         Ok(r)
+    }
+
+    /// Appends to `journal.log` one line per VM or (registered) snapshot that came or went in a
+    /// state change, on the monotonic clock: the record a crash test replays to tell where a
+    /// guest's state was at every moment. The caller holds the lock.
+    fn journal_unlocked(&self, before: &Presence, after: &Presence) -> std::io::Result<()> {
+        let mut lines = Vec::new();
+        let at = crate::util::monotonic_ns();
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        for (kind, b, a) in [
+            ("vm", &before.vms, &after.vms),
+            ("snapshot", &before.snapshots, &after.snapshots),
+        ] {
+            for (id, (name, mac)) in a.iter().filter(|(id, _)| !b.contains_key(*id)) {
+                lines.push(JournalLine::new(at, kind, "add", id, name, mac, &argv));
+            }
+            for (id, (name, mac)) in b.iter().filter(|(id, _)| !a.contains_key(*id)) {
+                lines.push(JournalLine::new(at, kind, "remove", id, name, mac, &argv));
+            }
+        }
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("journal.log"))?;
+        let mut out = Vec::new();
+        for l in lines {
+            out.extend(serde_json::to_vec(&l).map_err(std::io::Error::other)?);
+            out.push(b'\n');
+        }
+        f.write_all(&out)
     }
 
     /// Appends one JSON line to a log file under the lock.
@@ -133,6 +168,62 @@ impl Store {
 
     pub fn snapshot_dir(&self, id: &str) -> PathBuf {
         self.path("snapshots").join(id)
+    }
+}
+
+/// The VMs (id → name, first MAC) and the registered (not pending) snapshots (id → name) of a
+/// state.
+struct Presence {
+    vms: BTreeMap<String, (String, String)>,
+    snapshots: BTreeMap<String, (String, String)>,
+}
+
+impl Presence {
+    fn of(state: &State) -> Self {
+        Presence {
+            vms: state
+                .vms
+                .iter()
+                .map(|(id, e)| {
+                    let mac = e.vm.network_configs.first().map(|n| n.mac.clone()).unwrap_or_default();
+                    (id.clone(), (e.vm.config.name.clone(), mac))
+                })
+                .collect(),
+            snapshots: state
+                .snapshots
+                .iter()
+                .filter(|(_, e)| !e.pending)
+                .map(|(id, e)| (id.clone(), (e.record.config.name.clone(), String::new())))
+                .collect(),
+        }
+    }
+}
+
+/// One line of `journal.log`: a VM or snapshot that came (`add`) or went (`remove`), when (the
+/// monotonic clock, ns), and the argv of the invocation that changed it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JournalLine {
+    pub at: u64,
+    pub kind: String,
+    pub op: String,
+    pub id: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+    pub argv: Vec<String>,
+}
+
+impl JournalLine {
+    fn new(at: u64, kind: &str, op: &str, id: &str, name: &str, mac: &str, argv: &[String]) -> Self {
+        JournalLine {
+            at,
+            kind: kind.into(),
+            op: op.into(),
+            id: id.into(),
+            name: name.into(),
+            mac: mac.into(),
+            argv: argv.to_vec(),
+        }
     }
 }
 

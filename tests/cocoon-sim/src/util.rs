@@ -23,6 +23,17 @@ pub fn new_id() -> String {
     bytes.iter().map(|b| BASE32[(*b & 31) as usize] as char).collect()
 }
 
+/// Nanoseconds on the machine's monotonic clock (`CLOCK_MONOTONIC`): the one clock the simulator's
+/// logs and a test's own records share, so events of different processes can be ordered.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn xorshift(mut x: u64) -> u64 {
     x ^= x << 13;
     x ^= x >> 7;

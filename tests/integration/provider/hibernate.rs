@@ -5,7 +5,7 @@
 
 mod faults;
 mod nic;
-mod peer_tier;
+pub(crate) mod peer_tier;
 mod restarts;
 use crate::provider_support;
 

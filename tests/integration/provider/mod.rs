@@ -3,7 +3,7 @@
 
 mod create;
 mod delete;
-mod hibernate;
+pub(crate) mod hibernate;
 mod macos;
 mod network;
 mod policy;

@@ -43,12 +43,12 @@ mod trust;
 
 const IMAGE: &str = "cocoonset.cocoonstack.io/image";
 const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";
-const TOKEN: &str = "peer-token-for-the-tests-0123456789";
-const NODE_A: &str = "node-a";
-const VM: &str = "vm-p";
+pub(crate) const TOKEN: &str = "peer-token-for-the-tests-0123456789";
+pub(crate) const NODE_A: &str = "node-a";
+pub(crate) const VM: &str = "vm-p";
 
 /// The CA of the test fleet: node A, node B (`NODE`) and the impostors' genuine certificates.
-static FLEET: LazyLock<FleetCa> = LazyLock::new(|| FleetCa::new("fleet CA"));
+pub(crate) static FLEET: LazyLock<FleetCa> = LazyLock::new(|| FleetCa::new("fleet CA"));
 
 /// Sends one GET to a peer port over TLS, as the client `tls` (its certificate), expecting the
 /// server to prove it is `node`; the token, when given, as a bearer token.
@@ -93,11 +93,11 @@ async fn peer_get(
 }
 
 /// Node A: a simulator holding the hibernated guest, and its peer server.
-struct NodeA {
+pub(crate) struct NodeA {
     _dir: tempfile::TempDir,
     sim: Sim,
     runtime: Arc<CocoonCli>,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The peer port's listener (its open connections, its refusals).
     listener: Arc<Listener>,
     stop: CancellationToken,
@@ -122,7 +122,7 @@ impl Drop for NodeA {
 
 /// Hibernates `VM` on a fresh node A (save, push `VM:hibernate` with from-node A and `push`'s
 /// layout, remove the VM; the seat release keeps the local copy) and serves it.
-async fn node_a_pushing(env: &Env, memory_bytes: u64, push: TransferSettings) -> NodeA {
+pub(crate) async fn node_a_pushing(env: &Env, memory_bytes: u64, push: TransferSettings) -> NodeA {
     let dir = tempfile::tempdir().unwrap();
     let sim = Sim::new(dir.path().join("sim")).unwrap();
     sim.set_settings(|s| s.snapshot_memory_bytes = memory_bytes).unwrap();
@@ -168,7 +168,7 @@ async fn node_a_pushing(env: &Env, memory_bytes: u64, push: TransferSettings) ->
 }
 
 /// Registers node A's Node object with its InternalIP (what B dials).
-async fn register_node_a(env: &Env) {
+pub(crate) async fn register_node_a(env: &Env) {
     let nodes: kube::Api<Node> = kube::Api::all(env.server.client());
     let mut node = Node::default();
     node.metadata.name = Some(NODE_A.into());
