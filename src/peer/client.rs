@@ -21,6 +21,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
 
+use super::arrivals::Arrivals;
 use super::auth::PeerToken;
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanError, Slice};
 use super::staging::{SliceWriter, Staging};
@@ -32,8 +33,13 @@ use crate::registry::content::FileContent;
 pub const MAX_RESTORES: usize = 2;
 /// Slice requests in flight across the node's restores.
 pub const MAX_FETCHES: usize = 32;
-/// A file's slices are fetched as at most this many contiguous groups, each on one connection.
+/// A file's slices are fetched over at most this many connections at once.
 pub const GROUPS_PER_FILE: usize = 8;
+/// The most one slice request asks for. A file's requests are dealt to its connections in turn,
+/// so the landed front of the file advances at the whole transfer's pace and the registry check
+/// hashing behind it is never far behind; small enough for that, large enough that a request's
+/// round trip stays negligible.
+pub const REQUEST_BYTES: u64 = 8 << 20;
 /// A plan larger than this is refused (it lists files and ranges, never data).
 const MAX_PLAN_BYTES: usize = 16 << 20;
 
@@ -148,6 +154,7 @@ impl PeerClient {
             source,
         })?;
         tracing::info!(snapshot = %name, %addr, dir = %dir.path().display(), bytes = plan.data_bytes(), "restoring a snapshot from its peer");
+        let mut landing = verify::Landing::new();
         let mut groups = Vec::new();
         for f in &plan.files {
             let path = dir.path().join(&f.name);
@@ -162,23 +169,53 @@ impl PeerClient {
                 .open(&path)
                 .map_err(staging_err)?;
             file.set_len(f.size).map_err(staging_err)?;
-            let file = Arc::new(file);
-            let per_group = f.slices.len().div_ceil(GROUPS_PER_FILE).max(1);
-            for group in f.slices.chunks(per_group) {
-                groups.push(self.fetch_group(addr, node, &plan.snapshot_id, &f.name, group, file.clone()));
+            let (file, arrivals) = (Arc::new(file), Arc::new(Arrivals::default()));
+            landing.insert(f.name.clone(), arrivals.clone());
+            for requests in take_turns(&f.slices) {
+                groups.push((f.name.as_str(), file.clone(), arrivals.clone(), requests));
             }
         }
-        let mut received = 0;
-        let mut written = 0;
-        for (r, w) in futures::future::try_join_all(groups).await? {
+        // Only bytes the registry vouches for are ever cloned; the directory goes if they differ.
+        // The parts are hashed behind the transfer, as their bytes land.
+        let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let hashing = {
+            let (dir, files, landing) = (dir.path().to_path_buf(), files.to_vec(), landing.clone());
+            tokio::spawn(async move { verify::hash_parts(&dir, &files, &landing, parallel).await })
+        };
+        let transfers = futures::future::try_join_all(groups.iter().map(|(name, file, arrivals, requests)| {
+            self.fetch_group(
+                addr,
+                node,
+                &plan.snapshot_id,
+                name,
+                requests,
+                file.clone(),
+                arrivals.clone(),
+            )
+        }))
+        .await;
+        let settle = |arrivals: &Arrivals| match transfers {
+            Ok(_) => arrivals.finish(),
+            Err(_) => arrivals.abort(),
+        };
+        landing.values().for_each(|a| settle(a));
+        let hashed = hashing
+            .await
+            .map_err(|e| format!("the hashing task failed: {e}"))
+            .and_then(|r| r);
+        let (mut received, mut written) = (0, 0);
+        for (r, w) in transfers? {
             received += r;
             written += w;
         }
-        // Only bytes the registry vouches for are ever cloned; the directory goes if they differ.
-        let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
-        verify::check_dir(dir.path(), files, parallel)
-            .await
-            .map_err(|detail| RestoreError::Mismatch { addr, detail })?;
+        let checked = match hashed {
+            Ok(()) => match verify::check_sizes(dir.path(), files) {
+                Ok(()) => verify::check_holes_of(dir.path(), files, parallel).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        checked.map_err(|detail| RestoreError::Mismatch { addr, detail })?;
         // Written last: cocoon takes its presence to mean the directory is complete.
         let marker = dir.path().join(ENVELOPE_FILE);
         std::fs::OpenOptions::new()
@@ -216,7 +253,9 @@ impl PeerClient {
         serde_json::from_slice(&bytes).map_err(|e| transfer(addr, &what, format!("not a plan document: {e}")))
     }
 
-    /// Fetches contiguous slices of one file over one connection; `(received, written)`.
+    /// Fetches slices of one file in order over one connection, reporting each chunk to
+    /// `arrivals` once it is on disk; `(received, written)`.
+    #[allow(clippy::too_many_arguments)]
     async fn fetch_group(
         &self,
         addr: SocketAddr,
@@ -225,6 +264,7 @@ impl PeerClient {
         file_name: &str,
         slices: &[Slice],
         file: Arc<std::fs::File>,
+        arrivals: Arc<Arrivals>,
     ) -> Result<(u64, u64), RestoreError> {
         let mut conn: Option<SendRequest<Empty<Bytes>>> = None;
         let (mut received, mut written) = (0, 0);
@@ -254,7 +294,7 @@ impl PeerClient {
                 .send(c, addr, &format!("{}?{query}", protocol::SLICE_PATH), &what)
                 .await?;
             let mut body = resp.into_body();
-            let mut writer = SliceWriter::new(file.clone(), s.offset);
+            let mut writer = SliceWriter::new(file.clone(), s.offset).landing_in(arrivals.clone());
             let (mut got, mut trailer) = (0u64, None);
             while let Some(frame) = self.next_frame(&mut body, addr, &what).await? {
                 match frame.into_data() {
@@ -387,6 +427,28 @@ impl PeerClient {
     }
 }
 
+/// The plan's slices cut into requests of at most [`REQUEST_BYTES`] and dealt to at most
+/// [`GROUPS_PER_FILE`] connections in turn (each connection's requests in file order).
+fn take_turns(slices: &[Slice]) -> Vec<Vec<Slice>> {
+    let mut requests = Vec::new();
+    for s in slices {
+        let mut at = s.offset;
+        let end = s.offset + s.length;
+        while at < end {
+            let length = (end - at).min(REQUEST_BYTES);
+            requests.push(Slice { offset: at, length });
+            at += length;
+        }
+    }
+    let connections = requests.len().clamp(1, GROUPS_PER_FILE);
+    let mut groups = vec![Vec::new(); connections];
+    for (i, request) in requests.into_iter().enumerate() {
+        groups[i % connections].push(request);
+    }
+    groups.retain(|g| !g.is_empty());
+    groups
+}
+
 fn transfer(addr: SocketAddr, what: &str, detail: String) -> RestoreError {
     RestoreError::Transfer {
         addr,
@@ -399,5 +461,30 @@ fn staging_io(file: &str, source: std::io::Error) -> RestoreError {
     RestoreError::Staging {
         what: format!("write {file}"),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(offset: u64, length: u64) -> Slice {
+        Slice { offset, length }
+    }
+
+    #[test]
+    fn requests_are_cut_and_dealt_to_the_connections_in_turn() {
+        const M: u64 = REQUEST_BYTES;
+        // 20 requests of one 160-request-byte slice, and a short tail slice.
+        let groups = take_turns(&[s(0, 20 * M), s(30 * M, 5)]);
+        assert_eq!(groups.len(), GROUPS_PER_FILE);
+        assert_eq!(groups[0], [s(0, M), s(8 * M, M), s(16 * M, M)]);
+        assert_eq!(groups[4], [s(4 * M, M), s(12 * M, M), s(30 * M, 5)]);
+        let mut all: Vec<Slice> = groups.concat();
+        all.sort_by_key(|r| r.offset);
+        assert_eq!(all.iter().map(|r| r.length).sum::<u64>(), 20 * M + 5, "every byte once");
+        assert!(all.windows(2).all(|w| w[0].offset + w[0].length <= w[1].offset));
+        assert_eq!(take_turns(&[s(7, 3)]), [[s(7, 3)]]);
+        assert!(take_turns(&[]).is_empty());
     }
 }

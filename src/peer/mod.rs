@@ -9,6 +9,7 @@
 //! the shared peer token sent inside it as a second factor; [`nodes`] finds a peer's address in
 //! the API. The wake executor that uses them is `provider::wake`.
 
+pub mod arrivals;
 pub mod auth;
 pub mod client;
 pub mod extents;

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::arrivals::Arrivals;
+
 /// Chunks of all-zero bytes this long (aligned within a slice) are not written: the staged
 /// file keeps a hole there, as the source had (a guest's untouched memory, a sparse disk).
 pub const ZERO_CHUNK: usize = 1 << 20;
@@ -89,6 +91,8 @@ pub struct SliceWriter {
     pending: Vec<Bytes>,
     pending_len: usize,
     crc: u32,
+    /// Told of each chunk once it is on disk (see [`Arrivals`]).
+    landing: Option<Arc<Arrivals>>,
     /// Bytes actually written (the rest stayed holes).
     pub written: u64,
 }
@@ -101,8 +105,15 @@ impl SliceWriter {
             pending: Vec::new(),
             pending_len: 0,
             crc: 0,
+            landing: None,
             written: 0,
         }
+    }
+
+    /// Reports each chunk to `arrivals` once written (or left a hole).
+    pub fn landing_in(mut self, arrivals: Arc<Arrivals>) -> Self {
+        self.landing = Some(arrivals);
+        self
     }
 
     pub async fn push(&mut self, mut bytes: Bytes) -> io::Result<()> {
@@ -142,6 +153,9 @@ impl SliceWriter {
         self.crc = crc;
         if data {
             self.written += len;
+        }
+        if let Some(arrivals) = &self.landing {
+            arrivals.land(self.pos, len);
         }
         self.pos += len;
         Ok(())

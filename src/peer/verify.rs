@@ -8,10 +8,12 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::arrivals::{Aborted, Arrivals};
 use super::protocol::Plan;
 use crate::registry::content::FileContent;
 
@@ -52,6 +54,8 @@ enum Job {
         index: usize,
         pieces: Vec<(u64, u64)>,
         sha256: [u8; 32],
+        /// Set while the file is still arriving: the ranges to wait for before reading.
+        landing: Option<Arc<Arrivals>>,
     },
     /// Every byte outside the registry's data segments must be zero (a hole): a peer could
     /// otherwise put data where the registry has none, and no digest covers it.
@@ -63,13 +67,41 @@ enum Job {
     },
 }
 
+/// The staged files still arriving, by name.
+pub type Landing = BTreeMap<String, Arc<Arrivals>>;
+
 /// Checks every file of `dir` against `files` (hashing on the blocking pool, `parallel` tasks at
 /// a time). `Err` names the first file and blob that differ.
 pub async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Result<(), String> {
+    check_sizes(dir, files)?;
+    hash_parts(dir, files, &Landing::new(), parallel).await?;
+    check_holes_of(dir, files, parallel).await
+}
+
+/// Hashes every registry part of `files` in `dir` against its digest: the parts in file order,
+/// `parallel` at a time, each reading its bytes as `landing` reports them on disk (a file not in
+/// `landing` is read at once). Run beside the transfer, this ends shortly after it.
+pub async fn hash_parts(dir: &Path, files: &[FileContent], landing: &Landing, parallel: usize) -> Result<(), String> {
     let mut jobs = Vec::new();
     for f in files {
-        let path = dir.join(&f.name);
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("staged {}: {e}", f.name))?;
+        for (index, pieces) in pieces_of(f).into_iter().enumerate() {
+            jobs.push(Job::Part {
+                path: dir.join(&f.name),
+                file: f.name.clone(),
+                index,
+                pieces,
+                sha256: f.parts[index].sha256,
+                landing: landing.get(&f.name).cloned(),
+            });
+        }
+    }
+    run(jobs, parallel).await
+}
+
+/// Checks that each staged file has the registry's apparent size.
+pub fn check_sizes(dir: &Path, files: &[FileContent]) -> Result<(), String> {
+    for f in files {
+        let meta = std::fs::symlink_metadata(dir.join(&f.name)).map_err(|e| format!("staged {}: {e}", f.name))?;
         if !meta.is_file() || meta.len() != f.apparent_size {
             return Err(format!(
                 "staged {} is {} bytes, the registry's is {}",
@@ -78,22 +110,26 @@ pub async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Re
                 f.apparent_size
             ));
         }
-        for (index, pieces) in pieces_of(f).into_iter().enumerate() {
-            jobs.push(Job::Part {
-                path: path.clone(),
-                file: f.name.clone(),
-                index,
-                pieces,
-                sha256: f.parts[index].sha256,
-            });
-        }
-        jobs.push(Job::Holes {
-            path,
+    }
+    Ok(())
+}
+
+/// Checks that every byte of the staged files outside the registry's data segments is zero.
+pub async fn check_holes_of(dir: &Path, files: &[FileContent], parallel: usize) -> Result<(), String> {
+    let jobs = files
+        .iter()
+        .map(|f| Job::Holes {
+            path: dir.join(&f.name),
             file: f.name.clone(),
             apparent_size: f.apparent_size,
             segments: f.segments.clone(),
-        });
-    }
+        })
+        .collect();
+    run(jobs, parallel).await
+}
+
+async fn run(jobs: Vec<Job>, parallel: usize) -> Result<(), String> {
+    // `buffered` starts the jobs in order: the parts nearest the front of the transfer first.
     let mut checks = futures::stream::iter(jobs.into_iter().map(|job| async move {
         tokio::task::spawn_blocking(move || match &job {
             Job::Part {
@@ -102,7 +138,8 @@ pub async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Re
                 index,
                 pieces,
                 sha256,
-            } => check_part(path, file, *index, pieces, sha256),
+                landing,
+            } => check_part(path, file, *index, pieces, sha256, landing.as_deref()),
             Job::Holes {
                 path,
                 file,
@@ -113,7 +150,7 @@ pub async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Re
         .await
         .map_err(|e| format!("the hashing task failed: {e}"))?
     }))
-    .buffer_unordered(parallel.max(1));
+    .buffered(parallel.max(1));
     while let Some(result) = checks.next().await {
         result?;
     }
@@ -148,12 +185,25 @@ fn pieces_of(f: &FileContent) -> Vec<Vec<(u64, u64)>> {
         .collect()
 }
 
-fn check_part(path: &Path, file: &str, index: usize, pieces: &[(u64, u64)], sha256: &[u8; 32]) -> Result<(), String> {
+fn check_part(
+    path: &Path,
+    file: &str,
+    index: usize,
+    pieces: &[(u64, u64)],
+    sha256: &[u8; 32],
+    landing: Option<&Arrivals>,
+) -> Result<(), String> {
     let f = std::fs::File::open(path).map_err(|e| format!("open staged {file}: {e}"))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; READ_CHUNK];
+    let wait = |offset, length| match landing {
+        Some(arrivals) => arrivals
+            .wait(offset, length)
+            .map_err(|Aborted| format!("the transfer of {file} stopped before byte {offset}")),
+        None => Ok(()),
+    };
     for &(offset, length) in pieces {
-        read_range(&f, file, offset, length, &mut buf, |bytes| hasher.update(bytes))?;
+        read_range(&f, file, offset, length, &mut buf, wait, |bytes| hasher.update(bytes))?;
     }
     let got: [u8; 32] = hasher.finalize().into();
     if &got != sha256 {
@@ -175,12 +225,20 @@ fn check_holes(path: &Path, file: &str, apparent_size: u64, segments: &[(u64, u6
     for (offset, length) in outside(&extents, segments) {
         let mut nonzero = None;
         let mut at = offset;
-        read_range(&f, file, offset, length, &mut buf, |bytes| {
-            if nonzero.is_none() {
-                nonzero = bytes.iter().position(|&b| b != 0).map(|i| at + i as u64);
-            }
-            at += bytes.len() as u64;
-        })?;
+        read_range(
+            &f,
+            file,
+            offset,
+            length,
+            &mut buf,
+            |_, _| Ok(()),
+            |bytes| {
+                if nonzero.is_none() {
+                    nonzero = bytes.iter().position(|&b| b != 0).map(|i| at + i as u64);
+                }
+                at += bytes.len() as u64;
+            },
+        )?;
         if let Some(at) = nonzero {
             return Err(format!(
                 "{file} has data at byte {at}, where the registry's artifact has a hole"
@@ -225,12 +283,14 @@ fn read_range(
     offset: u64,
     length: u64,
     buf: &mut [u8],
+    before: impl Fn(u64, u64) -> Result<(), String>,
     mut each: impl FnMut(&[u8]),
 ) -> Result<(), String> {
     let end = offset + length;
     let mut at = offset;
     while at < end {
         let n = buf.len().min((end - at) as usize);
+        before(at, n as u64)?;
         f.read_exact_at(&mut buf[..n], at)
             .map_err(|e| format!("read staged {file} at {at}: {e}"))?;
         each(&buf[..n]);
@@ -323,6 +383,52 @@ mod tests {
         std::fs::write(dir.path().join("cow.raw"), &disk[..150]).unwrap();
         let e = check_dir(dir.path(), &files, 2).await.unwrap_err();
         assert!(e.contains("150 bytes"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parts_are_hashed_as_their_bytes_land_and_never_before() {
+        const MIB: usize = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3 * MIB).map(|i| (i % 251) as u8 + 1).collect();
+        let file = std::fs::File::create(dir.path().join("memory-ranges")).unwrap();
+        file.set_len(data.len() as u64).unwrap();
+        let files = [content(
+            "memory-ranges",
+            data.len() as u64,
+            &[(0, data.len() as u64)],
+            &[&data],
+        )];
+        let arrivals = Arc::new(Arrivals::default());
+        let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
+        let hashing = {
+            let (dir, files, landing) = (dir.path().to_path_buf(), files.to_vec(), landing.clone());
+            tokio::spawn(async move { hash_parts(&dir, &files, &landing, 2).await })
+        };
+        // Out of order, each MiB written just before it is reported: a hasher that read ahead
+        // of the reports would hash zeros and fail.
+        for i in [2, 0, 1] {
+            file.write_all_at(&data[i * MIB..(i + 1) * MIB], (i * MIB) as u64)
+                .unwrap();
+            arrivals.land((i * MIB) as u64, MIB as u64);
+        }
+        assert_eq!(hashing.await.unwrap(), Ok(()));
+
+        // A range the peer never sent reads as zeros once the transfer is over: a mismatch.
+        let arrivals = Arc::new(Arrivals::default());
+        let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
+        file.write_all_at(&vec![0; MIB], MIB as u64).unwrap();
+        arrivals.land(0, MIB as u64);
+        arrivals.land(2 * MIB as u64, MIB as u64);
+        arrivals.finish();
+        let e = hash_parts(dir.path(), &files, &landing, 2).await.unwrap_err();
+        assert!(e.contains("memory-ranges (blob 0 of the file) hashes to"), "{e}");
+
+        // An aborted transfer stops the hasher waiting.
+        let arrivals = Arc::new(Arrivals::default());
+        let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
+        arrivals.abort();
+        let e = hash_parts(dir.path(), &files, &landing, 2).await.unwrap_err();
+        assert!(e.contains("the transfer of memory-ranges stopped before byte 0"), "{e}");
     }
 
     #[test]
