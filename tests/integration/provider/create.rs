@@ -338,3 +338,95 @@ async fn a_burst_of_run_pods_shares_one_forced_image_pull() {
     assert!(pulls[0].contains(&"--force".to_string()), "{pulls:?}");
     d.kill().await;
 }
+
+/// The verbs of the simulator's calls whose arguments mention `needle`, in order.
+fn verbs_mentioning(env: &Env, needle: &str) -> Vec<String> {
+    env.sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.argv.iter().any(|a| a.contains(needle)))
+        .map(|c| c.verb)
+        .collect()
+}
+
+/// A node that has a snapshot pulled from the registry but not the image the snapshot was
+/// taken from gets that image once before the clone (`image inspect` by the recorded digest
+/// misses, `image pull` by reference); a second clone finds the digest and pulls nothing; a
+/// snapshot of an http(s) cloud image is not ensured here (cocoon's `--pull` fetches it).
+/// Lifecycle: L25, L26. Checklist rows: create_test/CloneModeEnsuresOCIRefBaseImage,
+/// create_test/CloneModeSkipsEnsureWhenDigestPresent
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pulled_snapshots_base_image_is_ensured_once_before_the_clone() {
+    // The snapshots were made on another node; this node shares only the registry.
+    let origin = env(true).await;
+    let registry = origin.registry.clone().unwrap();
+    seed_snapshot(&origin, "golden", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "golden", "golden", "v1", "ghcr.io/x/base:1")
+        .await
+        .unwrap();
+    let web = "https://images.test/noble.qcow2";
+    seed_snapshot(&origin, "webgold", web).await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "webgold", "webgold", "v1", web)
+        .await
+        .unwrap();
+    let mut env = env(false).await;
+    env.registry = Some(registry);
+    let d = start(&env, Options::default());
+
+    create(
+        &env,
+        &managed("a-0", "vm-a", &[("cocoonset.cocoonstack.io/image", "golden:v1")]),
+    )
+    .await;
+    wait_ready(&env, "a-0").await;
+    let pulls = calls(&env, "image pull");
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    assert_eq!(pulls[0].last().map(String::as_str), Some("ghcr.io/x/base:1"));
+    let seq: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.verb)
+        .filter(|v| matches!(v.as_str(), "image inspect" | "image pull" | "vm clone"))
+        .collect();
+    assert_eq!(
+        seq,
+        vec!["image inspect", "image pull", "vm clone"],
+        "the digest is looked up, missed, the image pulled, then the clone"
+    );
+    let clone = calls(&env, "vm clone")[0].join(" ");
+    assert!(clone.contains("--pull"), "{clone}");
+
+    create(
+        &env,
+        &managed("b-0", "vm-b", &[("cocoonset.cocoonstack.io/image", "golden:v1")]),
+    )
+    .await;
+    wait_ready(&env, "b-0").await;
+    assert_eq!(
+        calls(&env, "image pull").len(),
+        1,
+        "the digest is present: no second pull"
+    );
+    assert_eq!(calls(&env, "image inspect").len(), 2, "looked up by digest again");
+
+    create(
+        &env,
+        &managed("w-0", "vm-w", &[("cocoonset.cocoonstack.io/image", "webgold:v1")]),
+    )
+    .await;
+    wait_ready(&env, "w-0").await;
+    assert_eq!(
+        verbs_mentioning(&env, web),
+        Vec::<String>::new(),
+        "an http base is neither inspected nor pulled by the daemon"
+    );
+    assert_eq!(calls(&env, "image inspect").len(), 2);
+    let clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(clone.contains("--pull"), "cocoon fetches the http base itself: {clone}");
+    d.kill().await;
+}

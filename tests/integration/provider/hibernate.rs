@@ -423,3 +423,58 @@ async fn a_hibernated_pod_names_no_address_even_when_its_vm_is_slow_to_go() {
     assert_eq!(pod.status.unwrap().pod_ips, None, "no podIPs either");
     d.kill().await;
 }
+
+/// The CPU-class gate runs in UpdatePod too: a hibernated pod that now asks for another CPU
+/// class than the node's is not woken here (the snapshot's memory image would resume on a CPU
+/// it was not taken on); the refusal is an Event on the pod and counted under its own reason.
+/// (A real apiserver does not let a pod's node selector change; the gate does not rely on it.)
+/// Lifecycle: L2
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_on_a_foreign_cpu_class_is_refused_by_the_update_gate() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let mut pod = managed("agent-0", "vm-cc", &[(IMAGE, "base")]);
+    pod.spec.as_mut().unwrap().node_selector =
+        Some([("cocoonstack.io/snapshot-cpu-class".to_string(), "genoa".to_string())].into());
+    let d = start(
+        &env,
+        Options {
+            node_class: "genoa".into(),
+            ..Default::default()
+        },
+    );
+    create(&env, &pod).await;
+    eventually(30, "ready", || is_up(&env, "agent-0")).await;
+    hibernate_now(&env, "agent-0").await;
+    let boots = calls(&env, "vm clone").len();
+    // The wake and a foreign class arrive in one update.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(env.server.client(), "default");
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {HIBERNATE: null}},
+        "spec": {"nodeSelector": {"cocoonstack.io/snapshot-cpu-class": "skylake"}},
+    });
+    pods.patch(
+        "agent-0",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    eventually(20, "the update refused with an Event", || {
+        events(&env, "agent-0")
+            .iter()
+            .any(|(reason, note)| reason == "SnapshotCPUClassMismatch" && note.starts_with("update:"))
+    })
+    .await;
+    let m = d.provider.metrics();
+    assert!(m.lifecycle_count("update", "failed", "snapshot_cpu_class_mismatch") >= 1);
+    assert_eq!(
+        m.lifecycle_count("update", "failed", ""),
+        0,
+        "counted once, under its reason"
+    );
+    assert_eq!(calls(&env, "vm clone").len(), boots, "nothing woken");
+    assert!(vm_named(&env, "vm-cc").await.is_none());
+    assert!(tag_exists(&env, "vm-cc").await, "the hibernated state is untouched");
+    d.kill().await;
+}

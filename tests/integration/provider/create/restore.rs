@@ -199,3 +199,65 @@ async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_le
     eventually(10, "restore event", || has_event(&env, "l", "HibernateSnapshotExists")).await;
     d.kill().await;
 }
+
+/// A restore from a `:hibernate` tag pulled onto a node that lacks the guest's base image gets
+/// the image first (by reference, once; the clone still passes `--pull`), and a guest of an
+/// http(s) cloud image is left to cocoon's `--pull`.
+/// Checklist rows: restore_test/RestoreEnsuresOCIRefBaseImage, restore_test/RestorePullsHTTPBase
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
+    let origin = env(true).await;
+    let registry = origin.registry.clone().unwrap();
+    seed_snapshot(&origin, "vm-h", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "vm-h", "vm-h", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    let web = "https://images.test/noble.qcow2";
+    seed_snapshot(&origin, "vm-w", web).await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "vm-w", "vm-w", "hibernate", "web:v1")
+        .await
+        .unwrap();
+    let mut env = env(false).await;
+    env.registry = Some(registry);
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("h-0", "vm-h", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    wait_ready(&env, "h-0").await;
+    let seq: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| matches!(c.verb.as_str(), "image pull" | "vm clone"))
+        .map(|c| c.argv.join(" "))
+        .collect();
+    assert_eq!(seq.len(), 2, "{seq:?}");
+    assert!(seq[0].ends_with("ghcr.io/x/base:1"), "the base image first: {seq:?}");
+    assert!(
+        seq[1].ends_with(" vm-h-hibernate-import") && seq[1].contains("--pull"),
+        "then the restore, still with --pull: {seq:?}"
+    );
+
+    create(
+        &env,
+        &managed("w-0", "vm-w", &[("cocoonset.cocoonstack.io/image", "web:v1")]),
+    )
+    .await;
+    wait_ready(&env, "w-0").await;
+    assert_eq!(
+        calls(&env, "image pull").len(),
+        1,
+        "the http base is not pulled by the daemon"
+    );
+    let clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(
+        clone.ends_with(" vm-w-hibernate-import") && clone.contains("--pull"),
+        "{clone}"
+    );
+    d.kill().await;
+}

@@ -154,3 +154,133 @@ async fn a_failed_remove_of_a_nic_less_guest_gives_the_nic_back_and_publishes_it
     assert!(vm_named(&env, "vm-win").await.is_none());
     d.kill().await;
 }
+
+/// The guest's own `ipconfig /release` failing is no reason to keep the guest up: the NIC is
+/// dropped and the hibernate finishes (the lease expires in cocoon-net instead).
+/// Checklist rows: update_test/HibernateReleaseFailureDoesNotBlock
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_lease_release_in_the_guest_does_not_stop_the_hibernate() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    windows_pod_up(&env).await;
+    env.sim
+        .on_exec(cocoon_sim::ExecRule {
+            vm: Some("vm-win".into()),
+            argv_prefix: ["cmd", "/c", "ipconfig", "/release"].map(String::from).to_vec(),
+            times: Some(1),
+            exit_code: 1,
+            stderr: "An error occurred while releasing interface Ethernet".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    hibernate_now(&env, "win-0").await;
+    let m = d.provider.metrics();
+    assert_eq!(
+        (
+            m.hibernate.with_label_values(&["dhcp_release", "failed"]).get(),
+            m.hibernate.with_label_values(&["netresize", "ok"]).get()
+        ),
+        (1, 1),
+        "the release failed and the NIC was dropped anyway"
+    );
+    assert!(tag_exists(&env, "vm-win").await && vm_named(&env, "vm-win").await.is_none());
+    d.kill().await;
+}
+
+/// When cocoon cannot say whether the guest released its lease (the `vm exec` itself failed)
+/// and the NIC drop then fails, the guest is still told to renew: the NIC stays, so its lease
+/// must too.
+/// Checklist rows: update_test/RenewsEvenWhenReleaseVerdictUnknown
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_of_unknown_outcome_is_still_followed_by_a_renew_when_the_nic_drop_fails() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, slow_retries());
+    windows_pod_up(&env).await;
+    let id = vm_named(&env, "vm-win").await.unwrap().id;
+    fail_once(&env, "vm exec", Some(&id), "Error: agent: connection reset by peer");
+    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
+    annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(20, "HibernateNetResizeFailed", || {
+        has_event(&env, "win-0", "HibernateNetResizeFailed")
+    })
+    .await;
+    eventually(10, "the guest renews its lease", || {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+    })
+    .await;
+    assert!(
+        !env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /release"),
+        "the release never reached the guest (its outcome is unknown to the daemon)"
+    );
+    assert_eq!(
+        d.provider
+            .metrics()
+            .hibernate
+            .with_label_values(&["dhcp_release", "failed"])
+            .get(),
+        1
+    );
+    assert!(vm_named(&env, "vm-win").await.is_some_and(|v| v.state.is_running()));
+    hibernated(&env, "win-0").await;
+    d.kill().await;
+}
+
+/// A Linux DHCP guest hibernates with its NIC (no guest-side release, no NIC drop); its lease is
+/// released in cocoon-net only after the VM is removed, and a hibernate rolled back after a
+/// failed remove releases nothing (the witness checks at every release that no VM holds the MAC).
+/// Lifecycle: L56. Checklist rows: update_test/HibernateSkipsReleaseOnNonDropNIC
+#[tokio::test(flavor = "multi_thread")]
+async fn a_linux_dhcp_guest_keeps_its_nic_and_its_lease_is_released_only_after_the_remove() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let vm = clone_direct_on(&env.runtime, "base", "vm-lx", Some("dhcp-net")).await;
+    let mac = vm.primary_mac().unwrap().to_ascii_lowercase();
+    write_leases(&env, &[(&mac, "127.22.0.18")]);
+    let witness = LeaseWitness::new(&env);
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(witness.clone()),
+            ..slow_retries()
+        },
+    );
+    create(
+        &env,
+        &managed(
+            "lx-0",
+            "vm-lx",
+            &[(IMAGE, "base"), ("cocoonset.cocoonstack.io/network", "dhcp-net")],
+        ),
+    )
+    .await;
+    eventually(30, "ready", || is_up(&env, "lx-0")).await;
+    fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
+    annotate(&env, "lx-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(20, "HibernateRemoveFailed event", || {
+        has_event(&env, "lx-0", "HibernateRemoveFailed")
+    })
+    .await;
+    hibernated(&env, "lx-0").await;
+    witness.assert_no_breach();
+    assert_eq!(
+        witness.released(),
+        vec![mac],
+        "released once, after the remove that worked"
+    );
+    assert!(
+        env.sim.exec_log().unwrap().iter().all(|e| e.vm_id != vm.id),
+        "no guest-side release for a guest that keeps its NIC"
+    );
+    assert!(calls(&env, "vm net").is_empty(), "no NIC drop");
+    d.kill().await;
+}
