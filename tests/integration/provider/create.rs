@@ -430,3 +430,70 @@ async fn a_pulled_snapshots_base_image_is_ensured_once_before_the_clone() {
     assert!(clone.contains("--pull"), "cocoon fetches the http base itself: {clone}");
     d.kill().await;
 }
+
+/// A run image the registry cannot classify is left to `cocoon image pull`: a lookup that fails
+/// as a 5xx does, an http(s) reference (not looked up at all), and a node without a registry.
+/// Lifecycle: L31. Checklist rows: create_test/EnsureRunImageFallback,
+/// create_test/EnsureRunImageDispatch
+#[tokio::test(flavor = "multi_thread")]
+async fn run_images_the_registry_cannot_classify_are_pulled_by_cocoon() {
+    let run = |pod: &str, vm: &str, image: &str| {
+        managed(
+            pod,
+            vm,
+            &[
+                ("cocoonset.cocoonstack.io/image", image),
+                ("cocoonset.cocoonstack.io/mode", "run"),
+            ],
+        )
+    };
+    let pulled = |env: &Env, image: &str| {
+        calls(env, "image pull")
+            .iter()
+            .filter(|a| a.last().map(String::as_str) == Some(image))
+            .count()
+    };
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    registry
+        .failing_manifests
+        .lock()
+        .unwrap()
+        .insert("ghcr.io/x/tool:1".into(), 1);
+    let lookups = |of: &str| {
+        registry
+            .manifest_lookups
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.as_str() == of)
+            .count()
+    };
+    let d = start(&env, Options::default());
+    create(&env, &run("tool-0", "vm-t0", "ghcr.io/x/tool:1")).await;
+    wait_ready(&env, "tool-0").await;
+    assert_eq!(lookups("ghcr.io/x/tool:1"), 1, "looked up once, failed");
+    assert_eq!(pulled(&env, "ghcr.io/x/tool:1"), 1, "then pulled by cocoon");
+
+    let web = "https://images.test/tool.qcow2";
+    create(&env, &run("tool-1", "vm-t1", web)).await;
+    wait_ready(&env, "tool-1").await;
+    assert!(
+        registry
+            .manifest_lookups
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|r| !r.contains("images.test")),
+        "an http image is not looked up"
+    );
+    assert_eq!(pulled(&env, web), 1);
+    d.kill().await;
+
+    let bare = provider_support::env(false).await;
+    let d = start(&bare, Options::default());
+    create(&bare, &run("tool-2", "vm-t2", "ghcr.io/x/tool:1")).await;
+    wait_ready(&bare, "tool-2").await;
+    assert_eq!(pulled(&bare, "ghcr.io/x/tool:1"), 1, "no registry: cocoon pulls it");
+    d.kill().await;
+}

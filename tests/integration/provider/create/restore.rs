@@ -4,6 +4,7 @@
 
 use super::*;
 
+/// Lifecycle: L17
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
     let env = env(true).await;
@@ -16,12 +17,30 @@ async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
         .unwrap();
     env.runtime.snapshot_remove_if_exists("vm-h").await.unwrap();
     let d = start(&env, Options::default());
+    let history = PodHistory::record(&env, "agent-0");
     create(
         &env,
         &managed("agent-0", "vm-h", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
     )
     .await;
     wait_ready(&env, "agent-0").await;
+    // The restore the evidence derived is the daemon's own knowledge: no version of the pod
+    // ever carries the marker (a later delete and recreate must derive it again, or not).
+    history
+        .first("the ready version recorded", |p| {
+            kube::ResourceExt::annotations(p)
+                .get("vm.cocoonstack.io/lifecycle-state")
+                .map(String::as_str)
+                == Some("ready")
+        })
+        .await;
+    assert!(
+        history
+            .versions()
+            .iter()
+            .all(|p| !kube::ResourceExt::annotations(p).contains_key("vm.cocoonstack.io/restore-from-hibernate")),
+        "the derived restore marker was written to the pod"
+    );
     let argv = calls(&env, "vm clone")[0].join(" ");
     assert!(
         argv.ends_with(" vm-h-hibernate-import"),
