@@ -21,6 +21,9 @@ async fn wait_ready(env: &Env, name: &str) {
     .await;
 }
 
+/// Lifecycle: L20, L22, L28, L38.
+/// Checklist rows: create_test/CloneMode, create_test/InvalidatesForkSnapshot,
+/// create_test/CloneModePassesCPUPolicy, create_test/CloneModeWithTag
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_publishes_the_runtime() {
     let env = env(false).await;
@@ -60,6 +63,7 @@ async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_p
     d.kill().await;
 }
 
+/// Lifecycle: L23.
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_mode_pulls_a_missing_snapshot_from_the_registry_then_clones_it() {
     let env = env(true).await;
@@ -90,6 +94,9 @@ async fn clone_mode_pulls_a_missing_snapshot_from_the_registry_then_clones_it() 
     d.kill().await;
 }
 
+/// Lifecycle: L20, L29, L30, L31.
+/// Checklist rows: create_test/InvalidatesForkSnapshot, create_test/RunMode,
+/// create_test/RunModeBurstableCPUPolicy, create_test/EnsureRunImageDispatch
 #[tokio::test(flavor = "multi_thread")]
 async fn run_mode_ensures_the_image_and_translates_the_resources() {
     let env = env(true).await;
@@ -155,6 +162,9 @@ async fn run_mode_ensures_the_image_and_translates_the_resources() {
     d.kill().await;
 }
 
+/// Lifecycle: L19.
+/// Checklist rows: create_test/ForkFromLocalVMSkipsSnapshotBaseImage,
+/// create_test/EnsureForkSnapshotDedupsConcurrentSaves, create_test/ForkFromReusesExistingSnapshot
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_share_one_fork_snapshot_of_the_source() {
     let env = env(false).await;
@@ -194,6 +204,8 @@ async fn forks_share_one_fork_snapshot_of_the_source() {
     d.kill().await;
 }
 
+/// Lifecycle: L33.
+/// Checklist rows: create_test/CloneFromDirAnnotationDispatches
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_from_dir_clones_the_exported_directory() {
     let env = env(false).await;
@@ -218,6 +230,8 @@ async fn clone_from_dir_clones_the_exported_directory() {
     d.kill().await;
 }
 
+/// Lifecycle: L9.
+/// Checklist rows: create_test/CreatePodUnmanagedAdoptsExistingVM
 #[tokio::test(flavor = "multi_thread")]
 async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
     let env = env(false).await;
@@ -243,6 +257,7 @@ async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
     d.kill().await;
 }
 
+/// Lifecycle: L8.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_existing_vm_is_adopted_by_its_pod_after_a_restart_not_booted_twice() {
     let env = env(false).await;
@@ -275,6 +290,9 @@ async fn an_existing_vm_is_adopted_by_its_pod_after_a_restart_not_booted_twice()
     d.kill().await;
 }
 
+/// Lifecycle: L23.
+/// Checklist rows: create_test/EnsureSnapshotColdBurstSingleflight,
+/// create_test/EnsureSnapshotLocalHitSkipsRegistry
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
     let env = env(true).await;
@@ -309,6 +327,9 @@ async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
 /// Checklist rows EnsureRunImageConcurrentForceShareOneImport and …FallbackDeduped: a burst of
 /// run-mode pods of one image shares one `cocoon image pull` (one `--force` pull when they ask
 /// for it). (That the shared pull outlives a caller that goes away: `table::shared`'s tests.)
+/// Checklist rows: create_test/EnsureRunImageColdBurstSingleImport,
+/// create_test/EnsureRunImageConcurrentForceShareOneImport,
+/// create_test/EnsureRunImageFallbackDeduped
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_of_run_pods_shares_one_forced_image_pull() {
     let env = env(false).await;

@@ -15,6 +15,9 @@ async fn wait_ready(env: &Env, name: &str) {
     .await;
 }
 
+/// Lifecycle: L45, L48, L49.
+/// Checklist rows: create_test/DeletePodRemovesAndForgetsVM,
+/// delete_test/SnapshotsARunningVMBeforeRemovingIt
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_saves_and_pushes_latest_with_the_base_image_then_removes_the_vm_and_snapshots() {
     let env = env(true).await;
@@ -67,6 +70,8 @@ async fn delete_saves_and_pushes_latest_with_the_base_image_then_removes_the_vm_
     d.kill().await;
 }
 
+/// Lifecycle: L46.
+/// Checklist rows: delete_test/KeepsTheVMWhenTheSnapshotFails
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_push_keeps_the_vm_and_the_delete_retries_until_it_succeeds() {
     let env = env(true).await;
@@ -100,6 +105,8 @@ async fn a_failed_push_keeps_the_vm_and_the_delete_retries_until_it_succeeds() {
     d.kill().await;
 }
 
+/// Lifecycle: L48.
+/// Checklist rows: delete_test/SnapshotRetention
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshot_policy_never_skips_the_save_and_keep_flag_keeps_the_local_snapshot() {
     let env = env(true).await;
@@ -231,6 +238,7 @@ async fn dhcp_pod_up(env: &Env, pod: &str, vm: &str) -> String {
 /// MAC only once the retried delete has removed the VM (the witness checks, at the release,
 /// that no VM holds the MAC any more).
 /// Checklist rows: delete_test/DoesNotReleaseLeaseWhenVMRemovalFails
+/// Lifecycle: L47.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_vm_removal_keeps_the_lease_until_the_retried_removal_succeeds() {
     let env = env(false).await;
@@ -300,6 +308,7 @@ async fn a_failed_lease_release_finishes_the_delete_and_boots_nothing() {
 /// A snapshot-before-destroy that cannot look at the VM (`vm inspect` fails) or cannot save it
 /// keeps the VM and says so; the retried delete saves, pushes and only then removes it.
 /// Checklist rows: delete_test/KeepsTheVMWhenTheSnapshotFails
+/// Lifecycle: L46.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_inspect_or_save_before_the_delete_keeps_the_vm_and_the_retry_saves_it() {
     let env = env(true).await;

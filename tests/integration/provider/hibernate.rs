@@ -104,6 +104,8 @@ fn fail_once(env: &Env, verb: &str, arg: Option<&str>, stderr: &str) {
         .unwrap();
 }
 
+/// Lifecycle: L18, L53, L55, L59, L61.
+/// Checklist rows: create_test/HandleVMGoneSkippedWhenPodHibernating
 #[tokio::test(flavor = "multi_thread")]
 async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     let env = env_with_oci().await;
@@ -218,6 +220,8 @@ async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     d.kill().await;
 }
 
+/// Lifecycle: L10.
+/// Checklist rows: delete_test/SnapshotRetention
 #[tokio::test(flavor = "multi_thread")]
 async fn a_seat_release_keeps_the_warm_copy_and_a_cross_node_wake_restores_only_on_a_matching_class() {
     let env = env_with_oci().await;
@@ -314,6 +318,7 @@ async fn a_seat_release_keeps_the_warm_copy_and_a_cross_node_wake_restores_only_
     d.kill().await;
 }
 
+/// Lifecycle: L51.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unrelated_update_is_a_noop_without_a_status_echo() {
     let env = env_with_oci().await;
@@ -429,6 +434,7 @@ async fn a_hibernated_pod_names_no_address_even_when_its_vm_is_slow_to_go() {
 /// it was not taken on); the refusal is an Event on the pod and counted under its own reason.
 /// (A real apiserver does not let a pod's node selector change; the gate does not rely on it.)
 /// Lifecycle: L2
+/// Lifecycle: L5.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wake_on_a_foreign_cpu_class_is_refused_by_the_update_gate() {
     let env = env_with_oci().await;

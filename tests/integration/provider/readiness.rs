@@ -35,6 +35,8 @@ fn ready_is(env: &Env, name: &str, status: &str, message_has: &str) -> bool {
     ready_condition(env, name).is_some_and(|(s, m)| s == status && m.contains(message_has))
 }
 
+/// Lifecycle: L39, L40.
+/// Checklist rows: probes_test/StartTriggersOnUpdateOnReadinessChange
 #[tokio::test(flavor = "multi_thread")]
 async fn ready_needs_both_the_probe_and_the_lifecycle_and_flips_follow_the_guest() {
     let env = env(false).await;
@@ -87,6 +89,7 @@ async fn ready_needs_both_the_probe_and_the_lifecycle_and_flips_follow_the_guest
     d.kill().await;
 }
 
+/// Lifecycle: L34.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clone_with_a_static_nic_gets_its_network_fixed_over_vm_exec_before_ready() {
     let env = env(false).await;
@@ -131,6 +134,7 @@ async fn a_clone_with_a_static_nic_gets_its_network_fixed_over_vm_exec_before_re
     d.kill().await;
 }
 
+/// Lifecycle: L34.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_fixup_is_retried_until_the_guest_agent_answers() {
     let env = env(false).await;
@@ -172,6 +176,7 @@ async fn a_failing_fixup_is_retried_until_the_guest_agent_answers() {
     d.kill().await;
 }
 
+/// Lifecycle: L35.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hint() {
     let env = env(false).await;
@@ -233,6 +238,8 @@ async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hi
     d.kill().await;
 }
 
+/// Checklist rows: create_test/GetPodStatusRefreshesIPFromLease,
+/// update_test/WaitForFreshIPNoRenewForLinux
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the_pod_ip() {
     let env = env(false).await;
@@ -296,6 +303,7 @@ async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the
     d.kill().await;
 }
 
+/// Checklist rows: update_test/FinalizeDropNICWakeMarksFailedOnTimeout
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
     let env = env(false).await;
@@ -315,6 +323,7 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
     d.kill().await;
 }
 
+/// Checklist rows: update_test/WaitForFreshIPRenewNudgeWhenLeaseMissing
 #[tokio::test(flavor = "multi_thread")]
 async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
     let env = env(false).await;

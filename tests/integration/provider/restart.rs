@@ -19,6 +19,9 @@ async fn clone_direct(env: &Env, snapshot: &str, name: &str) -> vk_cocoon::runti
     clone_direct_on(&env.runtime, snapshot, name, None).await
 }
 
+/// Checklist rows: create_test/StartupReconcileAdoptsAnnotatedPods,
+/// create_test/StartupReconcileOrphanDestroyRemovesUnmatchedVM,
+/// create_test/StartupReconcileAdoptsByVMNameWhenAnnotationMissing
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_adopts_by_id_and_by_name_and_destroys_orphans() {
     let env = env(false).await;
@@ -69,6 +72,8 @@ async fn restart_adopts_by_id_and_by_name_and_destroys_orphans() {
     d.kill().await;
 }
 
+/// Checklist rows: create_test/StartupReconcileOrphanAlertIndexesByName,
+/// create_test/StartupReconcileOrphanKeepIndexesByName
 #[tokio::test(flavor = "multi_thread")]
 async fn alert_and_keep_leave_orphans_running() {
     for policy in [OrphanPolicy::Alert, OrphanPolicy::Keep] {
@@ -110,6 +115,8 @@ async fn alert_and_keep_leave_orphans_running() {
     }
 }
 
+/// Lifecycle: L3.
+/// Checklist rows: reconcile_test/StartupReconcileRejectsIncompatibleBoundPod
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cpu_class_mismatch_at_startup_keeps_the_node_unregistered() {
     let env = env(false).await;
@@ -139,6 +146,7 @@ async fn a_cpu_class_mismatch_at_startup_keeps_the_node_unregistered() {
     );
 }
 
+/// Checklist rows: reconcile_test/SkeletonCollectedNotAdopted
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_killed_mid_create_converges_without_duplicates() {
     let env = env(false).await;
@@ -218,6 +226,7 @@ async fn a_hundred_pods_are_created_and_deleted_concurrently() {
     d.kill().await;
 }
 
+/// Checklist rows: resume_test/StartupDispatchOwedWork
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_fixup_cut_by_a_restart_resumes_and_a_failed_one_stays_parked() {
     let env = env(false).await;

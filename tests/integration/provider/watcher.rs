@@ -133,6 +133,8 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
     d.kill().await;
 }
 
+/// Checklist rows: create_test/HandleVMGoneDeferredRecheckHitsBudgetAndEvicts,
+/// eviction_test/VMGoneEvictionContinuesPastInspectBudget
 #[tokio::test(flavor = "multi_thread")]
 async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_the_budget() {
     let env = env(false).await;
@@ -188,6 +190,7 @@ async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_t
     d.kill().await;
 }
 
+/// Checklist rows: create_test/HandleVMGoneDeferredRecheckEvictsOnceDefinitive
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transient_inspect_failure_is_rechecked_and_a_definitive_answer_evicts() {
     let env = env(false).await;

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Lifecycle: L1, L5, L6, L24.
+/// Checklist rows: create_test/MissingVMNameRejected, create_test/CloneFromDirRejectsRelativePath,
+/// create_test/CloneModeRejectsBackendMismatch
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
     let env = env(false).await;
@@ -118,6 +121,7 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
     d.kill().await;
 }
 
+/// Checklist rows: create_test/BringUpFailureAllowsRetry, create_test/CloneErrorPropagates
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cocoon_clone_failure_is_reported_and_the_retry_boots_one_vm() {
     let env = env(false).await;

@@ -5,6 +5,8 @@
 use super::*;
 
 /// Lifecycle: L17
+/// Lifecycle: L11, L18, L21.
+/// Checklist rows: restore_test/EvidenceMatchingImageRestores
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
     let env = env(true).await;
@@ -59,6 +61,8 @@ async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
     d.kill().await;
 }
 
+/// Lifecycle: L13.
+/// Checklist rows: restore_test/CreatePodEvidenceFailClosedOnRegistryError
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
     let env = env(true).await;
@@ -87,6 +91,9 @@ async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
     d.kill().await;
 }
 
+/// Lifecycle: L14, L15.
+/// Checklist rows: restore_test/EvidenceImageConflictRefusesBoot,
+/// restore_test/EvidenceForkFromConflict
 #[tokio::test(flavor = "multi_thread")]
 async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
     let env = env(true).await;
@@ -145,6 +152,12 @@ async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
     d.kill().await;
 }
 
+/// Lifecycle: L12, L16, L59.
+/// Checklist rows: restore_test/BringUpVMRestoreFromHibernate,
+/// restore_test/CreatePodDerivesRestoreFromLocalEvidence,
+/// update_test/ResolveWakeSourceUsesLocalSnapshot,
+/// wakeverify_test/ResolveWakeSourceVerifiedLocalHit,
+/// wakeverify_test/ResolveWakeSourceStaleLocalDiscardsAndPulls
 #[tokio::test(flavor = "multi_thread")]
 async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_less_nodes_use_local_evidence() {
     // Registry: a local copy whose id matches the :hibernate config is cloned directly.
@@ -223,6 +236,8 @@ async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_le
 /// the image first (by reference, once; the clone still passes `--pull`), and a guest of an
 /// http(s) cloud image is left to cocoon's `--pull`.
 /// Checklist rows: restore_test/RestoreEnsuresOCIRefBaseImage, restore_test/RestorePullsHTTPBase
+/// Lifecycle: L26.
+/// Checklist rows: restore_test/RestoreSkipsEnsureWhenDigestPresent
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
     let origin = env(true).await;

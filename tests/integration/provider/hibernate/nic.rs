@@ -14,6 +14,12 @@ async fn windows_pod_up(env: &Env) {
     eventually(30, "ready", || is_up(env, "win-0")).await;
 }
 
+/// Lifecycle: L53.
+/// Checklist rows: restore_test/BringUpVMRestoreFromHibernate,
+/// update_test/HibernateDropsNICOnCHWindows,
+/// update_test/FinalizeDropNICWakeMarksReadyWhenIPArrives,
+/// update_test/FinalizeDropNICWakePublishesIPBeforeReady,
+/// update_test/HibernateReleasesLeaseBeforeNICDrop, update_test/WaitForFreshIPNoRenewWhenIPPresent
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_with_a_fresh_one() {
     let env = env_with_oci().await;
@@ -79,6 +85,8 @@ async fn a_cloud_hypervisor_windows_guest_hibernates_without_its_nic_and_wakes_w
     d.kill().await;
 }
 
+/// Checklist rows: update_test/HibernateFailsOnNICDropGenericErr,
+/// update_test/HibernateRenewsWhenNICDropFails
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     let env = env_with_oci().await;
@@ -114,6 +122,7 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
     d.kill().await;
 }
 
+/// Checklist rows: update_test/HibernateRollbackRenews
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_remove_of_a_nic_less_guest_gives_the_nic_back_and_publishes_its_fresh_address() {
     let env = env_with_oci().await;
@@ -191,7 +200,7 @@ async fn a_failed_lease_release_in_the_guest_does_not_stop_the_hibernate() {
 /// When cocoon cannot say whether the guest released its lease (the `vm exec` itself failed)
 /// and the NIC drop then fails, the guest is still told to renew: the NIC stays, so its lease
 /// must too.
-/// Checklist rows: update_test/RenewsEvenWhenReleaseVerdictUnknown
+/// Checklist rows: update_test/HibernateRenewsEvenWhenReleaseVerdictUnknown
 #[tokio::test(flavor = "multi_thread")]
 async fn a_release_of_unknown_outcome_is_still_followed_by_a_renew_when_the_nic_drop_fails() {
     let env = env_with_oci().await;
@@ -239,6 +248,7 @@ async fn a_release_of_unknown_outcome_is_still_followed_by_a_renew_when_the_nic_
 /// released in cocoon-net only after the VM is removed, and a hibernate rolled back after a
 /// failed remove releases nothing (the witness checks at every release that no VM holds the MAC).
 /// Lifecycle: L56. Checklist rows: update_test/HibernateSkipsReleaseOnNonDropNIC
+/// Checklist rows: update_test/HibernateSkipsNICDropOnNonCHWindows
 #[tokio::test(flavor = "multi_thread")]
 async fn a_linux_dhcp_guest_keeps_its_nic_and_its_lease_is_released_only_after_the_remove() {
     let env = env_with_oci().await;

@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// Checklist rows: resume_test/StartupDispatchOwedWork
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_mid_hibernate_resumes_it() {
     let env = env_with_oci().await;
@@ -37,6 +38,9 @@ async fn a_restart_mid_hibernate_resumes_it() {
     d.kill().await;
 }
 
+/// Lifecycle: L54.
+/// Checklist rows: create_test/StartupReconcileTracksHibernatedPodWithoutVM,
+/// update_test/HibernateClearsVMIDBeforeRemove
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_after_the_remove_reports_hibernated_from_the_tag() {
     let env = env_with_oci().await;
@@ -93,6 +97,7 @@ async fn stopped_with_hibernate_owed(env: &Env, vm: &str, saved_first: bool) -> 
     (id, saved)
 }
 
+/// Checklist rows: resume_test/StartupResumeHibernateStartsVMWhoseRecordStillReadsRunning
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_vm_whose_save_is_the_tag_is_removed_without_saving_a_cold_guest_over_it() {
     let env = env_with_oci().await;
@@ -114,6 +119,7 @@ async fn a_stopped_vm_whose_save_is_the_tag_is_removed_without_saving_a_cold_gue
     d.kill().await;
 }
 
+/// Checklist rows: resume_test/StartupResumeHibernateStartsVMWhoseRecordStillReadsRunning
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_vm_without_a_saved_guest_is_booted_and_saved_before_it_goes() {
     let env = env_with_oci().await;
