@@ -331,3 +331,33 @@ async fn an_eviction_the_apiserver_refuses_keeps_the_pod_and_is_retried() {
     assert_eq!(history.final_failure().await.map(|f| f.0).as_deref(), Some("VMGone"));
     d.kill().await;
 }
+
+/// An eviction whose delete finds the pod already gone (404) is done: the pod is reported
+/// Failed for the VM's loss, and the delete is neither retried nor counted a failure.
+/// Checklist rows: create_test/EvictPodIdempotentOnNotFound
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_that_finds_the_pod_gone_is_done_not_retried() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-nf", &[]).await;
+    let id = vm_named(&env, "vm-nf").await.unwrap().id;
+    stream_reports(&env, &id, "running").await;
+    env.server
+        .inject_fault(Some(axum::http::Method::DELETE), "/pods/agent-0", 404, 1);
+    env.sim.flip_vm("vm-nf", Flip::Deleted).unwrap();
+    eventually(20, "reported evicted", || has_event(&env, "agent-0", "VMGone")).await;
+    eventually(20, "published Failed", || {
+        phase(&env, "agent-0").as_deref() == Some("Failed")
+    })
+    .await;
+    assert_eq!(d.provider.metrics().pod_evict_failure.get(), 0, "not a failure");
+    let deletes = env
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && r.path.ends_with("/pods/agent-0"))
+        .count();
+    assert_eq!(deletes, 1, "one delete, not retried");
+    d.kill().await;
+}
