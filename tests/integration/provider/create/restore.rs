@@ -233,11 +233,12 @@ async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_le
 }
 
 /// A restore from a `:hibernate` tag pulled onto a node that lacks the guest's base image gets
-/// the image first (by reference, once; the clone still passes `--pull`), and a guest of an
-/// http(s) cloud image is left to cocoon's `--pull`.
-/// Checklist rows: restore_test/RestoreEnsuresOCIRefBaseImage, restore_test/RestorePullsHTTPBase
+/// the image first (by reference, once; the clone still passes `--pull`), a second guest of the
+/// same image finds its digest and pulls nothing, and a guest of an http(s) cloud image is left
+/// to cocoon's `--pull`.
 /// Lifecycle: L26.
-/// Checklist rows: restore_test/RestoreSkipsEnsureWhenDigestPresent
+/// Checklist rows: restore_test/RestoreEnsuresOCIRefBaseImage,
+/// restore_test/RestoreSkipsEnsureWhenDigestPresent, restore_test/RestorePullsHTTPBase
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
     let origin = env(true).await;
@@ -245,6 +246,11 @@ async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
     seed_snapshot(&origin, "vm-h", "ghcr.io/x/base:1").await;
     registry
         .push_snapshot(origin.runtime.as_ref(), "vm-h", "vm-h", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    seed_snapshot(&origin, "vm-h2", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "vm-h2", "vm-h2", "hibernate", "snap:v1")
         .await
         .unwrap();
     let web = "https://images.test/noble.qcow2";
@@ -277,6 +283,22 @@ async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
         "then the restore, still with --pull: {seq:?}"
     );
 
+    // Another guest of the same base image: its digest is on the node now, nothing is pulled.
+    create(
+        &env,
+        &managed("h2-0", "vm-h2", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    wait_ready(&env, "h2-0").await;
+    assert_eq!(calls(&env, "image pull").len(), 1, "the base image is pulled once");
+    assert!(
+        calls(&env, "vm clone")
+            .last()
+            .unwrap()
+            .join(" ")
+            .ends_with(" vm-h2-hibernate-import")
+    );
+
     create(
         &env,
         &managed("w-0", "vm-w", &[("cocoonset.cocoonstack.io/image", "web:v1")]),
@@ -292,6 +314,39 @@ async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
     assert!(
         clone.ends_with(" vm-w-hibernate-import") && clone.contains("--pull"),
         "{clone}"
+    );
+    d.kill().await;
+}
+
+/// On a node without a registry, a hibernated guest whose local snapshot has gone cannot be
+/// woken from anywhere: the wake fails on the pod and nothing boots fresh in its place.
+/// Checklist rows: update_test/ResolveWakeSourceErrorsWhenLocalMissingAndNoPuller
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_less_wake_without_its_local_snapshot_fails_and_boots_nothing() {
+    let env = provider_support::env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("lw-0", "vm-lw", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "lw-0").await;
+    annotate(&env, "lw-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
+    eventually(30, "hibernated", || {
+        lifecycle(&env, "lw-0").as_deref() == Some("hibernated")
+    })
+    .await;
+    assert!(vm_named(&env, "vm-lw").await.is_none());
+    env.runtime.snapshot_remove_if_exists("vm-lw").await.unwrap();
+    let boots = calls(&env, "vm clone").len() + calls(&env, "vm run").len();
+    annotate(&env, "lw-0", &[("vm.cocoonstack.io/hibernate", None)]).await;
+    let message = wait_failed_with(&env, "lw-0", "vm-lw").await;
+    assert!(vm_named(&env, "vm-lw").await.is_none(), "booted fresh: {message}");
+    assert_eq!(
+        calls(&env, "vm clone").len() + calls(&env, "vm run").len(),
+        boots,
+        "{message}"
     );
     d.kill().await;
 }
