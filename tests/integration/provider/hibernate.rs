@@ -484,3 +484,26 @@ async fn a_wake_on_a_foreign_cpu_class_is_refused_by_the_update_gate() {
     assert!(tag_exists(&env, "vm-cc").await, "the hibernated state is untouched");
     d.kill().await;
 }
+
+/// A wake starts the guest's runtime record afresh: a post-clone marker left from the boot
+/// before the hibernate (here a failed fixup) is cleared, so neither the pod nor a restarted
+/// daemon takes the restored guest for one whose fixup failed.
+/// Checklist rows: update_test/WakeClearsStalePostCloneMarker
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_clears_a_post_clone_marker_left_from_before_the_hibernate() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-pc").await;
+    hibernate_now(&env, "agent-0").await;
+    const MARKER: &str = "vm.cocoonstack.io/post-clone-state";
+    annotate(&env, "agent-0", &[(MARKER, Some("failed"))]).await;
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "woken", || is_up(&env, "agent-0")).await;
+    assert_ne!(
+        annotation(&env, "agent-0", MARKER).as_deref(),
+        Some("failed"),
+        "the stale marker outlived the wake"
+    );
+    d.kill().await;
+}

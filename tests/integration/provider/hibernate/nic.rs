@@ -294,3 +294,58 @@ async fn a_linux_dhcp_guest_keeps_its_nic_and_its_lease_is_released_only_after_t
     assert!(calls(&env, "vm net").is_empty(), "no NIC drop");
     d.kill().await;
 }
+
+/// A hibernate asked for again while a woken Windows guest still waits for its fresh lease:
+/// the wait writes no lifecycle over the pending hibernate (no `WakeIPWaitTimeout` failure),
+/// and the hibernate goes ahead. (The hibernate stops the wake's guest work when it starts;
+/// the wait's own check of the hibernate request is a second line this flow does not reach.)
+/// Checklist rows: update_test/FinalizeDropNICWakeSkipsLifecycleWhenHibernateRequested
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_wait_that_runs_out_after_a_new_hibernate_request_writes_no_lifecycle() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    // The hibernate's first attempt fails, and its retry comes only after the lease wait (3 s).
+    let d = start(
+        &env,
+        Options {
+            timings: Timings {
+                op_retry_min: Duration::from_secs(5),
+                op_retry_max: Duration::from_secs(6),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    // A DHCP guest: its address comes only with a lease.
+    let windows = [
+        (IMAGE, "winbase"),
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+        ("cocoonset.cocoonstack.io/network", "dhcp-net"),
+    ];
+    create(&env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "VM up", || annotation(&env, "win-0", ID).is_some()).await;
+    let mac = vm_named(&env, "vm-win")
+        .await
+        .unwrap()
+        .primary_mac()
+        .unwrap()
+        .to_string();
+    write_leases(&env, &[(&mac, "127.0.0.51")]);
+    eventually(30, "ready", || is_up(&env, "win-0")).await;
+    hibernate_now(&env, "win-0").await;
+    let woken_at = calls(&env, "vm clone").len();
+    annotate(&env, "win-0", &[(HIBERNATE, None)]).await;
+    // The woken guest gets a fresh NIC (a new MAC) whose lease never comes.
+    eventually(30, "woken VM up", || calls(&env, "vm clone").len() > woken_at).await;
+    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
+    annotate(&env, "win-0", &[(HIBERNATE, Some("true"))]).await;
+    hibernated(&env, "win-0").await;
+    let m = d.provider.metrics();
+    assert_eq!(m.wake_ip_wait.with_label_values(&["timeout"]).get(), 0);
+    assert!(
+        !has_event(&env, "win-0", "WakeIPWaitTimeout"),
+        "the lease wait failed a pod that asked to hibernate"
+    );
+    d.kill().await;
+}
