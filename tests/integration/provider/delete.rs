@@ -210,9 +210,11 @@ fn fail_once_on(env: &Env, verb: &str, arg: &str, stderr: &str) {
         .unwrap();
 }
 
-/// A DHCP guest `vm` (cloned behind the daemon's back, its lease in cocoon-net's file) adopted
-/// by managed pod `pod` with snapshot policy `never` (nothing to save or push), up; its MAC.
-async fn dhcp_pod_up(env: &Env, pod: &str, vm: &str) -> String {
+/// A DHCP guest `vm` (cloned behind the daemon's back, its lease in cocoon-net's file) and
+/// managed pod `pod` for it with snapshot policy `never` (nothing to save or push); its MAC.
+/// Both exist before the daemon starts, so its startup reconcile adopts the VM rather than
+/// destroying it as an orphan.
+async fn dhcp_pod(env: &Env, pod: &str, vm: &str) -> String {
     seed_snapshot(env, "base", "ghcr.io/x/base:1").await;
     let record = clone_direct_on(&env.runtime, "base", vm, Some("dhcp-net")).await;
     let mac = record.primary_mac().expect("the NIC has a MAC").to_ascii_lowercase();
@@ -230,7 +232,6 @@ async fn dhcp_pod_up(env: &Env, pod: &str, vm: &str) -> String {
         ),
     )
     .await;
-    wait_ready(env, pod).await;
     mac
 }
 
@@ -242,6 +243,7 @@ async fn dhcp_pod_up(env: &Env, pod: &str, vm: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_vm_removal_keeps_the_lease_until_the_retried_removal_succeeds() {
     let env = env(false).await;
+    let mac = dhcp_pod(&env, "dhcp-0", "vm-dhcp").await;
     let witness = LeaseWitness::new(&env);
     let d = start(
         &env,
@@ -250,7 +252,7 @@ async fn a_failed_vm_removal_keeps_the_lease_until_the_retried_removal_succeeds(
             ..Default::default()
         },
     );
-    let mac = dhcp_pod_up(&env, "dhcp-0", "vm-dhcp").await;
+    wait_ready(&env, "dhcp-0").await;
     let id = vm_named(&env, "vm-dhcp").await.unwrap().id;
     fail_once_on(&env, "vm rm", &id, "Error: vm busy: stop timed out");
     delete(&env, "dhcp-0").await;
@@ -278,6 +280,7 @@ async fn a_failed_vm_removal_keeps_the_lease_until_the_retried_removal_succeeds(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_lease_release_finishes_the_delete_and_boots_nothing() {
     let env = env(false).await;
+    let mac = dhcp_pod(&env, "dhcp-0", "vm-dhcp").await;
     let witness = LeaseWitness::new(&env);
     witness.failing.store(true, Ordering::SeqCst);
     let d = start(
@@ -287,7 +290,7 @@ async fn a_failed_lease_release_finishes_the_delete_and_boots_nothing() {
             ..Default::default()
         },
     );
-    let mac = dhcp_pod_up(&env, "dhcp-0", "vm-dhcp").await;
+    wait_ready(&env, "dhcp-0").await;
     let boots = calls(&env, "vm clone").len() + calls(&env, "vm run").len();
     delete(&env, "dhcp-0").await;
     eventually(60, "pod finalized", || get(&env, "dhcp-0").is_none()).await;
@@ -441,13 +444,6 @@ async fn an_unmanaged_vm_is_never_hibernated_saved_or_removed() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let ext = clone_direct_on(&env.runtime, "base", "ext-vm", None).await;
     let ip = ext.primary_ip().unwrap().to_string();
-    let d = start(
-        &env,
-        Options {
-            releaser: Some(witness.clone()),
-            ..Default::default()
-        },
-    );
     create(
         &env,
         &agent_pod(
@@ -460,6 +456,14 @@ async fn an_unmanaged_vm_is_never_hibernated_saved_or_removed() {
         ),
     )
     .await;
+    // Started once the pod exists: its startup reconcile finds the VM claimed, not an orphan.
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(witness.clone()),
+            ..Default::default()
+        },
+    );
     wait_ready(&env, "ext-0").await;
     let before = env.sim.calls().unwrap().len();
     annotate(&env, "ext-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;

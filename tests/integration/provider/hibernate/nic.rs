@@ -257,13 +257,6 @@ async fn a_linux_dhcp_guest_keeps_its_nic_and_its_lease_is_released_only_after_t
     let mac = vm.primary_mac().unwrap().to_ascii_lowercase();
     write_leases(&env, &[(&mac, "127.22.0.18")]);
     let witness = LeaseWitness::new(&env);
-    let d = start(
-        &env,
-        Options {
-            releaser: Some(witness.clone()),
-            ..slow_retries()
-        },
-    );
     create(
         &env,
         &managed(
@@ -273,6 +266,14 @@ async fn a_linux_dhcp_guest_keeps_its_nic_and_its_lease_is_released_only_after_t
         ),
     )
     .await;
+    // Started once the pod exists: its startup reconcile adopts the VM, not destroys an orphan.
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(witness.clone()),
+            ..slow_retries()
+        },
+    );
     eventually(30, "ready", || is_up(&env, "lx-0")).await;
     fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
     annotate(&env, "lx-0", &[(HIBERNATE, Some("true"))]).await;
