@@ -136,3 +136,77 @@ async fn a_stopped_vm_without_a_saved_guest_is_booted_and_saved_before_it_goes()
     assert!(tag_exists(&env, "vm-y").await && vm_named(&env, "vm-y").await.is_none());
     d.kill().await;
 }
+
+/// A hibernate resumed after a restart that fails (its save) is owed a retry like any other:
+/// the pod says it failed, the VM keeps running, and the retry hibernates it.
+/// Checklist rows: retry_test/AFailedResumedHibernateOwesARetry
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_hibernate_that_fails_is_retried() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-rr").await;
+    env.sim.delay("snapshot save", Some(1), 1_500).unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(20, "hibernating", || {
+        lifecycle(&env, "agent-0").as_deref() == Some("hibernating")
+    })
+    .await;
+    d.kill().await;
+    eventually(20, "no snapshot save left running", || {
+        env.sim.pids_of("snapshot save").unwrap().is_empty()
+    })
+    .await;
+    // The resumed hibernate's save fails once.
+    fail_once(
+        &env,
+        "snapshot save",
+        None,
+        "Error: pause vm: cloud-hypervisor API timeout",
+    );
+    let saves = calls(&env, "snapshot save").len();
+    let d = start(&env, slow_retries());
+    wait_failed_with(&env, "agent-0", "snapshot save vm-rr").await;
+    assert!(
+        vm_named(&env, "vm-rr").await.is_some_and(|v| v.state.is_running()),
+        "the guest stays in its VM"
+    );
+    hibernated(&env, "agent-0").await;
+    assert!(
+        calls(&env, "snapshot save").len() >= saves + 2,
+        "the failed save, then the retry's"
+    );
+    assert!(tag_exists(&env, "vm-rr").await && vm_named(&env, "vm-rr").await.is_none());
+    d.kill().await;
+}
+
+/// Deleting a hibernated pod (no seat release) drops what it left on the node: its local
+/// snapshot and its lineage's fork snapshot.
+/// Checklist rows: delete_test/SnapshotRetention
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_hibernated_pod_drops_its_local_and_fork_snapshots() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-gone").await;
+    hibernate_now(&env, "agent-0").await;
+    assert!(
+        env.sim.snapshot_dir("vm-gone").unwrap().is_some(),
+        "the warm local copy"
+    );
+    delete(&env, "agent-0").await;
+    eventually(30, "pod gone", || get(&env, "agent-0").is_none()).await;
+    let removed: Vec<String> = calls(&env, "snapshot rm")
+        .into_iter()
+        .filter_map(|a| a.last().cloned())
+        .collect();
+    assert!(
+        removed.contains(&"vm-gone".to_string()) && removed.contains(&"fork-vm-gone".to_string()),
+        "{removed:?}"
+    );
+    assert!(
+        env.sim.snapshot_dir("vm-gone").unwrap().is_none(),
+        "the local copy is gone"
+    );
+    d.kill().await;
+}
