@@ -350,3 +350,100 @@ async fn a_lease_wait_that_runs_out_after_a_new_hibernate_request_writes_no_life
     );
     d.kill().await;
 }
+
+/// `win-0` as the apiserver has it, asking to be hibernated: handed to the provider's
+/// UpdatePod directly, so the test can abandon the call the way a cancelled request would.
+fn hibernate_request(env: &Env) -> std::sync::Arc<k8s_openapi::api::core::v1::Pod> {
+    let mut pod = get(env, "win-0").unwrap();
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(HIBERNATE.into(), "true".into());
+    std::sync::Arc::new(pod)
+}
+
+/// The lease renew after a failed NIC drop does not depend on the request that asked for the
+/// hibernate: the caller gone while the renew is under way, the guest still renews.
+/// Checklist rows: update_test/HibernateRenewSurvivesCancelledContext
+#[tokio::test(flavor = "multi_thread")]
+async fn the_renew_after_a_failed_nic_drop_outlives_its_cancelled_caller() {
+    use vk_cocoon::kubelet::Provider as _;
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    windows_pod_up(&env).await;
+    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
+    env.sim
+        .add_fault(Fault {
+            verb: "vm exec".into(),
+            match_arg: Some("/renew".into()),
+            times: Some(1),
+            action: FaultAction::Delay { ms: 1_500 },
+        })
+        .unwrap();
+    let provider = d.provider.clone();
+    let pod = hibernate_request(&env);
+    let call = tokio::spawn(async move { provider.update_pod(&pod).await });
+    eventually(20, "the renew under way", || {
+        calls(&env, "vm exec").iter().any(|a| a.iter().any(|x| x == "/renew"))
+    })
+    .await;
+    call.abort();
+    let _ = call.await;
+    eventually(20, "the guest renewed its lease", || {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+    })
+    .await;
+    d.kill().await;
+}
+
+/// Giving the NIC back after a failed remove does not depend on the request either: the caller
+/// gone while the NIC is being re-attached, the guest gets its NIC and renews its lease.
+/// Checklist rows: update_test/HibernateRollbackSurvivesCancelledContext
+#[tokio::test(flavor = "multi_thread")]
+async fn giving_the_nic_back_outlives_its_cancelled_caller() {
+    use vk_cocoon::kubelet::Provider as _;
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    windows_pod_up(&env).await;
+    let vm = vm_named(&env, "vm-win").await.unwrap();
+    fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
+    // `vm net <id> --nics 1`: the re-attach is slow.
+    env.sim
+        .add_fault(Fault {
+            verb: "vm net".into(),
+            match_arg: Some("1".into()),
+            times: Some(1),
+            action: FaultAction::Delay { ms: 1_500 },
+        })
+        .unwrap();
+    let provider = d.provider.clone();
+    let pod = hibernate_request(&env);
+    let call = tokio::spawn(async move { provider.update_pod(&pod).await });
+    eventually(30, "the NIC being given back", || {
+        calls(&env, "vm net").iter().any(|a| a.iter().any(|x| x == "1"))
+    })
+    .await;
+    call.abort();
+    let _ = call.await;
+    eventually(20, "the NIC back and the lease renewed", || {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+    })
+    .await;
+    assert!(
+        vm_named(&env, "vm-win")
+            .await
+            .is_some_and(|v| v.state.is_running() && !v.network_configs.is_empty()),
+        "the guest has its NIC again"
+    );
+    d.kill().await;
+}
