@@ -475,3 +475,60 @@ async fn the_loopback_guard_refuses_private_addresses_and_fails_the_test_naming_
         "the failure names the refused addresses: {message}"
     );
 }
+
+/// A lease that lands while the renew nudge is still running wins over the wait's deadline:
+/// the nudge outlasts the wait (its reply never comes in time), yet the guest is Ready with
+/// the lease that arrived meanwhile, not failed.
+/// Checklist rows: update_test/WaitForFreshIPLeaseLandingDuringNudgeWins
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_landing_during_the_renew_nudge_wins_over_the_deadline() {
+    let env = env(false).await;
+    seed_windows_snapshot(&env, "winbase").await;
+    // The nudge at 1.5 s is held past the 6 s wait: the lease written meanwhile decides.
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: "vm exec".into(),
+            match_arg: Some("/renew".into()),
+            times: Some(1),
+            action: cocoon_sim::FaultAction::Delay { ms: 8_000 },
+        })
+        .unwrap();
+    let d = start(
+        &env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                ip_wait: Duration::from_secs(6),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    let pod = managed(
+        "win-0",
+        "vm-win",
+        &[
+            (IMAGE, "winbase"),
+            (NETWORK, "dhcp-net"),
+            ("cocoonset.cocoonstack.io/os", "windows"),
+        ],
+    );
+    create(&env, &pod).await;
+    eventually(20, "the renew nudge under way", || {
+        calls(&env, "vm exec").iter().any(|a| a.iter().any(|x| x == "/renew"))
+    })
+    .await;
+    let mac = vm_named(&env, "vm-win")
+        .await
+        .unwrap()
+        .primary_mac()
+        .unwrap()
+        .to_string();
+    write_leases(&env, &[(&mac, "127.0.0.42")]);
+    eventually(30, "ready with the lease", || {
+        ready(&env, "win-0") && pod_ip(&env, "win-0").as_deref() == Some("127.0.0.42")
+    })
+    .await;
+    assert_eq!(lifecycle(&env, "win-0").as_deref(), Some("ready"));
+    assert!(!has_event(&env, "win-0", "PostCloneIPWaitTimeout"));
+    d.kill().await;
+}
