@@ -532,3 +532,67 @@ async fn a_lease_landing_during_the_renew_nudge_wins_over_the_deadline() {
     assert!(!has_event(&env, "win-0", "PostCloneIPWaitTimeout"));
     d.kill().await;
 }
+
+/// A guest's lease wait stops when the pod's VM goes from under it: here the VM vanishes and
+/// its eviction cannot reach the apiserver (so nothing else stops the guest work), and the wait
+/// running out later writes no lease-timeout failure over the pod. The wake's wait is the same
+/// code with the same check.
+/// Checklist rows: update_test/WaitForFreshIPBailsWhenVMSwapped,
+/// update_test/FinalizeDropNICWakeSkipsLifecycleWhenVMForgotten
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_wait_whose_vm_went_away_writes_no_lifecycle() {
+    let env = env(false).await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(
+        &env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                ip_wait: Duration::from_secs(4),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    let pod = managed(
+        "win-0",
+        "vm-win",
+        &[
+            (IMAGE, "winbase"),
+            (NETWORK, "dhcp-net"),
+            ("cocoonset.cocoonstack.io/os", "windows"),
+        ],
+    );
+    create(&env, &pod).await;
+    eventually(20, "the lease wait under way (its renew nudge)", || {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+    })
+    .await;
+    let id = vm_named(&env, "vm-win").await.unwrap().id;
+    eventually(20, "the event stream sees the VM", || {
+        env.sim.stream_reports(&id, "running").unwrap()
+    })
+    .await;
+    env.server
+        .inject_fault(Some(axum::http::Method::DELETE), "/pods/win-0", 500, 1000);
+    env.sim.flip_vm("vm-win", cocoon_sim::Flip::Deleted).unwrap();
+    let failures = &d.provider.metrics().pod_evict_failure;
+    eventually(20, "the VM let go and its eviction failing", || failures.get() >= 1).await;
+    // Absence is shown by waiting: past the 4 s lease wait, nothing was written.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !has_event(&env, "win-0", "PostCloneIPWaitTimeout"),
+        "{:?}",
+        events(&env, "win-0")
+    );
+    assert_ne!(lifecycle(&env, "win-0").as_deref(), Some("ready"));
+    assert!(
+        !lifecycle_message(&env, "win-0").contains("dhcp lease not observed"),
+        "{}",
+        lifecycle_message(&env, "win-0")
+    );
+    d.kill().await;
+}
