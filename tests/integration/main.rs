@@ -19,6 +19,7 @@ use provider_support::{kubelet_support, registry_support};
 use registry_support::runtime_support;
 
 mod architecture;
+mod coverage;
 mod crash;
 mod kubelet;
 mod policy;

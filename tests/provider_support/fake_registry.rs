@@ -21,6 +21,11 @@ pub struct FakeRegistry {
     /// The next N pushes fail.
     pub failing_pushes: AtomicU32,
     pub pulls: AtomicU32,
+    /// Every manifest lookup so far, as `repo:tag` (the run path's classification of an image,
+    /// the evidence lookups of `<vm>:hibernate`).
+    pub manifest_lookups: Mutex<Vec<String>>,
+    /// `repo:tag` → how many more of its manifest lookups fail as a registry answering 5xx would.
+    pub failing_manifests: Mutex<HashMap<String, u32>>,
     pub pushes: Mutex<Vec<(String, String, String)>>,
     pub deletes: Mutex<Vec<(String, String)>>,
     /// Every tag that came (`true`: a push finished) or went (`false`), with when, on the
@@ -95,6 +100,18 @@ fn snapshot_meta_of(tar: &[u8]) -> Result<SnapshotMeta, String> {
 #[async_trait]
 impl SnapshotRegistry for FakeRegistry {
     async fn manifest(&self, repo: &str, tag: &str) -> Result<Option<Artifact>, RegistryError> {
+        let reference = format!("{repo}:{tag}");
+        self.manifest_lookups.lock().unwrap().push(reference.clone());
+        if let Some(left) = self
+            .failing_manifests
+            .lock()
+            .unwrap()
+            .get_mut(&reference)
+            .filter(|n| **n > 0)
+        {
+            *left -= 1;
+            return Err(unavailable(&reference, "503 Service Unavailable"));
+        }
         self.check()?;
         Ok(self
             .store

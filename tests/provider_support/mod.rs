@@ -390,3 +390,56 @@ pub fn start(env: &Env, opts: Options) -> Daemon {
         runtime: Some(runtime),
     }
 }
+
+/// A cocoon-net stand-in that checks the rule a lease release must keep: at each release, no VM
+/// with that MAC exists any more (a lease released under a live guest breaks its network).
+/// Records every release and every breach, and can be told to fail its releases.
+pub struct LeaseWitness {
+    runtime: Arc<CocoonCli>,
+    pub released: Mutex<Vec<String>>,
+    /// "mac: still on vm <id> (<name>)" for each release made while a VM held the MAC.
+    pub breaches: Mutex<Vec<String>>,
+    /// Every release answers an error (cocoon-net down).
+    pub failing: AtomicBool,
+}
+
+impl LeaseWitness {
+    pub fn new(env: &Env) -> Arc<Self> {
+        Arc::new(Self {
+            runtime: env.runtime.clone(),
+            released: Mutex::default(),
+            breaches: Mutex::default(),
+            failing: AtomicBool::new(false),
+        })
+    }
+
+    pub fn released(&self) -> Vec<String> {
+        self.released.lock().unwrap().clone()
+    }
+
+    pub fn assert_no_breach(&self) {
+        let breaches = self.breaches.lock().unwrap().clone();
+        assert!(breaches.is_empty(), "leases released under a live VM: {breaches:?}");
+    }
+}
+
+#[async_trait]
+impl vk_cocoon::provider::ports::LeaseReleaser for LeaseWitness {
+    async fn release(&self, mac: &str) -> Result<(), String> {
+        let live = self.runtime.list().await.map_err(|e| e.to_string())?;
+        for vm in live
+            .iter()
+            .filter(|vm| vm.network_configs.iter().any(|nic| nic.mac.eq_ignore_ascii_case(mac)))
+        {
+            self.breaches
+                .lock()
+                .unwrap()
+                .push(format!("{mac}: still on vm {} ({})", vm.id, vm.name()));
+        }
+        self.released.lock().unwrap().push(mac.to_ascii_lowercase());
+        if self.failing.load(Ordering::SeqCst) {
+            return Err("cocoon-net: connection refused".into());
+        }
+        Ok(())
+    }
+}

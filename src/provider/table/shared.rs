@@ -158,6 +158,35 @@ mod tests {
         assert_eq!(again, Ok(7));
     }
 
+    /// Work of different keys (two snapshots, two images) is not serialised: here the first
+    /// key's work can only end once the second key's work has run.
+    #[tokio::test]
+    async fn different_keys_run_at_the_same_time() {
+        let work: Arc<SharedWork<()>> = Arc::default();
+        let closing = CancellationToken::new();
+        let (open, gate) = tokio::sync::oneshot::channel::<()>();
+        let first = {
+            let (work, closing) = (work.clone(), closing.clone());
+            tokio::spawn(async move {
+                work.run("snapshot:a", Duration::from_secs(60), &closing, move || async move {
+                    let _ = gate.await;
+                })
+                .await
+            })
+        };
+        while work.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let second = work.run("snapshot:b", Duration::from_secs(60), &closing, move || async move {
+            let _ = open.send(());
+        });
+        let both = async { (second.await, first.await.unwrap()) };
+        let (second, first) = tokio::time::timeout(Duration::from_secs(10), both)
+            .await
+            .expect("the second key waited for the first");
+        assert_eq!((first, second), (Ok(()), Ok(())));
+    }
+
     #[tokio::test]
     async fn the_work_has_its_own_deadline_and_stops_when_the_provider_closes() {
         let work: SharedWork<()> = SharedWork::default();

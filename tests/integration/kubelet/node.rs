@@ -125,6 +125,7 @@ async fn node_is_registered_with_measured_capacity_labels_and_taint() {
     task.await.unwrap().unwrap();
 }
 
+/// Checklist rows: main_test/NodeLabels
 #[tokio::test]
 async fn existing_node_is_updated_and_an_unset_cpu_class_label_is_removed() {
     let server = FakeApiServer::start().await;

@@ -21,6 +21,9 @@ async fn wait_ready(env: &Env, name: &str) {
     .await;
 }
 
+/// Lifecycle: L20, L22, L28, L38.
+/// Checklist rows: create_test/CloneMode, create_test/InvalidatesForkSnapshot,
+/// create_test/CloneModePassesCPUPolicy, create_test/CloneModeWithTag
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_publishes_the_runtime() {
     let env = env(false).await;
@@ -60,6 +63,7 @@ async fn clone_mode_clones_the_tagged_local_snapshot_with_the_cgroup_flags_and_p
     d.kill().await;
 }
 
+/// Lifecycle: L23.
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_mode_pulls_a_missing_snapshot_from_the_registry_then_clones_it() {
     let env = env(true).await;
@@ -90,6 +94,9 @@ async fn clone_mode_pulls_a_missing_snapshot_from_the_registry_then_clones_it() 
     d.kill().await;
 }
 
+/// Lifecycle: L20, L29, L30, L31.
+/// Checklist rows: create_test/InvalidatesForkSnapshot, create_test/RunMode,
+/// create_test/RunModeBurstableCPUPolicy, create_test/EnsureRunImageDispatch
 #[tokio::test(flavor = "multi_thread")]
 async fn run_mode_ensures_the_image_and_translates_the_resources() {
     let env = env(true).await;
@@ -155,6 +162,9 @@ async fn run_mode_ensures_the_image_and_translates_the_resources() {
     d.kill().await;
 }
 
+/// Lifecycle: L19.
+/// Checklist rows: create_test/ForkFromLocalVMSkipsSnapshotBaseImage,
+/// create_test/EnsureForkSnapshotDedupsConcurrentSaves, create_test/ForkFromReusesExistingSnapshot
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_share_one_fork_snapshot_of_the_source() {
     let env = env(false).await;
@@ -194,6 +204,8 @@ async fn forks_share_one_fork_snapshot_of_the_source() {
     d.kill().await;
 }
 
+/// Lifecycle: L33.
+/// Checklist rows: create_test/CloneFromDirAnnotationDispatches
 #[tokio::test(flavor = "multi_thread")]
 async fn clone_from_dir_clones_the_exported_directory() {
     let env = env(false).await;
@@ -218,6 +230,8 @@ async fn clone_from_dir_clones_the_exported_directory() {
     d.kill().await;
 }
 
+/// Lifecycle: L9.
+/// Checklist rows: create_test/CreatePodUnmanagedAdoptsExistingVM
 #[tokio::test(flavor = "multi_thread")]
 async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
     let env = env(false).await;
@@ -243,6 +257,7 @@ async fn unmanaged_pods_adopt_the_preassigned_vm_without_touching_cocoon() {
     d.kill().await;
 }
 
+/// Lifecycle: L8.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_existing_vm_is_adopted_by_its_pod_after_a_restart_not_booted_twice() {
     let env = env(false).await;
@@ -275,6 +290,9 @@ async fn an_existing_vm_is_adopted_by_its_pod_after_a_restart_not_booted_twice()
     d.kill().await;
 }
 
+/// Lifecycle: L23.
+/// Checklist rows: create_test/EnsureSnapshotColdBurstSingleflight,
+/// create_test/EnsureSnapshotLocalHitSkipsRegistry
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
     let env = env(true).await;
@@ -309,6 +327,9 @@ async fn a_cold_burst_of_clones_pulls_the_snapshot_once() {
 /// Checklist rows EnsureRunImageConcurrentForceShareOneImport and …FallbackDeduped: a burst of
 /// run-mode pods of one image shares one `cocoon image pull` (one `--force` pull when they ask
 /// for it). (That the shared pull outlives a caller that goes away: `table::shared`'s tests.)
+/// Checklist rows: create_test/EnsureRunImageColdBurstSingleImport,
+/// create_test/EnsureRunImageConcurrentForceShareOneImport,
+/// create_test/EnsureRunImageFallbackDeduped
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_of_run_pods_shares_one_forced_image_pull() {
     let env = env(false).await;
@@ -336,5 +357,164 @@ async fn a_burst_of_run_pods_shares_one_forced_image_pull() {
     let pulls = calls(&env, "image pull");
     assert_eq!(pulls.len(), 1, "one forced pull for the burst: {pulls:?}");
     assert!(pulls[0].contains(&"--force".to_string()), "{pulls:?}");
+    d.kill().await;
+}
+
+/// The verbs of the simulator's calls whose arguments mention `needle`, in order.
+fn verbs_mentioning(env: &Env, needle: &str) -> Vec<String> {
+    env.sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.argv.iter().any(|a| a.contains(needle)))
+        .map(|c| c.verb)
+        .collect()
+}
+
+/// A node that has a snapshot pulled from the registry but not the image the snapshot was
+/// taken from gets that image once before the clone (`image inspect` by the recorded digest
+/// misses, `image pull` by reference); a second clone finds the digest and pulls nothing; a
+/// snapshot of an http(s) cloud image is not ensured here (cocoon's `--pull` fetches it).
+/// Lifecycle: L25, L26. Checklist rows: create_test/CloneModeEnsuresOCIRefBaseImage,
+/// create_test/CloneModeSkipsEnsureWhenDigestPresent
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pulled_snapshots_base_image_is_ensured_once_before_the_clone() {
+    // The snapshots were made on another node; this node shares only the registry.
+    let origin = env(true).await;
+    let registry = origin.registry.clone().unwrap();
+    seed_snapshot(&origin, "golden", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "golden", "golden", "v1", "ghcr.io/x/base:1")
+        .await
+        .unwrap();
+    let web = "https://images.test/noble.qcow2";
+    seed_snapshot(&origin, "webgold", web).await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "webgold", "webgold", "v1", web)
+        .await
+        .unwrap();
+    let mut env = env(false).await;
+    env.registry = Some(registry);
+    let d = start(&env, Options::default());
+
+    create(
+        &env,
+        &managed("a-0", "vm-a", &[("cocoonset.cocoonstack.io/image", "golden:v1")]),
+    )
+    .await;
+    wait_ready(&env, "a-0").await;
+    let pulls = calls(&env, "image pull");
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    assert_eq!(pulls[0].last().map(String::as_str), Some("ghcr.io/x/base:1"));
+    let seq: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.verb)
+        .filter(|v| matches!(v.as_str(), "image inspect" | "image pull" | "vm clone"))
+        .collect();
+    assert_eq!(
+        seq,
+        vec!["image inspect", "image pull", "vm clone"],
+        "the digest is looked up, missed, the image pulled, then the clone"
+    );
+    let clone = calls(&env, "vm clone")[0].join(" ");
+    assert!(clone.contains("--pull"), "{clone}");
+
+    create(
+        &env,
+        &managed("b-0", "vm-b", &[("cocoonset.cocoonstack.io/image", "golden:v1")]),
+    )
+    .await;
+    wait_ready(&env, "b-0").await;
+    assert_eq!(
+        calls(&env, "image pull").len(),
+        1,
+        "the digest is present: no second pull"
+    );
+    assert_eq!(calls(&env, "image inspect").len(), 2, "looked up by digest again");
+
+    create(
+        &env,
+        &managed("w-0", "vm-w", &[("cocoonset.cocoonstack.io/image", "webgold:v1")]),
+    )
+    .await;
+    wait_ready(&env, "w-0").await;
+    assert_eq!(
+        verbs_mentioning(&env, web),
+        Vec::<String>::new(),
+        "an http base is neither inspected nor pulled by the daemon"
+    );
+    assert_eq!(calls(&env, "image inspect").len(), 2);
+    let clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(clone.contains("--pull"), "cocoon fetches the http base itself: {clone}");
+    d.kill().await;
+}
+
+/// A run image the registry cannot classify is left to `cocoon image pull`: a lookup that fails
+/// as a 5xx does, an http(s) reference (not looked up at all), and a node without a registry.
+/// Lifecycle: L31. Checklist rows: create_test/EnsureRunImageFallback,
+/// create_test/EnsureRunImageDispatch
+#[tokio::test(flavor = "multi_thread")]
+async fn run_images_the_registry_cannot_classify_are_pulled_by_cocoon() {
+    let run = |pod: &str, vm: &str, image: &str| {
+        managed(
+            pod,
+            vm,
+            &[
+                ("cocoonset.cocoonstack.io/image", image),
+                ("cocoonset.cocoonstack.io/mode", "run"),
+            ],
+        )
+    };
+    let pulled = |env: &Env, image: &str| {
+        calls(env, "image pull")
+            .iter()
+            .filter(|a| a.last().map(String::as_str) == Some(image))
+            .count()
+    };
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    registry
+        .failing_manifests
+        .lock()
+        .unwrap()
+        .insert("ghcr.io/x/tool:1".into(), 1);
+    let lookups = |of: &str| {
+        registry
+            .manifest_lookups
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.as_str() == of)
+            .count()
+    };
+    let d = start(&env, Options::default());
+    create(&env, &run("tool-0", "vm-t0", "ghcr.io/x/tool:1")).await;
+    wait_ready(&env, "tool-0").await;
+    assert_eq!(lookups("ghcr.io/x/tool:1"), 1, "looked up once, failed");
+    assert_eq!(pulled(&env, "ghcr.io/x/tool:1"), 1, "then pulled by cocoon");
+
+    let web = "https://images.test/tool.qcow2";
+    create(&env, &run("tool-1", "vm-t1", web)).await;
+    wait_ready(&env, "tool-1").await;
+    assert!(
+        registry
+            .manifest_lookups
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|r| !r.contains("images.test")),
+        "an http image is not looked up"
+    );
+    assert_eq!(pulled(&env, web), 1);
+    d.kill().await;
+
+    let bare = provider_support::env(false).await;
+    let d = start(&bare, Options::default());
+    create(&bare, &run("tool-2", "vm-t2", "ghcr.io/x/tool:1")).await;
+    wait_ready(&bare, "tool-2").await;
+    assert_eq!(pulled(&bare, "ghcr.io/x/tool:1"), 1, "no registry: cocoon pulls it");
     d.kill().await;
 }

@@ -15,6 +15,9 @@ async fn wait_ready(env: &Env, name: &str) {
     .await;
 }
 
+/// Lifecycle: L45, L48, L49.
+/// Checklist rows: create_test/DeletePodRemovesAndForgetsVM,
+/// delete_test/SnapshotsARunningVMBeforeRemovingIt
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_saves_and_pushes_latest_with_the_base_image_then_removes_the_vm_and_snapshots() {
     let env = env(true).await;
@@ -67,6 +70,8 @@ async fn delete_saves_and_pushes_latest_with_the_base_image_then_removes_the_vm_
     d.kill().await;
 }
 
+/// Lifecycle: L46.
+/// Checklist rows: delete_test/KeepsTheVMWhenTheSnapshotFails
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_push_keeps_the_vm_and_the_delete_retries_until_it_succeeds() {
     let env = env(true).await;
@@ -100,6 +105,8 @@ async fn a_failed_push_keeps_the_vm_and_the_delete_retries_until_it_succeeds() {
     d.kill().await;
 }
 
+/// Lifecycle: L48.
+/// Checklist rows: delete_test/SnapshotRetention
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshot_policy_never_skips_the_save_and_keep_flag_keeps_the_local_snapshot() {
     let env = env(true).await;
@@ -183,5 +190,304 @@ async fn a_delete_cocoon_refuses_outright_waits_for_an_operator_and_says_what_to
     // The operator's re-check finds the cause gone (the failure happened once): the delete ends.
     eventually(60, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert!(vm_named(&env, "vm-p").await.is_none());
+    d.kill().await;
+}
+
+/// The next `verb` whose arguments include `arg` fails once with cocoon's `stderr` text (exit 1:
+/// a failure a retry may clear).
+fn fail_once_on(env: &Env, verb: &str, arg: &str, stderr: &str) {
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: verb.into(),
+            match_arg: Some(arg.into()),
+            times: Some(1),
+            action: cocoon_sim::FaultAction::Fail {
+                stdout: String::new(),
+                stderr: stderr.into(),
+                exit_code: 1,
+            },
+        })
+        .unwrap();
+}
+
+/// A DHCP guest `vm` (cloned behind the daemon's back, its lease in cocoon-net's file) and
+/// managed pod `pod` for it with snapshot policy `never` (nothing to save or push); its MAC.
+/// Both exist before the daemon starts, so its startup reconcile adopts the VM rather than
+/// destroying it as an orphan.
+async fn dhcp_pod(env: &Env, pod: &str, vm: &str) -> String {
+    seed_snapshot(env, "base", "ghcr.io/x/base:1").await;
+    let record = clone_direct_on(&env.runtime, "base", vm, Some("dhcp-net")).await;
+    let mac = record.primary_mac().expect("the NIC has a MAC").to_ascii_lowercase();
+    write_leases(env, &[(&mac, "127.22.0.17")]);
+    create(
+        env,
+        &managed(
+            pod,
+            vm,
+            &[
+                ("cocoonset.cocoonstack.io/image", "base"),
+                ("cocoonset.cocoonstack.io/network", "dhcp-net"),
+                ("cocoonset.cocoonstack.io/snapshot-policy", "never"),
+            ],
+        ),
+    )
+    .await;
+    mac
+}
+
+/// A `vm rm` that fails keeps the VM and with it its lease: cocoon-net is asked to release the
+/// MAC only once the retried delete has removed the VM (the witness checks, at the release,
+/// that no VM holds the MAC any more).
+/// Checklist rows: delete_test/DoesNotReleaseLeaseWhenVMRemovalFails
+/// Lifecycle: L47.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_vm_removal_keeps_the_lease_until_the_retried_removal_succeeds() {
+    let env = env(false).await;
+    let mac = dhcp_pod(&env, "dhcp-0", "vm-dhcp").await;
+    let witness = LeaseWitness::new(&env);
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(witness.clone()),
+            ..Default::default()
+        },
+    );
+    wait_ready(&env, "dhcp-0").await;
+    let id = vm_named(&env, "vm-dhcp").await.unwrap().id;
+    fail_once_on(&env, "vm rm", &id, "Error: vm busy: stop timed out");
+    delete(&env, "dhcp-0").await;
+    eventually(60, "pod finalized after the retried removal", || {
+        get(&env, "dhcp-0").is_none()
+    })
+    .await;
+    assert_eq!(
+        d.provider.metrics().lifecycle_count("delete", "failed", ""),
+        1,
+        "the first removal failed and kept the VM"
+    );
+    let removals = calls(&env, "vm rm").into_iter().filter(|a| a.contains(&id)).count();
+    assert_eq!(removals, 2, "removed on the retry");
+    witness.assert_no_breach();
+    assert_eq!(witness.released(), vec![mac], "released once, after the removal");
+    assert!(vm_named(&env, "vm-dhcp").await.is_none());
+    d.kill().await;
+}
+
+/// cocoon-net refusing the release does not hold the delete back or bring anything back: the
+/// pod is finalized, its VM stays gone and nothing boots again (the lease's expiry is
+/// cocoon-net's fallback).
+/// Checklist rows: delete_test/LeaseReleaseFailureDoesNotResurrectVM
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_lease_release_finishes_the_delete_and_boots_nothing() {
+    let env = env(false).await;
+    let mac = dhcp_pod(&env, "dhcp-0", "vm-dhcp").await;
+    let witness = LeaseWitness::new(&env);
+    witness.failing.store(true, Ordering::SeqCst);
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(witness.clone()),
+            ..Default::default()
+        },
+    );
+    wait_ready(&env, "dhcp-0").await;
+    let boots = calls(&env, "vm clone").len() + calls(&env, "vm run").len();
+    delete(&env, "dhcp-0").await;
+    eventually(60, "pod finalized", || get(&env, "dhcp-0").is_none()).await;
+    assert_eq!(witness.released(), vec![mac], "the release was asked for");
+    witness.assert_no_breach();
+    let m = d.provider.metrics();
+    assert_eq!(m.lease_release.with_label_values(&["failed"]).get(), 1);
+    assert_eq!(m.lifecycle_count("delete", "ok", ""), 1, "the delete succeeded once");
+    assert!(vms(&env).await.is_empty(), "no VM left or brought back");
+    assert_eq!(
+        calls(&env, "vm clone").len() + calls(&env, "vm run").len(),
+        boots,
+        "nothing booted after the delete"
+    );
+    d.kill().await;
+}
+
+/// A snapshot-before-destroy that cannot look at the VM (`vm inspect` fails) or cannot save it
+/// keeps the VM and says so; the retried delete saves, pushes and only then removes it.
+/// Checklist rows: delete_test/KeepsTheVMWhenTheSnapshotFails
+/// Lifecycle: L46.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_inspect_or_save_before_the_delete_keeps_the_vm_and_the_retry_saves_it() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-f", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let id = vm_named(&env, "vm-f").await.unwrap().id;
+    fail_once_on(&env, "vm inspect", &id, "Error: cloud-hypervisor API timeout");
+    fail_once_on(
+        &env,
+        "snapshot save",
+        &id,
+        "Error: pause vm: cloud-hypervisor API timeout",
+    );
+    delete(&env, "agent-0").await;
+    let needle = format!("inspect vm {id} before delete");
+    eventually(60, "the failed inspect kept the VM", || {
+        events(&env, "agent-0")
+            .iter()
+            .any(|(reason, note)| reason == "DeleteKeptVM" && note.contains(&needle))
+    })
+    .await;
+    eventually(60, "pod finalized", || get(&env, "agent-0").is_none()).await;
+    // One kept VM for the failed inspect, one for the failed save (their Events share a reason,
+    // so the second is a repeat of the first).
+    assert_eq!(d.provider.metrics().lifecycle_count("delete", "failed", ""), 2);
+    // Nothing was removed before the one save that worked was pushed.
+    let order: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.argv.contains(&id) && matches!(c.verb.as_str(), "snapshot save" | "vm rm"))
+        .map(|c| c.verb)
+        .collect();
+    // The first save is the failed one.
+    assert_eq!(order, vec!["snapshot save", "snapshot save", "vm rm"]);
+    assert_eq!(
+        registry.pushes.lock().unwrap().clone(),
+        vec![("vm-f".to_string(), "latest".to_string(), "base".to_string())]
+    );
+    d.kill().await;
+}
+
+/// The keep-snapshot-on-delete flag is read from the pod as it is when the delete runs: an
+/// operator who sets it on a running pod (a seat release) keeps the local snapshot.
+/// Checklist rows: delete_test/ReadsAKeepFlagRefreshedFromTheInformer
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keep_flag_set_after_the_create_keeps_the_local_snapshot() {
+    let env = env(true).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-kf", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    annotate(
+        &env,
+        "agent-0",
+        &[("vm.cocoonstack.io/keep-snapshot-on-delete", Some("true"))],
+    )
+    .await;
+    delete(&env, "agent-0").await;
+    eventually(60, "pod finalized", || get(&env, "agent-0").is_none()).await;
+    assert!(vm_named(&env, "vm-kf").await.is_none(), "the VM is removed");
+    assert!(
+        env.runtime.snapshot_inspect("vm-kf").await.is_ok(),
+        "the flag set after the create keeps the snapshot saved at the delete"
+    );
+    let rm: Vec<_> = calls(&env, "snapshot rm")
+        .into_iter()
+        .filter_map(|a| a.last().cloned())
+        .collect();
+    assert!(!rm.contains(&"vm-kf".to_string()), "{rm:?}");
+    d.kill().await;
+}
+
+/// A delete of an older incarnation of the pod (same name, another UID) leaves the live
+/// incarnation's VM alone: the stale delete is a no-op.
+/// Checklist rows: delete_test/SkipsASupersededIncarnation
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_of_a_superseded_incarnation_leaves_the_live_vm_alone() {
+    use vk_cocoon::kubelet::Provider as _;
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-inc", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let saves = calls(&env, "snapshot save").len();
+    let mut stale = get(&env, "agent-0").unwrap();
+    stale.metadata.uid = Some("an-older-incarnation".into());
+    d.provider
+        .delete_pod(&std::sync::Arc::new(stale))
+        .await
+        .expect("a superseded delete succeeds as a no-op");
+    assert!(
+        vm_named(&env, "vm-inc").await.is_some_and(|v| v.state.is_running()),
+        "the live incarnation's VM stays"
+    );
+    assert!(
+        calls(&env, "snapshot save").len() == saves && registry.pushes.lock().unwrap().is_empty(),
+        "no save or push for the stale delete"
+    );
+    assert_eq!(lifecycle(&env, "agent-0").as_deref(), Some("ready"));
+    assert!(ready(&env, "agent-0"), "the live pod stays Ready");
+    d.kill().await;
+}
+
+/// An unmanaged pod's VM belongs to someone else: a hibernate request on it is a no-op, and its
+/// delete only forgets the pod — no save, no push, no removal, no lease release.
+/// Lifecycle: L50, L63. Checklist rows: delete_test/LeavesAnUnmanagedVMAlone
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unmanaged_vm_is_never_hibernated_saved_or_removed() {
+    let env = env(true).await;
+    let registry = env.registry.clone().unwrap();
+    let witness = LeaseWitness::new(&env);
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let ext = clone_direct_on(&env.runtime, "base", "ext-vm", None).await;
+    let ip = ext.primary_ip().unwrap().to_string();
+    create(
+        &env,
+        &agent_pod(
+            "ext-0",
+            &[
+                ("vm.cocoonstack.io/name", "ext-vm"),
+                ("vm.cocoonstack.io/id", &ext.id),
+                ("vm.cocoonstack.io/ip", &ip),
+            ],
+        ),
+    )
+    .await;
+    // Started once the pod exists: its startup reconcile finds the VM claimed, not an orphan.
+    let d = start(
+        &env,
+        Options {
+            releaser: Some(witness.clone()),
+            ..Default::default()
+        },
+    );
+    wait_ready(&env, "ext-0").await;
+    let before = env.sim.calls().unwrap().len();
+    annotate(&env, "ext-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
+    // The update is handled before the delete (one pod's events are handled in order): had it
+    // hibernated the VM, the calls below would show it.
+    delete(&env, "ext-0").await;
+    eventually(60, "pod finalized", || get(&env, "ext-0").is_none()).await;
+    let after: Vec<String> = env.sim.calls().unwrap()[before..]
+        .iter()
+        .map(|c| c.verb.clone())
+        .filter(|v| v != "vm list" && v != "vm inspect")
+        .collect();
+    assert!(
+        !after
+            .iter()
+            .any(|v| matches!(v.as_str(), "snapshot save" | "vm rm" | "vm net" | "vm exec" | "vm stop")),
+        "cocoon was asked to act on an unmanaged VM: {after:?}"
+    );
+    assert!(registry.pushes.lock().unwrap().is_empty(), "nothing pushed");
+    assert!(witness.released().is_empty(), "no lease released");
+    assert!(
+        vm_named(&env, "ext-vm").await.is_some_and(|v| v.state.is_running()),
+        "the unmanaged VM keeps running"
+    );
+    assert_eq!(d.provider.metrics().lifecycle_count("delete", "ok", ""), 1);
     d.kill().await;
 }

@@ -104,6 +104,8 @@ fn fail_once(env: &Env, verb: &str, arg: Option<&str>, stderr: &str) {
         .unwrap();
 }
 
+/// Lifecycle: L18, L53, L55, L59, L61.
+/// Checklist rows: create_test/HandleVMGoneSkippedWhenPodHibernating
 #[tokio::test(flavor = "multi_thread")]
 async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     let env = env_with_oci().await;
@@ -218,6 +220,8 @@ async fn hibernate_then_wake_round_trips_the_guest_through_the_registry() {
     d.kill().await;
 }
 
+/// Lifecycle: L10.
+/// Checklist rows: delete_test/SnapshotRetention
 #[tokio::test(flavor = "multi_thread")]
 async fn a_seat_release_keeps_the_warm_copy_and_a_cross_node_wake_restores_only_on_a_matching_class() {
     let env = env_with_oci().await;
@@ -314,6 +318,7 @@ async fn a_seat_release_keeps_the_warm_copy_and_a_cross_node_wake_restores_only_
     d.kill().await;
 }
 
+/// Lifecycle: L51.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unrelated_update_is_a_noop_without_a_status_echo() {
     let env = env_with_oci().await;
@@ -421,5 +426,84 @@ async fn a_hibernated_pod_names_no_address_even_when_its_vm_is_slow_to_go() {
     .await;
     let pod = get(&env, "agent-0").unwrap();
     assert_eq!(pod.status.unwrap().pod_ips, None, "no podIPs either");
+    d.kill().await;
+}
+
+/// The CPU-class gate runs in UpdatePod too: a hibernated pod that now asks for another CPU
+/// class than the node's is not woken here (the snapshot's memory image would resume on a CPU
+/// it was not taken on); the refusal is an Event on the pod and counted under its own reason.
+/// (A real apiserver does not let a pod's node selector change; the gate does not rely on it.)
+/// Lifecycle: L2
+/// Lifecycle: L5.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_on_a_foreign_cpu_class_is_refused_by_the_update_gate() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let mut pod = managed("agent-0", "vm-cc", &[(IMAGE, "base")]);
+    pod.spec.as_mut().unwrap().node_selector =
+        Some([("cocoonstack.io/snapshot-cpu-class".to_string(), "genoa".to_string())].into());
+    let d = start(
+        &env,
+        Options {
+            node_class: "genoa".into(),
+            ..Default::default()
+        },
+    );
+    create(&env, &pod).await;
+    eventually(30, "ready", || is_up(&env, "agent-0")).await;
+    hibernate_now(&env, "agent-0").await;
+    let boots = calls(&env, "vm clone").len();
+    // The wake and a foreign class arrive in one update.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(env.server.client(), "default");
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {HIBERNATE: null}},
+        "spec": {"nodeSelector": {"cocoonstack.io/snapshot-cpu-class": "skylake"}},
+    });
+    pods.patch(
+        "agent-0",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    eventually(20, "the update refused with an Event", || {
+        events(&env, "agent-0")
+            .iter()
+            .any(|(reason, note)| reason == "SnapshotCPUClassMismatch" && note.starts_with("update:"))
+    })
+    .await;
+    let m = d.provider.metrics();
+    assert!(m.lifecycle_count("update", "failed", "snapshot_cpu_class_mismatch") >= 1);
+    assert_eq!(
+        m.lifecycle_count("update", "failed", ""),
+        0,
+        "counted once, under its reason"
+    );
+    assert_eq!(calls(&env, "vm clone").len(), boots, "nothing woken");
+    assert!(vm_named(&env, "vm-cc").await.is_none());
+    assert!(tag_exists(&env, "vm-cc").await, "the hibernated state is untouched");
+    d.kill().await;
+}
+
+/// A wake starts the guest's runtime record afresh: a post-clone marker left from the boot
+/// before the hibernate (here a failed fixup) is cleared, so neither the pod nor a restarted
+/// daemon takes the restored guest for one whose fixup failed.
+/// Checklist rows: update_test/WakeClearsStalePostCloneMarker
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_clears_a_post_clone_marker_left_from_before_the_hibernate() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-pc").await;
+    hibernate_now(&env, "agent-0").await;
+    const MARKER: &str = "vm.cocoonstack.io/post-clone-state";
+    annotate(&env, "agent-0", &[(MARKER, Some("failed"))]).await;
+    annotate(&env, "agent-0", &[(HIBERNATE, None)]).await;
+    eventually(30, "woken", || is_up(&env, "agent-0")).await;
+    assert_ne!(
+        annotation(&env, "agent-0", MARKER).as_deref(),
+        Some("failed"),
+        "the stale marker outlived the wake"
+    );
     d.kill().await;
 }

@@ -84,6 +84,7 @@ async fn greeting(host: &str, port: u16) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// Lifecycle: L7, L43, L65.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_macos_pod_runs_waits_for_its_lease_turns_ready_on_the_ssh_banner_and_is_deleted() {
     let env = env(false).await;
@@ -187,6 +188,7 @@ async fn a_guest_without_a_mac_yet_is_inspected_again_at_the_set_pace_until_one_
     d.kill().await;
 }
 
+/// Lifecycle: L64.
 #[tokio::test(flavor = "multi_thread")]
 async fn run_flags_round_vcpus_to_even_and_never_shrink_the_disk() {
     let env = env(false).await;
@@ -219,6 +221,7 @@ async fn run_flags_round_vcpus_to_even_and_never_shrink_the_disk() {
     d.kill().await;
 }
 
+/// Lifecycle: L64.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_live_vm_is_adopted_and_a_dead_record_is_started_never_run_again() {
     let env = env(false).await;
@@ -412,6 +415,7 @@ async fn bad_input_is_refused_with_a_clear_event_and_boots_nothing() {
     assert!(env.mac.macos_vm_names().unwrap().is_empty());
 }
 
+/// Lifecycle: L52.
 #[tokio::test(flavor = "multi_thread")]
 async fn hibernate_is_refused_and_the_guest_keeps_running() {
     let env = env(false).await;
@@ -443,6 +447,7 @@ async fn hibernate_is_refused_and_the_guest_keeps_running() {
     d.kill().await;
 }
 
+/// Lifecycle: L65.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tcp_probe_port_replaces_the_ssh_banner_and_no_banner_is_not_ready() {
     let env = env(false).await;
@@ -473,6 +478,7 @@ async fn a_tcp_probe_port_replaces_the_ssh_banner_and_no_banner_is_not_ready() {
     d.kill().await;
 }
 
+/// Lifecycle: L66.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_daemon_re_registers_a_live_macos_vm_without_booting_it_again() {
     let env = env(false).await;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use provider_support::*;
 
+/// Lifecycle: L37, L47.
+/// Checklist rows: delete_test/ReleasesAllDHCPLeases
 #[tokio::test(flavor = "multi_thread")]
 async fn the_ip_comes_from_the_lease_file_and_leases_are_released_after_the_delete() {
     let env = env(false).await;

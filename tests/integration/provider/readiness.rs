@@ -35,6 +35,8 @@ fn ready_is(env: &Env, name: &str, status: &str, message_has: &str) -> bool {
     ready_condition(env, name).is_some_and(|(s, m)| s == status && m.contains(message_has))
 }
 
+/// Lifecycle: L39, L40.
+/// Checklist rows: probes_test/StartTriggersOnUpdateOnReadinessChange
 #[tokio::test(flavor = "multi_thread")]
 async fn ready_needs_both_the_probe_and_the_lifecycle_and_flips_follow_the_guest() {
     let env = env(false).await;
@@ -87,6 +89,7 @@ async fn ready_needs_both_the_probe_and_the_lifecycle_and_flips_follow_the_guest
     d.kill().await;
 }
 
+/// Lifecycle: L34.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clone_with_a_static_nic_gets_its_network_fixed_over_vm_exec_before_ready() {
     let env = env(false).await;
@@ -131,6 +134,7 @@ async fn a_clone_with_a_static_nic_gets_its_network_fixed_over_vm_exec_before_re
     d.kill().await;
 }
 
+/// Lifecycle: L34.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_fixup_is_retried_until_the_guest_agent_answers() {
     let env = env(false).await;
@@ -172,6 +176,7 @@ async fn a_failing_fixup_is_retried_until_the_guest_agent_answers() {
     d.kill().await;
 }
 
+/// Lifecycle: L35.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hint() {
     let env = env(false).await;
@@ -233,6 +238,8 @@ async fn an_exhausted_fixup_leaves_the_pod_running_not_ready_with_a_decodable_hi
     d.kill().await;
 }
 
+/// Checklist rows: create_test/GetPodStatusRefreshesIPFromLease,
+/// update_test/WaitForFreshIPNoRenewForLinux
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the_pod_ip() {
     let env = env(false).await;
@@ -296,6 +303,7 @@ async fn a_dhcp_guest_is_ready_only_with_its_lease_and_a_rebound_lease_moves_the
     d.kill().await;
 }
 
+/// Checklist rows: update_test/FinalizeDropNICWakeMarksFailedOnTimeout
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
     let env = env(false).await;
@@ -315,6 +323,7 @@ async fn a_lease_that_never_comes_fails_the_boot_with_the_wait_named() {
     d.kill().await;
 }
 
+/// Checklist rows: update_test/WaitForFreshIPRenewNudgeWhenLeaseMissing
 #[tokio::test(flavor = "multi_thread")]
 async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
     let env = env(false).await;
@@ -465,4 +474,125 @@ async fn the_loopback_guard_refuses_private_addresses_and_fails_the_test_naming_
         message.contains("10.1.2.3") && message.contains("192.168.7.7") && !message.contains("127.1.2.3"),
         "the failure names the refused addresses: {message}"
     );
+}
+
+/// A lease that lands while the renew nudge is still running wins over the wait's deadline:
+/// the nudge outlasts the wait (its reply never comes in time), yet the guest is Ready with
+/// the lease that arrived meanwhile, not failed.
+/// Checklist rows: update_test/WaitForFreshIPLeaseLandingDuringNudgeWins
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_landing_during_the_renew_nudge_wins_over_the_deadline() {
+    let env = env(false).await;
+    seed_windows_snapshot(&env, "winbase").await;
+    // The nudge at 1.5 s is held past the 6 s wait: the lease written meanwhile decides.
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: "vm exec".into(),
+            match_arg: Some("/renew".into()),
+            times: Some(1),
+            action: cocoon_sim::FaultAction::Delay { ms: 8_000 },
+        })
+        .unwrap();
+    let d = start(
+        &env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                ip_wait: Duration::from_secs(6),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    let pod = managed(
+        "win-0",
+        "vm-win",
+        &[
+            (IMAGE, "winbase"),
+            (NETWORK, "dhcp-net"),
+            ("cocoonset.cocoonstack.io/os", "windows"),
+        ],
+    );
+    create(&env, &pod).await;
+    eventually(20, "the renew nudge under way", || {
+        calls(&env, "vm exec").iter().any(|a| a.iter().any(|x| x == "/renew"))
+    })
+    .await;
+    let mac = vm_named(&env, "vm-win")
+        .await
+        .unwrap()
+        .primary_mac()
+        .unwrap()
+        .to_string();
+    write_leases(&env, &[(&mac, "127.0.0.42")]);
+    eventually(30, "ready with the lease", || {
+        ready(&env, "win-0") && pod_ip(&env, "win-0").as_deref() == Some("127.0.0.42")
+    })
+    .await;
+    assert_eq!(lifecycle(&env, "win-0").as_deref(), Some("ready"));
+    assert!(!has_event(&env, "win-0", "PostCloneIPWaitTimeout"));
+    d.kill().await;
+}
+
+/// A guest's lease wait stops when the pod's VM goes from under it: here the VM vanishes and
+/// its eviction cannot reach the apiserver (so nothing else stops the guest work), and the wait
+/// running out later writes no lease-timeout failure over the pod. The wake's wait is the same
+/// code with the same check.
+/// Checklist rows: update_test/WaitForFreshIPBailsWhenVMSwapped,
+/// update_test/FinalizeDropNICWakeSkipsLifecycleWhenVMForgotten
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_wait_whose_vm_went_away_writes_no_lifecycle() {
+    let env = env(false).await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(
+        &env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                ip_wait: Duration::from_secs(4),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    let pod = managed(
+        "win-0",
+        "vm-win",
+        &[
+            (IMAGE, "winbase"),
+            (NETWORK, "dhcp-net"),
+            ("cocoonset.cocoonstack.io/os", "windows"),
+        ],
+    );
+    create(&env, &pod).await;
+    eventually(20, "the lease wait under way (its renew nudge)", || {
+        env.sim
+            .exec_log()
+            .unwrap()
+            .iter()
+            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+    })
+    .await;
+    let id = vm_named(&env, "vm-win").await.unwrap().id;
+    eventually(20, "the event stream sees the VM", || {
+        env.sim.stream_reports(&id, "running").unwrap()
+    })
+    .await;
+    env.server
+        .inject_fault(Some(axum::http::Method::DELETE), "/pods/win-0", 500, 1000);
+    env.sim.flip_vm("vm-win", cocoon_sim::Flip::Deleted).unwrap();
+    let failures = &d.provider.metrics().pod_evict_failure;
+    eventually(20, "the VM let go and its eviction failing", || failures.get() >= 1).await;
+    // Absence is shown by waiting: past the 4 s lease wait, nothing was written.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !has_event(&env, "win-0", "PostCloneIPWaitTimeout"),
+        "{:?}",
+        events(&env, "win-0")
+    );
+    assert_ne!(lifecycle(&env, "win-0").as_deref(), Some("ready"));
+    assert!(
+        !lifecycle_message(&env, "win-0").contains("dhcp lease not observed"),
+        "{}",
+        lifecycle_message(&env, "win-0")
+    );
+    d.kill().await;
 }

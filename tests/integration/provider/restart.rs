@@ -19,6 +19,9 @@ async fn clone_direct(env: &Env, snapshot: &str, name: &str) -> vk_cocoon::runti
     clone_direct_on(&env.runtime, snapshot, name, None).await
 }
 
+/// Checklist rows: create_test/StartupReconcileAdoptsAnnotatedPods,
+/// create_test/StartupReconcileOrphanDestroyRemovesUnmatchedVM,
+/// create_test/StartupReconcileAdoptsByVMNameWhenAnnotationMissing
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_adopts_by_id_and_by_name_and_destroys_orphans() {
     let env = env(false).await;
@@ -69,6 +72,8 @@ async fn restart_adopts_by_id_and_by_name_and_destroys_orphans() {
     d.kill().await;
 }
 
+/// Checklist rows: create_test/StartupReconcileOrphanAlertIndexesByName,
+/// create_test/StartupReconcileOrphanKeepIndexesByName
 #[tokio::test(flavor = "multi_thread")]
 async fn alert_and_keep_leave_orphans_running() {
     for policy in [OrphanPolicy::Alert, OrphanPolicy::Keep] {
@@ -110,6 +115,8 @@ async fn alert_and_keep_leave_orphans_running() {
     }
 }
 
+/// Lifecycle: L3.
+/// Checklist rows: reconcile_test/StartupReconcileRejectsIncompatibleBoundPod
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cpu_class_mismatch_at_startup_keeps_the_node_unregistered() {
     let env = env(false).await;
@@ -139,6 +146,7 @@ async fn a_cpu_class_mismatch_at_startup_keeps_the_node_unregistered() {
     );
 }
 
+/// Checklist rows: reconcile_test/SkeletonCollectedNotAdopted
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_killed_mid_create_converges_without_duplicates() {
     let env = env(false).await;
@@ -218,6 +226,7 @@ async fn a_hundred_pods_are_created_and_deleted_concurrently() {
     d.kill().await;
 }
 
+/// Checklist rows: resume_test/StartupDispatchOwedWork
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_fixup_cut_by_a_restart_resumes_and_a_failed_one_stays_parked() {
     let env = env(false).await;
@@ -445,5 +454,301 @@ async fn an_adopted_windows_vm_whose_evidence_cannot_be_read_gets_no_fresh_clone
         "a fresh clone's reset ran in a guest that may be restored: {resets:?}"
     );
     assert_eq!(calls(&env, "vm clone").len(), 1, "adopted, not cloned again");
+    d.kill().await;
+}
+
+/// A clone of `vm` from `base` made behind the daemon's back, left `creating` for `delay_ms`,
+/// running when this returns; the clone itself runs on until done (its task is returned).
+async fn create_in_progress(
+    env: &Env,
+    vm: &str,
+    delay_ms: u64,
+) -> tokio::task::JoinHandle<vk_cocoon::runtime::VmRecord> {
+    env.sim.set_settings(|s| s.create_delay_ms = delay_ms).unwrap();
+    let runtime = env.runtime.clone();
+    let name = vm.to_string();
+    let clone = tokio::spawn(async move { clone_direct_on(&runtime, "base", &name, None).await });
+    eventually(20, "the create in progress", || {
+        env.sim.vm_state(vm).unwrap().as_deref() == Some("creating")
+    })
+    .await;
+    clone
+}
+
+/// cocoon's stale-create verb answers `outcome` (or fails like an older cocoon without the
+/// verb, `None`) until the faults are cleared.
+fn stale_verb_answers(env: &Env, outcome: Option<&str>) {
+    let action = match outcome {
+        Some(o) => cocoon_sim::FaultAction::Fail {
+            stdout: format!(r#"{{"outcome":"{o}"}}"#),
+            stderr: String::new(),
+            exit_code: 0,
+        },
+        None => cocoon_sim::FaultAction::Fail {
+            stdout: String::new(),
+            stderr: "Error: unknown command \"reconcile-stale-create\" for \"cocoon vm\"".into(),
+            exit_code: 1,
+        },
+    };
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: "vm reconcile-stale-create".into(),
+            match_arg: None,
+            times: None,
+            action,
+        })
+        .unwrap();
+}
+
+/// A create still busy at startup that then commits (creating → running) is indexed by name
+/// for its pod's CreatePod — kept although no pod claims it yet and the orphan policy is
+/// destroy.
+/// Checklist rows: reconcile_test/BusyCreateIndexedAfterCommit
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_stale_create_that_commits_is_indexed_not_destroyed() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let clone = create_in_progress(&env, "vm-c", 1_500).await;
+    let d = start(&env, Options::default());
+    let vm = clone.await.unwrap();
+    eventually(30, "the committed create indexed by name", || {
+        d.provider.state().vm_by_name("vm-c").is_some_and(|v| v.id == vm.id)
+    })
+    .await;
+    assert!(
+        calls(&env, "vm reconcile-stale-create")
+            .iter()
+            .any(|a| a.contains(&vm.id)),
+        "the startup reconcile took it for a stale create"
+    );
+    assert!(
+        calls(&env, "vm rm").iter().all(|a| !a.contains(&vm.id)),
+        "not destroyed"
+    );
+    assert!(vm_named(&env, "vm-c").await.is_some_and(|v| v.state.is_running()));
+    d.kill().await;
+}
+
+/// A busy create that ends in an error state is an orphan once no pod owns it: the orphan
+/// policy (destroy) removes it.
+/// Checklist rows: reconcile_test/BusyCreateDeadOnArrivalGetsOrphanPolicy
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_stale_create_that_dies_on_arrival_gets_the_orphan_policy() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let clone = create_in_progress(&env, "vm-doa", 1_500).await;
+    // The watcher hears `busy` until the record has ended in its error state.
+    stale_verb_answers(&env, Some("busy"));
+    let d = start(&env, Options::default());
+    let vm = clone.await.unwrap();
+    env.sim.flip_vm("vm-doa", cocoon_sim::Flip::Error).unwrap();
+    env.sim.clear_faults().unwrap();
+    eventually(60, "the dead-on-arrival VM removed", || {
+        calls(&env, "vm rm").iter().any(|a| a.contains(&vm.id))
+    })
+    .await;
+    assert!(vm_named(&env, "vm-doa").await.is_none());
+    assert!(d.provider.state().vm_by_name("vm-doa").is_none(), "not indexed");
+    d.kill().await;
+}
+
+/// A create whose owner dies while the daemon watches it is collected by cocoon (the skeleton
+/// goes): the daemon neither indexes nor removes anything itself.
+/// Checklist rows: reconcile_test/WatchBusyCreateReclaimsAfterOwnerDies
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_create_whose_owner_dies_is_collected_and_not_indexed() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let _clone = create_in_progress(&env, "vm-own", 120_000).await;
+    let d = start(&env, Options::default());
+    let verb = || calls(&env, "vm reconcile-stale-create").len();
+    eventually(30, "busy at startup and at the watcher's first look", || verb() >= 2).await;
+    assert_eq!(env.sim.kill_all("vm clone").unwrap(), 1, "the owner dies");
+    eventually(60, "the skeleton collected", || {
+        env.sim.vm_state("vm-own").unwrap().is_none()
+    })
+    .await;
+    assert!(d.provider.state().vm_by_name("vm-own").is_none(), "not indexed");
+    assert!(
+        calls(&env, "vm rm")
+            .iter()
+            .all(|a| !a.iter().any(|x| x.contains("vm-own")))
+    );
+    d.kill().await;
+}
+
+/// With an older cocoon whose stale-create verb fails, the watcher still looks at the record:
+/// once it has committed (running), it is indexed for its pod.
+/// Checklist rows: reconcile_test/VerbErrorCommittedRecordIndexed
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_create_is_indexed_once_committed_even_when_the_verb_fails() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let clone = create_in_progress(&env, "vm-old", 1_500).await;
+    stale_verb_answers(&env, None);
+    let d = start(&env, Options::default());
+    let vm = clone.await.unwrap();
+    eventually(30, "the committed create indexed by name", || {
+        d.provider.state().vm_by_name("vm-old").is_some_and(|v| v.id == vm.id)
+    })
+    .await;
+    assert!(vm_named(&env, "vm-old").await.is_some_and(|v| v.state.is_running()));
+    d.kill().await;
+}
+
+/// A cloud-hypervisor Windows pod cut by a daemon kill before its first guest fixup was
+/// recorded: its VM is a fresh clone with no fixup marker, so the restarted daemon must first learn from the
+/// registry whether it is a restored guest. Returns the env, the registry lookups of the tag
+/// so far, and the exec count, before the restart.
+async fn windows_clone_cut_before_its_fixup() -> (Env, usize, usize) {
+    let env = env(true).await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    // The fixup's first exec hangs until the daemon is gone.
+    env.sim
+        .add_fault(cocoon_sim::Fault {
+            verb: "vm exec".into(),
+            match_arg: None,
+            times: Some(1),
+            action: cocoon_sim::FaultAction::Delay { ms: 120_000 },
+        })
+        .unwrap();
+    let windows = [
+        ("cocoonset.cocoonstack.io/image", "winbase"),
+        ("cocoonset.cocoonstack.io/os", "windows"),
+        ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
+    ];
+    create(&env, &managed("win-0", "vm-win", &windows)).await;
+    eventually(30, "the fixup started", || !calls(&env, "vm exec").is_empty()).await;
+    d.kill().await;
+    env.sim.kill_all("vm exec").unwrap();
+    // The state a kill between the runtime annotations and the fixup marker's write leaves.
+    annotate(&env, "win-0", &[("vm.cocoonstack.io/post-clone-state", None)]).await;
+    let registry = env.registry.clone().unwrap();
+    let lookups = registry
+        .manifest_lookups
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.as_str() == "vm-win:hibernate")
+        .count();
+    let execs = env.sim.exec_log().unwrap().len();
+    (env, lookups, execs)
+}
+
+fn tag_lookups(env: &Env) -> usize {
+    env.registry
+        .as_ref()
+        .unwrap()
+        .manifest_lookups
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.as_str() == "vm-win:hibernate")
+        .count()
+}
+
+/// Registry errors while the restarted daemon classifies the guest are retried: after two
+/// failed lookups the third says there is no hibernate tag, so the VM is a fresh clone and its
+/// network-device reset runs.
+/// Checklist rows: resume_test/StartupDispatchClassifyRetriesRegistryErrors
+#[tokio::test(flavor = "multi_thread")]
+async fn classifying_a_resumed_windows_clone_retries_registry_errors() {
+    let (env, before, execs) = windows_clone_cut_before_its_fixup().await;
+    env.registry
+        .as_ref()
+        .unwrap()
+        .failing_manifests
+        .lock()
+        .unwrap()
+        .insert("vm-win:hibernate".into(), 2);
+    let d = start(&env, Options::default());
+    eventually(60, "the fresh clone's reset ran", || {
+        env.sim.exec_log().unwrap()[execs..]
+            .iter()
+            .any(|e| e.argv.first().map(String::as_str) == Some("powershell"))
+    })
+    .await;
+    assert!(tag_lookups(&env) - before >= 3, "two failed lookups, then the answer");
+    eventually(30, "ready", || lifecycle(&env, "win-0").as_deref() == Some("ready")).await;
+    d.kill().await;
+}
+
+/// A registry that never answers within the classify budget fails the pod's lifecycle loudly
+/// and runs nothing in the guest (the reset would disrupt a restored guest).
+/// Checklist rows: resume_test/StartupDispatchClassifyFailsLoudOnHangingRegistry
+#[tokio::test(flavor = "multi_thread")]
+async fn classifying_a_resumed_windows_clone_fails_loudly_when_the_registry_never_answers() {
+    let (env, _, execs) = windows_clone_cut_before_its_fixup().await;
+    env.registry
+        .as_ref()
+        .unwrap()
+        .failing_manifests
+        .lock()
+        .unwrap()
+        .insert("vm-win:hibernate".into(), u32::MAX);
+    let d = start(&env, Options::default());
+    let message = wait_failed_with(&env, "win-0", "hibernate evidence stayed unavailable").await;
+    assert!(message.contains("vm-win"), "{message}");
+    assert!(has_event(&env, "win-0", "ResumeClassifyFailed"));
+    assert_eq!(env.sim.exec_log().unwrap().len(), execs, "nothing ran in the guest");
+    d.kill().await;
+}
+
+/// Whether cocoon was asked to save or remove VM `id` so far.
+fn touched(env: &Env, id: &str) -> bool {
+    ["snapshot save", "vm rm"]
+        .iter()
+        .any(|verb| calls(env, verb).iter().any(|a| a.iter().any(|x| x == id)))
+}
+
+/// A hibernate asked for while the restarted daemon is still classifying the pod's VM (its
+/// resumed work holds the pod) waits: nothing is saved until the resume is over, then the
+/// hibernate runs.
+/// Checklist rows: resume_test/UpdatePodBacksOffWhileResumeInFlight
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernate_asked_for_during_a_resume_waits_for_it() {
+    let (env, before, _) = windows_clone_cut_before_its_fixup().await;
+    let id = annotation(&env, "win-0", "vm.cocoonstack.io/id").expect("the VM id was published");
+    env.registry
+        .as_ref()
+        .unwrap()
+        .failing_manifests
+        .lock()
+        .unwrap()
+        .insert("vm-win:hibernate".into(), 6);
+    let d = start(&env, Options::default());
+    eventually(30, "the resume classifying", || tag_lookups(&env) > before).await;
+    annotate(&env, "win-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
+    // Still inside the resume: the registry has failed fewer than four lookups.
+    eventually(30, "the resume still retrying", || tag_lookups(&env) - before >= 3).await;
+    assert!(!touched(&env, &id), "the hibernate ran during the resume");
+    eventually(60, "hibernated once the resume is over", || {
+        lifecycle(&env, "win-0").as_deref() == Some("hibernated")
+    })
+    .await;
+    d.kill().await;
+}
+
+/// A delete during the resume waits for it the same way, then removes the VM.
+/// Checklist rows: delete_test/BacksOffWhileResumeInFlight
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_during_a_resume_waits_for_it() {
+    let (env, before, _) = windows_clone_cut_before_its_fixup().await;
+    let id = annotation(&env, "win-0", "vm.cocoonstack.io/id").expect("the VM id was published");
+    env.registry
+        .as_ref()
+        .unwrap()
+        .failing_manifests
+        .lock()
+        .unwrap()
+        .insert("vm-win:hibernate".into(), 6);
+    let d = start(&env, Options::default());
+    eventually(30, "the resume classifying", || tag_lookups(&env) > before).await;
+    delete(&env, "win-0").await;
+    eventually(30, "the resume still retrying", || tag_lookups(&env) - before >= 3).await;
+    assert!(!touched(&env, &id), "the delete ran during the resume");
+    eventually(60, "pod finalized after the resume", || get(&env, "win-0").is_none()).await;
+    assert!(vm_named(&env, "vm-win").await.is_none());
     d.kill().await;
 }

@@ -38,6 +38,8 @@ fn console_state(env: &Env, vm: &str) -> serde_json::Value {
     serde_json::from_slice(&text).unwrap_or(serde_json::Value::Null)
 }
 
+/// Lifecycle: L68.
+/// Checklist rows: sac_test/DialAndQuery, sac_test/SessionSetAndVerify
 #[tokio::test(flavor = "multi_thread")]
 async fn a_windows_guest_run_with_a_static_nic_is_ready_once_its_console_set_the_address() {
     let env = env(false).await;
@@ -70,6 +72,8 @@ async fn a_windows_guest_run_with_a_static_nic_is_ready_once_its_console_set_the
     d.kill().await;
 }
 
+/// Lifecycle: L68.
+/// Checklist rows: sac_test/SessionSetAndVerify
 #[tokio::test(flavor = "multi_thread")]
 async fn a_windows_clone_resets_its_network_devices_then_sets_its_static_address_at_the_console() {
     let env = env(false).await;
@@ -108,6 +112,7 @@ async fn a_windows_clone_resets_its_network_devices_then_sets_its_static_address
     d.kill().await;
 }
 
+/// Checklist rows: sac_test/DialTimeout
 #[tokio::test(flavor = "multi_thread")]
 async fn a_console_that_never_answers_fails_the_lifecycle_naming_the_step() {
     let env = env(false).await;

@@ -133,6 +133,8 @@ async fn a_stopped_vm_restarts_in_place_and_a_second_stop_within_the_cooldown_ev
     d.kill().await;
 }
 
+/// Checklist rows: create_test/HandleVMGoneDeferredRecheckHitsBudgetAndEvicts,
+/// eviction_test/VMGoneEvictionContinuesPastInspectBudget
 #[tokio::test(flavor = "multi_thread")]
 async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_the_budget() {
     let env = env(false).await;
@@ -188,6 +190,7 @@ async fn an_inspect_that_stays_inconclusive_ends_in_removal_and_eviction_after_t
     d.kill().await;
 }
 
+/// Checklist rows: create_test/HandleVMGoneDeferredRecheckEvictsOnceDefinitive
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transient_inspect_failure_is_rechecked_and_a_definitive_answer_evicts() {
     let env = env(false).await;
@@ -215,5 +218,146 @@ async fn a_transient_inspect_failure_is_rechecked_and_a_definitive_answer_evicts
     eventually(20, "evicted once cocoon answers", || deleting(&env, "agent-0")).await;
     eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
     assert_eq!(history.final_failure().await.map(|f| f.0).as_deref(), Some("VMGone"));
+    d.kill().await;
+}
+
+/// Every `vm inspect` of `id` fails inconclusively: `times` times, or for good (`None`).
+fn inspect_fails(env: &Env, id: &str, times: Option<u32>) {
+    env.sim
+        .add_fault(Fault {
+            verb: "vm inspect".into(),
+            match_arg: Some(id.into()),
+            times,
+            action: FaultAction::Fail {
+                stdout: String::new(),
+                stderr: "Error: database is locked".into(),
+                exit_code: 1,
+            },
+        })
+        .unwrap();
+}
+
+/// One inconclusive inspect is retried at once, before any deferred recheck: the second
+/// answer (stopped) is acted on right away and the VM is started again in place, its pod kept.
+/// Checklist rows: create_test/HandleVMGoneInlineRetryRecoversFromTransient
+#[tokio::test(flavor = "multi_thread")]
+async fn one_failed_inspect_is_retried_inline_and_the_stopped_vm_restarts_in_place() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-blip", &[]).await;
+    let id = vm_named(&env, "vm-blip").await.unwrap().id;
+    stream_reports(&env, &id, "running").await;
+    let before = calls(&env, "vm inspect").iter().filter(|a| a.contains(&id)).count();
+    inspect_fails(&env, &id, Some(1));
+    env.sim.flip_vm("vm-blip", Flip::Stopped).unwrap();
+    eventually(10, "vm started again", || {
+        calls(&env, "vm start").iter().any(|a| a.last() == Some(&id))
+    })
+    .await;
+    assert_eq!(
+        d.provider.metrics().vm_inspect_transient_fail.get(),
+        0,
+        "no deferred recheck: the inline retry answered"
+    );
+    let inspects = calls(&env, "vm inspect").iter().filter(|a| a.contains(&id)).count() - before;
+    assert!(inspects >= 2, "the failed inspect and its inline retry: {inspects}");
+    assert!(!deleting(&env, "agent-0"), "the pod stays tracked");
+    eventually(20, "ready again", || ready(&env, "agent-0")).await;
+    d.kill().await;
+}
+
+/// Closing the provider stops a deferred recheck: the VM whose state cannot be learned is not
+/// removed and its pod not evicted when the recheck budget (4 s here) runs out after the close.
+/// Checklist rows: create_test/ProviderCloseStopsDeferredRecheck
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_the_provider_stops_a_deferred_recheck() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-closing", &[]).await;
+    let id = vm_named(&env, "vm-closing").await.unwrap().id;
+    stream_reports(&env, &id, "running").await;
+    inspect_fails(&env, &id, None);
+    env.sim.flip_vm("vm-closing", Flip::Error).unwrap();
+    let rechecks = &d.provider.metrics().vm_inspect_transient_fail;
+    eventually(20, "a deferred recheck scheduled", || rechecks.get() >= 1).await;
+    d.provider.close();
+    let closed = Instant::now();
+    let inspects = || calls(&env, "vm inspect").iter().filter(|a| a.contains(&id)).count();
+    // A recheck in flight at the close may finish its one inspect; none starts after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settled = inspects();
+    // Absence can only be shown by waiting: past the whole budget, nothing more happened.
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(closed.elapsed())).await;
+    assert_eq!(inspects(), settled, "no inspect after the close");
+    assert!(
+        calls(&env, "vm rm").iter().all(|a| !a.contains(&id)),
+        "the VM is not removed"
+    );
+    assert!(!deleting(&env, "agent-0"), "the pod is not evicted");
+    d.kill().await;
+}
+
+/// An eviction the apiserver refuses keeps the pod's state (tracked, not Failed on its own) and
+/// is retried in the background until the apiserver takes it.
+/// Checklist rows: create_test/EvictPodKeepsStateOnAPIFailure,
+/// eviction_test/VMRemovalEvictionRetriesAfterAPIRecovery
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_the_apiserver_refuses_keeps_the_pod_and_is_retried() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-ev", &[]).await;
+    let id = vm_named(&env, "vm-ev").await.unwrap().id;
+    stream_reports(&env, &id, "running").await;
+    // Both inline delete attempts fail, and the first background one.
+    env.server
+        .inject_fault(Some(axum::http::Method::DELETE), "/pods/agent-0", 500, 3);
+    let history = PodHistory::record(&env, "agent-0");
+    env.sim.flip_vm("vm-ev", Flip::Deleted).unwrap();
+    let failures = &d.provider.metrics().pod_evict_failure;
+    eventually(20, "the eviction failed and went to the background", || {
+        failures.get() >= 1
+    })
+    .await;
+    assert!(!deleting(&env, "agent-0"), "the apiserver has not taken the delete yet");
+    assert!(
+        !events(&env, "agent-0").iter().any(|(r, _)| r == "VMGone"),
+        "not reported evicted before the apiserver took the delete"
+    );
+    eventually(30, "evicted once the apiserver answers", || deleting(&env, "agent-0")).await;
+    eventually(20, "pod finalized", || get(&env, "agent-0").is_none()).await;
+    assert_eq!(history.final_failure().await.map(|f| f.0).as_deref(), Some("VMGone"));
+    d.kill().await;
+}
+
+/// An eviction whose delete finds the pod already gone (404) is done: the pod is reported
+/// Failed for the VM's loss, and the delete is neither retried nor counted a failure.
+/// Checklist rows: create_test/EvictPodIdempotentOnNotFound
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_that_finds_the_pod_gone_is_done_not_retried() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-nf", &[]).await;
+    let id = vm_named(&env, "vm-nf").await.unwrap().id;
+    stream_reports(&env, &id, "running").await;
+    env.server
+        .inject_fault(Some(axum::http::Method::DELETE), "/pods/agent-0", 404, 1);
+    env.sim.flip_vm("vm-nf", Flip::Deleted).unwrap();
+    eventually(20, "reported evicted", || has_event(&env, "agent-0", "VMGone")).await;
+    eventually(20, "published Failed", || {
+        phase(&env, "agent-0").as_deref() == Some("Failed")
+    })
+    .await;
+    assert_eq!(d.provider.metrics().pod_evict_failure.get(), 0, "not a failure");
+    let deletes = env
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && r.path.ends_with("/pods/agent-0"))
+        .count();
+    assert_eq!(deletes, 1, "one delete, not retried");
     d.kill().await;
 }

@@ -19,6 +19,9 @@ fn qcow_parts() -> (Vec<u8>, Vec<u8>) {
     (p0, p1)
 }
 
+/// Lifecycle: L31.
+/// Checklist rows: create_test/EnsureRunImageDispatch, create_test/EnsureRunImageWarmHitNoImport,
+/// create_test/EnsureRunImageLaterForceReimports
 #[tokio::test]
 async fn a_cloud_image_is_imported_from_its_disk_layers_in_title_order() {
     let reg = TestRegistry::start();

@@ -45,6 +45,7 @@ async fn export_dir(h: &Harness, name: &str) -> std::collections::BTreeMap<Strin
     dir_files(&d)
 }
 
+/// Checklist rows: snapshots/oci_test
 #[tokio::test]
 async fn manifest_reads_are_typed_absent_or_unavailable() {
     let mut reg = TestRegistry::start();
@@ -79,6 +80,7 @@ async fn manifest_reads_are_typed_absent_or_unavailable() {
     );
 }
 
+/// Checklist rows: snapshots/pusher_test, snapshots/puller_test
 #[tokio::test]
 async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte() {
     let reg = TestRegistry::start();
@@ -219,6 +221,7 @@ async fn delete_manifest_falls_back_to_delete_by_digest_and_treats_404_as_done()
     r.delete_manifest("vk-x", "hibernate").await.unwrap();
 }
 
+/// Checklist rows: snapshots/puller_test
 #[tokio::test]
 async fn pulling_an_absent_tag_says_so() {
     let reg = TestRegistry::start();

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Lifecycle: L1, L5, L6, L24.
+/// Checklist rows: create_test/MissingVMNameRejected, create_test/CloneFromDirRejectsRelativePath,
+/// create_test/CloneModeRejectsBackendMismatch
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
     let env = env(false).await;
@@ -118,6 +121,7 @@ async fn bad_input_is_refused_with_an_event_and_a_lifecycle_message() {
     d.kill().await;
 }
 
+/// Checklist rows: create_test/BringUpFailureAllowsRetry, create_test/CloneErrorPropagates
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cocoon_clone_failure_is_reported_and_the_retry_boots_one_vm() {
     let env = env(false).await;
@@ -140,5 +144,69 @@ async fn a_cocoon_clone_failure_is_reported_and_the_retry_boots_one_vm() {
     wait_ready(&env, "cf-0").await;
     assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-cf").count(), 1);
     assert_eq!(calls(&env, "vm clone").len(), 2);
+    d.kill().await;
+}
+
+/// A `vm run` that fails and a clone from a directory that fails each say why on the pod (the
+/// clone-from-dir failure names the directory as well as cocoon's cause), leave no VM behind
+/// or indexed, and the retry after cocoon recovers boots exactly one VM.
+/// Checklist rows: create_test/RunErrorPropagates, create_test/CloneFromDirRuntimeFailureSurfacesError
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_run_or_clone_from_dir_says_why_and_leaves_no_vm() {
+    let env = env(false).await;
+    seed_snapshot(&env, "staged", "ghcr.io/x/base:1").await;
+    std::fs::create_dir_all(env.sim_dir.path().join("exports")).unwrap();
+    let dir = env.sim_dir.path().join("exports/golden");
+    env.runtime.snapshot_export_to_dir("staged", &dir).await.unwrap();
+    let dir = dir.canonicalize().unwrap().display().to_string();
+    env.sim
+        .inject_failure("vm run", 1000, "Error: run: no space left on device", 1)
+        .unwrap();
+    env.sim
+        .inject_failure("vm clone", 1000, "Error: clone: snapshot.json is unreadable", 1)
+        .unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed(
+            "run-0",
+            "vm-run",
+            &[
+                ("cocoonset.cocoonstack.io/image", "ghcr.io/x/tool:1"),
+                ("cocoonset.cocoonstack.io/mode", "run"),
+            ],
+        ),
+    )
+    .await;
+    create(
+        &env,
+        &managed("dir-0", "vm-dir", &[("vm.cocoonstack.io/clone-from-dir", &dir)]),
+    )
+    .await;
+    eventually(60, "the run failure on the pod", || {
+        events(&env, "run-0")
+            .iter()
+            .any(|(r, n)| r == "RunFailed" && n.contains("no space left on device"))
+    })
+    .await;
+    eventually(
+        60,
+        "the clone-from-dir failure on the pod, naming the directory",
+        || {
+            events(&env, "dir-0")
+                .iter()
+                .any(|(_, n)| n.contains("snapshot.json is unreadable") && n.contains(&dir))
+        },
+    )
+    .await;
+    for vm in ["vm-run", "vm-dir"] {
+        assert!(vm_named(&env, vm).await.is_none(), "{vm} left behind");
+        assert!(d.provider.state().vm_by_name(vm).is_none(), "{vm} indexed");
+    }
+    env.sim.clear_faults().unwrap();
+    wait_ready(&env, "run-0").await;
+    wait_ready(&env, "dir-0").await;
+    assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-run").count(), 1);
+    assert_eq!(vms(&env).await.iter().filter(|v| v.name() == "vm-dir").count(), 1);
     d.kill().await;
 }

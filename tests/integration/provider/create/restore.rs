@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Lifecycle: L17
+/// Lifecycle: L11, L18, L21.
+/// Checklist rows: restore_test/EvidenceMatchingImageRestores
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
     let env = env(true).await;
@@ -16,12 +19,30 @@ async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
         .unwrap();
     env.runtime.snapshot_remove_if_exists("vm-h").await.unwrap();
     let d = start(&env, Options::default());
+    let history = PodHistory::record(&env, "agent-0");
     create(
         &env,
         &managed("agent-0", "vm-h", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
     )
     .await;
     wait_ready(&env, "agent-0").await;
+    // The restore the evidence derived is the daemon's own knowledge: no version of the pod
+    // ever carries the marker (a later delete and recreate must derive it again, or not).
+    history
+        .first("the ready version recorded", |p| {
+            kube::ResourceExt::annotations(p)
+                .get("vm.cocoonstack.io/lifecycle-state")
+                .map(String::as_str)
+                == Some("ready")
+        })
+        .await;
+    assert!(
+        history
+            .versions()
+            .iter()
+            .all(|p| !kube::ResourceExt::annotations(p).contains_key("vm.cocoonstack.io/restore-from-hibernate")),
+        "the derived restore marker was written to the pod"
+    );
     let argv = calls(&env, "vm clone")[0].join(" ");
     assert!(
         argv.ends_with(" vm-h-hibernate-import"),
@@ -40,6 +61,8 @@ async fn a_hibernated_guest_is_restored_instead_of_booted_fresh() {
     d.kill().await;
 }
 
+/// Lifecycle: L13.
+/// Checklist rows: restore_test/CreatePodEvidenceFailClosedOnRegistryError
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
     let env = env(true).await;
@@ -68,6 +91,9 @@ async fn an_unavailable_registry_fails_closed_then_the_retry_restores() {
     d.kill().await;
 }
 
+/// Lifecycle: L14, L15.
+/// Checklist rows: restore_test/EvidenceImageConflictRefusesBoot,
+/// restore_test/EvidenceForkFromConflict
 #[tokio::test(flavor = "multi_thread")]
 async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
     let env = env(true).await;
@@ -126,6 +152,12 @@ async fn conflicts_with_a_hibernate_snapshot_boot_nothing_and_say_why() {
     d.kill().await;
 }
 
+/// Lifecycle: L12, L16, L59.
+/// Checklist rows: restore_test/BringUpVMRestoreFromHibernate,
+/// restore_test/CreatePodDerivesRestoreFromLocalEvidence,
+/// update_test/ResolveWakeSourceUsesLocalSnapshot,
+/// wakeverify_test/ResolveWakeSourceVerifiedLocalHit,
+/// wakeverify_test/ResolveWakeSourceStaleLocalDiscardsAndPulls
 #[tokio::test(flavor = "multi_thread")]
 async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_less_nodes_use_local_evidence() {
     // Registry: a local copy whose id matches the :hibernate config is cloned directly.
@@ -197,5 +229,124 @@ async fn wake_sources_a_verified_local_copy_discards_a_stale_one_and_registry_le
     eventually(60, "restored", || lifecycle(&env, "l").as_deref() == Some("ready")).await;
     assert_eq!(calls(&env, "vm clone")[0].last().map(String::as_str), Some("vm-l"));
     eventually(10, "restore event", || has_event(&env, "l", "HibernateSnapshotExists")).await;
+    d.kill().await;
+}
+
+/// A restore from a `:hibernate` tag pulled onto a node that lacks the guest's base image gets
+/// the image first (by reference, once; the clone still passes `--pull`), a second guest of the
+/// same image finds its digest and pulls nothing, and a guest of an http(s) cloud image is left
+/// to cocoon's `--pull`.
+/// Lifecycle: L26.
+/// Checklist rows: restore_test/RestoreEnsuresOCIRefBaseImage,
+/// restore_test/RestoreSkipsEnsureWhenDigestPresent, restore_test/RestorePullsHTTPBase
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_on_a_node_without_the_base_image_gets_it_before_the_clone() {
+    let origin = env(true).await;
+    let registry = origin.registry.clone().unwrap();
+    seed_snapshot(&origin, "vm-h", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "vm-h", "vm-h", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    seed_snapshot(&origin, "vm-h2", "ghcr.io/x/base:1").await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "vm-h2", "vm-h2", "hibernate", "snap:v1")
+        .await
+        .unwrap();
+    let web = "https://images.test/noble.qcow2";
+    seed_snapshot(&origin, "vm-w", web).await;
+    registry
+        .push_snapshot(origin.runtime.as_ref(), "vm-w", "vm-w", "hibernate", "web:v1")
+        .await
+        .unwrap();
+    let mut env = env(false).await;
+    env.registry = Some(registry);
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("h-0", "vm-h", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    wait_ready(&env, "h-0").await;
+    let seq: Vec<String> = env
+        .sim
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| matches!(c.verb.as_str(), "image pull" | "vm clone"))
+        .map(|c| c.argv.join(" "))
+        .collect();
+    assert_eq!(seq.len(), 2, "{seq:?}");
+    assert!(seq[0].ends_with("ghcr.io/x/base:1"), "the base image first: {seq:?}");
+    assert!(
+        seq[1].ends_with(" vm-h-hibernate-import") && seq[1].contains("--pull"),
+        "then the restore, still with --pull: {seq:?}"
+    );
+
+    // Another guest of the same base image: its digest is on the node now, nothing is pulled.
+    create(
+        &env,
+        &managed("h2-0", "vm-h2", &[("cocoonset.cocoonstack.io/image", "snap:v1")]),
+    )
+    .await;
+    wait_ready(&env, "h2-0").await;
+    assert_eq!(calls(&env, "image pull").len(), 1, "the base image is pulled once");
+    assert!(
+        calls(&env, "vm clone")
+            .last()
+            .unwrap()
+            .join(" ")
+            .ends_with(" vm-h2-hibernate-import")
+    );
+
+    create(
+        &env,
+        &managed("w-0", "vm-w", &[("cocoonset.cocoonstack.io/image", "web:v1")]),
+    )
+    .await;
+    wait_ready(&env, "w-0").await;
+    assert_eq!(
+        calls(&env, "image pull").len(),
+        1,
+        "the http base is not pulled by the daemon"
+    );
+    let clone = calls(&env, "vm clone").last().unwrap().join(" ");
+    assert!(
+        clone.ends_with(" vm-w-hibernate-import") && clone.contains("--pull"),
+        "{clone}"
+    );
+    d.kill().await;
+}
+
+/// On a node without a registry, a hibernated guest whose local snapshot has gone cannot be
+/// woken from anywhere: the wake fails on the pod and nothing boots fresh in its place.
+/// Checklist rows: update_test/ResolveWakeSourceErrorsWhenLocalMissingAndNoPuller
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_less_wake_without_its_local_snapshot_fails_and_boots_nothing() {
+    let env = provider_support::env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("lw-0", "vm-lw", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "lw-0").await;
+    annotate(&env, "lw-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
+    eventually(30, "hibernated", || {
+        lifecycle(&env, "lw-0").as_deref() == Some("hibernated")
+    })
+    .await;
+    assert!(vm_named(&env, "vm-lw").await.is_none());
+    env.runtime.snapshot_remove_if_exists("vm-lw").await.unwrap();
+    let boots = calls(&env, "vm clone").len() + calls(&env, "vm run").len();
+    annotate(&env, "lw-0", &[("vm.cocoonstack.io/hibernate", None)]).await;
+    let message = wait_failed_with(&env, "lw-0", "vm-lw").await;
+    assert!(vm_named(&env, "vm-lw").await.is_none(), "booted fresh: {message}");
+    assert_eq!(
+        calls(&env, "vm clone").len() + calls(&env, "vm run").len(),
+        boots,
+        "{message}"
+    );
     d.kill().await;
 }

@@ -3,6 +3,8 @@
 
 use super::*;
 
+/// Lifecycle: L41, L42.
+/// Checklist rows: create_test/CreatePodAdoptPublishesStatusBeforeReady
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_lands_before_the_ready_annotation() {
     let env = env(false).await;

@@ -4,6 +4,8 @@
 
 use super::*;
 
+/// Checklist rows: update_test/HibernateKeepsVMIDOnSaveFailure,
+/// retry_test/AFailedHibernateIsRetriedWhenDueUntilItSucceeds
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_save_keeps_the_vm_running_and_the_retry_hibernates() {
     let env = env_with_oci().await;
@@ -36,6 +38,7 @@ async fn a_failed_save_keeps_the_vm_running_and_the_retry_hibernates() {
     d.kill().await;
 }
 
+/// Checklist rows: update_test/HibernateKeepsVMIDOnSaveFailure
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_to_a_dead_registry_keeps_the_vm_and_the_retry_pushes_once_it_is_back() {
     let env = env_with_oci().await;
@@ -67,6 +70,8 @@ async fn a_push_to_a_dead_registry_keeps_the_vm_and_the_retry_pushes_once_it_is_
     d.kill().await;
 }
 
+/// Lifecycle: L57, L58.
+/// Checklist rows: update_test/HibernateRestoresVMIDOnRemoveFailure
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_remove_withdraws_the_tag_reapplies_the_runtime_and_the_retry_finishes() {
     let env = env_with_oci().await;
@@ -100,6 +105,7 @@ async fn a_failed_remove_withdraws_the_tag_reapplies_the_runtime_and_the_retry_f
     d.kill().await;
 }
 
+/// Checklist rows: wakeverify_test/ResolveWakeSourceRegistryErrorFailsClosed
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wake_fails_closed_while_the_registry_cannot_verify_the_local_copy() {
     let env = env_with_oci().await;
@@ -132,6 +138,7 @@ async fn a_wake_fails_closed_while_the_registry_cannot_verify_the_local_copy() {
     d.kill().await;
 }
 
+/// Checklist rows: retry_test/AFailedWakeOwesARetry
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_pull_keeps_the_tag_boots_nothing_and_the_retry_wakes() {
     let env = env_with_oci().await;
@@ -160,6 +167,7 @@ async fn a_failed_pull_keeps_the_tag_boots_nothing_and_the_retry_wakes() {
     d.kill().await;
 }
 
+/// Checklist rows: wakeverify_test/ResolveWakeSourceNoTagDiscardsLocal
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
     let env = env_with_oci().await;

@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// Checklist rows: resume_test/StartupDispatchOwedWork
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_mid_hibernate_resumes_it() {
     let env = env_with_oci().await;
@@ -37,6 +38,9 @@ async fn a_restart_mid_hibernate_resumes_it() {
     d.kill().await;
 }
 
+/// Lifecycle: L54.
+/// Checklist rows: create_test/StartupReconcileTracksHibernatedPodWithoutVM,
+/// update_test/HibernateClearsVMIDBeforeRemove
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_after_the_remove_reports_hibernated_from_the_tag() {
     let env = env_with_oci().await;
@@ -93,6 +97,7 @@ async fn stopped_with_hibernate_owed(env: &Env, vm: &str, saved_first: bool) -> 
     (id, saved)
 }
 
+/// Checklist rows: resume_test/StartupResumeHibernateStartsVMWhoseRecordStillReadsRunning
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_vm_whose_save_is_the_tag_is_removed_without_saving_a_cold_guest_over_it() {
     let env = env_with_oci().await;
@@ -114,6 +119,7 @@ async fn a_stopped_vm_whose_save_is_the_tag_is_removed_without_saving_a_cold_gue
     d.kill().await;
 }
 
+/// Checklist rows: resume_test/StartupResumeHibernateStartsVMWhoseRecordStillReadsRunning
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_vm_without_a_saved_guest_is_booted_and_saved_before_it_goes() {
     let env = env_with_oci().await;
@@ -128,5 +134,81 @@ async fn a_stopped_vm_without_a_saved_guest_is_booted_and_saved_before_it_goes()
     );
     assert_eq!(calls(&env, "snapshot save").len(), saves + 1);
     assert!(tag_exists(&env, "vm-y").await && vm_named(&env, "vm-y").await.is_none());
+    d.kill().await;
+}
+
+/// A hibernate resumed after a restart that fails (its save) is owed a retry like any other:
+/// the failure is reported on the pod (an Event) and the retry hibernates the guest.
+/// Checklist rows: retry_test/AFailedResumedHibernateOwesARetry
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_hibernate_that_fails_is_retried() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-rr").await;
+    // The save hangs until the daemon dies (however slow the machine), so the restart resumes it.
+    env.sim.delay("snapshot save", Some(1), 120_000).unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(20, "the save under way", || {
+        !env.sim.pids_of("snapshot save").unwrap().is_empty()
+    })
+    .await;
+    d.kill().await;
+    eventually(20, "no snapshot save left running", || {
+        env.sim.pids_of("snapshot save").unwrap().is_empty()
+    })
+    .await;
+    // The resumed hibernate's save fails once.
+    fail_once(
+        &env,
+        "snapshot save",
+        None,
+        "Error: pause vm: cloud-hypervisor API timeout",
+    );
+    let saves = calls(&env, "snapshot save").len();
+    let d = start(&env, slow_retries());
+    eventually(30, "the resumed hibernate's failure reported", || {
+        events(&env, "agent-0")
+            .iter()
+            .any(|(r, n)| r == "HibernateSnapshotFailed" && n.contains("snapshot save vm-rr"))
+    })
+    .await;
+    hibernated(&env, "agent-0").await;
+    assert!(
+        calls(&env, "snapshot save").len() >= saves + 2,
+        "the failed save, then the retry's"
+    );
+    assert!(tag_exists(&env, "vm-rr").await && vm_named(&env, "vm-rr").await.is_none());
+    d.kill().await;
+}
+
+/// Deleting a hibernated pod (no seat release) drops what it left on the node: its local
+/// snapshot and its lineage's fork snapshot.
+/// Checklist rows: delete_test/SnapshotRetention
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_hibernated_pod_drops_its_local_and_fork_snapshots() {
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    ready_pod(&env, "agent-0", "vm-gone").await;
+    hibernate_now(&env, "agent-0").await;
+    assert!(
+        env.sim.snapshot_dir("vm-gone").unwrap().is_some(),
+        "the warm local copy"
+    );
+    delete(&env, "agent-0").await;
+    eventually(30, "pod gone", || get(&env, "agent-0").is_none()).await;
+    let removed: Vec<String> = calls(&env, "snapshot rm")
+        .into_iter()
+        .filter_map(|a| a.last().cloned())
+        .collect();
+    assert!(
+        removed.contains(&"vm-gone".to_string()) && removed.contains(&"fork-vm-gone".to_string()),
+        "{removed:?}"
+    );
+    assert!(
+        env.sim.snapshot_dir("vm-gone").unwrap().is_none(),
+        "the local copy is gone"
+    );
     d.kill().await;
 }

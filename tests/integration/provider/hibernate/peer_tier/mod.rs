@@ -267,6 +267,8 @@ async fn fell_back_to_the_registry(env: &Env, b: &NodeB, why: &str) {
     );
 }
 
+/// Lifecycle: L59.
+/// Checklist rows: wakeverify_test/WakeStagesFromPeerAndClonesFromDir
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_hibernated_on_node_a_wakes_on_node_b_from_as_files_staged_sparse() {
     let (env, a) = setup(8 << 20).await;
@@ -330,6 +332,8 @@ async fn a_guest_hibernated_on_node_a_wakes_on_node_b_from_as_files_staged_spars
     drop(b.daemon);
 }
 
+/// Lifecycle: L60.
+/// Checklist rows: wakeverify_test/WakePeerUnreachableFallsBackToPull
 #[tokio::test(flavor = "multi_thread")]
 async fn node_a_down_falls_back_to_the_registry() {
     let (env, a) = setup(1 << 20).await;
@@ -464,6 +468,8 @@ async fn tampered_wake_falls_back(mode: Tamper, why: &str) {
     stop.cancel();
 }
 
+/// Lifecycle: L60.
+/// Checklist rows: wakeverify_test/WakePeerMismatchFallsBackToPull
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crc_mismatch_falls_back_to_the_registry() {
     tampered_wake_falls_back(Tamper::FlipByte, "CRC-32C mismatch").await;
@@ -474,6 +480,8 @@ async fn a_truncated_slice_falls_back_to_the_registry() {
     tampered_wake_falls_back(Tamper::Truncate, "truncated").await;
 }
 
+/// Lifecycle: L60.
+/// Checklist rows: wakeverify_test/WakePeerMismatchFallsBackToPull
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wrong_snapshot_id_falls_back_to_the_registry() {
     tampered_wake_falls_back(Tamper::WrongSnapshotId, "is not the registry's").await;
@@ -483,6 +491,7 @@ fn plan_path(name: &str) -> String {
     format!("/v1/snapshot-plan?name={name}")
 }
 
+/// Checklist rows: snapshots/peer_test
 #[tokio::test(flavor = "multi_thread")]
 async fn node_a_serves_only_authenticated_peers_and_only_its_own_hibernated_guests() {
     let (env, a) = setup(1 << 20).await;
@@ -558,6 +567,7 @@ async fn a_peer_with_every_stream_busy_answers_503_and_the_wake_falls_back() {
     drop(held);
 }
 
+/// Checklist rows: wakeverify_test/WakePeerSelfNodeSkipsPeerPath
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guest_hibernated_on_this_very_node_skips_the_peer_tier() {
     let env = env_with_oci().await;

@@ -40,6 +40,7 @@ fn reclaimed(d: &Daemon, reason: &str) -> u64 {
         .get()
 }
 
+/// Checklist rows: gc_test/TheReclaimerDropsOnlyWhatNoPodOnTheNodeCanWakeFrom
 #[tokio::test(flavor = "multi_thread")]
 async fn the_reclaimer_drops_only_what_no_pod_on_the_node_can_wake_or_clone_from() {
     let env = env_with_oci().await;
