@@ -21,12 +21,13 @@ use crate::policy::contract::bring_up::{
 use crate::policy::contract::guest_fixup::BootOrigin;
 use crate::policy::contract::resource_translation::{self as translation, BootPath, GuestResources};
 use crate::policy::slots::ResourceTranslation;
-use crate::runtime::{CloneSource, CpuPolicy, RunSpec, VmRecord, VmState};
+use crate::runtime::{CloneSource, CpuPolicy, RunSpec, SnapshotRecord, VmRecord, VmState};
 
 pub(super) async fn execute(
     p: &CocoonProvider,
     ctx: &Ctx<'_>,
     existing: Option<VmRecord>,
+    image_snapshot: Option<SnapshotRecord>,
     plan: Plan,
 ) -> Result<BroughtUp, BringUpError> {
     match plan {
@@ -39,7 +40,7 @@ pub(super) async fn execute(
         }
         Plan::CloneFromDir(dir_plan) => clone_from_dir(p, ctx, dir_plan).await,
         Plan::Fork(fork_plan) => fork(p, ctx, fork_plan).await,
-        Plan::Clone(clone_plan) => clone(p, ctx, clone_plan).await,
+        Plan::Clone(clone_plan) => clone(p, ctx, clone_plan, image_snapshot).await,
         Plan::Run(run_plan) => run(p, ctx, run_plan).await,
     }
     .map_err(BringUpError::Execute)
@@ -150,7 +151,14 @@ async fn fork(p: &CocoonProvider, ctx: &Ctx<'_>, plan: ForkPlan) -> Result<Broug
     Ok(fresh(vm, BootOrigin::Fork, String::new()))
 }
 
-async fn clone(p: &CocoonProvider, ctx: &Ctx<'_>, plan: ClonePlan) -> Result<BroughtUp, Failure> {
+/// `known`: the snapshot record the gather step read moments ago, used when it is the one the
+/// plan clones (one `snapshot inspect` fewer on a warm node).
+async fn clone(
+    p: &CocoonProvider,
+    ctx: &Ctx<'_>,
+    plan: ClonePlan,
+    known: Option<SnapshotRecord>,
+) -> Result<BroughtUp, Failure> {
     let ClonePlan {
         options,
         local_snapshot,
@@ -159,7 +167,10 @@ async fn clone(p: &CocoonProvider, ctx: &Ctx<'_>, plan: ClonePlan) -> Result<Bro
         expected_backend,
     } = plan;
     drop_own_fork(p, &options).await;
-    let snapshot = ensure_snapshot(p, &local_snapshot, &repository, &tag).await?;
+    let snapshot = match known.filter(|s| s.name == local_snapshot) {
+        Some(snapshot) => snapshot,
+        None => ensure_snapshot(p, &local_snapshot, &repository, &tag).await?,
+    };
     plan::assert_backend(&local_snapshot, &snapshot.hypervisor, &expected_backend)
         .map_err(|m| Failure::permanent("SnapshotBackendMismatch", m))?;
     ensure_base_image(p, &snapshot).await?;

@@ -12,7 +12,7 @@ use super::super::reconcile::{self, InspectVerdict, StaleStep};
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec};
 use crate::policy::contract::bring_up::{self, HibernateEvidence, LocalSnapshot};
 use crate::policy::contract::types::BootMode;
-use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
+use crate::runtime::{SnapshotRecord, StaleCreateOutcome, VmRecord, VmState};
 
 /// The pod a bring-up is for.
 pub(in crate::provider) struct Ctx<'a> {
@@ -26,7 +26,16 @@ pub(super) struct Gathered {
     /// A VM of the pod's name, live or finished (a stale create already settled).
     pub existing: Option<VmRecord>,
     pub evidence: HibernateEvidence,
-    pub local_snapshots: Vec<LocalSnapshot>,
+    /// The local snapshot of the pod's image, as cocoon reported it just now: the clone reuses
+    /// it rather than asking again (if it went in between, the clone fails and the retry asks).
+    pub image_snapshot: Option<SnapshotRecord>,
+}
+
+impl Gathered {
+    /// The local snapshots as the bring-up policy sees them.
+    pub fn local_snapshots(&self) -> Vec<LocalSnapshot> {
+        self.image_snapshot.iter().map(plan::local_snapshot_fact).collect()
+    }
 }
 
 pub(super) async fn gather(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Gathered, Failure> {
@@ -40,16 +49,15 @@ pub(super) async fn gather(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Gathered
     } else {
         hibernate_evidence(p, &spec.vm_name).await
     };
-    let local_snapshots = if spec.managed && existing.is_none() && !spec.image.is_empty() && spec.mode != BootMode::Run
-    {
+    let image_snapshot = if spec.managed && existing.is_none() && !spec.image.is_empty() && spec.mode != BootMode::Run {
         local_snapshot_of_image(p, &spec.image).await
     } else {
-        Vec::new()
+        None
     };
     Ok(Gathered {
         existing,
         evidence,
-        local_snapshots,
+        image_snapshot,
     })
 }
 
@@ -74,17 +82,13 @@ async fn existing_vm(p: &CocoonProvider, spec: &VmSpec) -> Result<Option<VmRecor
 
 /// The local snapshot cocoon keeps of the pod's image, if any (a fact for the policy; a lookup
 /// error is the same as none: the policy then pulls).
-async fn local_snapshot_of_image(p: &CocoonProvider, image: &str) -> Vec<LocalSnapshot> {
+async fn local_snapshot_of_image(p: &CocoonProvider, image: &str) -> Option<SnapshotRecord> {
     let (repo, tag) = plan::parse_ref(image);
-    match p
-        .ports
+    p.ports
         .runtime
         .snapshot_inspect(&plan::local_snapshot_name(repo, tag))
         .await
-    {
-        Ok(s) => vec![plan::local_snapshot_fact(&s)],
-        Err(_) => Vec::new(),
-    }
+        .ok()
 }
 
 /// Settles a `creating` record of this pod's VM name by the startup reconcile's table

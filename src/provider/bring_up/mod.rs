@@ -62,6 +62,7 @@ impl BringUpError {
 /// Gather → decide → execute for a Linux guest.
 pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, BringUpError> {
     let gathered = gather::gather(p, ctx).await.map_err(BringUpError::Gather)?;
+    let local_snapshots = gathered.local_snapshots();
     let facts = bring_up_facts(
         p,
         ctx.pod,
@@ -69,7 +70,7 @@ pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Brough
         &ctx.spec,
         gathered.existing.is_some(),
         gathered.evidence,
-        gathered.local_snapshots,
+        local_snapshots,
     );
     let decision = decide(p, facts, &ctx.facts.key(), "bring-up decision")
         .await
@@ -80,7 +81,7 @@ pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Brough
         }
         Outcome::Proceed(plan) => plan,
     };
-    execute::execute(p, ctx, gathered.existing, plan).await
+    execute::execute(p, ctx, gathered.existing, gathered.image_snapshot, plan).await
 }
 
 /// Asks the bring-up policy (off the async workers), counts its hibernate-evidence verdict and

@@ -518,3 +518,56 @@ async fn run_images_the_registry_cannot_classify_are_pulled_by_cocoon() {
     assert_eq!(pulled(&bare, "ghcr.io/x/tool:1"), 1, "no registry: cocoon pulls it");
     d.kill().await;
 }
+
+/// The cocoon calls of a create on a warm node (the clone's snapshot local, its base image
+/// present): what a user waits for besides the clone itself. A change that adds a call to this
+/// path fails here; one that removes a call lowers the figure (and this list).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_clone_create_makes_only_its_counted_cocoon_calls() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    // Warm the node: the first pod pulls the base image its snapshot names.
+    create(
+        &env,
+        &managed("agent-0", "vm-warm-0", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let before = env.sim.calls().unwrap().len();
+    create(
+        &env,
+        &managed("agent-1", "vm-warm-1", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-1").await;
+    let made: Vec<String> = env.sim.calls().unwrap()[before..]
+        .iter()
+        .filter(|c| c.verb != "vm status")
+        .map(|c| match c.argv.get(2) {
+            Some(target) if c.verb != "vm clone" && c.verb != "vm exec" => format!("{} {target}", c.verb),
+            _ => c.verb.clone(),
+        })
+        .collect();
+    let digest = made.iter().find(|c| c.starts_with("image inspect")).cloned();
+    assert_eq!(
+        made,
+        [
+            // No VM of the name in the table: cocoon is asked before anything boots.
+            "vm inspect vm-warm-1",
+            // Registry-less node: the hibernate evidence is a local snapshot of the VM's name.
+            "snapshot inspect vm-warm-1",
+            // The image's local snapshot (a fact for the policy; the clone reuses the answer).
+            "snapshot inspect base",
+            // A fresh bring-up drops its own lineage's fork snapshot.
+            "snapshot rm fork-vm-warm-1",
+            // The snapshot's base image, by digest, so the clone boots the exact version.
+            digest.as_deref().unwrap_or("image inspect <digest>"),
+            "vm clone",
+            // The guest fixup.
+            "vm exec",
+        ],
+        "the warm create's cocoon calls"
+    );
+    d.kill().await;
+}
