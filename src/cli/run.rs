@@ -28,7 +28,7 @@ use vk_cocoon::policy::config::{PolicyArgs, PolicyConfig};
 use vk_cocoon::policy::decision_log::{DecisionLog, DecisionLogArgs, LogTarget};
 use vk_cocoon::policy::reload::PolicyReloader;
 use vk_cocoon::policy::{CompileCache, Policies, PolicyEngine, PolicyMetrics};
-use vk_cocoon::provider::cocoon_net::{CocoonNetArgs, LeaseFile, NetworkMode};
+use vk_cocoon::provider::cocoon_net::{CocoonNetArgs, LeaseFile};
 use vk_cocoon::provider::config::ProviderArgs;
 use vk_cocoon::provider::metrics::{self, MetricsArgs, ProviderMetrics};
 use vk_cocoon::provider::ports::{KubePodPatcher, LeaseReleaser, SnapshotRegistry};
@@ -102,7 +102,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         kubelet.snapshot_cpu_class.as_deref(),
         &root_dir,
         guest_networks,
-        NetworkMode::resolve(args.cocoon_net.network_mode, &args.cocoon_net.leases_path),
+        vk_cocoon::provider::probe_scope::network_mode(args.cocoon_net.network_mode, &args.cocoon_net.leases_path),
     );
     provider_cfg.run_dir = paths.run_dir.clone();
     let peer_cfg = PeerConfig::from_args(&args.peer, &root_dir).map_err(|e| anyhow!("{e}"))?;

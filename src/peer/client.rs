@@ -208,14 +208,12 @@ impl PeerClient {
             received += r;
             written += w;
         }
-        let checked = match hashed {
-            Ok(()) => match verify::check_sizes(dir.path(), files) {
-                Ok(()) => verify::check_holes_of(dir.path(), files, parallel).await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
+        let checked = async {
+            hashed?;
+            verify::check_sizes(dir.path(), files)?;
+            verify::check_holes_of(dir.path(), files, parallel).await
         };
-        checked.map_err(|detail| RestoreError::Mismatch { addr, detail })?;
+        checked.await.map_err(|detail| RestoreError::Mismatch { addr, detail })?;
         // Written last: cocoon takes its presence to mean the directory is complete.
         let marker = dir.path().join(ENVELOPE_FILE);
         std::fs::OpenOptions::new()

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::plan::NetworkMode;
 use super::ports::{LeaseError, LeaseReleaser, LeaseSource};
 
 pub const DEFAULT_LEASES_PATH: &str = "/var/lib/cocoon/net/leases.json";
@@ -29,41 +30,6 @@ pub struct CocoonNetArgs {
     #[arg(long, env = "VK_NETWORK_MODE", value_name = "MODE",
           value_parser = crate::settings::parser("VK_NETWORK_MODE", "ipv4 or ipv6-only", NetworkMode::parse))]
     pub network_mode: Option<NetworkMode>,
-}
-
-/// Which DHCP a guest's lease comes from. A Windows guest's `ipconfig /release` and `/renew`
-/// only touch its DHCPv4 lease: on an IPv6-only network they would leave the DHCPv6 lease held
-/// across a NIC drop, and a renew nudge would never ask for the address the daemon waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum NetworkMode {
-    #[default]
-    Ipv4,
-    Ipv6Only,
-}
-
-impl NetworkMode {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "ipv4" => Ok(Self::Ipv4),
-            "ipv6-only" => Ok(Self::Ipv6Only),
-            _ => Err("not a network mode".to_string()),
-        }
-    }
-
-    /// The setting, or when unset the family of cocoon-net's pool subnet (its `pool.json`
-    /// beside the lease file); IPv4 when there is no readable pool.
-    pub fn resolve(setting: Option<Self>, leases_path: &std::path::Path) -> Self {
-        setting.unwrap_or_else(|| {
-            let pool = super::probe_scope::read_pool_subnet(&leases_path.with_file_name("pool.json"));
-            match pool {
-                Some(ipnet::IpNet::V6(subnet)) => {
-                    tracing::info!(%subnet, "guest network mode: ipv6-only (cocoon-net's pool is IPv6; VK_NETWORK_MODE is unset)");
-                    Self::Ipv6Only
-                }
-                _ => Self::Ipv4,
-            }
-        })
-    }
 }
 
 impl CocoonNetArgs {
@@ -242,27 +208,14 @@ mod tests {
     use tokio::io::AsyncBufReadExt;
 
     #[test]
-    fn the_network_mode_is_the_setting_or_the_family_of_the_pool() {
-        let dir = tempfile::tempdir().unwrap();
-        let leases = dir.path().join("leases.json");
-        assert_eq!(NetworkMode::resolve(None, &leases), NetworkMode::Ipv4, "no pool.json");
-        std::fs::write(dir.path().join("pool.json"), r#"{"subnet":"fd00:22::/64"}"#).unwrap();
-        assert_eq!(NetworkMode::resolve(None, &leases), NetworkMode::Ipv6Only);
-        assert_eq!(
-            NetworkMode::resolve(Some(NetworkMode::Ipv4), &leases),
-            NetworkMode::Ipv4
-        );
-        std::fs::write(dir.path().join("pool.json"), r#"{"subnet":"172.22.0.0/16"}"#).unwrap();
-        assert_eq!(NetworkMode::resolve(None, &leases), NetworkMode::Ipv4);
+    fn the_network_mode_setting_is_parsed_with_the_rules_of_the_environment() {
         let args = |v: &str| {
             crate::settings::parse_lookup::<CocoonNetArgs>(|k| (k == "VK_NETWORK_MODE").then(|| v.to_string()))
         };
         assert_eq!(args(" IPv6-Only ").unwrap().network_mode, Some(NetworkMode::Ipv6Only));
+        assert_eq!(args("ipv4").unwrap().network_mode, Some(NetworkMode::Ipv4));
         let refused = args("ipv6").unwrap_err();
-        assert!(
-            refused.contains("VK_NETWORK_MODE") && refused.contains("ipv4 or ipv6-only"),
-            "{refused}"
-        );
+        assert!(refused.contains("VK_NETWORK_MODE") && refused.contains("ipv4 or ipv6-only"), "{refused}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub struct ProviderConfig {
     pub guest_networks: super::probe_scope::GuestNetworks,
     /// `VK_NETWORK_MODE` (or derived from cocoon-net's pool): which DHCP a Windows guest's
     /// release and renew address.
-    pub network_mode: super::cocoon_net::NetworkMode,
+    pub network_mode: super::plan::NetworkMode,
     /// The cocoon-macos path's node settings.
     pub macos: super::macos::MacosSettings,
     pub timings: Timings,
@@ -81,7 +81,7 @@ impl ProviderConfig {
         node_class: Option<&str>,
         root_dir: &Path,
         guest_networks: super::probe_scope::GuestNetworks,
-        network_mode: super::cocoon_net::NetworkMode,
+        network_mode: super::plan::NetworkMode,
     ) -> Self {
         Self {
             guest_networks,
@@ -113,7 +113,7 @@ impl ProviderConfig {
         let probes = crate::settings::parse_lookup::<super::probe_scope::ProbeArgs>(&lookup)?;
         let leases = crate::settings::parse_lookup::<super::cocoon_net::CocoonNetArgs>(&lookup)?;
         let guests = super::probe_scope::GuestNetworks::from_settings(probes.probe_networks, &leases.leases_path);
-        let network_mode = super::cocoon_net::NetworkMode::resolve(leases.network_mode, &leases.leases_path);
+        let network_mode = super::probe_scope::network_mode(leases.network_mode, &leases.leases_path);
         Ok(Self::from_args(
             &args,
             &node.node_name,

@@ -25,6 +25,27 @@ pub fn hibernate_import_name(vm: &str) -> String {
     format!("{vm}-hibernate-import")
 }
 
+/// Which DHCP a guest's lease comes from (`VK_NETWORK_MODE`, or the family of cocoon-net's pool).
+/// A Windows guest's `ipconfig /release` and `/renew` only touch its DHCPv4 lease: on an IPv6-only
+/// network they would leave the DHCPv6 lease held across a NIC drop, and a renew nudge would
+/// never ask for the address the daemon waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetworkMode {
+    #[default]
+    Ipv4,
+    Ipv6Only,
+}
+
+impl NetworkMode {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "ipv4" => Ok(Self::Ipv4),
+            "ipv6-only" => Ok(Self::Ipv6Only),
+            _ => Err("not a network mode".to_string()),
+        }
+    }
+}
+
 /// What a Windows guest's DHCP client is asked to do with its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseStep {
@@ -36,8 +57,7 @@ pub enum LeaseStep {
 
 /// `cmd /c ipconfig /release|/renew` in a Windows guest, or `/release6|/renew6` on an
 /// IPv6-only network (the plain verbs only touch the DHCPv4 lease).
-pub fn ipconfig(step: LeaseStep, mode: super::cocoon_net::NetworkMode) -> crate::runtime::ExecSpec {
-    use super::cocoon_net::NetworkMode;
+pub fn ipconfig(step: LeaseStep, mode: NetworkMode) -> crate::runtime::ExecSpec {
     let verb = match (step, mode) {
         (LeaseStep::Release, NetworkMode::Ipv4) => "/release",
         (LeaseStep::Renew, NetworkMode::Ipv4) => "/renew",

@@ -24,6 +24,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ipnet::IpNet;
 
+use super::plan::NetworkMode;
 use super::probe::Prober;
 
 pub const ENV: &str = "VK_PROBE_NETWORKS";
@@ -133,6 +134,18 @@ impl GuestNetworks {
     }
 }
 
+/// The guests' DHCP family: the setting, or when unset the family of cocoon-net's pool subnet
+/// (its `pool.json` beside the lease file); IPv4 when there is no readable pool.
+pub fn network_mode(setting: Option<NetworkMode>, leases_path: &std::path::Path) -> NetworkMode {
+    setting.unwrap_or_else(|| match read_pool_subnet(&leases_path.with_file_name("pool.json")) {
+        Some(IpNet::V6(subnet)) => {
+            tracing::info!(%subnet, "guest network mode: ipv6-only (cocoon-net's pool is IPv6; VK_NETWORK_MODE is unset)");
+            NetworkMode::Ipv6Only
+        }
+        _ => NetworkMode::Ipv4,
+    })
+}
+
 /// An IPv4-mapped IPv6 address reaches the IPv4 host: judged as that host.
 fn unmapped(ip: IpAddr) -> IpAddr {
     match ip {
@@ -151,7 +164,7 @@ fn special_purpose(ip: IpAddr) -> bool {
 }
 
 /// The `subnet` of cocoon-net's `pool.json`.
-pub(super) fn read_pool_subnet(path: &std::path::Path) -> Option<IpNet> {
+fn read_pool_subnet(path: &std::path::Path) -> Option<IpNet> {
     let text = std::fs::read(path).ok()?;
     let value: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| tracing::warn!(file = %path.display(), error = %e, "cocoon-net's pool.json is not JSON"))
@@ -242,6 +255,18 @@ mod tests {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
+    }
+
+    #[test]
+    fn the_network_mode_is_the_setting_or_the_family_of_the_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let leases = dir.path().join("leases.json");
+        assert_eq!(network_mode(None, &leases), NetworkMode::Ipv4, "no pool.json");
+        std::fs::write(dir.path().join("pool.json"), r#"{"subnet":"fd00:22::/64"}"#).unwrap();
+        assert_eq!(network_mode(None, &leases), NetworkMode::Ipv6Only);
+        assert_eq!(network_mode(Some(NetworkMode::Ipv4), &leases), NetworkMode::Ipv4);
+        std::fs::write(dir.path().join("pool.json"), r#"{"subnet":"172.22.0.0/16"}"#).unwrap();
+        assert_eq!(network_mode(None, &leases), NetworkMode::Ipv4);
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub struct Options {
     /// The daemon's guest networks (default: loopback, where the simulator's guests live).
     pub guest_networks: Option<vk_cocoon::provider::probe_scope::GuestNetworks>,
     /// The guests' DHCP family (default IPv4).
-    pub network_mode: vk_cocoon::provider::cocoon_net::NetworkMode,
+    pub network_mode: vk_cocoon::provider::plan::NetworkMode,
 }
 
 impl Default for Options {

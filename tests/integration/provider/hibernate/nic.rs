@@ -176,7 +176,7 @@ async fn on_an_ipv6_only_network_a_windows_guest_releases_and_renews_its_dhcpv6_
     let d = start(
         &env,
         Options {
-            network_mode: vk_cocoon::provider::cocoon_net::NetworkMode::Ipv6Only,
+            network_mode: vk_cocoon::provider::plan::NetworkMode::Ipv6Only,
             ..slow_retries()
         },
     );
