@@ -95,7 +95,12 @@ async fn bench() {
     let gone = registry.server.lock().unwrap().transfer_client("", "node-gone");
     let mut data_bytes = 0;
     let guests: Vec<(String, _)> = (0..rounds)
-        .flat_map(|round| [(format!("vm-reg-{round}"), &gone), (format!("vm-peer-{round}"), &pusher)])
+        .flat_map(|round| {
+            [
+                (format!("vm-reg-{round}"), &gone),
+                (format!("vm-peer-{round}"), &pusher),
+            ]
+        })
         .collect();
     for (vm, pusher) in guests {
         let vm = vm.as_str();
