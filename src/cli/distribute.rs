@@ -11,7 +11,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::Args;
 
 use vk_cocoon::policy::cases::CaseTable;
-use vk_cocoon::policy::distribution::{Pin, PolicyArtifact, PolicyFetcher, PolicyRef, registry_for};
+use vk_cocoon::policy::distribution::{MAX_LAYER_BYTES, Pin, PolicyArtifact, PolicyFetcher, PolicyRef, registry_for};
 use vk_cocoon::policy::{
     LoadError, LoadedPolicy, Origin, PolicyEngine, PolicySlot, SandboxLimits, Slot, SlotVisitor, with_slot,
 };
@@ -121,6 +121,15 @@ pub fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     };
     let engine = engine()?;
     let bytes = fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    // Refused here rather than by every node's pull of it.
+    if bytes.len() as u64 > MAX_LAYER_BYTES {
+        bail!(
+            "{} is {} bytes: a policy artifact's component may be at most {MAX_LAYER_BYTES} bytes ({} MiB), the most a node pulls",
+            args.file.display(),
+            bytes.len(),
+            MAX_LAYER_BYTES >> 20
+        );
+    }
     let origin = Origin::File(args.file.clone());
     let slot = match args.slot {
         Some(slot) => slot,

@@ -72,6 +72,24 @@ impl<S: PolicySlot> LoadedPolicy<S> {
         self.size == PoolSize::Large
     }
 
+    /// Creates one fresh instance as a decision would and drops it without calling the guest:
+    /// what a decision costs before the policy's code runs (the latency bench's "instantiation
+    /// alone" row; a large component's memory image and its core instances are set up here).
+    pub fn instantiate_only(&self, engine: &PolicyEngine) -> Result<(), DecisionError> {
+        let limits = engine.limits();
+        let permit = engine.acquire(self.size).map_err(|error| DecisionError::Instantiate {
+            slot: S::SLOT,
+            detail: format!("{error:#}"),
+        })?;
+        let mut store = new_store(engine, &permit);
+        let made = match &self.bound {
+            Bound::Current(pre) => pre.instantiate(&mut store).map(drop),
+            Bound::V0_1(pre) => pre.instantiate(&mut store).map(drop),
+            Bound::V0_2(pre) => pre.instantiate(&mut store).map(drop),
+        };
+        made.map_err(|error| classify(S::SLOT, &store, &limits, error))
+    }
+
     /// Runs one decision in a fresh instance. Errors are typed; the caller picks the fail-safe.
     pub fn decide(&self, engine: &PolicyEngine, facts: &S::Facts) -> Result<S::Decision, DecisionError> {
         let limits = engine.limits();

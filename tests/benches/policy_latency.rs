@@ -9,6 +9,12 @@
 //! native baseline gets the same facts through serde (host and guest bindings are generated
 //! from the same WIT, so they share one JSON shape), and the two decisions must agree.
 //!
+//! Then the languages table (issue 40): the Python and JavaScript example policies
+//! (`policies/examples`, built by `policies/examples/build.sh` into `target/policy-examples` or
+//! `$VK_POLICY_EXAMPLES_DIR`) beside the Rust default of the same slot, on the same facts and
+//! deciding the same: p50/p99 per decision, a fresh instance alone, the compile and its cache
+//! entry's size. Without the built examples those rows are skipped, saying why.
+//!
 //! Run: `cargo bench --bench policy_latency` (release profile). Prints a table; figures are
 //! ratios to the native baseline measured in the same run.
 
@@ -26,6 +32,9 @@ use vk_cocoon::policy::{
 const WARMUP: usize = 500;
 const SAMPLES: usize = 20_000;
 const STARTUP_RUNS: usize = 15;
+/// The languages table: a CPython decision costs milliseconds, so fewer samples per row.
+const LANG_WARMUP: usize = 50;
+const LANG_SAMPLES: usize = 2_000;
 
 /// The pod every row decides about: a managed main agent of CocoonSet `demo`, pinned to CPU
 /// class genoa.
@@ -267,6 +276,128 @@ fn decision_log_cost() {
     );
 }
 
+/// Bytes under `dir` (the compile cache's entries).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Where the example components are, or why their rows are skipped.
+fn examples_dir() -> Result<std::path::PathBuf, String> {
+    let dir = std::env::var_os("VK_POLICY_EXAMPLES_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-examples"));
+    let missing: Vec<&str> = ["snapshot-before-destroy-py.wasm", "cpu-class-admission-js.wasm"]
+        .into_iter()
+        .filter(|f| !dir.join(f).exists())
+        .collect();
+    if missing.is_empty() {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "{} not in {} (build them with policies/examples/build.sh, or set VK_POLICY_EXAMPLES_DIR)",
+            missing.join(", "),
+            dir.display()
+        ))
+    }
+}
+
+/// One row of the languages table: `bytes` (a component of slot `S`) compiled into a fresh
+/// cache, then decided on the bench's facts — it must decide as the Rust default does — with a
+/// fresh instance per decision, and instantiated alone.
+fn lang_row<S: PolicySlot>(engine: &PolicyEngine, language: &str, bytes: &[u8], expected: &serde_json::Value) {
+    let cache_dir = tempfile::tempdir().expect("temp dir");
+    let cache = CompileCache::new(cache_dir.path());
+    let origin = vk_cocoon::policy::Origin::File(format!("{}-{language}.wasm", S::NAME).into());
+    let started = Instant::now();
+    let policy = LoadedPolicy::<S>::load(engine, Some(&cache), origin.clone(), bytes).expect("the component loads");
+    let compile = started.elapsed();
+    let started = Instant::now();
+    black_box(LoadedPolicy::<S>::load(engine, Some(&cache), origin, bytes).expect("loads from the cache"));
+    let from_cache = started.elapsed();
+    let facts = facts_for::<S>(&input(S::SLOT)).expect("the row's facts");
+    let decision = policy.decide(engine, &facts).expect("the component decides");
+    assert_eq!(
+        &serde_json::to_value(&decision).unwrap(),
+        expected,
+        "{} in {language}: decides as the Rust default does",
+        S::SLOT
+    );
+    let missed = std::cell::Cell::new(0usize);
+    let decide_once = || {
+        if policy.decide(engine, black_box(&facts)).is_err() {
+            missed.set(missed.get() + 1);
+        }
+    };
+    let instantiate_once = || {
+        if policy.instantiate_only(engine).is_err() {
+            missed.set(missed.get() + 1);
+        }
+    };
+    for _ in 0..LANG_WARMUP {
+        decide_once();
+        instantiate_once();
+    }
+    let decisions = measure(decide_once, LANG_SAMPLES);
+    let instances = measure(instantiate_once, LANG_SAMPLES);
+    println!(
+        "{:<26} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9}",
+        S::NAME,
+        language,
+        us(decisions.p50),
+        us(decisions.p99),
+        us(instances.p50),
+        us(instances.p99),
+        ms(compile),
+        ms(from_cache),
+        dir_bytes(cache_dir.path()) >> 10,
+    );
+    if missed.get() > 0 {
+        println!("  ({} decisions or instantiations failed on this run)", missed.get());
+    }
+}
+
+/// The languages table: each example beside the Rust default of its slot.
+fn languages(engine: &PolicyEngine) {
+    println!();
+    println!("languages: {LANG_SAMPLES} samples per row after {LANG_WARMUP} warm-up; a fresh instance per decision");
+    println!(
+        "{:<26} {:<11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>9}",
+        "slot", "language", "p50 us", "p99 us", "inst p50", "inst p99", "compile ms", "cached ms", "cache KiB"
+    );
+    let dir = match examples_dir() {
+        Ok(dir) => Some(dir),
+        Err(why) => {
+            println!("Python and JavaScript rows skipped: {why}");
+            None
+        }
+    };
+    fn expected<S: PolicySlot>(engine: &PolicyEngine) -> serde_json::Value {
+        let builtin = LoadedPolicy::<S>::builtin(engine, None).expect("default policy loads");
+        let facts = facts_for::<S>(&input(S::SLOT)).expect("the row's facts");
+        serde_json::to_value(builtin.decide(engine, &facts).expect("the default decides")).unwrap()
+    }
+    let snapshot = expected::<SnapshotBeforeDestroy>(engine);
+    lang_row::<SnapshotBeforeDestroy>(engine, "Rust", SnapshotBeforeDestroy::default_component(), &snapshot);
+    if let Some(dir) = &dir {
+        let bytes = std::fs::read(dir.join("snapshot-before-destroy-py.wasm")).expect("read the Python example");
+        lang_row::<SnapshotBeforeDestroy>(engine, "Python", &bytes, &snapshot);
+    }
+    let admission = expected::<CpuClassAdmission>(engine);
+    lang_row::<CpuClassAdmission>(engine, "Rust", CpuClassAdmission::default_component(), &admission);
+    if let Some(dir) = &dir {
+        let bytes = std::fs::read(dir.join("cpu-class-admission-js.wasm")).expect("read the JavaScript example");
+        lang_row::<CpuClassAdmission>(engine, "JavaScript", &bytes, &admission);
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is configurable.
     let engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
@@ -280,6 +411,7 @@ fn main() {
     row::<CpuClassAdmission, _, _>(&engine, cpu_class_admission_policy::decide);
     row::<ResourceTranslation, _, _>(&engine, resource_translation_policy::decide);
     row::<GuestFixup, _, _>(&engine, guest_fixup_policy::decide);
+    languages(&engine);
     idle_wakeups(&engine);
     decision_log_cost();
 

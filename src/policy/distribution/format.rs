@@ -21,8 +21,10 @@ pub const ANN_CONTRACT: &str = "cocoonstack.vk-policy.contract";
 pub const ANN_TITLE: &str = "org.opencontainers.image.title";
 pub const ANN_CREATED: &str = "org.opencontainers.image.created";
 
-/// Components and tables larger than this are refused on pull (a default component is ~40 KiB).
-pub const MAX_LAYER_BYTES: u64 = 16 << 20;
+/// Components and tables larger than this are refused on push and on pull (a default Rust
+/// component is ~40 KiB; componentize-py's CPython one 18.4 MB, the SpiderMonkey JavaScript
+/// one 12 MB: room for those with a margin, while a pull still reads its layers into memory).
+pub const MAX_LAYER_BYTES: u64 = 64 << 20;
 
 /// The config blob.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,6 +9,6 @@ pub mod reference;
 pub mod store;
 
 pub use fetch::{Fetched, PolicyFetcher, registry_for};
-pub use format::PolicyArtifact;
+pub use format::{MAX_LAYER_BYTES, PolicyArtifact};
 pub use reference::{Pin, PolicyRef};
 pub use store::ArtifactStore;

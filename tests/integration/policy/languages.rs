@@ -266,3 +266,138 @@ fn a_javascript_policy_that_catches_its_out_of_memory_is_reported_out_of_memory(
         })
     );
 }
+
+// ---- pushed and pulled by digest --------------------------------------------------------
+
+/// The Python and JavaScript examples travel as the Rust policies do: `vk-cocoon policy push`
+/// (with the Rust default's case table, vetted before the upload) prints a digest-pinned
+/// reference; a node whose policy configuration names those digests pulls both from a real
+/// registry (Debian's docker-registry on loopback), runs the tables they carry, serves them —
+/// the CPython component is 18 MB, beyond what a pull once read — and decides as the local files
+/// do.
+#[test]
+fn python_and_javascript_policies_are_pushed_and_served_by_digest() {
+    use vk_cocoon::policy::config::PolicyConfig;
+    use vk_cocoon::policy::reload::PolicyReloader;
+    use vk_cocoon::policy::{Policies, PolicyMetrics};
+
+    let Some(dir) = examples_dir() else { return };
+    let reg = crate::registry_support::TestRegistry::start();
+    let policies_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let push = |component: &Path, slot: Slot| {
+        let table = policies_dir.join(format!("{slot}/{slot}.cases.yaml"));
+        let tagged = format!("oci://{}/policies/{slot}:v1", reg.host());
+        let out = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"))
+            .args(["policy", "push"])
+            .arg(component)
+            .arg(&tagged)
+            .arg("--cases")
+            .arg(&table)
+            .output()
+            .expect("run vk-cocoon");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{slot}: {stdout}{stderr}");
+        let pinned = stdout.trim().to_string();
+        assert!(
+            pinned.starts_with(&format!("oci://{}/policies/{slot}@sha256:", reg.host())),
+            "{pinned}"
+        );
+        pinned
+    };
+    let python = dir.join("snapshot-before-destroy-py.wasm");
+    let javascript = dir.join("cpu-class-admission-js.wasm");
+    let python_ref = push(&python, Slot::SnapshotBeforeDestroy);
+    let javascript_ref = push(&javascript, Slot::CpuClassAdmission);
+
+    // The daemon's loading of a policy configuration (what `vk-cocoon run` does at start).
+    let node = tempfile::tempdir().unwrap();
+    let config_path = node.path().join("policies.yaml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "slots:\n  snapshot-before-destroy: {{source: '{python_ref}'}}\n  cpu-class-admission: {{source: '{javascript_ref}'}}\nartifact-dir: {}\ncache-dir: null\n",
+            node.path().join("artifacts").display()
+        ),
+    )
+    .unwrap();
+    let path = config_path.display().to_string();
+    let config = PolicyConfig::from_env(|k| (k == "VK_POLICY_CONFIG").then(|| path.clone())).unwrap();
+    let policies =
+        std::sync::Arc::new(Policies::with_defaults(engine().clone(), None, PolicyMetrics::unregistered()).unwrap());
+    PolicyReloader::from_config(policies.clone(), &config)
+        .load_all()
+        .expect("both artifacts pull and pass the tables they carry");
+    for (slot, reference, file) in [
+        (Slot::SnapshotBeforeDestroy, &python_ref, &python),
+        (Slot::CpuClassAdmission, &javascript_ref, &javascript),
+    ] {
+        let active = policies.active(slot);
+        assert_eq!(&active.source, reference, "{slot} is served from the registry");
+        assert_eq!(
+            active.digest,
+            vk_cocoon::registry::manifest::sha256_digest(&std::fs::read(file).unwrap()),
+            "{slot}: the bytes served are the example's"
+        );
+    }
+
+    // They decide, and as the local files do: a main agent's VM is snapshotted before its
+    // destroy; a pod pinned to another CPU class is refused, permanently, with its Event.
+    let snapshot_input: DecisionInput = serde_yaml_ng::from_str(
+        "pod: {metadata: {namespace: ns, name: demo-0, ownerReferences: [{apiVersion: cocoonset.cocoonstack.io/v1, kind: CocoonSet, name: demo, uid: cs-1, controller: true}], annotations: {vm.cocoonstack.io/name: vk-ns-demo-0-505043, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'agent-base:v3', cocoonset.cocoonstack.io/snapshot-policy: main-only}}}\nhost: {pusher-configured: true, vm-running: true}",
+    )
+    .unwrap();
+    let facts = facts_for::<SnapshotBeforeDestroy>(&snapshot_input).unwrap();
+    let served = serde_json::to_value(policies.decide::<SnapshotBeforeDestroy>(&facts)).unwrap();
+    let local = load::<SnapshotBeforeDestroy>(python.clone())
+        .decide(engine(), &facts)
+        .unwrap();
+    assert_eq!(served, serde_json::to_value(&local).unwrap());
+    assert_eq!(served["reason"], "snapshot", "{served}");
+    assert_eq!(
+        served["outcome"]["Snapshot"]["repository"], "vk-ns-demo-0-505043",
+        "{served}"
+    );
+
+    let admission_input: DecisionInput = serde_yaml_ng::from_str(
+        "pod: {metadata: {namespace: ns, name: agent-0, annotations: {vm.cocoonstack.io/name: vm1}}, spec: {nodeSelector: {cocoonstack.io/snapshot-cpu-class: genoa}}, status: {phase: Running}}\nhost: {context: Create, node-name: node-a, node-class: skylake}",
+    )
+    .unwrap();
+    let facts = facts_for::<CpuClassAdmission>(&admission_input).unwrap();
+    let served = serde_json::to_value(policies.decide::<CpuClassAdmission>(&facts)).unwrap();
+    let local = load::<CpuClassAdmission>(javascript.clone())
+        .decide(engine(), &facts)
+        .unwrap();
+    assert_eq!(served, serde_json::to_value(&local).unwrap());
+    assert_eq!(served["reason"], "class-mismatch", "{served}");
+    assert_eq!(
+        served["verdict"]["Reject"]["event"], "SnapshotCpuClassMismatch",
+        "{served}"
+    );
+}
+
+/// A component beyond what a node pulls is refused by `policy push`, before anything is
+/// uploaded, with the limit in the message (not later, by every node's pull).
+#[test]
+fn push_refuses_a_component_beyond_what_a_node_pulls() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("huge.wasm");
+    let limit = vk_cocoon::policy::distribution::MAX_LAYER_BYTES;
+    std::fs::write(&big, vec![0u8; limit as usize + 1]).unwrap();
+    // Nothing listens on port 9 of loopback: the refusal must come before any registry call.
+    let out = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"))
+        .args(["policy", "push"])
+        .arg(&big)
+        .arg("oci://127.0.0.1:9/policies/huge:v1")
+        .args(["--slot", "bring-up"])
+        .output()
+        .expect("run vk-cocoon");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("is {} bytes", limit + 1)) && stderr.contains("at most 67108864 bytes (64 MiB)"),
+        "{stderr}"
+    );
+}
