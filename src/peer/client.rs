@@ -213,7 +213,9 @@ impl PeerClient {
             verify::check_sizes(dir.path(), files)?;
             verify::check_holes_of(dir.path(), files, parallel).await
         };
-        checked.await.map_err(|detail| RestoreError::Mismatch { addr, detail })?;
+        checked
+            .await
+            .map_err(|detail| RestoreError::Mismatch { addr, detail })?;
         // Written last: cocoon takes its presence to mean the directory is complete.
         let marker = dir.path().join(ENVELOPE_FILE);
         std::fs::OpenOptions::new()

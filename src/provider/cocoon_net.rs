@@ -215,7 +215,10 @@ mod tests {
         assert_eq!(args(" IPv6-Only ").unwrap().network_mode, Some(NetworkMode::Ipv6Only));
         assert_eq!(args("ipv4").unwrap().network_mode, Some(NetworkMode::Ipv4));
         let refused = args("ipv6").unwrap_err();
-        assert!(refused.contains("VK_NETWORK_MODE") && refused.contains("ipv4 or ipv6-only"), "{refused}");
+        assert!(
+            refused.contains("VK_NETWORK_MODE") && refused.contains("ipv4 or ipv6-only"),
+            "{refused}"
+        );
     }
 
     #[test]
