@@ -104,14 +104,7 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
         1,
         "only the seed's: nothing is saved without the NIC dropped"
     );
-    eventually(10, "the guest renews its lease", || {
-        env.sim
-            .exec_log()
-            .unwrap()
-            .iter()
-            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-    })
-    .await;
+    eventually(10, "the guest renews its lease", || guest_renewed(&env)).await;
     assert!(
         vm_named(&env, "vm-win")
             .await
@@ -255,14 +248,7 @@ async fn a_release_of_unknown_outcome_is_still_followed_by_a_renew_when_the_nic_
         has_event(&env, "win-0", "HibernateNetResizeFailed")
     })
     .await;
-    eventually(10, "the guest renews its lease", || {
-        env.sim
-            .exec_log()
-            .unwrap()
-            .iter()
-            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-    })
-    .await;
+    eventually(10, "the guest renews its lease", || guest_renewed(&env)).await;
     assert!(
         !env.sim
             .exec_log()
@@ -402,42 +388,51 @@ fn hibernate_request(env: &Env) -> std::sync::Arc<k8s_openapi::api::core::v1::Po
     std::sync::Arc::new(pod)
 }
 
-/// The lease renew after a failed NIC drop does not depend on the request that asked for the
-/// hibernate: the caller gone while the renew is under way, the guest still renews.
-/// Checklist rows: update_test/HibernateRenewSurvivesCancelledContext
-#[tokio::test(flavor = "multi_thread")]
-async fn the_renew_after_a_failed_nic_drop_outlives_its_cancelled_caller() {
+/// Whether the guest ran `ipconfig /renew`.
+fn guest_renewed(env: &Env) -> bool {
+    env.sim
+        .exec_log()
+        .unwrap()
+        .iter()
+        .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+}
+
+/// Asks the provider to hibernate `win-0` directly, slows the first `verb` call naming `arg` by
+/// 1.5 s, and drops the request while that call runs. The pod controller never cancels a hook;
+/// this pins that the step runs detached from its caller.
+async fn hibernate_dropped_during(env: &Env, d: &Daemon, verb: &str, arg: &str) {
     use vk_cocoon::kubelet::Provider as _;
-    let env = env_with_oci().await;
-    seed_windows_snapshot(&env, "winbase").await;
-    let d = start(&env, Options::default());
-    windows_pod_up(&env).await;
-    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
     env.sim
         .add_fault(Fault {
-            verb: "vm exec".into(),
-            match_arg: Some("/renew".into()),
+            verb: verb.into(),
+            match_arg: Some(arg.into()),
             times: Some(1),
             action: FaultAction::Delay { ms: 1_500 },
         })
         .unwrap();
     let provider = d.provider.clone();
-    let pod = hibernate_request(&env);
+    let pod = hibernate_request(env);
     let call = tokio::spawn(async move { provider.update_pod(&pod).await });
-    eventually(20, "the renew under way", || {
-        calls(&env, "vm exec").iter().any(|a| a.iter().any(|x| x == "/renew"))
+    eventually(30, &format!("the {verb} {arg} under way"), || {
+        calls(env, verb).iter().any(|a| a.iter().any(|x| x == arg))
     })
     .await;
     call.abort();
     let _ = call.await;
-    eventually(20, "the guest renewed its lease", || {
-        env.sim
-            .exec_log()
-            .unwrap()
-            .iter()
-            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-    })
-    .await;
+}
+
+/// The lease renew after a failed NIC drop does not depend on the request that asked for the
+/// hibernate: the caller gone while the renew is under way, the guest still renews.
+/// Checklist rows: update_test/HibernateRenewSurvivesCancelledContext
+#[tokio::test(flavor = "multi_thread")]
+async fn the_renew_after_a_failed_nic_drop_outlives_its_cancelled_caller() {
+    let env = env_with_oci().await;
+    seed_windows_snapshot(&env, "winbase").await;
+    let d = start(&env, Options::default());
+    windows_pod_up(&env).await;
+    fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
+    hibernate_dropped_during(&env, &d, "vm exec", "/renew").await;
+    eventually(20, "the guest renewed its lease", || guest_renewed(&env)).await;
     d.kill().await;
 }
 
@@ -446,39 +441,15 @@ async fn the_renew_after_a_failed_nic_drop_outlives_its_cancelled_caller() {
 /// Checklist rows: update_test/HibernateRollbackSurvivesCancelledContext
 #[tokio::test(flavor = "multi_thread")]
 async fn giving_the_nic_back_outlives_its_cancelled_caller() {
-    use vk_cocoon::kubelet::Provider as _;
     let env = env_with_oci().await;
     seed_windows_snapshot(&env, "winbase").await;
     let d = start(&env, Options::default());
     windows_pod_up(&env).await;
     let vm = vm_named(&env, "vm-win").await.unwrap();
     fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
-    // `vm net <id> --nics 1`: the re-attach is slow.
-    env.sim
-        .add_fault(Fault {
-            verb: "vm net".into(),
-            match_arg: Some("1".into()),
-            times: Some(1),
-            action: FaultAction::Delay { ms: 1_500 },
-        })
-        .unwrap();
-    let provider = d.provider.clone();
-    let pod = hibernate_request(&env);
-    let call = tokio::spawn(async move { provider.update_pod(&pod).await });
-    eventually(30, "the NIC being given back", || {
-        calls(&env, "vm net").iter().any(|a| a.iter().any(|x| x == "1"))
-    })
-    .await;
-    call.abort();
-    let _ = call.await;
-    eventually(20, "the NIC back and the lease renewed", || {
-        env.sim
-            .exec_log()
-            .unwrap()
-            .iter()
-            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-    })
-    .await;
+    // `vm net <id> --nics 1`: the re-attach is the step the request is dropped in.
+    hibernate_dropped_during(&env, &d, "vm net", "1").await;
+    eventually(20, "the NIC back and the lease renewed", || guest_renewed(&env)).await;
     assert!(
         vm_named(&env, "vm-win")
             .await
