@@ -210,6 +210,14 @@ impl World {
             &self.env,
             Options {
                 releaser: Some(self.releaser.clone()),
+                // Limits, not waits: the emulated lease and the fixup land in milliseconds, and
+                // the harness tests no expiry. Under a loaded machine the tests' 3 s limits
+                // were reached in clean runs.
+                timings: Timings {
+                    ip_wait: Duration::from_secs(30),
+                    fixup_budget: Duration::from_secs(30),
+                    ..fast_timings()
+                },
                 ..Default::default()
             },
         );
