@@ -322,3 +322,73 @@ async fn a_console_pass_cut_by_a_restart_is_resumed_and_a_failing_one_fails_the_
     assert_eq!(calls(&env, "vm clone").len(), 1, "the VM was adopted, not cloned again");
     d.kill().await;
 }
+
+/// A pod the Go daemon left with its fixup marker `done` but its console pass not run (it wrote
+/// `done` before the pass): the restarted daemon, resuming the lease wait, sets the static
+/// address at the console first, and the pod is Ready. (It reported `ready` without the pass:
+/// the guest had no address and the pod stayed Not Ready, with no failure said.)
+/// Lifecycle: L68.
+/// Checklist rows: resume_test/StartupDispatchResumesSACWhenDoneMarkerPredatesIt
+#[tokio::test(flavor = "multi_thread")]
+async fn a_done_marker_written_before_the_console_pass_still_gets_the_pass_after_a_restart() {
+    let env = env(false).await;
+    let port = web_port();
+    env.sim.set_settings(|s| s.guest_http_ports = vec![port]).unwrap();
+    seed_windows_snapshot(&env, "winbase").await;
+    // The network-device reset hangs long enough for the daemon to die in it.
+    env.sim.delay("vm exec", Some(1), 120_000).unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed(
+            "win-5",
+            "vm-win-go",
+            &[
+                (IMAGE, "winbase"),
+                ("cocoonset.cocoonstack.io/os", "windows"),
+                (PROBE_PORT, &port.to_string()),
+            ],
+        ),
+    )
+    .await;
+    eventually(60, "the reset started", || !calls(&env, "vm exec").is_empty()).await;
+    d.kill().await;
+    env.sim.kill_all("vm exec").unwrap();
+    // As the Go daemon left it: `done` written once the reset ran, before its console pass.
+    annotate(&env, "win-5", &[("vm.cocoonstack.io/post-clone-state", Some("done"))]).await;
+    assert_eq!(lifecycle(&env, "win-5").as_deref(), Some("creating"));
+    assert_eq!(
+        console_state(&env, "vm-win-go"),
+        serde_json::Value::Null,
+        "nothing set yet"
+    );
+    let resets = calls(&env, "vm exec").len();
+
+    let d = start(&env, Options::default());
+    eventually(60, "win-5 ready", || {
+        lifecycle(&env, "win-5").as_deref() == Some("ready") && ready(&env, "win-5")
+    })
+    .await;
+    let vm = vm_named(&env, "vm-win-go").await.unwrap();
+    let ip = vm.network_configs[0].network.clone().unwrap().ip;
+    assert_eq!(
+        console_state(&env, "vm-win-go")[0]["ip"],
+        ip.as_str(),
+        "the console pass ran"
+    );
+    assert!(
+        events(&env, "win-5")
+            .iter()
+            .any(|(r, n)| r == "ResumedAfterRestart" && n == "op=ready_wait")
+    );
+    assert_eq!(
+        calls(&env, "vm exec").len(),
+        resets,
+        "only the console pass: the reset is not run again"
+    );
+    assert_eq!(
+        d.provider.metrics().postclone.with_label_values(&["sac", "ok"]).get(),
+        1
+    );
+    d.kill().await;
+}
