@@ -30,6 +30,11 @@ pub(super) enum Finish {
     Fixup { origin: BootOrigin, source_image: String },
     /// Wait for a fresh lease, then Ready (a cloud-hypervisor Windows wake: its NIC is new).
     LeaseWait,
+    /// A resumed lease wait of a Windows guest: first its static addresses at the console, as
+    /// after a run (the Go daemon wrote the fixup's `done` before its console pass, so a `done`
+    /// it left does not prove the pass ran; setting the same addresses again is idempotent),
+    /// then the lease wait.
+    ConsoleThenLeaseWait,
 }
 
 impl Finish {
@@ -39,6 +44,16 @@ impl Finish {
         Finish::Fixup {
             origin: BootOrigin::Clone,
             source_image: String::new(),
+        }
+    }
+
+    /// The lease wait a restart or an adoption resumes (the fixup marker says `done`): a Windows
+    /// guest's console pass is set again first.
+    pub(super) fn resumed_lease_wait(spec: &crate::model::VmSpec) -> Self {
+        if spec.os == crate::policy::contract::types::GuestOs::Windows {
+            Finish::ConsoleThenLeaseWait
+        } else {
+            Finish::LeaseWait
         }
     }
 }
@@ -84,6 +99,12 @@ impl CocoonProvider {
     async fn guest_work(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
         if let Finish::Fixup { origin, source_image } = &finish
             && let Fixed::Failed = self.fixup(pod, pkey, vm, *origin, source_image, wake).await
+        {
+            return;
+        }
+        // The guest-fixup policy's answer after a run is a Windows guest's console addresses only.
+        if finish == Finish::ConsoleThenLeaseWait
+            && let Fixed::Failed = self.fixup(pod, pkey, vm, BootOrigin::Run, "", wake).await
         {
             return;
         }

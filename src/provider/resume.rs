@@ -38,7 +38,10 @@ impl CocoonProvider {
         tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
         match (op, tracked.vm) {
             (OwedOp::PostClone, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
-            (OwedOp::ReadyWait, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::LeaseWait, false).await,
+            (OwedOp::ReadyWait, Some(vm)) => {
+                self.finish_boot(pod, key, &vm, Finish::resumed_lease_wait(&spec), false)
+                    .await
+            }
             (OwedOp::Hibernate | OwedOp::FinishHibernate | OwedOp::ClassifyDropNic, _) => {
                 if !self.state.claim_resume(key) {
                     return;

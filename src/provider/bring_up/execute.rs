@@ -263,7 +263,7 @@ fn clone_spec(
 pub(in crate::provider) async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish {
     match reconcile::owed_for(pod, true) {
         OwedOp::PostClone => Finish::resumed_fixup(),
-        OwedOp::ReadyWait => Finish::LeaseWait,
+        OwedOp::ReadyWait => Finish::resumed_lease_wait(spec),
         OwedOp::ClassifyDropNic => match hibernate_evidence(p, &spec.vm_name).await {
             HibernateEvidence::Found(_) => Finish::LeaseWait,
             HibernateEvidence::None => Finish::resumed_fixup(),

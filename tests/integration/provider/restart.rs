@@ -596,6 +596,77 @@ async fn a_stale_create_is_indexed_once_committed_even_when_the_verb_fails() {
     d.kill().await;
 }
 
+/// A skeleton (a `creating` record whose `vm clone` died) named by its pod's
+/// `vm.cocoonstack.io/id` annotation is still not adopted: the annotation is the pod's own to
+/// write and no proof that the VM finished. The startup reconcile adopts only settled records —
+/// the skeleton goes to the stale-create table, whose verb collects it — and the pod's
+/// CreatePod brings up a VM of its own; the daemon removes nothing itself.
+/// Checklist rows: reconcile_test/SkeletonWithVMIDAnnotationNotAdopted
+#[tokio::test(flavor = "multi_thread")]
+async fn a_skeleton_its_pod_names_by_id_is_settled_by_the_stale_create_table_not_adopted() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let _clone = create_in_progress(&env, "vm-sk", 120_000).await;
+    let skeleton = vms(&env)
+        .await
+        .into_iter()
+        .find(|v| v.name() == "vm-sk")
+        .expect("the record of the create in progress");
+    assert_eq!(env.sim.kill_all("vm clone").unwrap(), 1, "the create dies");
+    env.sim.set_settings(|s| s.create_delay_ms = 0).unwrap();
+    assert_eq!(
+        env.sim.vm_state("vm-sk").unwrap().as_deref(),
+        Some("creating"),
+        "a skeleton is left"
+    );
+    create(
+        &env,
+        &managed(
+            "sk-0",
+            "vm-sk",
+            &[
+                ("cocoonset.cocoonstack.io/image", "base"),
+                ("vm.cocoonstack.io/id", skeleton.id.as_str()),
+                ("vm.cocoonstack.io/lifecycle-state", "creating"),
+            ],
+        ),
+    )
+    .await;
+    let d = start(&env, Options::default());
+    wait_ready(&env, "sk-0").await;
+    let mine: Vec<_> = vms(&env).await.into_iter().filter(|v| v.name() == "vm-sk").collect();
+    assert_eq!(mine.len(), 1, "one VM of the name: {mine:?}");
+    assert_ne!(mine[0].id, skeleton.id, "a VM of the pod's own, not the skeleton");
+    assert_eq!(
+        annotation(&env, "sk-0", "vm.cocoonstack.io/id").as_deref(),
+        Some(mine[0].id.as_str()),
+        "the pod's id annotation names its new VM"
+    );
+    assert_eq!(
+        calls(&env, "vm reconcile-stale-create")
+            .iter()
+            .filter(|a| a.contains(&skeleton.id))
+            .count(),
+        1,
+        "the skeleton was settled by the stale-create verb, once"
+    );
+    assert!(
+        calls(&env, "vm rm")
+            .iter()
+            .all(|a| !a.iter().any(|x| x.contains(&skeleton.id))),
+        "the daemon removed nothing itself"
+    );
+    assert!(
+        d.provider
+            .state()
+            .tracked("default/sk-0")
+            .and_then(|t| t.vm)
+            .is_some_and(|v| v.id == mine[0].id),
+        "the pod tracks its new VM"
+    );
+    d.kill().await;
+}
+
 /// A cloud-hypervisor Windows pod cut by a daemon kill before its first guest fixup was
 /// recorded: its VM is a fresh clone with no fixup marker, so the restarted daemon must first learn from the
 /// registry whether it is a restored guest. Returns the env, the registry lookups of the tag

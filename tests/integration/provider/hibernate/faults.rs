@@ -209,3 +209,97 @@ async fn a_wake_whose_hibernate_tag_was_deleted_never_boots_a_fresh_guest() {
     );
     d.kill().await;
 }
+
+/// A retry owed to a failed hibernate that comes due while an update of the same pod is
+/// hibernating it does not run beside the update: the pod controller runs one hook of a pod at
+/// a time, so the due retry waits for the update; and the provider's retry hook, asked while
+/// the update holds the pod's operation lock, yields at once (asks to be asked again) without
+/// touching the VM. The update's hibernate settles what was owed: nothing runs after it either.
+/// Checklist rows: retry_test/ARetryYieldsToAnUpdateInFlight
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_due_while_an_update_hibernates_the_pod_yields_to_it() {
+    use vk_cocoon::kubelet::{Next, Provider as _};
+    const RETRY: Duration = Duration::from_secs(5);
+    let env = env_with_oci().await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(
+        &env,
+        Options {
+            timings: Timings {
+                op_retry_min: RETRY,
+                op_retry_max: RETRY * 2,
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    ready_pod(&env, "agent-0", "vm-y").await;
+    // The saves of the pod's VM (not the seed's).
+    let saves = || {
+        calls(&env, "snapshot save")
+            .iter()
+            .filter(|a| a.iter().any(|x| x == "vm-y"))
+            .count()
+    };
+    let (key, uid) = ("default/agent-0", get(&env, "agent-0").unwrap().metadata.uid.unwrap());
+    fail_once(
+        &env,
+        "snapshot save",
+        None,
+        "Error: pause vm: cloud-hypervisor API timeout",
+    );
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    wait_failed_with(&env, "agent-0", "snapshot save vm-y").await;
+    let failed_at = std::time::Instant::now();
+    assert!(d.provider.state().owed_retry_of(key, &uid).is_some(), "a retry is owed");
+
+    // The hibernate is asked for again (withdrawn, then asked): an update that hibernates, its
+    // save slow enough for the retry to come due while it runs.
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("false"))]).await;
+    eventually(10, "the daemon saw the hibernate withdrawn", || {
+        d.provider.state().tracked(key).is_some_and(|t| {
+            t.pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HIBERNATE))
+                .map(String::as_str)
+                == Some("false")
+        })
+    })
+    .await;
+    env.sim.delay("snapshot save", Some(1), 10_000).unwrap();
+    annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
+    eventually(10, "the update's save started", || saves() == 2).await;
+    assert!(
+        failed_at.elapsed() < RETRY - Duration::from_millis(500),
+        "the update began before the retry came due"
+    );
+    assert!(d.provider.state().owed_retry_of(key, &uid).is_some(), "still owed");
+
+    // The retry hook asked now, beside the update: it yields.
+    let pod = std::sync::Arc::new(get(&env, "agent-0").unwrap());
+    let asked = tokio::time::timeout(Duration::from_secs(3), d.provider.requeue_pod(&pod))
+        .await
+        .expect("the retry hook yields at once");
+    assert!(
+        matches!(asked, Ok(Next::Requeue(_))),
+        "asked to be asked again: {asked:?}"
+    );
+    assert_eq!(saves(), 2, "nothing ran beside the update");
+
+    hibernated(&env, "agent-0").await;
+    assert!(failed_at.elapsed() > RETRY, "the retry came due while the update ran");
+    assert_eq!(
+        saves(),
+        2,
+        "the failed save and the update's: the due retry ran no hibernate"
+    );
+    assert!(
+        d.provider.state().owed_retry_of(key, &uid).is_none(),
+        "the update's hibernate settled the retry"
+    );
+    assert!(matches!(d.provider.requeue_pod(&pod).await, Ok(Next::Done)));
+    assert!(tag_exists(&env, "vm-y").await && vm_named(&env, "vm-y").await.is_none());
+    d.kill().await;
+}
