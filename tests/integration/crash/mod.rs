@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use cocoon_sim::util::monotonic_ns;
 use provider_support::*;
+use vk_cocoon::provider::Timings;
 
 pub const IMAGE: &str = "cocoonset.cocoonstack.io/image";
 pub const NETWORK: &str = "cocoonset.cocoonstack.io/network";
