@@ -295,10 +295,11 @@ async fn a_retry_due_while_an_update_hibernates_the_pod_yields_to_it() {
         2,
         "the failed save and the update's: the due retry ran no hibernate"
     );
-    assert!(
-        d.provider.state().owed_retry_of(key, &uid).is_none(),
-        "the update's hibernate settled the retry"
-    );
+    // The pod reads hibernated a moment before the update's hook settles the retry.
+    eventually(10, "the update's hibernate settled the retry", || {
+        d.provider.state().owed_retry_of(key, &uid).is_none()
+    })
+    .await;
     assert!(matches!(d.provider.requeue_pod(&pod).await, Ok(Next::Done)));
     assert!(tag_exists(&env, "vm-y").await && vm_named(&env, "vm-y").await.is_none());
     d.kill().await;
