@@ -70,14 +70,6 @@ enum Job {
 /// The staged files still arriving, by name.
 pub type Landing = BTreeMap<String, Arc<Arrivals>>;
 
-/// Checks every file of `dir` against `files` (hashing on the blocking pool, `parallel` tasks at
-/// a time). `Err` names the first file and blob that differ.
-pub async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Result<(), String> {
-    check_sizes(dir, files)?;
-    hash_parts(dir, files, &Landing::new(), parallel).await?;
-    check_holes_of(dir, files, parallel).await
-}
-
 /// Hashes every registry part of `files` in `dir` against its digest: the parts in file order,
 /// `parallel` at a time, each reading its bytes as `landing` reports them on disk (a file not in
 /// `landing` is read at once). Run beside the transfer, this ends shortly after it.
@@ -336,6 +328,13 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    /// The three checks the client runs, on a staged copy already whole.
+    async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Result<(), String> {
+        check_sizes(dir, files)?;
+        hash_parts(dir, files, &Landing::new(), parallel).await?;
+        check_holes_of(dir, files, parallel).await
     }
 
     #[test]

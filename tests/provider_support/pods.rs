@@ -124,6 +124,16 @@ pub fn calls(env: &Env, verb: &str) -> Vec<Vec<String>> {
     calls_of(&env.sim, verb)
 }
 
+/// How many times a guest ran `ipconfig /renew` (a Windows guest's lease renew).
+pub fn renews(env: &Env) -> usize {
+    env.sim
+        .exec_log()
+        .unwrap()
+        .iter()
+        .filter(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
+        .count()
+}
+
 /// The argv of every invocation of `verb` that simulator `sim` (cocoon's or cocoon-macos's) logged.
 pub fn calls_of(sim: &Sim, verb: &str) -> Vec<Vec<String>> {
     sim.calls()

@@ -330,34 +330,7 @@ async fn a_windows_guest_without_a_lease_gets_one_renew_nudge() {
     seed_windows_snapshot(&env, "winbase").await;
     // Room after the nudge (at 1.5 s) for the test to hand out the lease, however loaded the
     // machine: the wait ends with the lease, not with its length.
-    let d = start(
-        &env,
-        Options {
-            timings: vk_cocoon::provider::Timings {
-                ip_wait: Duration::from_secs(60),
-                ..fast_timings()
-            },
-            ..Default::default()
-        },
-    );
-    let pod = managed(
-        "win-0",
-        "vm-win",
-        &[
-            (IMAGE, "winbase"),
-            (NETWORK, "dhcp-net"),
-            ("cocoonset.cocoonstack.io/os", "windows"),
-        ],
-    );
-    create(&env, &pod).await;
-    let renews = |env: &Env| {
-        env.sim
-            .exec_log()
-            .unwrap()
-            .iter()
-            .filter(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-            .count()
-    };
+    let d = windows_dhcp_pod_waiting(&env, Duration::from_secs(60)).await;
     eventually(20, "one renew nudge after the guest stays without a lease", || {
         renews(&env) == 1
     })
@@ -405,6 +378,32 @@ impl vk_cocoon::provider::probe::Prober for NetworkRecorder {
         self.0.lock().unwrap().push(addr.ip());
         Ok(())
     }
+}
+
+/// A daemon whose lease wait lasts `ip_wait`, and pod `win-0`: a Windows guest `vm-win` on a
+/// DHCP network, created (its lease is the test's to hand out).
+async fn windows_dhcp_pod_waiting(env: &Env, ip_wait: Duration) -> Daemon {
+    let d = start(
+        env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                ip_wait,
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    let pod = managed(
+        "win-0",
+        "vm-win",
+        &[
+            (IMAGE, "winbase"),
+            (NETWORK, "dhcp-net"),
+            ("cocoonset.cocoonstack.io/os", "windows"),
+        ],
+    );
+    create(env, &pod).await;
+    d
 }
 
 fn preassigned(name: &str, ip: &str, probe_port: &str) -> k8s_openapi::api::core::v1::Pod {
@@ -493,26 +492,7 @@ async fn a_lease_landing_during_the_renew_nudge_wins_over_the_deadline() {
             action: cocoon_sim::FaultAction::Delay { ms: 8_000 },
         })
         .unwrap();
-    let d = start(
-        &env,
-        Options {
-            timings: vk_cocoon::provider::Timings {
-                ip_wait: Duration::from_secs(6),
-                ..fast_timings()
-            },
-            ..Default::default()
-        },
-    );
-    let pod = managed(
-        "win-0",
-        "vm-win",
-        &[
-            (IMAGE, "winbase"),
-            (NETWORK, "dhcp-net"),
-            ("cocoonset.cocoonstack.io/os", "windows"),
-        ],
-    );
-    create(&env, &pod).await;
+    let d = windows_dhcp_pod_waiting(&env, Duration::from_secs(6)).await;
     eventually(20, "the renew nudge under way", || {
         calls(&env, "vm exec").iter().any(|a| a.iter().any(|x| x == "/renew"))
     })
@@ -543,34 +523,8 @@ async fn a_lease_landing_during_the_renew_nudge_wins_over_the_deadline() {
 async fn a_lease_wait_whose_vm_went_away_writes_no_lifecycle() {
     let env = env(false).await;
     seed_windows_snapshot(&env, "winbase").await;
-    let d = start(
-        &env,
-        Options {
-            timings: vk_cocoon::provider::Timings {
-                ip_wait: Duration::from_secs(4),
-                ..fast_timings()
-            },
-            ..Default::default()
-        },
-    );
-    let pod = managed(
-        "win-0",
-        "vm-win",
-        &[
-            (IMAGE, "winbase"),
-            (NETWORK, "dhcp-net"),
-            ("cocoonset.cocoonstack.io/os", "windows"),
-        ],
-    );
-    create(&env, &pod).await;
-    eventually(20, "the lease wait under way (its renew nudge)", || {
-        env.sim
-            .exec_log()
-            .unwrap()
-            .iter()
-            .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-    })
-    .await;
+    let d = windows_dhcp_pod_waiting(&env, Duration::from_secs(4)).await;
+    eventually(20, "the lease wait under way (its renew nudge)", || renews(&env) > 0).await;
     let id = vm_named(&env, "vm-win").await.unwrap().id;
     eventually(20, "the event stream sees the VM", || {
         env.sim.stream_reports(&id, "running").unwrap()

@@ -104,7 +104,7 @@ async fn a_failed_nic_drop_renews_the_guest_lease_and_keeps_the_vm_running() {
         1,
         "only the seed's: nothing is saved without the NIC dropped"
     );
-    eventually(10, "the guest renews its lease", || guest_renewed(&env)).await;
+    eventually(10, "the guest renews its lease", || renews(&env) > 0).await;
     assert!(
         vm_named(&env, "vm-win")
             .await
@@ -248,7 +248,7 @@ async fn a_release_of_unknown_outcome_is_still_followed_by_a_renew_when_the_nic_
         has_event(&env, "win-0", "HibernateNetResizeFailed")
     })
     .await;
-    eventually(10, "the guest renews its lease", || guest_renewed(&env)).await;
+    eventually(10, "the guest renews its lease", || renews(&env) > 0).await;
     assert!(
         !env.sim
             .exec_log()
@@ -388,15 +388,6 @@ fn hibernate_request(env: &Env) -> std::sync::Arc<k8s_openapi::api::core::v1::Po
     std::sync::Arc::new(pod)
 }
 
-/// Whether the guest ran `ipconfig /renew`.
-fn guest_renewed(env: &Env) -> bool {
-    env.sim
-        .exec_log()
-        .unwrap()
-        .iter()
-        .any(|e| e.argv.join(" ") == "cmd /c ipconfig /renew")
-}
-
 /// Asks the provider to hibernate `win-0` directly, slows the first `verb` call naming `arg` by
 /// 1.5 s, and drops the request while that call runs. The pod controller never cancels a hook;
 /// this pins that the step runs detached from its caller.
@@ -432,7 +423,7 @@ async fn the_renew_after_a_failed_nic_drop_outlives_its_cancelled_caller() {
     windows_pod_up(&env).await;
     fail_once(&env, "vm net", None, "Error: hot-unplug: device busy");
     hibernate_dropped_during(&env, &d, "vm exec", "/renew").await;
-    eventually(20, "the guest renewed its lease", || guest_renewed(&env)).await;
+    eventually(20, "the guest renewed its lease", || renews(&env) > 0).await;
     d.kill().await;
 }
 
@@ -449,7 +440,7 @@ async fn giving_the_nic_back_outlives_its_cancelled_caller() {
     fail_once(&env, "vm rm", Some(&vm.id), "Error: vm busy: stop timed out");
     // `vm net <id> --nics 1`: the re-attach is the step the request is dropped in.
     hibernate_dropped_during(&env, &d, "vm net", "1").await;
-    eventually(20, "the NIC back and the lease renewed", || guest_renewed(&env)).await;
+    eventually(20, "the NIC back and the lease renewed", || renews(&env) > 0).await;
     assert!(
         vm_named(&env, "vm-win")
             .await
