@@ -773,12 +773,10 @@ fn touched(env: &Env, id: &str) -> bool {
         .any(|verb| calls(env, verb).iter().any(|a| a.iter().any(|x| x == id)))
 }
 
-/// A hibernate asked for while the restarted daemon is still classifying the pod's VM (its
-/// resumed work holds the pod) waits: nothing is saved until the resume is over, then the
-/// hibernate runs.
-/// Checklist rows: resume_test/UpdatePodBacksOffWhileResumeInFlight
-#[tokio::test(flavor = "multi_thread")]
-async fn a_hibernate_asked_for_during_a_resume_waits_for_it() {
+/// A Windows clone cut before its fixup, and a daemon restarted on it whose resume is classifying
+/// the VM, the registry failing its next six tag lookups (the resume keeps retrying): the env,
+/// the tag lookups before the restart, the VM's id, the daemon.
+async fn restarted_into_a_slow_classify() -> (Env, usize, String, Daemon) {
     let (env, before, _) = windows_clone_cut_before_its_fixup().await;
     let id = annotation(&env, "win-0", "vm.cocoonstack.io/id").expect("the VM id was published");
     env.registry
@@ -790,6 +788,16 @@ async fn a_hibernate_asked_for_during_a_resume_waits_for_it() {
         .insert("vm-win:hibernate".into(), 6);
     let d = start(&env, Options::default());
     eventually(30, "the resume classifying", || tag_lookups(&env) > before).await;
+    (env, before, id, d)
+}
+
+/// A hibernate asked for while the restarted daemon is still classifying the pod's VM (its
+/// resumed work holds the pod) waits: nothing is saved until the resume is over, then the
+/// hibernate runs.
+/// Checklist rows: resume_test/UpdatePodBacksOffWhileResumeInFlight
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernate_asked_for_during_a_resume_waits_for_it() {
+    let (env, before, id, d) = restarted_into_a_slow_classify().await;
     annotate(&env, "win-0", &[("vm.cocoonstack.io/hibernate", Some("true"))]).await;
     // Still inside the resume: the registry has failed fewer than four lookups.
     eventually(30, "the resume still retrying", || tag_lookups(&env) - before >= 3).await;
@@ -805,17 +813,7 @@ async fn a_hibernate_asked_for_during_a_resume_waits_for_it() {
 /// Checklist rows: delete_test/BacksOffWhileResumeInFlight
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delete_during_a_resume_waits_for_it() {
-    let (env, before, _) = windows_clone_cut_before_its_fixup().await;
-    let id = annotation(&env, "win-0", "vm.cocoonstack.io/id").expect("the VM id was published");
-    env.registry
-        .as_ref()
-        .unwrap()
-        .failing_manifests
-        .lock()
-        .unwrap()
-        .insert("vm-win:hibernate".into(), 6);
-    let d = start(&env, Options::default());
-    eventually(30, "the resume classifying", || tag_lookups(&env) > before).await;
+    let (env, before, id, d) = restarted_into_a_slow_classify().await;
     delete(&env, "win-0").await;
     eventually(30, "the resume still retrying", || tag_lookups(&env) - before >= 3).await;
     assert!(!touched(&env, &id), "the delete ran during the resume");
