@@ -26,11 +26,7 @@ fn main() -> ExitCode {
 /// allocations, made on whichever tokio worker or blocking thread ran the pod's operation, are
 /// spread over all of them. The `daemon_memory` bench measured 4 MiB less RSS with 1,000 pods.
 fn cap_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets a tunable of the allocator; called before any other thread runs.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
+        vk_cocoon::host::process::cap_malloc_arenas(2);
     }
 }

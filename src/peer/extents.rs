@@ -5,9 +5,9 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 
 use super::protocol::Slice;
+use crate::host;
 
 /// Holes up to this size are sent as zeros instead of splitting the slice.
 pub const MAX_COALESCED_HOLE: u64 = 4 << 20;
@@ -41,11 +41,10 @@ pub fn slices(extents: &[(u64, u64)], max_hole: u64, max_slice: u64) -> Vec<Slic
 /// The data extents of `file` (apparent size `size`), as the filesystem reports them. A
 /// filesystem without SEEK_DATA support reports the whole file as data (correct, not sparse).
 pub fn data_extents(file: &File, size: u64) -> io::Result<Vec<(u64, u64)>> {
-    let fd = file.as_raw_fd();
     let mut out = Vec::new();
     let mut pos: u64 = 0;
     while pos < size {
-        let data = match seek(fd, pos, libc::SEEK_DATA) {
+        let data = match host::fs::next_data(file, pos) {
             Ok(d) => d,
             // ENXIO: no data at or after `pos`.
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
@@ -55,22 +54,11 @@ pub fn data_extents(file: &File, size: u64) -> io::Result<Vec<(u64, u64)>> {
         if data >= size {
             break;
         }
-        let hole = seek(fd, data, libc::SEEK_HOLE)?.min(size);
+        let hole = host::fs::next_hole(file, data)?.min(size);
         out.push((data, hole - data));
         pos = hole;
     }
     Ok(out)
-}
-
-fn seek(fd: i32, offset: u64, whence: i32) -> io::Result<u64> {
-    let offset = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-    // SAFETY: lseek on a descriptor owned by a live `File`; it only moves that file's offset.
-    let r = unsafe { libc::lseek(fd, offset, whence) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as u64)
-    }
 }
 
 #[cfg(test)]

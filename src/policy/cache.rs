@@ -35,21 +35,15 @@ impl Clone for CompileCache {
     }
 }
 
-/// The daemon's effective user id.
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// What makes `meta` (of `what`) untrustworthy for native code, if anything: another owner
 /// than the daemon's effective user, or write permission for the group or others.
 fn untrusted(meta: &fs::Metadata, what: &Path) -> Option<String> {
     let (owner, mode) = (meta.uid(), meta.mode() & 0o7777);
-    if owner != euid() {
+    if owner != crate::host::process::effective_uid() {
         return Some(format!(
             "{} belongs to uid {owner}, not to the daemon's uid {}",
             what.display(),
-            euid()
+            crate::host::process::effective_uid()
         ));
     }
     if mode & 0o022 != 0 {

@@ -137,7 +137,7 @@ pub fn serve(limits: CompileLimits) -> ExitCode {
     if let Err(error) = watchdog {
         return refuse(format!("cannot start the compile worker's deadline: {error}"));
     }
-    if let Err(error) = limit_address_space(limits.address_space_mib << 20) {
+    if let Err(error) = crate::host::process::limit_address_space(limits.address_space_mib << 20) {
         return refuse(format!("cannot limit the compile worker's address space: {error}"));
     }
     let mut component = Vec::new();
@@ -156,20 +156,6 @@ pub fn serve(limits: CompileLimits) -> ExitCode {
     match stdout.write_all(&artifact).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => refuse(format!("writing the compiled component to stdout: {error}")),
-    }
-}
-
-/// Sets `RLIMIT_AS`: past it, the compiler's allocations fail and the worker aborts.
-fn limit_address_space(bytes: u64) -> std::io::Result<()> {
-    let limit = libc::rlimit {
-        rlim_cur: bytes,
-        rlim_max: bytes,
-    };
-    // SAFETY: setrlimit only reads the struct passed to it.
-    if unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -224,9 +210,9 @@ pub(crate) fn compile(exe: &Path, limits: CompileLimits, component: &[u8]) -> Re
         let (status, killed) = match waited.recv_timeout(limit) {
             Ok(status) => (status, false),
             Err(_) => {
-                // SAFETY: kill only sends a signal. The worker is not reaped until the waiting
-                // thread's wait returns, so its group id still names it.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                // The worker is not reaped until the waiting thread's wait returns, so its group
+                // id still names it.
+                let _ = crate::host::process::kill_group(pid);
                 (waited.recv().unwrap_or_else(|e| Err(std::io::Error::other(e))), true)
             }
         };

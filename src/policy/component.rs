@@ -198,9 +198,7 @@ fn compile_cached(
     };
     let compat = engine.compatibility_key();
     if let Some(compiled) = cache.get(digest, &compat) {
-        // SAFETY: the entry was produced by `precompile_component` of an engine with the same
-        // compatibility key, and its SHA-256 was checked; wasmtime also re-checks its header.
-        match unsafe { engine.deserialize(&compiled, size) } {
+        match engine.load_cached(&compiled, size) {
             Ok(component) => return Ok(component),
             Err(error) => tracing::warn!(%error, "cached policy refused by wasmtime; recompiling"),
         }

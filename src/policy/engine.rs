@@ -144,10 +144,7 @@ impl PolicyEngine {
         if let Some(worker) = &self.compile_worker {
             let (exe, limits) = &**worker;
             match compile_worker::compile(exe, *limits, component) {
-                // SAFETY: the artifact comes from this binary's own compiler (the daemon trusts
-                // its executable as it trusts its compile cache); wasmtime checks its header
-                // against this engine's settings.
-                Ok(artifact) => match unsafe { Component::deserialize(engine, &artifact) } {
+                Ok(artifact) => match load_native(engine, &artifact) {
                     Ok(loaded) => {
                         tracing::debug!(
                             component_bytes = component.len(),
@@ -169,19 +166,16 @@ impl PolicyEngine {
             }
         }
         let artifact = engine.precompile_component(component)?;
-        // SAFETY: `artifact` was just produced by this engine.
-        let loaded = unsafe { Component::deserialize(engine, &artifact) }?;
+        let loaded = load_native(engine, &artifact)?;
         Ok((loaded, artifact))
     }
 
-    /// Loads a compiled artifact (from the cache) into the engine of the pool of `size`.
-    ///
-    /// # Safety
-    /// As [`Component::deserialize`]: `artifact` must come from `precompile_component` of an
-    /// engine with this one's code settings.
-    pub(crate) unsafe fn deserialize(&self, artifact: &[u8], size: PoolSize) -> wasmtime::Result<Component> {
-        // SAFETY: the caller's promise.
-        unsafe { Component::deserialize(&self.pool(size)?.engine, artifact) }
+    /// Loads an artifact of the daemon's compile cache into the engine of the pool of `size`.
+    /// The cache keeps only what this daemon compiled: its directory is refused when another
+    /// user could write it, each entry's SHA-256 is checked on read, and its key carries the
+    /// engine's compatibility settings (`policy/cache.rs`).
+    pub(crate) fn load_cached(&self, artifact: &[u8], size: PoolSize) -> wasmtime::Result<Component> {
+        load_native(&self.pool(size)?.engine, artifact)
     }
 
     /// The engine of the small pool (the Rust guests').
@@ -243,6 +237,20 @@ fn code_settings() -> Config {
     config.epoch_interruption(true);
     config.memory_init_cow(true);
     config
+}
+
+/// Loads native code into `engine`: the only place the crate runs machine code it did not link.
+///
+/// wasmtime cannot check that an artifact's code is what its compiler would emit (that is why
+/// its loader is `unsafe`), so every artifact must be this daemon's own work. The three sources
+/// that reach here are: this engine's `precompile_component`, the compile worker (this same
+/// executable, run as a child, its output read from its stdout), and the compile cache, which
+/// holds only those two's output (see [`PolicyEngine::load_cached`]). wasmtime still checks the
+/// artifact's header against the engine's settings and refuses a mismatch.
+#[allow(unsafe_code)]
+fn load_native(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Component> {
+    // SAFETY: the artifact is the daemon's own compiler output, as stated above.
+    unsafe { Component::deserialize(engine, artifact) }
 }
 
 /// An engine that only compiles: the daemon's code settings, no instance pool (which reserves
@@ -325,8 +333,8 @@ mod tests {
         };
         for limits in [SandboxLimits::default(), small] {
             let engine = PolicyEngine::new(limits).unwrap();
-            // SAFETY: the artifact was just compiled by this test.
-            unsafe { Component::deserialize(engine.wasmtime(), &artifact) }
+            engine
+                .load_cached(&artifact, PoolSize::Small)
                 .unwrap_or_else(|e| panic!("{limits:?}: {e:#}"));
         }
     }

@@ -100,7 +100,7 @@ impl CpuDeadline {
         CpuDeadline {
             budget,
             thread: std::thread::current().id(),
-            cpu_at_start: thread_cpu_time(),
+            cpu_at_start: crate::host::cpu::thread_cpu_time(),
             wall_at_start: Instant::now(),
             wall_cap: (budget * WALL_CAP_FACTOR).max(MIN_WALL_CAP),
         }
@@ -108,7 +108,7 @@ impl CpuDeadline {
 
     /// Called when the epoch deadline is reached (on the thread running the guest).
     fn at_epoch(&mut self) -> UpdateDeadline {
-        let used = match (self.cpu_at_start, thread_cpu_time()) {
+        let used = match (self.cpu_at_start, crate::host::cpu::thread_cpu_time()) {
             (Some(start), Some(now)) if std::thread::current().id() == self.thread => now.saturating_sub(start),
             // No per-thread clock, or another thread: wall time is all there is.
             _ => self.wall_at_start.elapsed(),
@@ -120,12 +120,4 @@ impl CpuDeadline {
         let ticks = left.as_micros().div_ceil(EPOCH_TICK.as_micros()).max(1);
         UpdateDeadline::Continue(u64::try_from(ticks).unwrap_or(u64::MAX))
     }
-}
-
-/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); `None` if unavailable.
-fn thread_cpu_time() -> Option<Duration> {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime only writes the timespec it is given, which lives on this stack.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    (rc == 0).then(|| Duration::new(now.tv_sec as u64, now.tv_nsec as u32))
 }

@@ -38,7 +38,7 @@ pub fn status_rss(text: &str) -> Option<u64> {
     kib_field(text, "VmRSS:")
 }
 
-/// A `Name:   123 kB` field of `/proc/<pid>/status` or `/proc/meminfo`, in bytes.
+/// A `Name:   123 kB` field of `/proc/<pid>/status`, in bytes.
 fn kib_field(text: &str, name: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(name))?;
     let mut parts = line[name.len()..].split_whitespace();
@@ -116,20 +116,6 @@ pub fn proc_stat(text: &str) -> Option<ProcStat> {
     cpu.then_some(out)
 }
 
-/// `MemTotal` and `MemAvailable` of `/proc/meminfo`, in bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MemInfo {
-    pub total: u64,
-    pub available: u64,
-}
-
-pub fn meminfo(text: &str) -> Option<MemInfo> {
-    Some(MemInfo {
-        total: kib_field(text, "MemTotal:")?,
-        available: kib_field(text, "MemAvailable:")?,
-    })
-}
-
 /// Field 22 of `/proc/<pid>/stat` (`starttime`, clock ticks after boot). The command name
 /// (field 2) is in parentheses and may contain spaces, so fields are counted after its `)`.
 pub fn pid_start_ticks(text: &str) -> Option<u64> {
@@ -186,19 +172,10 @@ mod tests {
     }
 
     #[test]
-    fn rss_and_meminfo_are_bytes() {
+    fn rss_is_bytes() {
         let status = "Name:\tcloud-hypervisor\nVmPeak:\t  9000 kB\nVmRSS:\t  4096 kB\nThreads:\t4\n";
         assert_eq!(status_rss(status), Some(4096 * 1024));
         assert_eq!(status_rss("Name:\tx\n"), None, "a kernel thread has no VmRSS");
-        let mem = "MemTotal:       16384000 kB\nMemFree:         1000 kB\nMemAvailable:    8192000 kB\n";
-        assert_eq!(
-            meminfo(mem),
-            Some(MemInfo {
-                total: 16_384_000 * 1024,
-                available: 8_192_000 * 1024
-            })
-        );
-        assert_eq!(meminfo("MemTotal: 1 kB\n"), None);
     }
 
     #[test]

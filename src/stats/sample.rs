@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::parse::{self, CpuStat, IfaceCounters};
 use super::paths::HostPaths;
+use crate::host;
+use crate::host::memory::MemInfo;
 
 /// A VM to sample, as the provider tracks it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -130,44 +132,30 @@ fn read(path: &std::path::Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
-/// The kernel's clock ticks per second (`/proc` CPU times count in them).
-pub fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
-}
-
 fn statvfs(path: &std::path::Path) -> Option<FsUsage> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `s` a properly sized out-parameter.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return None;
-    }
-    let frsize = s.f_frsize as u64;
+    let space = host::fs::space(path).ok()?;
     Some(FsUsage {
-        capacity: s.f_blocks as u64 * frsize,
-        available: s.f_bavail as u64 * frsize,
-        used: (s.f_blocks as u64).saturating_sub(s.f_bfree as u64) * frsize,
-        inodes: s.f_files as u64,
-        inodes_free: s.f_ffree as u64,
+        capacity: space.total,
+        available: space.available,
+        used: space.used,
+        inodes: space.inodes,
+        inodes_free: space.inodes_free,
     })
 }
 
 /// Reads the node's and every target's files once (blocking I/O; the uncached cost).
 pub fn collect(paths: &HostPaths, targets: Vec<VmTarget>) -> Sample {
-    let ticks = clock_ticks_per_second();
+    let ticks = host::cpu::clock_ticks_per_second();
     let proc_stat = read(&paths.proc_file("stat")).and_then(|t| parse::proc_stat(&t));
-    let mem = read(&paths.proc_file("meminfo")).and_then(|t| parse::meminfo(&t));
+    let mem = read(&paths.proc_file("meminfo")).map(|t| MemInfo::parse(&t));
     let boot_time = proc_stat
         .filter(|s| s.btime > 0)
         .map(|s| UNIX_EPOCH + Duration::from_secs(s.btime));
     let node = NodeSample {
         cpu_usage_ns: proc_stat.map_or(0, |s| s.busy_jiffies.saturating_mul(1_000_000_000 / ticks)),
         cpu_nanocores: None,
-        mem_total: mem.map_or(0, |m| m.total),
-        mem_available: mem.map_or(0, |m| m.available),
+        mem_total: mem.and_then(|m| m.total).unwrap_or(0),
+        mem_available: mem.and_then(|m| m.available).unwrap_or(0),
         fs: statvfs(&paths.root_dir),
         boot_time,
     };
@@ -240,7 +228,7 @@ pub fn process_start(paths: &HostPaths, pid: i64) -> Option<SystemTime> {
     }
     let btime = read(&paths.proc_file("stat")).and_then(|t| parse::proc_stat(&t))?.btime;
     let ticks = read(&paths.pid_file(pid, "stat")).and_then(|t| parse::pid_start_ticks(&t))?;
-    let per_s = clock_ticks_per_second();
+    let per_s = host::cpu::clock_ticks_per_second();
     Some(UNIX_EPOCH + Duration::from_secs(btime) + Duration::from_nanos(ticks.saturating_mul(1_000_000_000 / per_s)))
 }
 

@@ -60,6 +60,7 @@ fn rss() -> (f64, f64) {
     )
 }
 
+#[allow(unsafe_code)]
 fn locate_sim() {
     if std::env::var_os("COCOON_SIM_BIN").is_some() {
         return;

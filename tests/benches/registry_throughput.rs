@@ -48,6 +48,7 @@ use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
 const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
 const MIB: f64 = 1048576.0;
 
+#[allow(unsafe_code)]
 fn locate_sim() {
     if std::env::var_os("COCOON_SIM_BIN").is_some() {
         return;
@@ -80,6 +81,7 @@ fn vm_hwm_kib() -> u64 {
 /// Resets VmHWM to the current RSS (`/proc/self/clear_refs`, value 5), after handing the heap's free
 /// memory back (`malloc_trim`), so a row's peak is its own transfer's and not what earlier rows left
 /// cached in the allocator.
+#[allow(unsafe_code)]
 fn reset_hwm() {
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe {
@@ -91,10 +93,7 @@ fn reset_hwm() {
 /// The daemon's allocator setting (`main.rs`: at most two glibc arenas), so the peaks are the
 /// daemon's and not those of a process with an arena per thread.
 fn cap_malloc_arenas_like_the_daemon() {
-    // SAFETY: mallopt only sets a tunable of the allocator; called before any other thread runs.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
+    vk_cocoon::host::process::cap_malloc_arenas(2);
 }
 
 fn env_list(name: &str, default: &str) -> Vec<u64> {
@@ -130,6 +129,7 @@ fn cores_busy(cpu: Duration, wall: Duration) -> f64 {
 }
 
 /// User + system CPU time of this process so far (`getrusage`).
+#[allow(unsafe_code)]
 fn process_cpu() -> Duration {
     // SAFETY: getrusage only writes the struct it is given.
     let usage = unsafe {

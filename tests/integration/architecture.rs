@@ -18,6 +18,7 @@ use syn::visit::Visit;
 /// The layer of each top-level module of the library, lowest first (ARCHITECTURE.md).
 const LAYERS: &[(&str, u8)] = &[
     ("settings", 0),
+    ("host", 0),
     ("retry", 0),
     ("model", 1),
     ("runtime", 1),
@@ -385,5 +386,37 @@ fn no_new_import_cycle_between_the_files_of_a_folder() {
         "import cycles between the files of a folder changed.\n  new or grown (break the loop: \
          move what both need into a module below them): {new:?}\n  gone or shrunk (update \
          KNOWN_CYCLES to what is left): {gone:?}"
+    );
+}
+
+/// Where the crate may use `unsafe` (it is denied everywhere else by `[workspace.lints]`): the
+/// host module, and the one loader of compiled policy code, which wasmtime only offers as
+/// `unsafe`. A new `allow(unsafe_code)` in `src/` fails here: wrap the call in `src/host`.
+const UNSAFE_ALLOWED: &[(&str, usize)] = &[("host/mod.rs", 1), ("policy/engine.rs", 1)];
+
+#[test]
+fn unsafe_code_is_allowed_only_in_the_host_module_and_the_policy_loader() {
+    let src = src_dir();
+    let mut found: Vec<(String, usize)> = Vec::new();
+    let mut walk = vec![src.clone()];
+    while let Some(dir) = walk.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let n = text.matches("allow(unsafe_code)").count();
+                if n > 0 {
+                    found.push((path.strip_prefix(&src).unwrap().display().to_string(), n));
+                }
+            }
+        }
+    }
+    found.sort();
+    let allowed: Vec<(String, usize)> = UNSAFE_ALLOWED.iter().map(|(f, n)| (f.to_string(), *n)).collect();
+    assert_eq!(
+        found, allowed,
+        "`allow(unsafe_code)` in src/ (file, count): put the foreign call behind a safe function in src/host"
     );
 }

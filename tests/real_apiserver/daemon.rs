@@ -317,7 +317,7 @@ impl DaemonProcess {
 
     /// SIGTERM, then waits for the exit.
     pub async fn terminate(&mut self) -> ExitStatus {
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        vk_cocoon::host::process::terminate(self.pid()).expect("SIGTERM the daemon");
         self.exited(30).await
     }
 

@@ -204,7 +204,7 @@ impl TestRegistry {
         let pid = self.child.as_ref().expect("the registry runs").id();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the registry's /proc stat");
         let ticks = vk_cocoon::stats::parse::pid_cpu_ticks(&stat).expect("utime and stime in the stat line");
-        let per_second = vk_cocoon::stats::sample::clock_ticks_per_second();
+        let per_second = vk_cocoon::host::cpu::clock_ticks_per_second();
         std::time::Duration::from_secs_f64(ticks as f64 / per_second as f64)
     }
 

@@ -121,9 +121,7 @@ pub fn pid_alive(pid: i64) -> bool {
     if pid <= 0 {
         return false;
     }
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let exists =
-        unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    let exists = crate::host::process::exists(pid);
     let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))

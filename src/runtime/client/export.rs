@@ -1,7 +1,7 @@
 //! Streaming `snapshot export`: the child process's stdout as an [`AsyncRead`] whose EOF means
 //! cocoon exited 0, the typed error a stream failure carries, and the copy helper callers use.
 
-use super::{CocoonCli, check_ref, exit_of, widen_pipe};
+use super::{CocoonCli, check_ref, exit_of};
 use crate::runtime::args;
 use crate::runtime::args::verb_of;
 use crate::runtime::errors::{Result, RuntimeError};
@@ -20,10 +20,7 @@ impl CocoonCli {
         let verb = verb_of(&args);
         let mut child = self.spawn(&args, self.command(&args))?;
         let stdout = child.stdout.take().expect("stdout piped");
-        {
-            use std::os::unix::io::AsRawFd;
-            widen_pipe(stdout.as_raw_fd());
-        }
+        crate::host::fs::widen_pipe(&stdout);
         let finish = exit_of(child, verb.clone(), name.to_string());
         let timeout = self.cfg.timeouts.transfer;
         Ok(SnapshotExport {

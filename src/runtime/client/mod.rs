@@ -9,6 +9,7 @@ use super::errors::{Result, RuntimeError};
 use super::events::{self, EventConnection, WatchItem};
 use super::parse::{self, ImageRecord, SnapshotRecord, StaleCreateOutcome, VmRecord};
 use super::{CocoonRuntime, ExecIo};
+use crate::host;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use std::path::Path;
@@ -43,13 +44,6 @@ pub const LOGS_CAP: usize = 8 << 20;
 
 fn check_ref(what: &str, r: &str) -> Result<()> {
     crate::runtime::args::unsafe_ref(what, r).map_or(Ok(()), |m| Err(RuntimeError::InvalidRequest(m)))
-}
-
-fn widen_pipe(fd: std::os::unix::io::RawFd) {
-    // Best effort (Linux F_SETPIPE_SZ); failures only cost throughput.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETPIPE_SZ, 1 << 20);
-    }
 }
 
 /// The end of a streaming verb whose stdout the caller reads: waits for `child`, then turns a
@@ -239,10 +233,7 @@ impl CocoonCli {
         let mut child = self.spawn(&args, cmd)?;
         let stderr = drain_stderr(child.stderr.take());
         let mut stdin = child.stdin.take().expect("stdin piped");
-        {
-            use std::os::unix::io::AsRawFd;
-            widen_pipe(stdin.as_raw_fd());
-        }
+        host::fs::widen_pipe(&stdin);
         let work = async {
             let mut buf = vec![0u8; 256 * 1024];
             let mut input_error = None;
@@ -421,13 +412,10 @@ impl CocoonRuntime for CocoonCli {
         let mut child_in = child.stdin.take();
         let mut child_out = child.stdout.take().expect("stdout piped");
         let mut child_err = child.stderr.take().expect("stderr piped");
-        {
-            use std::os::unix::io::AsRawFd;
-            if let Some(ci) = &child_in {
-                widen_pipe(ci.as_raw_fd());
-            }
-            widen_pipe(child_out.as_raw_fd());
+        if let Some(ci) = &child_in {
+            host::fs::widen_pipe(ci);
         }
+        host::fs::widen_pipe(&child_out);
         let feed = async {
             if let (Some(input), Some(ci)) = (input, child_in.as_mut()) {
                 let mut input = tokio::io::BufReader::with_capacity(EXEC_BUF, input);

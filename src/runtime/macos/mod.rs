@@ -146,10 +146,8 @@ impl MacosCli {
                 Err(_) => {
                     if detached && let Some(pid) = child.id() {
                         tracing::warn!(%verb, ?timeout, ?grace, "cocoon-macos: late; SIGTERM, then SIGKILL after the grace");
-                        // SAFETY: kill has no memory preconditions; the pid is our live child.
-                        unsafe {
-                            libc::kill(pid as i32, libc::SIGTERM);
-                        }
+                        // The pid is our unreaped child: it names no other process.
+                        let _ = crate::host::process::terminate(pid as i32);
                         if tokio::time::timeout(grace, child.wait()).await.is_err() {
                             let _ = child.kill().await;
                         }

@@ -509,6 +509,7 @@ fn every_decision_gets_a_fresh_instance() {
 }
 
 /// Pins the calling thread to CPU `cpu` (so that it competes with every thread pinned there).
+#[allow(unsafe_code)]
 fn pin_to(cpu: usize) {
     // SAFETY: the set is a plain bit mask on this stack; the call only reads it.
     unsafe {

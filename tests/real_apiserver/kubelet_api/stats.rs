@@ -115,7 +115,7 @@ async fn stats_summary_and_resource_metrics_through_the_nodes_proxy() {
         "the COW disk's allocation"
     );
     let vm = node.machine.vms_named("vm-web").await.remove(0);
-    if unsafe { libc::geteuid() } == 0 {
+    if vk_cocoon::host::process::effective_uid() == 0 {
         let net = p.network.as_ref().expect("the TAP's traffic");
         assert_eq!(net.name, vm.network_configs[0].tap);
         assert_eq!(
