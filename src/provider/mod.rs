@@ -345,4 +345,50 @@ impl CocoonProvider {
             Verdict::Reject(refusal) => Err(failure::Failure::refused(refusal, d.message)),
         })
     }
+
+    /// The CPU-class admission of many pods at once (the startup's check of every live pod):
+    /// the same decision as [`Self::admission`], one fresh instance each, run in one batch per
+    /// usable CPU on the blocking pool instead of one blocking task per pod. Answers in the
+    /// order of `pods`.
+    async fn admissions(
+        &self,
+        pods: Vec<PodFacts>,
+        context: crate::policy::contract::cpu_class_admission::AdmissionContext,
+    ) -> Result<Vec<Result<(), failure::Failure>>, ProviderError> {
+        use crate::policy::contract::cpu_class_admission::{Facts, Verdict};
+        use crate::policy::slots::CpuClassAdmission;
+        let batches = usize::try_from(crate::host::cpu::usable_cpus()).unwrap_or(1).max(1);
+        let per_batch = pods.len().div_ceil(batches).max(1);
+        let mut pods = pods.into_iter();
+        let mut running = Vec::new();
+        loop {
+            let facts: Vec<Facts> = pods
+                .by_ref()
+                .take(per_batch)
+                .map(|pod| Facts {
+                    pod,
+                    context,
+                    node_name: self.cfg.node_name.clone(),
+                    node_class: self.cfg.node_class.clone(),
+                })
+                .collect();
+            if facts.is_empty() {
+                break;
+            }
+            running.push(self.decide(move |p| {
+                facts
+                    .iter()
+                    .map(|f| p.decide::<CpuClassAdmission>(f))
+                    .collect::<Vec<_>>()
+            }));
+        }
+        let mut out = Vec::new();
+        for decisions in futures::future::join_all(running).await {
+            out.extend(decisions?.into_iter().map(|d| match d.verdict {
+                Verdict::Admit => Ok(()),
+                Verdict::Reject(refusal) => Err(failure::Failure::refused(refusal, d.message)),
+            }));
+        }
+        Ok(out)
+    }
 }

@@ -22,35 +22,26 @@ use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 const FAN_OUT: usize = 8;
 
 pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
-    // 1. The VMs (prefetched while the virtual node listed the pods). Failing is fatal.
+    // 1. The VMs (prefetched while the virtual node listed the pods), and 2. the CPU class of
+    // every non-terminal pod, which needs no VM: its decisions run while the list is read.
+    // Either failing is fatal.
     let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
-    let listed = match prefetched {
-        Some(task) => task
-            .await
-            .map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}")))?,
-        None => p.ports.runtime.list().await,
+    let vm_list = async {
+        match prefetched {
+            Some(task) => task
+                .await
+                .map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}")))?,
+            None => p.ports.runtime.list().await,
+        }
+        .map_err(|e| {
+            ProviderError::Transient(format!(
+                "startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state"
+            ))
+        })
     };
-    let vms = listed.map_err(|e| {
-        ProviderError::Transient(format!(
-            "startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state"
-        ))
-    })?;
-
-    // 2. CPU class over every non-terminal pod.
-    for pod in pods {
-        let facts = pod_facts(pod);
-        if matches!(facts.phase, PodPhase::Succeeded | PodPhase::Failed) {
-            continue;
-        }
-        // Host invariant: at startup any rejection is fatal, whatever its kind (the node must
-        // not register while it holds a pod it may not run).
-        if let Err(f) = p.admission(&facts, AdmissionContext::StartupReconcile).await? {
-            return Err(ProviderError::Rejected {
-                reason: f.reason.into(),
-                message: format!("startup compatibility check: {}", f.message),
-            });
-        }
-    }
+    let (vms, admitted) = tokio::join!(vm_list, admit_live_pods(p, pods));
+    let vms = vms?;
+    admitted?;
 
     // 3. Stale creates.
     let (creating, mut settled): (Vec<VmRecord>, Vec<VmRecord>) =
@@ -194,6 +185,25 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     p.reconciled.send_replace(true);
     tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
     Ok(())
+}
+
+/// The startup's CPU-class check of every pod that has not finished. Host invariant: at startup
+/// any rejection is fatal, whatever its kind (the node must not register while it holds a pod
+/// it may not run).
+async fn admit_live_pods(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
+    let live: Vec<_> = pods
+        .iter()
+        .map(|pod| pod_facts(pod))
+        .filter(|facts| !matches!(facts.phase, PodPhase::Succeeded | PodPhase::Failed))
+        .collect();
+    let verdicts = p.admissions(live, AdmissionContext::StartupReconcile).await?;
+    match verdicts.into_iter().find_map(Result::err) {
+        Some(f) => Err(ProviderError::Rejected {
+            reason: f.reason.into(),
+            message: format!("startup compatibility check: {}", f.message),
+        }),
+        None => Ok(()),
+    }
 }
 
 enum StaleResult {
