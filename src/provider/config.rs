@@ -43,7 +43,7 @@ pub struct ProviderConfig {
 
 /// The default of `VK_MAX_CONCURRENT_BRING_UPS`, measured: `tests/benches/BENCHMARKS.md`, "Creates
 /// overlap" (the `create_burst` bench).
-pub const DEFAULT_MAX_BRING_UPS: usize = 8;
+pub const DEFAULT_MAX_BRING_UPS: usize = 16;
 
 /// The provider's own settings: the restore mode, the orphan policy, the reclaimer's period, where
 /// the VM holders are kept, the clone-from-dir roots, the macOS path.

@@ -112,7 +112,7 @@ fn help_lists_every_variable_with_the_spec_defaults() {
         ("VK_STREAMING_MAX_SESSIONS", "64"),
         ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "256"),
         ("VK_SNAPSHOT_RECLAIM_INTERVAL", "10m"),
-        ("VK_MAX_CONCURRENT_BRING_UPS", "8"),
+        ("VK_MAX_CONCURRENT_BRING_UPS", "16"),
         ("VK_DECISION_LOG", "off"),
         ("VK_DECISION_LOG_MAX_BYTES", "67108864"),
     ] {
