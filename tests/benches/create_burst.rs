@@ -7,7 +7,7 @@
 //!   same simulator in the same round (target ≤ 1.3×);
 //! * a burst of `BENCH_BURST` (default 100) pods POSTed at once: until all are up, against
 //!   `BENCH_BURST` × one create of the same node (target ≤ 0.5×), at several bounds of
-//!   `VK_MAX_CONCURRENT_BRING_UPS` (`BENCH_BOUNDS`, default `2,8,32`), each on its own node;
+//!   `VK_MAX_CONCURRENT_BRING_UPS` (`BENCH_BOUNDS`, default `4,8,16,32`), each on its own node;
 //!   beside it the most `vm clone` that ran at once (the simulator's call log).
 //!
 //! The simulator's `vm clone` takes `BENCH_CLONE_MS` (default 300 ms: its
@@ -238,7 +238,7 @@ fn main() {
         return;
     }
     let bounds: Vec<usize> = std::env::var("BENCH_BOUNDS")
-        .unwrap_or_else(|_| "2,8,32".into())
+        .unwrap_or_else(|_| "4,8,16,32".into())
         .split(',')
         .filter_map(|b| b.trim().parse().ok())
         .filter(|b| *b > 0)
