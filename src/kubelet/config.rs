@@ -45,7 +45,11 @@ pub struct Timings {
     /// Pod watch reconnect backoff (kube-runtime's default: 800 ms → 30 s).
     pub watch_backoff_min: Duration,
     pub watch_backoff_max: Duration,
-    /// Concurrent pod operations across all pods (each pod is serialised on its own).
+    /// Concurrent pod operations across all pods (each pod is serialised on its own). Operations
+    /// wait on I/O (cocoon, the apiserver, a guest), not on the CPU, so this caps only the tasks
+    /// in flight; what runs on cocoon at once is the provider's to bound (for creates,
+    /// `VK_MAX_CONCURRENT_BRING_UPS`). Sized by the cores, it let a 2-core node bring up two
+    /// pods of a burst at a time, and held Ready publications behind the creates.
     pub workers: usize,
 }
 
@@ -59,10 +63,14 @@ impl Default for Timings {
             retry_max: Duration::from_secs(300),
             watch_backoff_min: Duration::from_millis(800),
             watch_backoff_max: Duration::from_secs(30),
-            workers: std::thread::available_parallelism().map_or(4, |n| n.get().max(2)),
+            workers: DEFAULT_WORKERS,
         }
     }
 }
+
+/// Pod operations in flight at once: the node's default pod count (`VK_NODE_PODS`), so a burst of
+/// creates never holds back the status publications of pods already up.
+pub const DEFAULT_WORKERS: usize = 256;
 
 /// Everything the virtual node needs to know about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,8 +35,15 @@ pub struct ProviderConfig {
     pub network_mode: super::plan::NetworkMode,
     /// The cocoon-macos path's node settings.
     pub macos: super::macos::MacosSettings,
+    /// `VK_MAX_CONCURRENT_BRING_UPS`: creates whose cocoon work (gather, clone, restore) runs at
+    /// once on this node; the rest wait their turn.
+    pub max_bring_ups: usize,
     pub timings: Timings,
 }
+
+/// The default of `VK_MAX_CONCURRENT_BRING_UPS`, measured: `tests/benches/BENCHMARKS.md`, "Creates
+/// overlap" (the `create_burst` bench).
+pub const DEFAULT_MAX_BRING_UPS: usize = 16;
 
 /// The provider's own settings: the restore mode, the orphan policy, the reclaimer's period, where
 /// the VM holders are kept, the clone-from-dir roots, the macOS path.
@@ -64,6 +71,10 @@ pub struct ProviderArgs {
           value_parser = parser("VK_CLONE_FROM_DIR_ROOTS", "absolute directories separated by commas, or none",
                                 super::clone_roots::CloneRoots::parse))]
     pub clone_from_dir_roots: Option<super::clone_roots::CloneRoots>,
+    /// Creates whose cocoon work (lookups, clone or restore) runs at once on this node; more wait their turn
+    #[arg(long, env = "VK_MAX_CONCURRENT_BRING_UPS", value_name = "N", default_value_t = DEFAULT_MAX_BRING_UPS,
+          value_parser = parser("VK_MAX_CONCURRENT_BRING_UPS", "a number of at least 1", crate::settings::positive::<usize>))]
+    pub max_concurrent_bring_ups: usize,
     #[command(flatten)]
     pub macos: super::macos::MacosArgs,
 }
@@ -102,6 +113,7 @@ impl ProviderConfig {
                 ..Timings::default()
             },
             macos: super::macos::MacosSettings::from_args(&args.macos),
+            max_bring_ups: args.max_concurrent_bring_ups,
         }
     }
 
@@ -263,6 +275,13 @@ mod tests {
         );
         assert_eq!(c.root_dir, PathBuf::from("/var/lib/cocoon"));
         assert_eq!(c.timings.fixup_budget, Duration::from_secs(180));
+        assert_eq!(c.max_bring_ups, DEFAULT_MAX_BRING_UPS);
+        assert_eq!(cfg(&[("VK_MAX_CONCURRENT_BRING_UPS", " 3 ")]).unwrap().max_bring_ups, 3);
+        assert!(
+            cfg(&[("VK_MAX_CONCURRENT_BRING_UPS", "0")])
+                .unwrap_err()
+                .contains("VK_MAX_CONCURRENT_BRING_UPS")
+        );
         let c = cfg(&[
             ("VK_NODE_NAME", "n1"),
             ("VK_RESTORE_MODE", " OnDemand "),

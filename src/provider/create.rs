@@ -99,8 +99,14 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
 
     let ctx = Ctx { pod, facts, spec };
+    // The bring-up's cocoon work waits for one of the node's turns; the probe and the guest work
+    // after it do not hold one (they wait on the guest, not on cocoon).
+    let turn = p.bring_ups.take().await;
+    let waited_ms = turn.waited.as_millis() as u64;
     let started = Instant::now();
-    let up = match bring_up(p, &ctx).await {
+    let brought = bring_up(p, &ctx).await;
+    drop(turn);
+    let up = match brought {
         Ok(v) => v,
         Err(e) => return fail_create(p, &key, pod, e.restoring(), e.into_failure()).await,
     };
@@ -127,7 +133,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if spec.managed {
         p.write_runtime(pod, &key, &vm.id, &ip).await;
     }
-    tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, "vm up");
+    tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, waited_ms, "vm up");
     // 7. The probe, then Ready now or after the guest work.
     p.finish_boot(pod, &key, &vm, up.finish, up.restoring).await;
     p.metrics

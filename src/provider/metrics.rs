@@ -34,6 +34,9 @@ pub struct ProviderMetrics {
     pub vm_inspect_transient_fail: IntCounter,
     pub pod_evict_failure: IntCounter,
     pub snapshot_reclaimed: IntCounterVec,
+    pub bring_ups_waiting: IntGauge,
+    pub bring_ups_running: IntGauge,
+    pub bring_up_wait_duration: Histogram,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -147,6 +150,19 @@ impl ProviderMetrics {
                 ),
                 &["reason"],
             )?,
+            bring_ups_waiting: IntGauge::with_opts(opts(
+                "bring_ups_waiting",
+                "Creates waiting for a bring-up turn (VK_MAX_CONCURRENT_BRING_UPS).",
+            ))?,
+            bring_ups_running: IntGauge::with_opts(opts(
+                "bring_ups_running",
+                "Creates running their bring-up (at most VK_MAX_CONCURRENT_BRING_UPS).",
+            ))?,
+            bring_up_wait_duration: Histogram::with_opts(hopts(
+                "bring_up_wait_seconds",
+                "How long creates waited for a bring-up turn.",
+                &[0.001, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0],
+            ))?,
         })
     }
 
@@ -179,6 +195,9 @@ impl ProviderMetrics {
         registry.register(Box::new(m.vm_inspect_transient_fail.clone()))?;
         registry.register(Box::new(m.pod_evict_failure.clone()))?;
         registry.register(Box::new(m.snapshot_reclaimed.clone()))?;
+        registry.register(Box::new(m.bring_ups_waiting.clone()))?;
+        registry.register(Box::new(m.bring_ups_running.clone()))?;
+        registry.register(Box::new(m.bring_up_wait_duration.clone()))?;
         Ok(m)
     }
 

@@ -50,6 +50,7 @@ mod startup;
 pub mod status;
 pub mod table;
 pub mod transfer;
+mod turns;
 mod update;
 mod wake;
 mod wake_peer;
@@ -106,6 +107,8 @@ pub struct CocoonProvider {
     transfers: transfer::Transfers,
     /// Work shared between pods, one flight per key.
     flights: ensure::Flights,
+    /// The node's bring-up turns (`VK_MAX_CONCURRENT_BRING_UPS`).
+    bring_ups: turns::Turns,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
     /// Probe targets the guest networks refused, logged once each.
     refused_targets: probe_scope::RefusedTargets,
@@ -140,7 +143,14 @@ impl CocoonProvider {
         };
         let probes = Probes::new(ports.prober.clone(), cfg.timings.probe, metrics.probe_duration.clone());
         let vnc = macos::vnc::VncPorts::new(cfg.macos.vnc_ports.clone());
+        let bring_ups = turns::Turns::new(
+            cfg.max_bring_ups,
+            metrics.bring_ups_waiting.clone(),
+            metrics.bring_ups_running.clone(),
+            metrics.bring_up_wait_duration.clone(),
+        );
         Ok(Arc::new_cyclic(|me| Self {
+            bring_ups,
             vnc,
             cfg,
             ports,

@@ -214,6 +214,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         guest_networks: guest_networks("127.0.0.0/8,::1/128"),
         network_mode: Default::default(),
         macos: Default::default(),
+        max_bring_ups: vk_cocoon::provider::config::DEFAULT_MAX_BRING_UPS,
         timings: Timings {
             patch_retry: Duration::from_millis(50),
             reflush_interval: Duration::from_secs(3600),

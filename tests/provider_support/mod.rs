@@ -199,6 +199,8 @@ pub struct Options {
     pub guest_networks: Option<vk_cocoon::provider::probe_scope::GuestNetworks>,
     /// The guests' DHCP family (default IPv4).
     pub network_mode: vk_cocoon::provider::plan::NetworkMode,
+    /// `VK_MAX_CONCURRENT_BRING_UPS` (default: the daemon's).
+    pub max_bring_ups: usize,
 }
 
 impl Default for Options {
@@ -213,6 +215,7 @@ impl Default for Options {
             prober: None,
             guest_networks: None,
             network_mode: Default::default(),
+            max_bring_ups: vk_cocoon::provider::config::DEFAULT_MAX_BRING_UPS,
         }
     }
 }
@@ -327,6 +330,7 @@ pub fn provider(env: &Env, opts: &Options) -> Arc<CocoonProvider> {
             .unwrap_or_else(|| guest_networks("127.0.0.0/8,::1/128")),
         network_mode: opts.network_mode,
         macos: opts.macos.clone(),
+        max_bring_ups: opts.max_bring_ups,
         timings: opts.timings.clone(),
     };
     let ports = Ports {

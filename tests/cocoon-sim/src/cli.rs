@@ -211,6 +211,27 @@ pub(crate) fn log_call(store: &Store, verb: &str, argv: &[String]) -> std::io::R
     )
 }
 
+#[derive(Serialize)]
+struct EndLine<'a> {
+    pid: u32,
+    verb: &'a str,
+    /// When it returned, on the monotonic clock (ns).
+    at: u64,
+}
+
+/// Records in `ends.log` that this invocation returned (one killed or parked never does): with
+/// `calls.log`, how long each call ran and which ran at once.
+pub(crate) fn log_end(store: &Store, verb: &str) {
+    let _ = store.append_jsonl(
+        "ends.log",
+        &EndLine {
+            pid: std::process::id(),
+            verb,
+            at: crate::util::monotonic_ns(),
+        },
+    );
+}
+
 /// One line of `crash.log`: a counted invocation under a staged crash that finished (`done`)
 /// or parked (`parked`).
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
@@ -348,6 +369,7 @@ fn run_inner(argv: Vec<String>) -> Res {
         Some(CrashStep::Run(n)) => crash_log(&store, n, &verb_key, "done"),
         _ => {}
     }
+    log_end(&store, &verb_key);
     outcome
 }
 

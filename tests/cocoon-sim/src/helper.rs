@@ -32,6 +32,41 @@ pub struct CallRecord {
     pub at: u64,
 }
 
+/// One invocation that returned (from `<root>/ends.log`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EndRecord {
+    pub pid: u32,
+    pub verb: String,
+    /// When it returned, on the monotonic clock (ns).
+    pub at: u64,
+}
+
+/// The most of `calls` that ran at once, given when each returned (`ends`, matched by pid and
+/// verb: the first end at or after the start). A call without an end (still running, killed,
+/// parked) counts as running from its start on.
+pub fn most_at_once(calls: &[CallRecord], ends: &[EndRecord]) -> usize {
+    let mut edges: Vec<(u64, i8)> = Vec::new();
+    for c in calls {
+        edges.push((c.at, 1));
+        let end = ends
+            .iter()
+            .filter(|e| e.pid == c.pid && e.verb == c.verb && e.at >= c.at)
+            .map(|e| e.at)
+            .min();
+        if let Some(end) = end {
+            edges.push((end, -1));
+        }
+    }
+    // At the same instant an end goes before a start: a turn handed over is not an overlap.
+    edges.sort();
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, d) in edges {
+        now += i64::from(d);
+        most = most.max(now);
+    }
+    most as usize
+}
+
 /// Out-of-band VM changes (what a crash, an operator or the host could do behind vk-cocoon's back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flip {
@@ -302,6 +337,18 @@ impl Sim {
         self.store().read_jsonl("calls.log")
     }
 
+    /// When each invocation returned (`ends.log`).
+    pub fn call_ends(&self) -> std::io::Result<Vec<EndRecord>> {
+        self.store().read_jsonl("ends.log")
+    }
+
+    /// The most invocations of `verb` (e.g. "vm clone") that ran at once so far.
+    pub fn most_at_once(&self, verb: &str) -> std::io::Result<usize> {
+        let calls: Vec<CallRecord> = self.calls()?.into_iter().filter(|c| c.verb == verb).collect();
+        let ends: Vec<EndRecord> = self.call_ends()?.into_iter().filter(|e| e.verb == verb).collect();
+        Ok(most_at_once(&calls, &ends))
+    }
+
     /// Stages a crash: the counted invocations from now on run up to the `after`-th (which,
     /// with `inside`, does its work and parks instead of answering); every later one parks
     /// (see [`crate::control::Crash`]). `crash.log` starts afresh.
@@ -463,5 +510,39 @@ impl Sim {
             }
         }
         Ok(pids.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(pid: u32, at: u64) -> CallRecord {
+        CallRecord {
+            pid,
+            verb: "vm clone".into(),
+            argv: vec![],
+            at,
+        }
+    }
+
+    fn end(pid: u32, at: u64) -> EndRecord {
+        EndRecord {
+            pid,
+            verb: "vm clone".into(),
+            at,
+        }
+    }
+
+    #[test]
+    fn calls_that_overlap_count_together_and_one_handed_over_does_not() {
+        // 1 runs 0..10, 2 runs 5..20, 3 starts when 1 ends (10..30), 4 never returns (25..).
+        let calls = [call(1, 0), call(2, 5), call(3, 10), call(4, 25)];
+        let ends = [end(1, 10), end(2, 20), end(3, 30)];
+        assert_eq!(most_at_once(&calls, &ends), 2);
+        // Without its end, 1 runs on and overlaps 2 and 3.
+        assert_eq!(most_at_once(&calls, &ends[1..]), 3);
+        // A reused pid: the end before a call's start is not its end.
+        assert_eq!(most_at_once(&[call(7, 50)], &[end(7, 40)]), 1);
     }
 }

@@ -24,4 +24,4 @@ pub mod vm;
 pub mod vmm;
 
 pub use control::{Control, ExecRule, Fault, FaultAction, Settings};
-pub use helper::{CallRecord, ExecRecord, Flip, Sim};
+pub use helper::{CallRecord, EndRecord, ExecRecord, Flip, Sim};

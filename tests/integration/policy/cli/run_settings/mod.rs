@@ -112,6 +112,7 @@ fn help_lists_every_variable_with_the_spec_defaults() {
         ("VK_STREAMING_MAX_SESSIONS", "64"),
         ("VK_STREAMING_MAX_PORTFORWARD_STREAMS", "256"),
         ("VK_SNAPSHOT_RECLAIM_INTERVAL", "10m"),
+        ("VK_MAX_CONCURRENT_BRING_UPS", "16"),
         ("VK_DECISION_LOG", "off"),
         ("VK_DECISION_LOG_MAX_BYTES", "67108864"),
     ] {
@@ -126,6 +127,7 @@ fn a_bad_value_stops_the_start_naming_the_variable_and_what_it_accepts() {
         ("VK_RESERVE_PERCENT", "101", "an integer from 0 to 100"),
         ("VK_KUBELET_PORT", "0", "an integer from 1 to 65535"),
         ("VK_RESTORE_MODE", "lazy", "copy, ondemand or mmap"),
+        ("VK_MAX_CONCURRENT_BRING_UPS", "0", "a number of at least 1"),
         ("VK_COCOON_SUDO", "maybe", "true or false"),
         ("VK_NODE_IP", "10.0.0", "an IPv4 or IPv6 address"),
         ("VK_STREAMING_IDLE_TIMEOUT", "0s", "a duration such as 4h"),
