@@ -196,6 +196,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let peer_registry = registry.clone();
     let macos_cfg = vk_cocoon::runtime::macos::MacosCliConfig::from_args(&args.cocoon);
     tracing::info!(bin = %macos_cfg.bin.display(), "cocoon-macos CLI for os=macos pods");
+    let events = EventSink::new(client.clone(), &kubelet.node_name);
     let ports = Ports {
         runtime: runtime.clone(),
         macos: Arc::new(vk_cocoon::runtime::macos::MacosCli::new(macos_cfg)),
@@ -203,7 +204,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         leases: Arc::new(LeaseFile::new(args.cocoon_net.leases_path.clone())),
         releaser,
         patcher: Arc::new(KubePodPatcher::new(client.clone())),
-        events: Arc::new(EventSink::new(client.clone(), &kubelet.node_name)),
+        events: Arc::new(events.clone()),
         prober,
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
@@ -276,6 +277,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         peer_registry,
         peer_kube,
         peer_identity,
+        &background,
     )?;
     let addr = args.metrics.metrics_addr;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -319,6 +321,10 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
             ],
         )
         .await;
+    // The provider's Events of the last moments (a drained hibernate's) are published.
+    if tokio::time::timeout_at(end, events.flushed()).await.is_err() {
+        tracing::warn!("shutdown deadline: not waiting for the Events still being published");
+    }
     // The decisions of the last moments are in the decision log before the process ends.
     policies.flush_decision_log();
     let result = match stopped {
@@ -378,7 +384,8 @@ async fn peer_identity(
 /// The peer snapshot tier: the staging directory is swept in the background; with a peer token,
 /// a registry, the peers' CA and a certificate of this node, wakes may restore from the
 /// `from-node` peer and the returned server hands this node's hibernated snapshots to peers,
-/// both over mutual TLS. Without any of them both are off (said once): never plain HTTP.
+/// both over mutual TLS. Without any of them both are off (said once): never plain HTTP. The
+/// sweep is a task of `tasks`.
 #[allow(clippy::too_many_arguments)]
 fn peer_tier(
     cfg: &PeerConfig,
@@ -389,10 +396,11 @@ fn peer_tier(
     registry: Option<Arc<dyn SnapshotRegistry>>,
     client: kube::Client,
     identity: Option<Arc<CertSlot>>,
+    tasks: &TaskTracker,
 ) -> anyhow::Result<Option<(Arc<PeerServer>, PeerTls)>> {
     let staging = Staging::new(cfg.staging_dir.clone());
     let sweeping = staging.clone();
-    tokio::task::spawn_blocking(move || match sweeping.sweep() {
+    tasks.spawn_blocking(move || match sweeping.sweep() {
         Ok(n) => tracing::info!(dir = %sweeping.root().display(), removed = n, "staging directory swept"),
         Err(error) => tracing::warn!(dir = %sweeping.root().display(), %error, "sweeping the staging directory failed"),
     });

@@ -211,13 +211,16 @@ impl<P: Provider> VirtualNode<P> {
         };
         // The node's heartbeats: its lease, status and condition publishers, stopped last.
         let heartbeats = TaskTracker::new();
+        // Each publisher records Events through a sink of its own; the stop flushes them all.
+        let sink = || events::EventSink::new(self.client.clone(), &node_name);
+        let sinks = [sink(), sink(), sink()];
         if let Some(board) = self.policies.clone() {
             heartbeats.spawn(policy_status::publish(
                 nodes.clone(),
                 identity.clone(),
                 reference.clone(),
                 board,
-                events::EventSink::new(self.client.clone(), &node_name),
+                sinks[0].clone(),
                 stop.heartbeats.clone(),
             ));
         }
@@ -227,7 +230,7 @@ impl<P: Provider> VirtualNode<P> {
                 identity.clone(),
                 reference,
                 status,
-                events::EventSink::new(self.client.clone(), &node_name),
+                sinks[1].clone(),
                 stop.heartbeats.clone(),
             ));
         }
@@ -247,7 +250,7 @@ impl<P: Provider> VirtualNode<P> {
             client: self.client.clone(),
             provider: self.provider.clone(),
             node_name: node_name.clone(),
-            events: events::EventSink::new(self.client.clone(), &node_name),
+            events: sinks[2].clone(),
             timings,
             tx: self.tx,
             rx: self.rx,
@@ -256,6 +259,9 @@ impl<P: Provider> VirtualNode<P> {
         stop.drained.cancel();
         heartbeats.close();
         heartbeats.wait().await;
+        // The Events of the last moments (a drained operation's, the node's) are published
+        // before the node reports stopped (the daemon bounds this wait by its deadline).
+        futures::future::join_all(sinks.iter().map(events::EventSink::flushed)).await;
         tracing::info!(node = %node_name, "virtual node stopped");
         Ok(())
     }
