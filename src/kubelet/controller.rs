@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tokio_util::time::DelayQueue;
 
 /// Lets the provider ask for a pod's status to be republished (its async `NotifyPods`).
 #[derive(Clone, Debug)]
@@ -118,31 +119,37 @@ impl<P: Provider> PodController<P> {
             workers: Arc::new(Semaphore::new(self.timings.workers.max(1))),
             written: Arc::new(Written::default()),
             ops: TaskTracker::new(),
-            delays: TaskTracker::new(),
             stop: stop.clone(),
         };
+        // Every wait before an operation is due again (retries, requeues), in one queue: no task
+        // per pod in backoff. An entry that fell due is fed to the core like any input (the core
+        // drops one its pod has moved past).
+        let mut due: DelayQueue<Input> = DelayQueue::new();
         let pump = self.spawn_watch_pump(stop.ops.clone());
         loop {
-            tokio::select! {
+            let input = tokio::select! {
                 _ = stop.ops.cancelled() => break,
-                input = self.rx.recv() => {
-                    let Some(input) = input else { break };
-                    for action in state.on_event(input) {
-                        self.execute(action, &owned, false);
-                    }
+                input = self.rx.recv() => match input {
+                    Some(input) => input,
+                    None => break,
+                },
+                Some(expired) = due.next(), if !due.is_empty() => expired.into_inner(),
+            };
+            for action in state.on_event(input) {
+                if let Some((delay, input)) = self.execute(action, &owned, false) {
+                    due.insert(input, delay);
                 }
             }
         }
         pump.abort();
         // Stop taking work: no new operation starts (the next daemon's startup reconcile and
-        // watch deliver every pod again), queued ones give up their turn, pending delays end.
+        // watch deliver every pod again), queued ones give up their turn, pending waits end.
         stop.ops.cancel();
-        owned.delays.close();
+        drop(due);
         owned.ops.close();
         let running = owned.ops.len();
         tracing::info!(node = %self.node_name, running, "pod controller stopped taking work; draining the operations in flight");
         self.drain(&mut state, &owned).await;
-        owned.delays.wait().await;
         tracing::info!(node = %self.node_name, "pod controller stopped");
     }
 
@@ -157,7 +164,8 @@ impl<P: Provider> PodController<P> {
                 input = self.rx.recv() => {
                     let Some(input) = input else { break };
                     for action in state.on_event(input) {
-                        self.execute(action, owned, true);
+                        // Draining: nothing is armed again.
+                        let _ = self.execute(action, owned, true);
                     }
                 }
                 _ = owned.ops.wait() => if self.rx.is_empty() { break },
@@ -210,10 +218,12 @@ impl<P: Provider> PodController<P> {
         })
     }
 
-    /// Executes one action of the core. `draining`: the controller stopped taking work, so only
-    /// what reports on work already done runs (Events, status publications); the rest is left
-    /// to the next start.
-    fn execute(&self, action: Action, owned: &Owned, draining: bool) {
+    /// Executes one action of the core; returns the input to feed back after a wait (a retry
+    /// or a requeue) for the caller's queue. `draining`: the controller stopped taking work, so
+    /// only what reports on work already done runs (Events, status publications); the rest is
+    /// left to the next start.
+    #[must_use]
+    fn execute(&self, action: Action, owned: &Owned, draining: bool) -> Option<(std::time::Duration, Input)> {
         match action {
             Action::Record {
                 pod,
@@ -226,9 +236,9 @@ impl<P: Provider> PodController<P> {
             {
                 tracing::debug!(?action, "shutting down: not started");
             }
-            Action::RetryAfter { key, uid, delay } => self.after(delay, Input::RetryDue { key, uid }, owned),
+            Action::RetryAfter { key, uid, delay } => return Some((delay, Input::RetryDue { key, uid })),
             Action::RequeueAfter { key, uid, token, delay } => {
-                self.after(delay, Input::RequeueDue { key, uid, token }, owned)
+                return Some((delay, Input::RequeueDue { key, uid, token }));
             }
             Action::Run {
                 op,
@@ -302,20 +312,7 @@ impl<P: Provider> PodController<P> {
                 });
             }
         }
-    }
-}
-
-impl<P: Provider> PodController<P> {
-    /// Feeds `input` back to the core after `delay` (unless the controller stops first).
-    fn after(&self, delay: std::time::Duration, input: Input, owned: &Owned) {
-        let tx = self.tx.clone();
-        let stop = owned.stop.ops.clone();
-        owned.delays.spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(delay) => { let _ = tx.send(input); }
-            }
-        });
+        None
     }
 }
 
@@ -349,13 +346,11 @@ impl Stopping {
     }
 }
 
-/// What the controller's tasks share, and who owns them: the pod operations (`ops`, drained at
-/// a stop) and the delays before an operation is due again (`delays`, dropped at a stop).
+/// What the controller's operations share, and who owns them (`ops`, drained at a stop).
 struct Owned {
     workers: Arc<Semaphore>,
     written: Arc<Written>,
     ops: TaskTracker,
-    delays: TaskTracker,
     stop: Stopping,
 }
 
