@@ -298,11 +298,33 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     background.spawn(provider.clone().run_background(phases.background.clone()));
 
     provider.prefetch_vms();
-    let mut node_run = node_tasks.spawn(node.run_until(phases.node.clone()));
+    let node_run = node_tasks.spawn(node.run_until(phases.node.clone()));
+    let result = until_stopped(&phases, node_run, [background, listeners, node_tasks], &events).await;
+    // The decisions of the last moments are in the decision log before the process ends.
+    policies.flush_decision_log();
+    match result {
+        Some(Ok(Ok(()))) | None => Ok(ExitCode::SUCCESS),
+        Some(Ok(Err(e))) => Err(anyhow!("{e}")),
+        Some(Err(e)) => Err(anyhow!("the virtual node's task: {e}")),
+    }
+}
+
+type NodeRun = tokio::task::JoinHandle<Result<(), vk_cocoon::kubelet::KubeletError>>;
+
+/// Runs until SIGTERM or SIGINT (or the node stopping by itself), then stops in order
+/// (`shutdown.rs`): the node's drain, then the `[background, listeners, node]` owners' tasks,
+/// then the provider's last Events. The node's result, `None` when it had not ended by the
+/// deadline.
+async fn until_stopped(
+    phases: &Phases,
+    mut node_run: NodeRun,
+    [background, listeners, node]: [TaskTracker; 3],
+    events: &EventSink,
+) -> Option<Result<Result<(), vk_cocoon::kubelet::KubeletError>, tokio::task::JoinError>> {
     let stopped = tokio::select! {
         signal = shutdown::signalled() => match signal {
             Some(signal) => {
-                tracing::info!(signal, deadline = ?args.shutdown.shutdown_deadline, "shutting down");
+                tracing::info!(signal, deadline = ?phases.deadline(), "shutting down");
                 None
             }
             // Nothing to listen for: the node runs until it stops by itself.
@@ -317,7 +339,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
             [
                 ("background", &phases.background, background),
                 ("listeners", &phases.listeners, listeners),
-                ("heartbeats", &phases.node.heartbeats, node_tasks),
+                ("heartbeats", &phases.node.heartbeats, node),
             ],
         )
         .await;
@@ -325,17 +347,10 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     if tokio::time::timeout_at(end, events.flushed()).await.is_err() {
         tracing::warn!("shutdown deadline: not waiting for the Events still being published");
     }
-    // The decisions of the last moments are in the decision log before the process ends.
-    policies.flush_decision_log();
-    let result = match stopped {
+    match stopped {
         Some(result) => Some(result),
         None if node_run.is_finished() => Some(node_run.await),
         None => None,
-    };
-    match result {
-        Some(Ok(Ok(()))) | None => Ok(ExitCode::SUCCESS),
-        Some(Ok(Err(e))) => Err(anyhow!("{e}")),
-        Some(Err(e)) => Err(anyhow!("the virtual node's task: {e}")),
     }
 }
 

@@ -67,6 +67,10 @@ pub struct Phases {
 }
 
 impl Phases {
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
     pub fn new(deadline: Duration) -> Self {
         Self {
             node: NodeStop {
