@@ -207,7 +207,7 @@ impl CocoonProvider {
     /// Closes the provider and waits until every task it started has ended: the background work
     /// [`Self::close`] stops, and work that runs to its end (a hibernate resumed after a restart,
     /// a NIC given back). The caller bounds the wait (the daemon's shutdown deadline).
-    pub async fn closed(&self) {
+    async fn closed(&self) {
         self.close();
         self.tasks.close();
         self.probes.closed().await;
