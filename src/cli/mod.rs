@@ -6,6 +6,7 @@ mod policy;
 mod replay;
 mod run;
 mod scaffold;
+mod shutdown;
 
 use std::process::ExitCode;
 

@@ -5,11 +5,13 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Args;
+
+use super::shutdown::{self, Phases, ShutdownArgs};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use vk_cocoon::kubelet::config::KubeletArgs;
 use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
@@ -77,6 +79,8 @@ pub struct RunArgs {
     policies: PolicyArgs,
     #[command(flatten)]
     decision_log: DecisionLogArgs,
+    #[command(flatten)]
+    shutdown: ShutdownArgs,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -84,7 +88,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(daemon(args))
+    let result = runtime.block_on(daemon(args));
+    // Tasks the shutdown gave up on are dropped here; a blocking call still running (a policy
+    // decision, a file read) is not waited for beyond this.
+    runtime.shutdown_timeout(shutdown::RUNTIME_EXIT);
+    result
 }
 
 async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -188,6 +196,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
     let peer_registry = registry.clone();
     let macos_cfg = vk_cocoon::runtime::macos::MacosCliConfig::from_args(&args.cocoon);
     tracing::info!(bin = %macos_cfg.bin.display(), "cocoon-macos CLI for os=macos pods");
+    let events = EventSink::new(client.clone(), &kubelet.node_name);
     let ports = Ports {
         runtime: runtime.clone(),
         macos: Arc::new(vk_cocoon::runtime::macos::MacosCli::new(macos_cfg)),
@@ -195,7 +204,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         leases: Arc::new(LeaseFile::new(args.cocoon_net.leases_path.clone())),
         releaser,
         patcher: Arc::new(KubePodPatcher::new(client.clone())),
-        events: Arc::new(EventSink::new(client.clone(), &kubelet.node_name)),
+        events: Arc::new(events.clone()),
         prober,
     };
     let provider_metrics = ProviderMetrics::register(&prometheus).context("registering the provider metrics")?;
@@ -219,9 +228,13 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
             VmCollector::new(sampler.clone()).context("the VM stats collector")?,
         ))
         .context("registering the VM stats collector")?;
-    let shutdown = CancellationToken::new();
+    // Who owns the daemon's tasks, by the shutdown phase that stops them (`shutdown.rs`).
+    let phases = Phases::new(args.shutdown.shutdown_deadline);
+    let (background, listeners, node_tasks) = (TaskTracker::new(), TaskTracker::new(), TaskTracker::new());
+    let shutdown = phases.listeners.clone();
     // Sampled on a schedule as well: every Summary has a recent sample to rate its CPU against.
-    sampler.keep_fresh(SAMPLE_INTERVAL, shutdown.clone());
+    let sampling = sampler.keep_fresh(SAMPLE_INTERVAL, phases.background.clone());
+    background.spawn(sampling);
     // The peer tier starts after the kubelet API: it presents the API's serving certificate.
     let (peer_runtime, peer_client, peer_kube) = (runtime.clone(), client.clone(), client.clone());
     let api = KubeletApi {
@@ -252,6 +265,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         &node_name,
         peer_client,
         &shutdown,
+        &listeners,
     )
     .await?;
     let peer_server = peer_tier(
@@ -263,6 +277,7 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         peer_registry,
         peer_kube,
         peer_identity,
+        &background,
     )?;
     let addr = args.metrics.metrics_addr;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -270,28 +285,72 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("binding the metrics listener on {addr}"))?;
     tracing::info!(%addr, "serving /metrics");
     let metrics_listener = metrics::listener(args.listeners.limits(Which::Metrics));
-    let metrics_server = tokio::spawn(metrics::serve(listener, metrics_listener, prometheus, shutdown.clone()));
+    listeners.spawn(kubelet_api.task);
+    listeners.spawn(metrics::serve(listener, metrics_listener, prometheus, shutdown.clone()));
     if let Some((server, tls)) = peer_server {
         let listener = tokio::net::TcpListener::bind(peer_cfg.listen)
             .await
             .with_context(|| format!("binding the peer snapshot listener VK_PEER_ADDR={}", peer_cfg.listen))?;
         tracing::info!(addr = %peer_cfg.listen, "serving hibernated snapshots to peers over mutual TLS");
         let peer_listener = PeerServer::listener(&tls, args.listeners.limits(Which::Peer));
-        tokio::spawn(server.serve(listener, peer_listener, shutdown.clone()));
+        listeners.spawn(server.serve(listener, peer_listener, shutdown.clone()));
     }
-    tokio::spawn(provider.clone().run_background(shutdown.clone()));
-    tokio::spawn(stop_on_signal(shutdown.clone()));
+    background.spawn(provider.clone().run_background(phases.background.clone()));
 
     provider.prefetch_vms();
-    let result = node.run(shutdown.clone()).await;
-    shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), metrics_server).await;
-    let _ = tokio::time::timeout(Duration::from_secs(12), kubelet_api.task).await;
+    let node_run = node_tasks.spawn(node.run_until(phases.node.clone()));
+    let result = until_stopped(&phases, node_run, [background, listeners, node_tasks], &events).await;
     // The decisions of the last moments are in the decision log before the process ends.
     policies.flush_decision_log();
     match result {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(anyhow!("{e}")),
+        Some(Ok(Ok(()))) | None => Ok(ExitCode::SUCCESS),
+        Some(Ok(Err(e))) => Err(anyhow!("{e}")),
+        Some(Err(e)) => Err(anyhow!("the virtual node's task: {e}")),
+    }
+}
+
+type NodeRun = tokio::task::JoinHandle<Result<(), vk_cocoon::kubelet::KubeletError>>;
+
+/// Runs until SIGTERM or SIGINT (or the node stopping by itself), then stops in order
+/// (`shutdown.rs`): the node's drain, then the `[background, listeners, node]` owners' tasks,
+/// then the provider's last Events. The node's result, `None` when it had not ended by the
+/// deadline.
+async fn until_stopped(
+    phases: &Phases,
+    mut node_run: NodeRun,
+    [background, listeners, node]: [TaskTracker; 3],
+    events: &EventSink,
+) -> Option<Result<Result<(), vk_cocoon::kubelet::KubeletError>, tokio::task::JoinError>> {
+    let stopped = tokio::select! {
+        signal = shutdown::signalled() => match signal {
+            Some(signal) => {
+                tracing::info!(signal, deadline = ?phases.deadline(), "shutting down");
+                None
+            }
+            // Nothing to listen for: the node runs until it stops by itself.
+            None => Some((&mut node_run).await),
+        },
+        result = &mut node_run => Some(result),
+    };
+    let end = phases.drain(tokio::time::Instant::now()).await;
+    phases
+        .finish(
+            end,
+            [
+                ("background", &phases.background, background),
+                ("listeners", &phases.listeners, listeners),
+                ("heartbeats", &phases.node.heartbeats, node),
+            ],
+        )
+        .await;
+    // The provider's Events of the last moments (a drained hibernate's) are published.
+    if tokio::time::timeout_at(end, events.flushed()).await.is_err() {
+        tracing::warn!("shutdown deadline: not waiting for the Events still being published");
+    }
+    match stopped {
+        Some(result) => Some(result),
+        None if node_run.is_finished() => Some(node_run.await),
+        None => None,
     }
 }
 
@@ -305,6 +364,7 @@ async fn peer_identity(
     node_name: &str,
     client: kube::Client,
     shutdown: &CancellationToken,
+    tasks: &TaskTracker,
 ) -> anyhow::Result<Option<Arc<CertSlot>>> {
     match &cfg.identity {
         PeerIdentity::KubeletServing if *api_tls == TlsSource::SelfSigned => Ok(None),
@@ -330,7 +390,7 @@ async fn peer_identity(
                     key.display()
                 )
             })?;
-            tokio::spawn(manager.run(first, shutdown.clone()));
+            tasks.spawn(manager.run(first, shutdown.clone()));
             Ok(Some(slot))
         }
     }
@@ -339,7 +399,8 @@ async fn peer_identity(
 /// The peer snapshot tier: the staging directory is swept in the background; with a peer token,
 /// a registry, the peers' CA and a certificate of this node, wakes may restore from the
 /// `from-node` peer and the returned server hands this node's hibernated snapshots to peers,
-/// both over mutual TLS. Without any of them both are off (said once): never plain HTTP.
+/// both over mutual TLS. Without any of them both are off (said once): never plain HTTP. The
+/// sweep is a task of `tasks`.
 #[allow(clippy::too_many_arguments)]
 fn peer_tier(
     cfg: &PeerConfig,
@@ -350,10 +411,11 @@ fn peer_tier(
     registry: Option<Arc<dyn SnapshotRegistry>>,
     client: kube::Client,
     identity: Option<Arc<CertSlot>>,
+    tasks: &TaskTracker,
 ) -> anyhow::Result<Option<(Arc<PeerServer>, PeerTls)>> {
     let staging = Staging::new(cfg.staging_dir.clone());
     let sweeping = staging.clone();
-    tokio::task::spawn_blocking(move || match sweeping.sweep() {
+    tasks.spawn_blocking(move || match sweeping.sweep() {
         Ok(n) => tracing::info!(dir = %sweeping.root().display(), removed = n, "staging directory swept"),
         Err(error) => tracing::warn!(dir = %sweeping.root().display(), %error, "sweeping the staging directory failed"),
     });
@@ -384,19 +446,4 @@ fn peer_tier(
         vk_cocoon::peer::server::MAX_STREAMS,
     );
     Ok(Some((server, tls)))
-}
-
-async fn stop_on_signal(shutdown: CancellationToken) {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(error) => {
-            tracing::error!(%error, "cannot listen for SIGTERM");
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-    }
-    shutdown.cancel();
 }

@@ -18,6 +18,8 @@ use kube::{Client, ResourceExt};
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tokio_util::time::DelayQueue;
 
 /// Lets the provider ask for a pod's status to be republished (its async `NotifyPods`).
 #[derive(Clone, Debug)]
@@ -106,29 +108,78 @@ fn map_provider(result: Result<Next, ProviderError>) -> OpOutcome {
 }
 
 impl<P: Provider> PodController<P> {
-    /// Runs until `shutdown`: watch → core → actions.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    /// Runs until `stop.ops`: watch → core → actions; then drains (see [`Stopping`]).
+    pub async fn run(mut self, stop: Stopping) {
         let mut state = PodState::new(CoreConfig {
             retry_base: self.timings.retry_base,
             retry_max: self.timings.retry_max,
             jitter_seed: None,
         });
-        let workers = Arc::new(Semaphore::new(self.timings.workers.max(1)));
-        let written = Arc::new(Written::default());
-        let pump = self.spawn_watch_pump(shutdown.clone());
+        let owned = Owned {
+            workers: Arc::new(Semaphore::new(self.timings.workers.max(1))),
+            written: Arc::new(Written::default()),
+            ops: TaskTracker::new(),
+            stop: stop.clone(),
+        };
+        // Every wait before an operation is due again (retries, requeues), in one queue: no task
+        // per pod in backoff. An entry that fell due is fed to the core like any input (the core
+        // drops one its pod has moved past).
+        let mut due: DelayQueue<Input> = DelayQueue::new();
+        let pump = self.spawn_watch_pump(stop.ops.clone());
         loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                input = self.rx.recv() => {
-                    let Some(input) = input else { break };
-                    for action in state.on_event(input) {
-                        self.execute(action, &workers, &written, &shutdown);
-                    }
+            let input = tokio::select! {
+                _ = stop.ops.cancelled() => break,
+                input = self.rx.recv() => match input {
+                    Some(input) => input,
+                    None => break,
+                },
+                Some(expired) = due.next(), if !due.is_empty() => expired.into_inner(),
+            };
+            for action in state.on_event(input) {
+                if let Some((delay, input)) = self.execute(action, &owned, false) {
+                    due.insert(input, delay);
                 }
             }
         }
         pump.abort();
+        // Stop taking work: no new operation starts (the next daemon's startup reconcile and
+        // watch deliver every pod again), queued ones give up their turn, pending waits end.
+        stop.ops.cancel();
+        drop(due);
+        owned.ops.close();
+        let running = owned.ops.len();
+        tracing::info!(node = %self.node_name, running, "pod controller stopped taking work; draining the operations in flight");
+        self.drain(&mut state, &owned).await;
         tracing::info!(node = %self.node_name, "pod controller stopped");
+    }
+
+    /// The operations in flight run to their end (or to `stop.abandon`), and what they report is
+    /// still applied: their Events and the pods' statuses are published, so a pod a drained
+    /// hibernate finished reads as such. Nothing else starts.
+    async fn drain(&mut self, state: &mut PodState, owned: &Owned) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = owned.stop.abandon.cancelled() => break,
+                input = self.rx.recv() => {
+                    let Some(input) = input else { break };
+                    for action in state.on_event(input) {
+                        // Draining: nothing is armed again.
+                        let _ = self.execute(action, owned, true);
+                    }
+                }
+                _ = owned.ops.wait() => if self.rx.is_empty() { break },
+            }
+        }
+        if owned.stop.abandon.is_cancelled() && !owned.ops.is_empty() {
+            tracing::warn!(
+                node = %self.node_name,
+                running = owned.ops.len(),
+                "shutdown deadline: abandoning the pod operations still in flight at their current step (each is left as a crash would leave it; the next start resumes it)"
+            );
+        }
+        // An abandoned operation ends at its next await point.
+        owned.ops.wait().await;
     }
 
     fn spawn_watch_pump(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
@@ -167,7 +218,12 @@ impl<P: Provider> PodController<P> {
         })
     }
 
-    fn execute(&self, action: Action, workers: &Arc<Semaphore>, written: &Arc<Written>, shutdown: &CancellationToken) {
+    /// Executes one action of the core; returns the input to feed back after a wait (a retry
+    /// or a requeue) for the caller's queue. `draining`: the controller stopped taking work, so
+    /// only what reports on work already done runs (Events, status publications); the rest is
+    /// left to the next start.
+    #[must_use]
+    fn execute(&self, action: Action, owned: &Owned, draining: bool) -> Option<(std::time::Duration, Input)> {
         match action {
             Action::Record {
                 pod,
@@ -175,9 +231,14 @@ impl<P: Provider> PodController<P> {
                 reason,
                 note,
             } => self.events.record(&pod, warning, &reason, "Sync", note),
-            Action::RetryAfter { key, uid, delay } => self.after(delay, Input::RetryDue { key, uid }, shutdown),
+            Action::RetryAfter { .. } | Action::RequeueAfter { .. } | Action::Run { .. }
+                if draining && !reports(&action) =>
+            {
+                tracing::debug!(?action, "shutting down: not started");
+            }
+            Action::RetryAfter { key, uid, delay } => return Some((delay, Input::RetryDue { key, uid })),
             Action::RequeueAfter { key, uid, token, delay } => {
-                self.after(delay, Input::RequeueDue { key, uid, token }, shutdown)
+                return Some((delay, Input::RequeueDue { key, uid, token }));
             }
             Action::Run {
                 op,
@@ -186,13 +247,22 @@ impl<P: Provider> PodController<P> {
                 rejection,
             } => {
                 let tx = self.tx.clone();
-                let workers = workers.clone();
+                let workers = owned.workers.clone();
                 let provider = self.provider.clone();
                 let client = self.client.clone();
-                let written = written.clone();
-                tokio::spawn(async move {
-                    let Ok(_permit) = workers.acquire_owned().await else {
-                        return;
+                let written = owned.written.clone();
+                let stop = owned.stop.clone();
+                owned.ops.spawn(async move {
+                    // A queued operation gives up its turn once the controller stops taking work
+                    // (a status publication of the drain still runs).
+                    let _permit = tokio::select! {
+                        biased;
+                        _ = stop.ops.cancelled(), if op != OpKind::PublishStatus => return,
+                        _ = stop.abandon.cancelled() => return,
+                        permit = workers.acquire_owned() => match permit {
+                            Ok(permit) => permit,
+                            Err(_) => return,
+                        },
                     };
                     let key = PodKey::of(&pod);
                     let uid = Uid::of(&pod);
@@ -200,11 +270,20 @@ impl<P: Provider> PodController<P> {
                     // Boxed once the permit is held: a task's allocation is sized for its largest
                     // state, and the provider's operations are large futures. A burst of events
                     // queues many tasks behind the permits, each small while it waits.
-                    let outcome = Box::pin(tracing::Instrument::instrument(
+                    let running = Box::pin(tracing::Instrument::instrument(
                         run_op(op, &pod, rejection, provider.as_ref(), client, &written),
                         span,
-                    ))
-                    .await;
+                    ));
+                    // At the shutdown deadline the operation stops at its current await point,
+                    // as a crash there would stop it: every step leaves state the next start
+                    // resumes from (the crash harness checks each cocoon call boundary).
+                    let outcome = tokio::select! {
+                        outcome = running => outcome,
+                        _ = stop.abandon.cancelled() => {
+                            tracing::warn!(pod = %key, %uid, ?op, "pod operation abandoned at the shutdown deadline");
+                            return;
+                        }
+                    };
                     match &outcome {
                         OpOutcome::Done => tracing::debug!(pod = %key, %uid, ?op, "pod operation done"),
                         OpOutcome::Requeue { after } => {
@@ -233,21 +312,46 @@ impl<P: Provider> PodController<P> {
                 });
             }
         }
+        None
     }
 }
 
-impl<P: Provider> PodController<P> {
-    /// Feeds `input` back to the core after `delay` (unless the controller stops first).
-    fn after(&self, delay: std::time::Duration, input: Input, shutdown: &CancellationToken) {
-        let tx = self.tx.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(delay) => { let _ = tx.send(input); }
-            }
-        });
+/// Whether a draining controller still runs `action`: it reports on work already done.
+fn reports(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Run {
+            op: OpKind::PublishStatus,
+            ..
+        }
+    )
+}
+
+/// How the controller is stopped: `ops` ends the intake (no new operation starts), `abandon`
+/// ends the wait for the operations in flight (the shutdown deadline). One token for both stops
+/// everything at once.
+#[derive(Clone, Debug, Default)]
+pub struct Stopping {
+    pub ops: CancellationToken,
+    pub abandon: CancellationToken,
+}
+
+impl Stopping {
+    /// Stops taking work and abandons what runs, both at `token`.
+    pub fn at_once(token: CancellationToken) -> Self {
+        Self {
+            ops: token.clone(),
+            abandon: token,
+        }
     }
+}
+
+/// What the controller's operations share, and who owns them (`ops`, drained at a stop).
+struct Owned {
+    workers: Arc<Semaphore>,
+    written: Arc<Written>,
+    ops: TaskTracker,
+    stop: Stopping,
 }
 
 fn now() -> Time {

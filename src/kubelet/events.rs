@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Client;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio_util::task::TaskTracker;
 
 /// The reporting component of every event.
 pub const COMPONENT: &str = "vk-cocoon";
@@ -13,6 +14,8 @@ pub const COMPONENT: &str = "vk-cocoon";
 #[derive(Clone)]
 pub struct EventSink {
     recorder: Recorder,
+    /// The publications in flight, shared by the clones ([`Self::flushed`] waits for them).
+    tasks: TaskTracker,
 }
 
 impl EventSink {
@@ -25,7 +28,16 @@ impl EventSink {
                     instance: Some(node_name.into()),
                 },
             ),
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// Waits until every Event recorded so far (through this sink or a clone) is published or
+    /// has failed; the sink still takes Events after (they are published as before).
+    pub async fn flushed(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.tasks.reopen();
     }
 
     /// Publishes in the background.
@@ -43,7 +55,7 @@ impl EventSink {
             action: action.into(),
             secondary: None,
         };
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             if let Err(error) = recorder.publish(&event, &reference).await {
                 tracing::warn!(%error, reason = %event.reason, object = ?reference.name, "could not publish a Kubernetes event");
             }

@@ -34,7 +34,7 @@ pub mod status;
 
 pub use capacity::{HostResources, MeasureError, measure_host};
 pub use config::{ConfigError, KubeletConfig, Timings};
-pub use controller::Notifier;
+pub use controller::{Notifier, Stopping};
 pub use keys::{PodKey, Uid};
 pub use provider::{AgentState, Next, PodPhase, Provider, ProviderError, ProviderPodStatus};
 
@@ -47,6 +47,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Why the virtual node stopped.
 #[derive(Debug, thiserror::Error)]
@@ -143,8 +144,20 @@ impl<P: Provider> VirtualNode<P> {
     }
 
     /// RBAC preflight, startup reconcile, node registration, then lease, status refresh and the pod
-    /// controller until `shutdown`. Returns an error only for fatal startup failures.
+    /// controller until `shutdown`, which stops everything at once (the operations in flight are
+    /// abandoned). Returns an error only for fatal startup failures.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), KubeletError> {
+        self.run_until(NodeStop::at_once(shutdown)).await
+    }
+
+    /// [`Self::run`], stopped in order: `stop.pods.ops` ends the pod controller's intake, its
+    /// operations in flight then run to their end or to `stop.pods.abandon`; the node says so
+    /// with `stop.drained` and keeps its lease and status until `stop.heartbeats` (the node
+    /// stays Ready while the rest of the daemon stops).
+    pub async fn run_until(self, stop: NodeStop) -> Result<(), KubeletError> {
+        let shutdown = stop.pods.ops.clone();
+        // Whichever way this returns, the caller learns that no pod operation runs any more.
+        let _drained = stop.drained.clone().drop_guard();
         let node_name = self.config.node_name.clone();
         let timings = self.config.timings.clone();
 
@@ -196,49 +209,82 @@ impl<P: Provider> VirtualNode<P> {
             uid: Some(node_name.clone()),
             ..Default::default()
         };
-        let policy_status = self.policies.clone().map(|board| {
-            tokio::spawn(policy_status::publish(
+        // The node's heartbeats: its lease, status and condition publishers, stopped last.
+        let heartbeats = TaskTracker::new();
+        // Each publisher records Events through a sink of its own; the stop flushes them all.
+        let sink = || events::EventSink::new(self.client.clone(), &node_name);
+        let sinks = [sink(), sink(), sink()];
+        if let Some(board) = self.policies.clone() {
+            heartbeats.spawn(policy_status::publish(
                 nodes.clone(),
                 identity.clone(),
                 reference.clone(),
                 board,
-                events::EventSink::new(self.client.clone(), &node_name),
-                shutdown.clone(),
-            ))
-        });
-        let serving_cert = self.serving_cert.clone().map(|status| {
-            tokio::spawn(serving_cert::publish(
+                sinks[0].clone(),
+                stop.heartbeats.clone(),
+            ));
+        }
+        if let Some(status) = self.serving_cert.clone() {
+            heartbeats.spawn(serving_cert::publish(
                 nodes.clone(),
                 identity.clone(),
                 reference,
                 status,
-                events::EventSink::new(self.client.clone(), &node_name),
-                shutdown.clone(),
-            ))
-        });
-        let lease = tokio::spawn(lease::run(self.client.clone(), node, timings.clone(), shutdown.clone()));
-        let status = tokio::spawn(registration::run_status_loop(
+                sinks[1].clone(),
+                stop.heartbeats.clone(),
+            ));
+        }
+        heartbeats.spawn(lease::run(
+            self.client.clone(),
+            node,
+            timings.clone(),
+            stop.heartbeats.clone(),
+        ));
+        heartbeats.spawn(registration::run_status_loop(
             nodes,
             identity,
             timings.node_status,
-            shutdown.clone(),
+            stop.heartbeats.clone(),
         ));
         let controller = PodController {
             client: self.client.clone(),
             provider: self.provider.clone(),
             node_name: node_name.clone(),
-            events: events::EventSink::new(self.client.clone(), &node_name),
+            events: sinks[2].clone(),
             timings,
             tx: self.tx,
             rx: self.rx,
         };
-        controller.run(shutdown.clone()).await;
-        let _ = lease.await;
-        let _ = status.await;
-        for task in [policy_status, serving_cert].into_iter().flatten() {
-            let _ = task.await;
-        }
+        controller.run(stop.pods.clone()).await;
+        stop.drained.cancel();
+        heartbeats.close();
+        heartbeats.wait().await;
+        // The Events of the last moments (a drained operation's, the node's) are published
+        // before the node reports stopped (the daemon bounds this wait by its deadline).
+        futures::future::join_all(sinks.iter().map(events::EventSink::flushed)).await;
         tracing::info!(node = %node_name, "virtual node stopped");
         Ok(())
+    }
+}
+
+/// How a [`VirtualNode`] is stopped, in order: the pod controller ([`Stopping`]), then, once the
+/// node cancelled `drained`, its heartbeats at `heartbeats`.
+#[derive(Clone, Debug, Default)]
+pub struct NodeStop {
+    pub pods: Stopping,
+    /// Cancelled by the node: no pod operation runs any more.
+    pub drained: CancellationToken,
+    /// Stops the lease, the node status and the condition publishers.
+    pub heartbeats: CancellationToken,
+}
+
+impl NodeStop {
+    /// Everything stops at `token` (operations in flight abandoned).
+    pub fn at_once(token: CancellationToken) -> Self {
+        Self {
+            pods: Stopping::at_once(token.clone()),
+            drained: CancellationToken::new(),
+            heartbeats: token,
+        }
     }
 }

@@ -121,8 +121,11 @@ impl KubeletApi {
                 }
             };
             tracing::info!(%addr, serial = %cert.serial, "serving the kubelet API");
-            tokio::spawn(manager.run(cert, shutdown.clone()));
-            server::run(listener, server, app, shutdown).await;
+            // The certificate is renewed for as long as the listener serves (both end at `shutdown`).
+            tokio::join!(
+                manager.run(cert, shutdown.clone()),
+                server::run(listener, server, app, shutdown)
+            );
         });
         Ok(Serving { addr, task, cert: slot })
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::CocoonProvider;
 use crate::kubelet_api::source::GuestAddress;
@@ -13,11 +14,15 @@ use crate::runtime::VmRecord;
 
 const FAN_OUT: usize = 8;
 
+/// Runs the loops until `shutdown` (or the provider closes), then closes the provider and waits
+/// for every task it started ([`CocoonProvider::closed`]).
 pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
     let stop = CancellationToken::new();
-    let watcher = tokio::spawn(super::watcher::run(p.clone(), stop.clone()));
-    let statuses = tokio::spawn(status_loop(p.clone(), stop.clone()));
-    let reclaimer = tokio::spawn(reclaim_loop(p.clone(), stop.clone()));
+    let loops = TaskTracker::new();
+    loops.spawn(super::watcher::run(p.clone(), stop.clone()));
+    loops.spawn(status_loop(p.clone(), stop.clone()));
+    loops.spawn(reclaim_loop(p.clone(), stop.clone()));
+    loops.close();
     let mut tick = tokio::time::interval(p.cfg.timings.reflush_interval);
     loop {
         tokio::select! {
@@ -28,9 +33,8 @@ pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
     }
     stop.cancel();
     p.close();
-    let _ = watcher.await;
-    let _ = statuses.await;
-    let _ = reclaimer.await;
+    loops.wait().await;
+    p.closed().await;
 }
 
 /// The snapshot reclaimer: a pass once the startup reconcile tracked the pods (before it, every

@@ -63,7 +63,7 @@ impl CocoonProvider {
     /// same incarnation is tracked.
     fn retry_eviction(&self, key: String, uid: String, why: Eviction) {
         let p = self.arc();
-        tokio::spawn(async move {
+        self.spawn(async move {
             let mut failures = 0u32;
             let mut delays = Schedule::backoff(Duration::from_secs(1), p.cfg.timings.evict_retry_max).delays();
             loop {

@@ -84,7 +84,7 @@ impl CocoonProvider {
         }
         let work = self.state.begin_guest_work(pkey, &uid);
         let (p, pod, key, vm) = (self.arc(), pod.clone(), pkey.to_string(), vm.clone());
-        tokio::spawn(async move {
+        self.spawn(async move {
             let stop = work.stop.clone();
             tokio::select! {
                 _ = stop.cancelled() => tracing::info!(pod = %key, vm = %vm.id, "guest work stopped"),

@@ -60,6 +60,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use config::{ProbeTimings, ProviderConfig, Timings};
 
@@ -114,6 +115,9 @@ pub struct CocoonProvider {
     refused_targets: probe_scope::RefusedTargets,
     /// Cancelled by [`CocoonProvider::close`]: stops background work.
     closing: CancellationToken,
+    /// Every task the provider starts ([`CocoonProvider::spawn`]); [`CocoonProvider::closed`]
+    /// waits for them.
+    tasks: TaskTracker,
     /// Background tasks hold the provider through this (it lives in an `Arc`).
     me: Weak<CocoonProvider>,
 }
@@ -166,6 +170,7 @@ impl CocoonProvider {
             vm_prefetch: Default::default(),
             refused_targets: Default::default(),
             closing: CancellationToken::new(),
+            tasks: TaskTracker::new(),
             me: me.clone(),
         }))
     }
@@ -181,7 +186,7 @@ impl CocoonProvider {
     /// virtual node's pod list (call it just before `VirtualNode::run`).
     pub fn prefetch_vms(&self) {
         let runtime = self.ports.runtime.clone();
-        *self.vm_prefetch.lock().expect("prefetch lock") = Some(tokio::spawn(async move { runtime.list().await }));
+        *self.vm_prefetch.lock().expect("prefetch lock") = Some(self.spawn(async move { runtime.list().await }));
     }
 
     /// Connects status notifications (the virtual node's notifier exists only after the node
@@ -207,6 +212,26 @@ impl CocoonProvider {
     pub fn close(&self) {
         self.closing.cancel();
         self.probes.stop_all();
+    }
+
+    /// Closes the provider and waits until every task it started has ended: the background work
+    /// [`Self::close`] stops, and work that runs to its end (a hibernate resumed after a restart,
+    /// a NIC given back). The caller bounds the wait (the daemon's shutdown deadline).
+    async fn closed(&self) {
+        self.close();
+        self.tasks.close();
+        self.probes.closed().await;
+        self.tasks.wait().await;
+    }
+
+    /// Starts `work` as a task of the provider's (detached from the call that starts it, waited
+    /// for by [`Self::closed`]).
+    fn spawn<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(work)
     }
 
     /// Asks the pod controller for the requeue hook of the pod after the next wait of `after`

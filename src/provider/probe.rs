@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::config::ProbeTimings;
 use crate::policy::contract::types::ReadinessProbe;
@@ -304,6 +305,8 @@ pub struct Probes {
     timings: ProbeTimings,
     duration: prometheus::Histogram,
     agents: Mutex<HashMap<String, Agent>>,
+    /// The agents' tasks ([`Self::closed`] waits for them).
+    tasks: TaskTracker,
 }
 
 impl Probes {
@@ -313,6 +316,7 @@ impl Probes {
             timings,
             duration,
             agents: Mutex::new(HashMap::new()),
+            tasks: TaskTracker::new(),
         }
     }
 
@@ -360,7 +364,7 @@ impl Probes {
             self.duration.clone(),
             key.to_string(),
         );
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -415,6 +419,13 @@ impl Probes {
         for (_, agent) in self.agents.lock().expect("probe agents").drain() {
             agent.stop.cancel();
         }
+    }
+
+    /// Stops every agent and waits until their tasks have ended.
+    pub async fn closed(&self) {
+        self.stop_all();
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 

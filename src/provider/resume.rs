@@ -47,7 +47,7 @@ impl CocoonProvider {
                     return;
                 }
                 let (p, pod, key) = (self.arc(), pod.clone(), key.to_string());
-                tokio::spawn(async move {
+                self.spawn(async move {
                     match op {
                         OwedOp::Hibernate => {
                             if let Next::Requeue(after) = p.hibernate_or_owe(&pod, &key).await {

@@ -170,7 +170,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
         .map(|(pod, k)| (k.clone(), super::table::uid_of(pod)))
         .collect();
     let me = p.arc();
-    tokio::spawn(async move {
+    p.spawn(async move {
         stream::iter(probed)
             .for_each_concurrent(FAN_OUT, |(k, uid)| {
                 let me = me.clone();
@@ -268,9 +268,9 @@ async fn inspect_step(runtime: &dyn CocoonRuntime, id: &str) -> StaleResult {
 /// record itself and adopts it once it runs), and from then on the VM is that pod's — a stop is
 /// the event watcher's to restart in place, never a reason to destroy the VM and release its
 /// guest's DHCP lease under a running pod.
-fn watch_stale_create(p: &CocoonProvider, vm: VmRecord) {
-    let p = p.arc();
-    tokio::spawn(async move {
+fn watch_stale_create(provider: &CocoonProvider, vm: VmRecord) {
+    let p = provider.arc();
+    provider.spawn(async move {
         let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
         let deadline = tokio::time::Instant::now() + p.cfg.timings.stale_watch_budget;
         let mut delay = Duration::from_secs(1);

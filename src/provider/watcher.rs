@@ -28,8 +28,8 @@ pub(super) async fn run(p: Arc<CocoonProvider>, stop: CancellationToken) {
             None => return,
             Some(WatchItem::Event(event)) if gone::is_candidate(&event) => {
                 tracing::debug!(vm = %event.vm.id, name = %event.vm.name(), kind = ?event.kind, state = event.vm.state.as_str(), "vm event");
-                let p = p.clone();
-                tokio::spawn(async move { p.handle_vm_gone(event.vm).await });
+                let gone = p.clone();
+                p.spawn(async move { gone.handle_vm_gone(event.vm).await });
             }
             Some(WatchItem::Event(_)) => {}
             Some(WatchItem::Disconnected {
@@ -160,7 +160,7 @@ impl CocoonProvider {
             return;
         }
         let p = self.arc();
-        tokio::spawn(async move {
+        self.spawn(async move {
             let replay = p.recheck(&key, &uid, &vm).await;
             p.state.end_recheck(&vm.id);
             if replay {

@@ -33,6 +33,7 @@ mod policy;
 mod preflight;
 mod python_client;
 mod restart;
+mod shutdown;
 mod streaming;
 mod streaming_direct;
 mod tenancy;

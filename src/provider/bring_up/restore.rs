@@ -180,7 +180,7 @@ pub(in crate::provider) async fn restore(
     });
     if source.import && result.is_ok() {
         let (runtime, name) = (p.ports.runtime.clone(), source.snapshot.clone());
-        tokio::spawn(async move {
+        p.spawn(async move {
             if let Err(error) = runtime.snapshot_remove_if_exists(&name).await {
                 tracing::warn!(snapshot = %name, %error, "could not remove the hibernate import snapshot");
             }

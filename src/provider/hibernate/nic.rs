@@ -48,15 +48,16 @@ impl CocoonProvider {
             vm.id.clone(),
             ipconfig(LeaseStep::Renew, self.cfg.network_mode),
         );
-        let restored = tokio::spawn(async move {
-            tokio::time::timeout(Duration::from_secs(30), async {
-                runtime.net_resize(&id, 1).await?;
-                let _ = runtime.exec_capture(&id, &renew, None).await;
-                runtime.inspect(&id).await
+        let restored = self
+            .spawn(async move {
+                tokio::time::timeout(Duration::from_secs(30), async {
+                    runtime.net_resize(&id, 1).await?;
+                    let _ = runtime.exec_capture(&id, &renew, None).await;
+                    runtime.inspect(&id).await
+                })
+                .await
             })
-            .await
-        })
-        .await;
+            .await;
         match restored {
             Ok(Ok(Ok(current))) => {
                 let uid = super::super::table::uid_of(pod);
@@ -77,7 +78,7 @@ impl CocoonProvider {
             vm.id.clone(),
             ipconfig(LeaseStep::Renew, self.cfg.network_mode),
         );
-        tokio::spawn(async move {
+        self.spawn(async move {
             if let Err(error) =
                 tokio::time::timeout(Duration::from_secs(30), runtime.exec_capture(&id, &renew, None)).await
             {

@@ -471,7 +471,7 @@ impl CocoonProvider {
         }
         let Some(p) = self.me.upgrade() else { return };
         let (key, uid, name) = (key.to_string(), uid.to_string(), name.to_string());
-        tokio::spawn(async move {
+        self.spawn(async move {
             match p.ports.macos.inspect(&name).await {
                 Ok(vm) if !vm.mac.is_empty() => {
                     if p.state.refresh_vm(&key, &uid, plan::record(&name, &vm)) {

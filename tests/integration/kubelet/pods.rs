@@ -222,6 +222,47 @@ async fn transient_create_failures_are_retried_with_backoff() {
     running.stop().await;
 }
 
+/// Pods waiting out a retry cost no task each: the controller keeps every wait in one queue, so a
+/// node with hundreds of pods in backoff (a cocoon outage) runs as many tasks as with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_in_backoff_hold_no_task_each() {
+    const PODS: usize = 200;
+    let server = FakeApiServer::start().await;
+    let provider = Arc::new(RecordingProvider::default());
+    let mut cfg = config(&[]);
+    // Every create fails, and the first retry is a minute away: all the pods sit in backoff.
+    cfg.timings.retry_base = Duration::from_secs(60);
+    cfg.timings.retry_max = Duration::from_secs(120);
+    let running = start_node(&server, cfg, provider.clone());
+    barrier(&server, &provider).await;
+    let alive = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    let before = alive();
+    provider
+        .transient_create_failures
+        .store(u32::MAX, std::sync::atomic::Ordering::SeqCst);
+    // In batches, as an outage finds them, so that the Events and status writes of the failures
+    // do not burst past the apiserver client's pool of connections (each is a task of its own).
+    for batch in 0..PODS / 10 {
+        let seeded: Vec<String> = (0..10)
+            .map(|i| {
+                let name = format!("down-{batch}-{i}");
+                server.store().seed(&pod(&name, NODE)).unwrap().uid().unwrap()
+            })
+            .collect();
+        eventually(30, "the batch's creates failed once", || {
+            seeded.iter().all(|uid| provider.count("create", uid) == 1)
+        })
+        .await;
+    }
+    // The failures' Events and statuses are published by short tasks of their own: wait for
+    // them to end, then the count must be back near where it was.
+    eventually(30, "the tasks back to the count before the outage", || {
+        alive() <= before + PODS / 10
+    })
+    .await;
+    running.stop().await;
+}
+
 #[tokio::test]
 async fn a_rejected_pod_is_published_failed_and_not_retried() {
     let server = FakeApiServer::start().await;

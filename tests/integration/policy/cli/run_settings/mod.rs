@@ -115,6 +115,8 @@ fn help_lists_every_variable_with_the_spec_defaults() {
         ("VK_MAX_CONCURRENT_BRING_UPS", "16"),
         ("VK_DECISION_LOG", "off"),
         ("VK_DECISION_LOG_MAX_BYTES", "67108864"),
+        // Under the 30 s before SIGKILL of systemd's TimeoutStopSec and Kubernetes' grace period.
+        ("VK_SHUTDOWN_DEADLINE", "25s"),
     ] {
         let entry = format!("[env: {var}=] [default: {default}]");
         assert!(help.contains(&entry), "{entry} is not in the help:\n{help}");
@@ -134,6 +136,7 @@ fn a_bad_value_stops_the_start_naming_the_variable_and_what_it_accepts() {
         ("VK_PROBE_NETWORKS", "lan", "CIDRs such as 10.88.0.0/16"),
         ("COCOON_ROOT_DIR", "relative/dir", "an absolute directory path"),
         ("VK_POLICY_TIMEOUT_MS", "soon", "between 1 and 60000"),
+        ("VK_SHUTDOWN_DEADLINE", "1s", "more than 1s"),
     ] {
         let out = run_with(&["run"], &[(var, value)]);
         let stderr = text(&out.stderr);
