@@ -20,8 +20,8 @@ use crate::provider_support::{runtime_support, seed_snapshot_on};
 /// Sends SIGTERM; returns how long the process took to exit and its status.
 async fn sigterm(daemon: &mut DaemonProcess, limit: Duration) -> (Duration, std::process::ExitStatus) {
     let signalled = Instant::now();
-    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-    unsafe { libc::kill(daemon.pid(), libc::SIGTERM) };
+    // The daemon is a child this test started and has not reaped: its pid names no other process.
+    vk_cocoon::host::process::terminate(daemon.pid()).expect("SIGTERM the daemon");
     let status = daemon.exited(limit.as_secs() + 30).await;
     (signalled.elapsed(), status)
 }
