@@ -31,6 +31,7 @@ pub mod gone;
 mod guest;
 mod hibernate;
 mod invariants;
+mod known;
 pub mod lifecycle;
 pub mod macos;
 pub mod metrics;
@@ -42,6 +43,7 @@ pub mod probe_scope;
 mod publish;
 mod reclaim;
 pub mod reconcile;
+mod recording;
 mod registry_adapter;
 mod resume;
 pub mod sac;
@@ -106,6 +108,8 @@ pub struct CocoonProvider {
     transfers: transfer::Transfers,
     /// Work shared between pods, one flight per key.
     flights: ensure::Flights,
+    /// The node's snapshots and images as this daemon's own calls left them.
+    known: Arc<known::Known>,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
     /// Probe targets the guest networks refused, logged once each.
     refused_targets: probe_scope::RefusedTargets,
@@ -120,7 +124,7 @@ impl CocoonProvider {
     /// directory cannot be made or read: the daemon must not run without knowing who holds what).
     pub fn new(
         cfg: ProviderConfig,
-        ports: Ports,
+        mut ports: Ports,
         policies: Arc<Policies>,
         metrics: ProviderMetrics,
     ) -> Result<Arc<Self>, String> {
@@ -140,6 +144,8 @@ impl CocoonProvider {
         };
         let probes = Probes::new(ports.prober.clone(), cfg.timings.probe, metrics.probe_duration.clone());
         let vnc = macos::vnc::VncPorts::new(cfg.macos.vnc_ports.clone());
+        let known = Arc::new(known::Known::default());
+        ports.runtime = Arc::new(recording::Recording::new(ports.runtime, known.clone()));
         Ok(Arc::new_cyclic(|me| Self {
             vnc,
             cfg,
@@ -153,6 +159,7 @@ impl CocoonProvider {
             reconciled: tokio::sync::watch::Sender::new(false),
             transfers: transfer::Transfers::new(),
             flights: ensure::Flights::default(),
+            known,
             vm_prefetch: Default::default(),
             refused_targets: Default::default(),
             closing: CancellationToken::new(),

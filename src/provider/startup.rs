@@ -24,12 +24,16 @@ const FAN_OUT: usize = 8;
 pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
     // 1. The VMs (prefetched while the virtual node listed the pods). Failing is fatal.
     let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
-    let listed = match prefetched {
-        Some(task) => task
-            .await
-            .map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}")))?,
-        None => p.ports.runtime.list().await,
+    let vm_list = async {
+        match prefetched {
+            Some(task) => task
+                .await
+                .map_err(|e| ProviderError::Transient(format!("startup reconcile: the vm list task failed: {e}"))),
+            None => Ok(p.ports.runtime.list().await),
+        }
     };
+    let (listed, ()) = futures::join!(vm_list, learn_snapshots(p));
+    let listed = listed?;
     let vms = listed.map_err(|e| {
         ProviderError::Transient(format!(
             "startup reconcile: cocoon vm list: {e}; check VK_COCOON_BIN and the cocoon state"
@@ -194,6 +198,19 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     p.reconciled.send_replace(true);
     tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
     Ok(())
+}
+
+/// The node's local snapshots, read once at startup beside the VM list: from here on this
+/// daemon's own calls keep the list (`known`), so a warm create does not ask for its image's
+/// snapshot or a fork snapshot to drop. Failing is not fatal: every name stays unknown, and
+/// creates ask cocoon as they would without the list until the reclaimer's next full list.
+async fn learn_snapshots(p: &CocoonProvider) {
+    match p.ports.runtime.snapshot_list(None).await {
+        Ok(listed) => tracing::debug!(snapshots = listed.len(), "local snapshots listed"),
+        Err(error) => {
+            tracing::warn!(%error, "startup: cocoon snapshot list failed; creates ask for each snapshot instead")
+        }
+    }
 }
 
 enum StaleResult {
