@@ -1,6 +1,7 @@
 //! CreatePod end to end (fake apiserver + cocoon-sim + default policies): every bring-up path,
 //! and every conflict or fail-closed case boots no VM and leaves an Event and a lifecycle message.
 
+mod known;
 mod refusals;
 mod restore;
 mod status;
