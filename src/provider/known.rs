@@ -20,7 +20,7 @@ use crate::runtime::SnapshotRecord;
 #[derive(Debug, Clone, PartialEq)]
 pub enum SnapshotFact {
     /// Present, with the record cocoon last gave for it.
-    Present(SnapshotRecord),
+    Present(Box<SnapshotRecord>),
     /// Known absent: not in the last full list and not made since.
     Absent,
     /// Present or not, its record unknown (made since the last list, or a call on it failed
@@ -30,7 +30,7 @@ pub enum SnapshotFact {
 
 #[derive(Debug, Clone)]
 enum Entry {
-    Present(Option<SnapshotRecord>),
+    Present(Option<Box<SnapshotRecord>>),
     Absent,
     Unknown,
 }
@@ -83,7 +83,7 @@ impl Known {
 
     /// cocoon gave `record` for its name.
     pub fn snapshot_seen(&self, record: &SnapshotRecord) {
-        self.set(&record.name, Entry::Present(Some(record.clone())));
+        self.set(&record.name, Entry::Present(Some(Box::new(record.clone()))));
     }
 
     /// `name` was made (saved or imported) just now; its record is not read yet.
@@ -114,7 +114,7 @@ impl Known {
         for record in records {
             fresh
                 .entry(record.name.clone())
-                .or_insert_with(|| (start.0, Entry::Present(Some(record.clone()))));
+                .or_insert_with(|| (start.0, Entry::Present(Some(Box::new(record.clone())))));
         }
         s.snapshots = fresh;
         s.complete = true;
@@ -148,6 +148,10 @@ mod tests {
         }
     }
 
+    fn present(name: &str, id: &str) -> SnapshotFact {
+        SnapshotFact::Present(Box::new(rec(name, id)))
+    }
+
     #[test]
     fn nothing_is_known_absent_before_a_full_list() {
         let k = Known::default();
@@ -155,7 +159,7 @@ mod tests {
         k.snapshot_gone("fork-a");
         assert_eq!(k.snapshot("fork-a"), SnapshotFact::Absent, "a removal is known");
         k.listed(k.list_started(), &[rec("base", "S1")]);
-        assert_eq!(k.snapshot("base"), SnapshotFact::Present(rec("base", "S1")));
+        assert_eq!(k.snapshot("base"), present("base", "S1"));
         assert_eq!(k.snapshot("other"), SnapshotFact::Absent);
     }
 
@@ -166,7 +170,7 @@ mod tests {
         k.snapshot_made("vm-a");
         assert_eq!(k.snapshot("vm-a"), SnapshotFact::Unknown);
         k.snapshot_seen(&rec("vm-a", "S2"));
-        assert_eq!(k.snapshot("vm-a"), SnapshotFact::Present(rec("vm-a", "S2")));
+        assert_eq!(k.snapshot("vm-a"), present("vm-a", "S2"));
         k.snapshot_unsure("vm-a");
         assert_eq!(k.snapshot("vm-a"), SnapshotFact::Unknown);
     }
@@ -184,7 +188,7 @@ mod tests {
         // A later list settles both.
         k.listed(k.list_started(), &[rec("new", "S3")]);
         assert_eq!(k.snapshot("old"), SnapshotFact::Absent);
-        assert_eq!(k.snapshot("new"), SnapshotFact::Present(rec("new", "S3")));
+        assert_eq!(k.snapshot("new"), present("new", "S3"));
     }
 
     #[test]

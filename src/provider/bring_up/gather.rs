@@ -102,7 +102,7 @@ async fn local_snapshot_of_image(p: &CocoonProvider, image: &str) -> Option<Snap
     let (repo, tag) = plan::parse_ref(image);
     let name = plan::local_snapshot_name(repo, tag);
     match p.known.snapshot(&name) {
-        SnapshotFact::Present(record) => Some(record),
+        SnapshotFact::Present(record) => Some(*record),
         SnapshotFact::Absent | SnapshotFact::Unknown => p.ports.runtime.snapshot_inspect(&name).await.ok(),
     }
 }

@@ -156,7 +156,12 @@ async fn a_daemon_killed_mid_create_converges_without_duplicates() {
     // undecidable here, so the daemon is killed while the record is left.
     env.sim.die_next("vm clone", 0).unwrap();
     env.sim
-        .inject_failure("vm reconcile-stale-create", 1000, "Error: cannot reach the meta store", 1)
+        .inject_failure(
+            "vm reconcile-stale-create",
+            1000,
+            "Error: cannot reach the meta store",
+            1,
+        )
         .unwrap();
     let d = start(&env, Options::default());
     create(
