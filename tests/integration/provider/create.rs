@@ -561,7 +561,36 @@ async fn run_images_the_registry_cannot_classify_are_pulled_by_cocoon() {
 /// snapshot of this VM exists to drop (fork snapshots are only made by the daemon).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_clone_create_makes_only_its_counted_cocoon_calls() {
-    let env = env(false).await;
+    assert_eq!(
+        warm_create_calls(false).await,
+        [
+            // Registry-less node: the hibernate evidence is a local snapshot of the VM's name,
+            // always asked (a hibernated guest's snapshot brought here behind the daemon's back
+            // must never be booted over).
+            "snapshot inspect vm-warm-1",
+            "vm clone",
+            // The guest fixup.
+            "vm exec",
+        ],
+        "the warm create's cocoon calls"
+    );
+}
+
+/// With a registry the hibernate evidence is the registry's `<vm>:hibernate` tag: the warm
+/// create's only cocoon calls are the clone and the fixup.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_clone_create_with_a_registry_makes_only_the_clone_and_the_fixup() {
+    assert_eq!(
+        warm_create_calls(true).await,
+        ["vm clone", "vm exec"],
+        "the warm create's cocoon calls"
+    );
+}
+
+/// The cocoon calls of the second create of a snapshot's pods (the first one warmed the node),
+/// each as its verb and target (the clone and the fixup as their verb only).
+async fn warm_create_calls(with_registry: bool) -> Vec<String> {
+    let env = env(with_registry).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
     // Warm the node: the first pod pulls the base image its snapshot names.
@@ -586,18 +615,6 @@ async fn a_warm_clone_create_makes_only_its_counted_cocoon_calls() {
             _ => c.verb.clone(),
         })
         .collect();
-    assert_eq!(
-        made,
-        [
-            // Registry-less node: the hibernate evidence is a local snapshot of the VM's name,
-            // always asked (a hibernated guest's snapshot brought here behind the daemon's back
-            // must never be booted over).
-            "snapshot inspect vm-warm-1",
-            "vm clone",
-            // The guest fixup.
-            "vm exec",
-        ],
-        "the warm create's cocoon calls"
-    );
     d.kill().await;
+    made
 }
