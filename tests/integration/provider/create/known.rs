@@ -17,6 +17,9 @@ async fn warm(env: &Env) {
     wait_ready(env, "agent-0").await;
 }
 
+/// The VM table does not know the VM, so the create's clone is refused by name; the create
+/// then asks cocoon and adopts it.
+/// Lifecycle: L8.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_vm_made_behind_the_daemons_back_after_startup_is_adopted_not_booted_twice() {
     let env = env(false).await;
@@ -42,6 +45,7 @@ async fn a_vm_made_behind_the_daemons_back_after_startup_is_adopted_not_booted_t
     d.kill().await;
 }
 
+/// The kept snapshot list does not know the snapshot; the hibernate evidence is asked anyway.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hibernate_snapshot_brought_behind_the_daemons_back_is_restored_not_booted_over() {
     let env = env(false).await;
@@ -76,6 +80,7 @@ async fn a_hibernate_snapshot_brought_behind_the_daemons_back_is_restored_not_bo
     d.kill().await;
 }
 
+/// The failed clone forgets the snapshot it trusted, so the retry asks for it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clone_source_removed_behind_the_daemons_back_fails_clearly_then_is_asked_for_again() {
     let env = env(false).await;
