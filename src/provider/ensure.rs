@@ -141,14 +141,25 @@ async fn local_or_pulled(p: &CocoonProvider, local: &str, repo: &str, tag: &str)
     })
 }
 
-/// The snapshot's base image, so `vm clone --pull` finds the exact version.
+/// The snapshot's base image, so `vm clone --pull` finds the exact version. An image the
+/// daemon's own calls saw present is not asked for again: the daemon never removes images, and
+/// if one went behind its back the clone's `--pull` fetches the exact version itself (cocoon
+/// builds the digest reference from the snapshot), so a stale answer costs a slower clone,
+/// never a wrong guest.
 pub(super) async fn ensure_base_image(p: &CocoonProvider, snapshot: &SnapshotRecord) -> Result<(), Failure> {
     match plan::base_image(snapshot) {
         BaseImage::Skip => Ok(()),
+        BaseImage::CheckDigest { digest, .. } if p.known.has_image(&digest) => Ok(()),
         BaseImage::CheckDigest { digest, image } => match p.ports.runtime.image_inspect(&digest).await {
             Ok(_) => Ok(()),
-            Err(_) => ensure_run_image(p, &image, false).await.map(|_| ()),
+            Err(_) => {
+                ensure_run_image(p, &image, false).await?;
+                // Learn whether the pull brought the digest (the next clone then asks nothing).
+                let _ = p.ports.runtime.image_inspect(&digest).await;
+                Ok(())
+            }
         },
+        BaseImage::Ensure(image) if p.known.has_image(&image) => Ok(()),
         BaseImage::Ensure(image) => ensure_run_image(p, &image, false).await.map(|_| ()),
     }
 }

@@ -31,6 +31,7 @@ pub mod gone;
 mod guest;
 mod hibernate;
 mod invariants;
+mod known;
 pub mod lifecycle;
 pub mod macos;
 pub mod metrics;
@@ -42,6 +43,7 @@ pub mod probe_scope;
 mod publish;
 mod reclaim;
 pub mod reconcile;
+mod recording;
 mod registry_adapter;
 mod resume;
 pub mod sac;
@@ -110,6 +112,8 @@ pub struct CocoonProvider {
     flights: ensure::Flights,
     /// The node's bring-up turns (`VK_MAX_CONCURRENT_BRING_UPS`).
     bring_ups: turns::Turns,
+    /// The node's snapshots and images as this daemon's own calls left them.
+    known: Arc<known::Known>,
     vm_prefetch: std::sync::Mutex<Option<tokio::task::JoinHandle<crate::runtime::Result<Vec<VmRecord>>>>>,
     /// Probe targets the guest networks refused, logged once each.
     refused_targets: probe_scope::RefusedTargets,
@@ -127,7 +131,7 @@ impl CocoonProvider {
     /// directory cannot be made or read: the daemon must not run without knowing who holds what).
     pub fn new(
         cfg: ProviderConfig,
-        ports: Ports,
+        mut ports: Ports,
         policies: Arc<Policies>,
         metrics: ProviderMetrics,
     ) -> Result<Arc<Self>, String> {
@@ -153,6 +157,8 @@ impl CocoonProvider {
             metrics.bring_ups_running.clone(),
             metrics.bring_up_wait_duration.clone(),
         );
+        let known = Arc::new(known::Known::default());
+        ports.runtime = Arc::new(recording::Recording::new(ports.runtime, known.clone()));
         Ok(Arc::new_cyclic(|me| Self {
             bring_ups,
             vnc,
@@ -167,6 +173,7 @@ impl CocoonProvider {
             reconciled: tokio::sync::watch::Sender::new(false),
             transfers: transfer::Transfers::new(),
             flights: ensure::Flights::default(),
+            known,
             vm_prefetch: Default::default(),
             refused_targets: Default::default(),
             closing: CancellationToken::new(),

@@ -22,9 +22,9 @@ use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 const FAN_OUT: usize = 8;
 
 pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
-    // 1. The VMs (prefetched while the virtual node listed the pods), and 2. the CPU class of
-    // every non-terminal pod, which needs no VM: its decisions run while the list is read.
-    // Either failing is fatal.
+    // 1. The VMs (prefetched while the virtual node listed the pods) and the local snapshots,
+    // and 2. the CPU class of every non-terminal pod, which needs neither: its decisions run
+    // while the lists are read. A failed VM list or a refused pod is fatal.
     let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
     let vm_list = async {
         match prefetched {
@@ -39,7 +39,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
             ))
         })
     };
-    let (vms, admitted) = tokio::join!(vm_list, admit_live_pods(p, pods));
+    let (vms, (), admitted) = tokio::join!(vm_list, learn_snapshots(p), admit_live_pods(p, pods));
     let vms = vms?;
     admitted?;
 
@@ -203,6 +203,19 @@ async fn admit_live_pods(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), Pr
             message: format!("startup compatibility check: {}", f.message),
         }),
         None => Ok(()),
+    }
+}
+
+/// The node's local snapshots, read once at startup beside the VM list: from here on this
+/// daemon's own calls keep the list (`known`), so a warm create does not ask for its image's
+/// snapshot or a fork snapshot to drop. Failing is not fatal: every name stays unknown, and
+/// creates ask cocoon as they would without the list until the reclaimer's next full list.
+async fn learn_snapshots(p: &CocoonProvider) {
+    match p.ports.runtime.snapshot_list(None).await {
+        Ok(listed) => tracing::debug!(snapshots = listed.len(), "local snapshots listed"),
+        Err(error) => {
+            tracing::warn!(%error, "startup: cocoon snapshot list failed; creates ask for each snapshot instead")
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use super::super::CocoonProvider;
 use super::super::ensure::{ensure_base_image, ensure_fork_snapshot, ensure_run_image, ensure_snapshot};
 use super::super::failure::Failure;
 use super::super::guest::Finish;
+use super::super::known::SnapshotFact;
 use super::super::metrics::ProviderMetrics;
 use super::super::plan;
 use super::super::reconcile::{self, OwedOp};
@@ -309,8 +310,15 @@ async fn drop_own_fork(p: &CocoonProvider, options: &CloneOptions) {
     }
 }
 
+/// Skipped when the daemon knows there is none: fork snapshots are made only by this daemon
+/// (`ensure_fork_snapshot`, under a name of its own convention), so its own calls and the last
+/// full list know them all. A wrong answer here (one made behind its back) would let a fork of
+/// this VM start from its previous guest, never lose a guest's state.
 async fn drop_fork_of(p: &CocoonProvider, vm: &str) {
     let name = plan::fork_snapshot_name(vm);
+    if p.known.snapshot(&name) == SnapshotFact::Absent {
+        return;
+    }
     if let Err(error) = p.ports.runtime.snapshot_remove_if_exists(&name).await {
         tracing::warn!(snapshot = %name, %error, "could not drop the stale fork snapshot");
     }

@@ -1,12 +1,13 @@
-//! Step 1 of a bring-up: what this node has for the pod. A VM of its name (the table first,
-//! then cocoon itself, so a VM that survived a restart before the reconcile indexed it is never
-//! booted twice), a stale `creating` record settled first, the hibernate evidence, the local
-//! snapshot of its image. Only reads, except settling the stale create.
+//! Step 1 of a bring-up: what this node has for the pod. A VM of its name (the table; cocoon
+//! itself only when [`Lookup::Ask`]), a stale `creating` record settled first, the hibernate
+//! evidence, the local snapshot of its image (known from the daemon's own calls, else asked).
+//! Only reads, except settling the stale create.
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::super::CocoonProvider;
 use super::super::failure::Failure;
+use super::super::known::SnapshotFact;
 use super::super::plan;
 use super::super::reconcile::{self, InspectVerdict, StaleStep};
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec};
@@ -38,9 +39,21 @@ impl Gathered {
     }
 }
 
-pub(super) async fn gather(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Gathered, Failure> {
+/// Where a VM of the pod's name is looked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    /// The VM table only. Safe without asking cocoon because every boot plan names the VM and
+    /// cocoon keeps one VM per name (its store maps each name to one id): a VM of this name
+    /// that the table misses (made behind the daemon's back, or before the startup reconcile
+    /// indexed it) refuses the boot, which then asks ([`Lookup::Ask`]) and adopts it.
+    Table,
+    /// The table, then cocoon (`vm inspect`): after a bring-up that trusted the table failed.
+    Ask,
+}
+
+pub(super) async fn gather(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<Gathered, Failure> {
     let spec = &ctx.spec;
-    let existing = match existing_vm(p, spec).await? {
+    let existing = match existing_vm(p, spec, lookup).await? {
         Some(vm) if vm.state == VmState::Creating => settle_stale(p, vm).await?,
         other => other,
     };
@@ -61,13 +74,13 @@ pub(super) async fn gather(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Gathered
     })
 }
 
-/// A VM of the pod's name: the table's, else (managed pods) cocoon's.
-async fn existing_vm(p: &CocoonProvider, spec: &VmSpec) -> Result<Option<VmRecord>, Failure> {
+/// A VM of the pod's name: the table's, else (managed pods, when asked) cocoon's.
+async fn existing_vm(p: &CocoonProvider, spec: &VmSpec, lookup: Lookup) -> Result<Option<VmRecord>, Failure> {
     let name = spec.vm_name.as_str();
     if let Some(vm) = p.state.vm_by_name(name) {
         return Ok(Some(vm));
     }
-    if !spec.managed {
+    if !spec.managed || lookup == Lookup::Table {
         return Ok(None);
     }
     match p.ports.runtime.inspect(name).await {
@@ -81,14 +94,17 @@ async fn existing_vm(p: &CocoonProvider, spec: &VmSpec) -> Result<Option<VmRecor
 }
 
 /// The local snapshot cocoon keeps of the pod's image, if any (a fact for the policy; a lookup
-/// error is the same as none: the policy then pulls).
+/// error is the same as none: the policy then pulls). A snapshot the daemon's own calls saw is
+/// not asked for again: if it went behind the daemon's back since, the clone fails, which
+/// forgets it, and the retry asks. One not known present is always asked for, so a snapshot an
+/// operator brought to the node (the fix a `SnapshotUnavailable` asks for) is found at once.
 async fn local_snapshot_of_image(p: &CocoonProvider, image: &str) -> Option<SnapshotRecord> {
     let (repo, tag) = plan::parse_ref(image);
-    p.ports
-        .runtime
-        .snapshot_inspect(&plan::local_snapshot_name(repo, tag))
-        .await
-        .ok()
+    let name = plan::local_snapshot_name(repo, tag);
+    match p.known.snapshot(&name) {
+        SnapshotFact::Present(record) => Some(*record),
+        SnapshotFact::Absent | SnapshotFact::Unknown => p.ports.runtime.snapshot_inspect(&name).await.ok(),
+    }
 }
 
 /// Settles a `creating` record of this pod's VM name by the startup reconcile's table
@@ -186,6 +202,12 @@ async fn recorded_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
                     .map_err(|e| e.to_string()),
             )
         }
+        // Registry-less, the evidence is a local snapshot of the VM's name, and it is always
+        // asked, never taken from the kept list (`known`): cocoon has no event stream of
+        // snapshots, so one brought here while the daemon runs (a hibernated guest moved
+        // between registry-less nodes by `snapshot export` / `import`, the only way to move
+        // one without a registry) would be missed, and a fresh boot over it would let the next
+        // hibernate overwrite that guest's state. This lookup is the one a warm create makes.
         None => {
             let holder = p
                 .state

@@ -13,6 +13,8 @@ mod restore;
 
 pub(super) use execute::{adopted_finish, translate};
 pub(super) use gather::{Ctx, bring_up_facts, hibernate_evidence};
+
+use gather::Lookup;
 pub(super) use restore::{restore, restore_finish};
 
 use super::CocoonProvider;
@@ -59,9 +61,31 @@ impl BringUpError {
     }
 }
 
-/// Gather → decide → execute for a Linux guest.
+/// Gather → decide → execute for a Linux guest, trusting the VM table for whether a VM of the
+/// pod's name exists ([`Lookup::Table`]: no `vm inspect` on a create that succeeds). A bring-up
+/// that fails asks cocoon: when a VM of the name exists after all (made behind the daemon's
+/// back, or a stale create), the bring-up runs again knowing it, and adopts or settles it as
+/// it would have with the lookup first. Nothing booted in between: every boot plan names the
+/// VM, and cocoon refuses a second VM of a name.
 pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<BroughtUp, BringUpError> {
-    let gathered = gather::gather(p, ctx).await.map_err(BringUpError::Gather)?;
+    let failed = match attempt(p, ctx, Lookup::Table).await {
+        Ok(up) => return Ok(up),
+        Err(e) => e,
+    };
+    if !ctx.spec.managed || p.state.vm_by_name(&ctx.spec.vm_name).is_some() {
+        return Err(failed);
+    }
+    match p.ports.runtime.inspect(&ctx.spec.vm_name).await {
+        Ok(vm) => {
+            tracing::info!(pod = %ctx.facts.key(), vm = %ctx.spec.vm_name, id = %vm.id, error = ?failed, "a vm of this name exists that the daemon did not know of: bringing up again with it");
+            attempt(p, ctx, Lookup::Ask).await
+        }
+        Err(_) => Err(failed),
+    }
+}
+
+async fn attempt(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<BroughtUp, BringUpError> {
+    let gathered = gather::gather(p, ctx, lookup).await.map_err(BringUpError::Gather)?;
     let local_snapshots = gathered.local_snapshots();
     let facts = bring_up_facts(
         p,

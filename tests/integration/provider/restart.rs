@@ -152,7 +152,17 @@ async fn a_daemon_killed_mid_create_converges_without_duplicates() {
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     // cocoon dies inside the clone (a `creating` record is left) and the daemon is killed with it.
+    // The create finds the record at once (the refused clone asks); settling it stays
+    // undecidable here, so the daemon is killed while the record is left.
     env.sim.die_next("vm clone", 0).unwrap();
+    env.sim
+        .inject_failure(
+            "vm reconcile-stale-create",
+            1000,
+            "Error: cannot reach the meta store",
+            1,
+        )
+        .unwrap();
     let d = start(&env, Options::default());
     create(
         &env,
@@ -168,6 +178,7 @@ async fn a_daemon_killed_mid_create_converges_without_duplicates() {
         vms(&env).await.iter().any(|v| v.name() == "vm-k"),
         "a stale record is left behind"
     );
+    env.sim.clear_faults().unwrap();
 
     let d = start(&env, Options::default());
     wait_ready(&env, "k").await;
