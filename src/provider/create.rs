@@ -181,8 +181,14 @@ async fn adopt_tracked(
     } else if p.state.guest_work_running(key) {
         p.notify(key);
     } else {
+        // What is owed is read from the tracked copy: guest work the startup resumed may have
+        // finished since, its markers written there but not yet on the pod this CreatePod got.
+        let current = p
+            .state
+            .tracked_as(key, &super::table::uid_of(pod))
+            .map_or_else(|| Arc::clone(pod), |t| t.pod);
         let finish = if spec.managed {
-            adopted_finish(p, pod, spec).await
+            adopted_finish(p, &current, spec).await
         } else {
             Finish::ReadyNow
         };

@@ -209,10 +209,17 @@ impl Table {
     }
 
     /// Refreshes the tracked copy of the same incarnation (annotations such as the keep flag).
+    /// A pod of the tracked copy's own resource version is that copy before the provider's own
+    /// annotation writes were applied to it (a CreatePod after a restart gets the version the
+    /// startup listed): the copy stays, or those writes would be forgotten and work they record
+    /// as done would look owed.
     pub fn refresh(&self, key: &str, pod: &Arc<Pod>) {
         let uid = Uid::of(pod);
         if let Some(c) = self.lock().pods.get_mut(key).and_then(|e| e.claim_of_mut(&uid)) {
-            c.pod = Arc::clone(pod);
+            let version = pod.metadata.resource_version.as_ref();
+            if version.is_none() || version != c.pod.metadata.resource_version.as_ref() {
+                c.pod = Arc::clone(pod);
+            }
         }
     }
 

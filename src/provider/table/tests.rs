@@ -304,3 +304,41 @@ fn a_vm_name_is_held_by_one_pod_and_no_other_pod_reaches_its_row() {
     s.release_name("a/web", "vm-a");
     assert_eq!(s.name_claim("vm-a", "b/evil"), NameClaim::Free);
 }
+
+#[test]
+fn a_refresh_with_the_version_the_copy_was_made_from_keeps_the_providers_own_writes() {
+    let s = Table::default();
+    let listed = {
+        let mut p = (*pod("u1")).clone();
+        p.metadata.resource_version = Some("7".into());
+        Arc::new(p)
+    };
+    s.track("ns/p", &listed, "vm");
+    let done = BTreeMap::from([(
+        "vm.cocoonstack.io/post-clone-state".to_string(),
+        Some("done".to_string()),
+    )]);
+    s.set_annotations("ns/p", "u1", &done);
+    let marker = |s: &Table| {
+        s.tracked("ns/p")
+            .unwrap()
+            .pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("vm.cocoonstack.io/post-clone-state").cloned())
+    };
+
+    // The version the startup listed, handed to CreatePod after the resumed fixup finished.
+    s.refresh("ns/p", &listed);
+    assert_eq!(marker(&s).as_deref(), Some("done"), "the fixup's own marker is kept");
+
+    // A newer version from the watch replaces the copy.
+    let newer = {
+        let mut p = (*listed).clone();
+        p.metadata.resource_version = Some("8".into());
+        Arc::new(p)
+    };
+    s.refresh("ns/p", &newer);
+    assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &newer));
+}
