@@ -26,6 +26,37 @@ async fn sigterm(daemon: &mut DaemonProcess, limit: Duration) -> (Duration, std:
     (signalled.elapsed(), status)
 }
 
+/// A daemon with a registry and shutdown deadline `deadline`, and its pod `agent-0` (VM `vm`) up.
+struct Up {
+    admin: kube::Client,
+    ns: String,
+    machine: Machine,
+    daemon: DaemonProcess,
+}
+
+async fn up_with_deadline(cluster: &kube_support::KubeCluster, name: &str, vm: &str, deadline: Duration) -> Up {
+    let admin = cluster.admin_client().await;
+    let ns = cluster.namespace(name).await;
+    let mut machine = Machine::new(&format!("vk-{name}")).with_registry();
+    machine
+        .daemon_env
+        .push(("VK_SHUTDOWN_DEADLINE".into(), format!("{}s", deadline.as_secs())));
+    seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
+    let daemon = machine.start_daemon(cluster);
+    create_pod(
+        &admin,
+        &managed_pod(&ns, &machine.node, "agent-0", vm, &[(IMAGE, "base")]),
+    )
+    .await;
+    wait_up(&admin, &ns, "agent-0").await;
+    Up {
+        admin,
+        ns,
+        machine,
+        daemon,
+    }
+}
+
 /// The hibernate is saving the guest when SIGTERM comes: the daemon does not start anything
 /// new, lets the hibernate finish — the guest pushed to `<vm>:hibernate`, the VM removed, the
 /// pod annotated hibernated — and only then exits, within the deadline and cleanly.
@@ -35,20 +66,12 @@ async fn sigterm_in_the_middle_of_a_hibernate_lets_it_finish_within_the_deadline
         return;
     };
     let deadline = Duration::from_secs(20);
-    let admin = cluster.admin_client().await;
-    let ns = cluster.namespace("sigterm").await;
-    let mut machine = Machine::new("vk-sigterm").with_registry();
-    machine
-        .daemon_env
-        .push(("VK_SHUTDOWN_DEADLINE".into(), format!("{}s", deadline.as_secs())));
-    seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
-    let mut daemon = machine.start_daemon(cluster);
-    create_pod(
-        &admin,
-        &managed_pod(&ns, &machine.node, "agent-0", "vm-t", &[(IMAGE, "base")]),
-    )
-    .await;
-    wait_up(&admin, &ns, "agent-0").await;
+    let Up {
+        admin,
+        ns,
+        machine,
+        mut daemon,
+    } = up_with_deadline(cluster, "sigterm", "vm-t", deadline).await;
     // The save takes 2 s, so the signal lands inside it.
     machine.sim.delay("snapshot save", Some(1), 2_000).unwrap();
     cluster
@@ -97,20 +120,12 @@ async fn sigterm_while_a_hibernate_is_stuck_exits_within_the_deadline_and_the_ne
         return;
     };
     let deadline = Duration::from_secs(4);
-    let admin = cluster.admin_client().await;
-    let ns = cluster.namespace("sigterm-stuck").await;
-    let mut machine = Machine::new("vk-sigterm-stuck").with_registry();
-    machine
-        .daemon_env
-        .push(("VK_SHUTDOWN_DEADLINE".into(), format!("{}s", deadline.as_secs())));
-    seed_snapshot_on(&machine.runtime, "base", "ghcr.io/x/base:1").await;
-    let mut daemon = machine.start_daemon(cluster);
-    create_pod(
-        &admin,
-        &managed_pod(&ns, &machine.node, "agent-0", "vm-s", &[(IMAGE, "base")]),
-    )
-    .await;
-    wait_up(&admin, &ns, "agent-0").await;
+    let Up {
+        admin,
+        ns,
+        machine,
+        mut daemon,
+    } = up_with_deadline(cluster, "sigterm-stuck", "vm-s", deadline).await;
     // The hibernate's second cocoon call (its save, after a `vm inspect`) does its work and
     // parks instead of answering.
     machine.sim.stage_crash(2, true).unwrap();
