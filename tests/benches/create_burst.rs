@@ -34,15 +34,12 @@ mod kube_support;
 #[path = "../provider_support/mod.rs"]
 mod provider_support;
 
-use std::collections::HashSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use daemon::{IMAGE, Machine, create_pod, is_up, managed_pod, wait_up};
-use futures::TryStreamExt;
+use daemon::{IMAGE, Machine, create_pod, managed_pod, wait_up};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use vk_cocoon::runtime::CocoonRuntime;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -60,28 +57,6 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// Waits on a watch of `ns` until `want` pods are up; how long since `started`.
-async fn wait_up_count(pods: &Api<Pod>, want: usize, started: Instant) -> Duration {
-    let mut up = HashSet::new();
-    let events = watcher(pods.clone(), watcher::Config::default()).applied_objects();
-    let mut events = std::pin::pin!(events);
-    let deadline = Duration::from_secs(120 + want as u64);
-    while up.len() < want {
-        let next = tokio::time::timeout(deadline.saturating_sub(started.elapsed()), events.try_next())
-            .await
-            .unwrap_or_else(|_| panic!("{} of {want} pods up after {deadline:?}", up.len()))
-            .expect("watching the pods")
-            .expect("the watch does not end");
-        let name = next.metadata.name.clone().unwrap_or_default();
-        if is_up(&next) {
-            up.insert(name);
-        } else {
-            up.remove(&name);
-        }
-    }
-    started.elapsed()
 }
 
 /// One bare `cocoon vm clone` of `snapshot` on the machine's simulator, as a user would run it;
@@ -193,7 +168,15 @@ async fn measure_node(cluster: &kube_support::KubeCluster, cache: &std::path::Pa
             async move { create_pod(&admin, &p).await }
         }))
         .await;
-        bursts.push(wait_up_count(&Api::namespaced(admin.clone(), &ns), burst, started).await);
+        bursts.push(
+            daemon::wait_up_count(
+                &Api::namespaced(admin.clone(), &ns),
+                burst,
+                started,
+                Duration::from_secs(120),
+            )
+            .await,
+        );
         // When the burst's last clone returned: what is left after it is the daemon's.
         let last_clone = machine
             .sim

@@ -23,14 +23,11 @@ mod kube_support;
 #[path = "../provider_support/mod.rs"]
 mod provider_support;
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use daemon::{IMAGE, Machine, create_pod, is_up, managed_pod};
-use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::Pod;
+use daemon::{IMAGE, Machine, create_pod, managed_pod};
+use futures::{StreamExt, stream};
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 
 /// How many pods are created at once (a controller's burst, not the whole set in one go).
 const CREATE_CONCURRENCY: usize = 32;
@@ -72,28 +69,6 @@ fn sample(pid: i32) -> Sample {
     }
 }
 
-/// Waits on a watch of the namespace until `want` pods are up; returns how long it took.
-async fn wait_up_count(pods: &Api<Pod>, want: usize, started: Instant) -> Duration {
-    let mut up = HashSet::new();
-    let events = watcher(pods.clone(), watcher::Config::default()).applied_objects();
-    let mut events = std::pin::pin!(events);
-    let deadline = Duration::from_secs(60 + want as u64);
-    while up.len() < want {
-        let next = tokio::time::timeout(deadline.saturating_sub(started.elapsed()), events.try_next())
-            .await
-            .unwrap_or_else(|_| panic!("{} of {want} pods up after {deadline:?}", up.len()))
-            .expect("watching the pods")
-            .expect("the watch does not end");
-        let name = next.metadata.name.clone().unwrap_or_default();
-        if is_up(&next) {
-            up.insert(name);
-        } else {
-            up.remove(&name);
-        }
-    }
-    started.elapsed()
-}
-
 /// Creates pods `from..to` (clones of the seeded snapshot) and waits until all of them are up.
 async fn grow(admin: &kube::Client, ns: &str, node: &str, from: usize, to: usize) -> Duration {
     let started = Instant::now();
@@ -103,7 +78,13 @@ async fn grow(admin: &kube::Client, ns: &str, node: &str, from: usize, to: usize
             create_pod(admin, &pod).await;
         })
         .await;
-    wait_up_count(&Api::namespaced(admin.clone(), ns), to, started).await
+    daemon::wait_up_count(
+        &Api::namespaced(admin.clone(), ns),
+        to,
+        started,
+        Duration::from_secs(60),
+    )
+    .await
 }
 
 fn main() {

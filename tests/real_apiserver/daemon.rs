@@ -424,6 +424,31 @@ pub fn ready_condition(pod: &Pod) -> Option<(String, String)> {
 }
 
 /// Lifecycle `ready` and the Ready condition True.
+/// Waits on a watch of `pods` until `want` of them are up; how long since `started`. Fails past
+/// `allowance` plus a second per pod.
+pub async fn wait_up_count(pods: &Api<Pod>, want: usize, started: Instant, allowance: Duration) -> Duration {
+    use futures::TryStreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let mut up = std::collections::HashSet::new();
+    let events = watcher(pods.clone(), watcher::Config::default()).applied_objects();
+    let mut events = std::pin::pin!(events);
+    let deadline = allowance + Duration::from_secs(want as u64);
+    while up.len() < want {
+        let next = tokio::time::timeout(deadline.saturating_sub(started.elapsed()), events.try_next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {want} pods up after {deadline:?}", up.len()))
+            .expect("watching the pods")
+            .expect("the watch does not end");
+        let name = next.metadata.name.clone().unwrap_or_default();
+        if is_up(&next) {
+            up.insert(name);
+        } else {
+            up.remove(&name);
+        }
+    }
+    started.elapsed()
+}
+
 pub fn is_up(pod: &Pod) -> bool {
     lifecycle(pod) == Some("ready") && is_ready(pod)
 }
