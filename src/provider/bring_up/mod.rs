@@ -13,8 +13,6 @@ mod restore;
 
 pub(super) use execute::{adopted_finish, translate};
 pub(super) use gather::{Ctx, bring_up_facts, hibernate_evidence};
-
-use gather::Lookup;
 pub(super) use restore::{restore, restore_finish};
 
 use super::CocoonProvider;
@@ -24,6 +22,7 @@ use super::plan;
 use crate::policy::contract::bring_up::{Decision, Facts, Outcome};
 use crate::policy::slots::BringUp;
 use crate::runtime::VmRecord;
+use gather::Lookup;
 
 /// A VM that is up, and what it still needs.
 pub(super) struct BroughtUp {
