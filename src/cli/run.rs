@@ -8,8 +8,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use clap::Args;
-
-use super::shutdown::{self, Phases, ShutdownArgs};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use vk_cocoon::kubelet::config::KubeletArgs;
@@ -46,6 +44,8 @@ use vk_cocoon::stats::collector::VmCollector;
 use vk_cocoon::stats::paths::PathsArgs;
 use vk_cocoon::stats::sample::{SAMPLE_INTERVAL, SAMPLE_TTL};
 use vk_cocoon::stats::{HostPaths, Sampler};
+
+use super::shutdown::{self, Phases, ShutdownArgs};
 
 /// `vk-cocoon run`: the settings of every concern, each declared by its owner (every variable with
 /// its default: `deploy/vk-cocoon.env.example`).
