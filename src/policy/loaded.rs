@@ -9,7 +9,7 @@ use wasmtime::Store;
 use super::cache::CompileCache;
 use super::component::{self, Bound, Origin};
 use super::contract::ContractVersion;
-use super::engine::{PolicyEngine, PoolSize};
+use super::engine::{Permit, PolicyEngine, PoolSize};
 use super::error::{DecisionError, LoadError};
 use super::limits::SandboxLimits;
 use super::sandbox::{Sandbox, new_store};
@@ -72,15 +72,20 @@ impl<S: PolicySlot> LoadedPolicy<S> {
         self.size == PoolSize::Large
     }
 
+    /// A slot of this component's pool for one instance (waiting while the pool is full).
+    fn permit<'e>(&self, engine: &'e PolicyEngine) -> Result<Permit<'e>, DecisionError> {
+        engine.acquire(self.size).map_err(|error| DecisionError::Instantiate {
+            slot: S::SLOT,
+            detail: format!("{error:#}"),
+        })
+    }
+
     /// Creates one fresh instance as a decision would and drops it without calling the guest:
     /// what a decision costs before the policy's code runs (the latency bench's "instantiation
     /// alone" row; a large component's memory image and its core instances are set up here).
     pub fn instantiate_only(&self, engine: &PolicyEngine) -> Result<(), DecisionError> {
         let limits = engine.limits();
-        let permit = engine.acquire(self.size).map_err(|error| DecisionError::Instantiate {
-            slot: S::SLOT,
-            detail: format!("{error:#}"),
-        })?;
+        let permit = self.permit(engine)?;
         let mut store = new_store(engine, &permit);
         let made = match &self.bound {
             Bound::Current(pre) => pre.instantiate(&mut store).map(drop),
@@ -93,10 +98,7 @@ impl<S: PolicySlot> LoadedPolicy<S> {
     /// Runs one decision in a fresh instance. Errors are typed; the caller picks the fail-safe.
     pub fn decide(&self, engine: &PolicyEngine, facts: &S::Facts) -> Result<S::Decision, DecisionError> {
         let limits = engine.limits();
-        let permit = engine.acquire(self.size).map_err(|error| DecisionError::Instantiate {
-            slot: S::SLOT,
-            detail: format!("{error:#}"),
-        })?;
+        let permit = self.permit(engine)?;
         let mut store = new_store(engine, &permit);
         let started = Instant::now();
         let answer = match &self.bound {
