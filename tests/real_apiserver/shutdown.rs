@@ -17,13 +17,24 @@ use crate::kube_support;
 use crate::provider_support::registry_support::dir_files;
 use crate::provider_support::{runtime_support, seed_snapshot_on};
 
-/// Sends SIGTERM; returns how long the process took to exit and its status.
-async fn sigterm(daemon: &mut DaemonProcess, limit: Duration) -> (Duration, std::process::ExitStatus) {
+/// Sends SIGTERM and checks the daemon exits cleanly within `deadline`; returns how long it took.
+async fn sigterm_exits_within(daemon: &mut DaemonProcess, deadline: Duration) -> Duration {
     let signalled = Instant::now();
     // The daemon is a child this test started and has not reaped: its pid names no other process.
     vk_cocoon::host::process::terminate(daemon.pid()).expect("SIGTERM the daemon");
-    let status = daemon.exited(limit.as_secs() + 30).await;
-    (signalled.elapsed(), status)
+    let status = daemon.exited(deadline.as_secs() + 30).await;
+    let took = signalled.elapsed();
+    eprintln!("exit {took:?} after SIGTERM (deadline {deadline:?})");
+    assert!(
+        status.success(),
+        "a clean exit on SIGTERM: {status:?}\n{}",
+        daemon.log()
+    );
+    assert!(
+        took < deadline,
+        "the daemon took {took:?} to stop, past its {deadline:?} deadline"
+    );
+    took
 }
 
 /// A daemon with a registry and shutdown deadline `deadline`, and its pod `agent-0` (VM `vm`) up.
@@ -79,17 +90,7 @@ async fn sigterm_in_the_middle_of_a_hibernate_lets_it_finish_within_the_deadline
         .unwrap();
     machine.wait_cocoon_running("snapshot save", true).await;
 
-    let (took, status) = sigterm(&mut daemon, deadline).await;
-    eprintln!("exit {took:?} after SIGTERM (deadline {deadline:?})");
-    assert!(
-        status.success(),
-        "a clean exit on SIGTERM: {status:?}\n{}",
-        daemon.log()
-    );
-    assert!(
-        took < deadline,
-        "the daemon took {took:?} to stop, past its {deadline:?} deadline"
-    );
+    sigterm_exits_within(&mut daemon, deadline).await;
     // Finished before the exit, with no daemon running since.
     assert!(
         machine.vms_named("vm-t").await.is_empty(),
@@ -146,17 +147,7 @@ async fn sigterm_while_a_hibernate_is_stuck_exits_within_the_deadline_and_the_ne
         "the hibernate is held inside its save: {parked:?}"
     );
 
-    let (took, status) = sigterm(&mut daemon, deadline).await;
-    eprintln!("exit {took:?} after SIGTERM (deadline {deadline:?})");
-    assert!(
-        status.success(),
-        "a clean exit on SIGTERM: {status:?}\n{}",
-        daemon.log()
-    );
-    assert!(
-        took < deadline,
-        "the daemon took {took:?} to stop, past its {deadline:?} deadline"
-    );
+    let took = sigterm_exits_within(&mut daemon, deadline).await;
     // It waited for the hibernate (the drain's share is 4 s - 0.5 s - 0.8 s) before giving up.
     assert!(
         took >= Duration::from_millis(2_700),
