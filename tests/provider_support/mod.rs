@@ -12,6 +12,7 @@ mod history;
 pub mod kubelet_support;
 pub mod loopback;
 mod pods;
+pub mod policy_examples;
 #[path = "../registry_support/mod.rs"]
 pub mod registry_support;
 // Each suite uses a different part of the harness: what one of them leaves unused is not dead.

@@ -170,24 +170,10 @@ async fn the_node_shows_the_digest_of_each_slot_and_a_refused_reload() {
 /// `policies/examples/build.sh`), or `None` — the test then says it is skipped; under CI=true
 /// their absence is a failure.
 fn examples_dir() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("VK_POLICY_EXAMPLES_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-examples"));
-    let files = ["snapshot-before-destroy-py.wasm", "cpu-class-admission-js.wasm"];
-    if files.iter().all(|f| dir.join(f).exists()) {
-        return Some(dir);
-    }
-    assert_ne!(
-        std::env::var("CI").as_deref(),
-        Ok("true"),
-        "CI=true, but the example policies are not built in {} (policies/examples/build.sh)",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no example policies in {}; run policies/examples/build.sh",
-        dir.display()
-    );
-    None
+    crate::provider_support::policy_examples::dir_with(&[
+        "snapshot-before-destroy-py.wasm",
+        "cpu-class-admission-js.wasm",
+    ])
 }
 
 /// The decision log's records of `slot` about pod `name` (the facts name the pod).

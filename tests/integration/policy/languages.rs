@@ -17,25 +17,9 @@ use vk_cocoon::policy::input::{DecisionInput, facts_for};
 use vk_cocoon::policy::slots::{CpuClassAdmission, SnapshotBeforeDestroy};
 use vk_cocoon::policy::{DecisionError, LoadedPolicy, Origin, PolicyEngine, PolicySlot, SandboxLimits, Slot};
 
+/// Every example, since the last component `build.sh` writes is there.
 fn examples_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("VK_POLICY_EXAMPLES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-examples"));
-    // The last component build.sh writes: all are there.
-    if dir.join("probe-js-async.wasm").exists() {
-        return Some(dir);
-    }
-    assert_ne!(
-        std::env::var("CI").as_deref(),
-        Ok("true"),
-        "CI=true, but the example policies are not built in {} (policies/examples/build.sh)",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no example policies in {}; run policies/examples/build.sh",
-        dir.display()
-    );
-    None
+    crate::provider_support::policy_examples::dir_with(&["probe-js-async.wasm"])
 }
 
 /// Runs `vk-cocoon policy test TABLE --component COMPONENT` and checks every row passed.
