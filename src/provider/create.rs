@@ -96,16 +96,23 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if spec.managed && spec.hibernate {
         return stay_hibernated(p, pod, &key, &spec).await.map(|()| Next::Done);
     }
-    p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
-
     let ctx = Ctx { pod, facts, spec };
-    // The bring-up's cocoon work waits for one of the node's turns; the probe and the guest work
-    // after it do not hold one (they wait on the guest, not on cocoon).
-    let turn = p.bring_ups.take().await;
-    let waited_ms = turn.waited.as_millis() as u64;
-    let started = Instant::now();
-    let brought = bring_up(p, &ctx).await;
-    drop(turn);
+    // `creating` is staged before the bring-up starts and written while it runs: the write is
+    // an apiserver round trip the clone need not wait for. Both end before anything else is
+    // written for the pod (the runtime annotations, or the failure), so the pod's lifecycle
+    // writes still land in the order they were made.
+    let creating = p.set_lifecycle(pod, &key, LifecycleState::Creating, "");
+    let bringing_up = async {
+        // The bring-up's cocoon work waits for one of the node's turns; the probe and the guest
+        // work after it do not hold one (they wait on the guest, not on cocoon).
+        let turn = p.bring_ups.take().await;
+        let waited_ms = turn.waited.as_millis() as u64;
+        let started = Instant::now();
+        let brought = bring_up(p, &ctx).await;
+        drop(turn);
+        (brought, waited_ms, started)
+    };
+    let (_, (brought, waited_ms, started)) = tokio::join!(creating, bringing_up);
     let up = match brought {
         Ok(v) => v,
         Err(e) => return fail_create(p, &key, pod, e.restoring(), e.into_failure()).await,

@@ -1,8 +1,8 @@
 //! The provider acts on what a policy decides, whoever wrote it: swapping the bring-up policy
 //! file at runtime changes the next CreatePod decision (a trap fails safe, the default restored
 //! boots the retried create); a custom policy's refusals get the retry their `kind` says, not
-//! one guessed from their reason tokens; and a bring-up policy built at contract 0.1.0 still
-//! serves CreatePod as before.
+//! one guessed from their reason tokens; a bring-up policy built at contract 0.1.0 still
+//! serves CreatePod as before; and a policy spinning to its deadline stalls no other task.
 
 use crate::provider_support;
 
@@ -200,4 +200,71 @@ async fn a_bring_up_policy_built_at_0_1_0_serves_create_pod_as_before() {
     assert!(has_event(&env, "conflict", "CreateBringUpFailed"));
     assert!(lifecycle_message(&env, "conflict").contains("incompatible with fork-from"));
     d.kill().await;
+}
+
+/// A hostile admission policy that spins until its deadline holds up only its own pod: the
+/// decision runs on the worker's thread, which hands the runtime's other tasks to another
+/// thread first, so a node with a single worker still runs them meanwhile (its lease renewals,
+/// its other pods). The create fails safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_policy_spinning_to_its_deadline_stalls_no_other_task() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    use vk_cocoon::kubelet::Provider;
+    use vk_cocoon::policy::slots::CpuClassAdmission;
+
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let spin = LoadedPolicy::<CpuClassAdmission>::load(
+        env.policies.engine(),
+        None,
+        Origin::File("spin.wasm".into()),
+        hostile::SPIN_FOREVER,
+    )
+    .expect("a loop is valid at load");
+    env.policies.install(spin);
+    let p = provider(&env, &Options::default());
+    let pod = Arc::new(
+        create(
+            &env,
+            &managed("spun", "vm-spun", &[("cocoonset.cocoonstack.io/image", "base")]),
+        )
+        .await,
+    );
+
+    let ticks = Arc::new(AtomicU64::new(0));
+    let ticker = tokio::spawn({
+        let ticks = ticks.clone();
+        async move {
+            let mut every = tokio::time::interval(Duration::from_millis(10));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                ticks.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    // On the runtime's only worker, as the pod controller runs it.
+    let started = Instant::now();
+    let created = tokio::spawn(async move { p.create_pod(&pod).await }).await.unwrap();
+    let spun = started.elapsed();
+    let ticked = ticks.load(Ordering::SeqCst);
+    ticker.abort();
+
+    assert!(
+        created.is_err(),
+        "a decision stopped at its deadline fails safe: {created:?}"
+    );
+    assert!(
+        spun >= Duration::from_secs(5),
+        "the decision ran to its 5 s deadline ({spun:?})"
+    );
+    assert!(
+        ticked >= 100,
+        "the other task ticked {ticked} times in {spun:?} (every 10 ms): the spinning decision held the worker"
+    );
+    assert!(
+        vm_named(&env, "vm-spun").await.is_none(),
+        "the refused pod boots nothing"
+    );
 }
