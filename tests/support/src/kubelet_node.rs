@@ -1,9 +1,9 @@
 //! A node machine with one running pod (`web-0`, VM `vm-web`) whose daemon serves the kubelet
-//! API with a certificate the cluster signed — through a kubelet-serving CSR that
-//! [`signer`](crate::kube_support::signer) approves as a cluster operator would (and, on a
-//! control plane without a controller-manager, signs). The kubelet API tests, the streaming
-//! tests and the streaming benchmark start from it; [`exec_node_with`] makes the simulator run
-//! exec'd commands for real and serve a web server on the guest's address.
+//! API with a certificate the cluster signed — through a kubelet-serving CSR that [`signer`]
+//! approves as a cluster operator would (and, on a control plane without a controller-manager,
+//! signs). The kubelet API tests, the streaming tests and the streaming benchmark start from
+//! it; [`exec_node_with`] makes the simulator run exec'd commands for real and serve a web
+//! server on the guest's address.
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -4,7 +4,7 @@
 //!
 //! * [`kube_support`]: a real Kubernetes control plane from the project's tools folder, the
 //!   cocoon-operator beside it, and the kubelet-serving CSR approver and signer.
-//! * [`bench`]: what every benchmark binary reads the same way (its `BENCH_*` knobs, the
+//! * [`bench`](mod@bench): what every benchmark binary reads the same way (its `BENCH_*` knobs, the
 //!   simulator it runs, the process's memory, medians).
 //! * With the `daemon` feature, the harnesses that drive vk-cocoon:
 //!   [`runtime_support`] (the cocoon simulator behind the daemon's CLI client),

@@ -264,7 +264,7 @@ pub struct RecordingReleaser {
 }
 
 impl RecordingReleaser {
-    /// "mac: released by <frames>" for every release so far.
+    /// `"mac: released by <frames>"` for every release so far.
     pub fn report(&self) -> String {
         let released = self.released.lock().unwrap().clone();
         let paths = self.paths.lock().unwrap().clone();
@@ -391,7 +391,7 @@ pub fn start(env: &Env, opts: Options) -> Daemon {
 pub struct LeaseWitness {
     runtime: Arc<CocoonCli>,
     pub released: Mutex<Vec<String>>,
-    /// "mac: still on vm <id> (<name>)" for each release made while a VM held the MAC.
+    /// `"mac: still on vm <id> (<name>)"` for each release made while a VM held the MAC.
     pub breaches: Mutex<Vec<String>>,
     /// Every release answers an error (cocoon-net down).
     pub failing: AtomicBool,
