@@ -23,48 +23,23 @@
 //! `VK_KUBE_TOOLS_DIR` it prints why it measured nothing. `BENCH_ROUNDS` (default 9) single
 //! creates per node, `BENCH_BURST_ROUNDS` (default 3) bursts per bound. Everything is on loopback.
 
-// The real-apiserver tests' harness: the control plane and a node machine running the daemon.
-#[allow(unused_imports)]
-#[path = "../real_apiserver/daemon.rs"]
-mod daemon;
-#[allow(unused_imports)]
-#[path = "../kube_support/mod.rs"]
-mod kube_support;
-#[allow(unused_imports)]
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use daemon::{IMAGE, Machine, create_pod, managed_pod, wait_up};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use vk_cocoon::runtime::CocoonRuntime;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
+// The real-apiserver tests' harness: the control plane and a node machine running the daemon.
+use vk_test_support::bench::{env_usize, median, ms};
+use vk_test_support::daemon::{self, IMAGE, Machine, create_pod, managed_pod, wait_up};
+use vk_test_support::{kube_support, provider_support, runtime_support};
 
 /// One bare `cocoon vm clone` of `snapshot` on the machine's simulator, as a user would run it;
 /// the VM is removed afterwards (not timed).
 async fn bare_clone(machine: &Machine, snapshot: &str, name: &str) -> Duration {
     let (key, root) = machine.sim.env();
     let started = Instant::now();
-    let out = Command::new(provider_support::runtime_support::sim_bin())
+    let out = Command::new(runtime_support::sim_bin())
         .env(key, root)
         .args(["vm", "clone", "--name", name, snapshot])
         .output()

@@ -12,33 +12,17 @@
 //! `BENCH_FIRST` (default 200) set the two sizes; `BENCH_DAEMON_ENV="K=V,K=V"` adds environment
 //! to the daemon (e.g. `MALLOC_ARENA_MAX=2`, to tell allocator overhead from live data).
 
-// The real-apiserver tests' harness: the control plane and a node machine running the daemon.
-#[allow(unused_imports)]
-#[path = "../real_apiserver/daemon.rs"]
-mod daemon;
-#[allow(unused_imports)]
-#[path = "../kube_support/mod.rs"]
-mod kube_support;
-#[allow(unused_imports)]
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-
 use std::time::{Duration, Instant};
 
-use daemon::{IMAGE, Machine, create_pod, managed_pod};
 use futures::{StreamExt, stream};
 use kube::api::Api;
+// The real-apiserver tests' harness: the control plane and a node machine running the daemon.
+use vk_test_support::bench::env_usize;
+use vk_test_support::daemon::{self, IMAGE, Machine, create_pod, managed_pod};
+use vk_test_support::{kube_support, provider_support};
 
 /// How many pods are created at once (a controller's burst, not the whole set in one go).
 const CREATE_CONCURRENCY: usize = 32;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
-}
 
 /// One reading of the daemon's `/proc/PID/status`, in MiB (threads as a count).
 #[derive(Clone, Copy)]

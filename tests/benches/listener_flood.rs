@@ -9,28 +9,18 @@
 //! `cargo bench --bench listener_flood` (the control plane: `VK_KUBE_TOOLS_DIR` or
 //! `../shared/tools/kubernetes`; the client side needs `ulimit -n` above the flood size).
 
-// The real-apiserver tests' harness: the control plane and a node machine running the daemon.
-#[allow(unused_imports)]
-#[path = "../real_apiserver/daemon.rs"]
-mod daemon;
-#[allow(unused_imports)]
-#[path = "../kube_support/mod.rs"]
-mod kube_support;
-#[allow(unused_imports)]
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-#[path = "../kube_support/signer.rs"]
-mod signer;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use daemon::{Machine, free_port};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+// The real-apiserver tests' harness: the control plane and a node machine running the daemon.
+use vk_test_support::daemon::{Machine, free_port};
+use vk_test_support::kube_support::{self, signer};
+use vk_test_support::provider_support;
 
 const TOKEN: &str = "the-flood-benchmark-peer-token-0123456789";
 

@@ -12,23 +12,20 @@
 //! `BENCH_MEMORY_MIB` (default 1024) sets the guest memory; the disk is 8 GiB apparent, 64 MiB
 //! of data.
 
-#[allow(unused_imports)]
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-
 use std::sync::Arc;
 use std::time::Instant;
 
 use cocoon_sim::Sim;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
-use provider_support::fleet_ca::FleetCa;
-use provider_support::*;
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::peer::server::MAX_STREAMS;
 use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
 use vk_cocoon::provider::ports::SnapshotRegistry;
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
+use vk_test_support::provider_support::fleet_ca::FleetCa;
+use vk_test_support::provider_support::*;
+use vk_test_support::runtime_support;
 
 const IMAGE: &str = "cocoonset.cocoonstack.io/image";
 const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";

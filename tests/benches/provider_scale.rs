@@ -13,10 +13,6 @@
 //!
 //! The figures and their history: `BENCHMARKS.md` beside this file, *Provider*.
 
-#[allow(unused_imports)]
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,7 +21,6 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use provider_support::*;
 use tokio::io::AsyncRead;
 use vk_cocoon::kubelet::Provider;
 use vk_cocoon::kubelet::events::EventSink;
@@ -38,47 +33,14 @@ use vk_cocoon::runtime::{
     CloneSource, CloneSpec, CocoonCli, CocoonRuntime, ExecIo, ExecSpec, ImageRecord, Result as RtResult, RunSpec,
     SnapshotRecord, StaleCreateOutcome, VmRecord, WatchItem,
 };
-
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
+use vk_test_support::bench::{env_usize, locate_sim, ms, status_kib};
+use vk_test_support::provider_support::*;
 
 fn rss() -> (f64, f64) {
     (
         status_kib("VmHWM:") as f64 / 1024.0,
         status_kib("VmRSS:") as f64 / 1024.0,
     )
-}
-
-#[allow(unsafe_code)]
-fn locate_sim() {
-    if std::env::var_os("COCOON_SIM_BIN").is_some() {
-        return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-    let candidates = [
-        profile_dir.join("cocoon-sim"),
-        profile_dir.parent().unwrap().join("debug/cocoon-sim"),
-    ];
-    let found = candidates
-        .iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("cocoon-sim not found at {candidates:?}: run `cargo build --release -p cocoon-sim`"));
-    println!("cocoon-sim: {}", found.display());
-    // SAFETY: single-threaded here (before the tokio runtime starts).
-    unsafe { std::env::set_var("COCOON_SIM_BIN", found) };
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 tokio::task_local! {
@@ -263,17 +225,15 @@ fn seed_vms(env: &Env, template_id: &str, n: usize) -> Vec<String> {
         .unwrap()
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 /// Listed pods as the virtual node hands them to the provider: shared.
 fn shared(pods: Vec<Pod>) -> Vec<Arc<Pod>> {
     pods.into_iter().map(Arc::new).collect()
 }
 
 fn main() {
-    locate_sim();
+    if let Some(sim) = locate_sim() {
+        println!("cocoon-sim: {}", sim.display());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -30,53 +30,20 @@
 //! `cargo bench --bench registry_throughput` (needs `cargo build --release -p cocoon-sim`, Debian's
 //! docker-registry, curl, openssl and skopeo).
 
-#[path = "registry_baselines.rs"]
-mod baselines;
-#[path = "loopback_wire.rs"]
 mod loopback_wire;
-#[path = "../registry_support/mod.rs"]
-mod registry_support;
+mod registry_baselines;
 
 use loopback_wire::{Wire, WireShape};
-use registry_support::runtime_support;
-use registry_support::{TestRegistry, TransferClient, transfer_client_at};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vk_cocoon::registry::{Progress, RegistryAuth, TransferSettings};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
+use vk_test_support::bench::{env_list, env_u64, locate_sim, status_kib};
+use vk_test_support::registry_support::{TestRegistry, TransferClient, transfer_client_at};
+use vk_test_support::runtime_support;
 
 const IMG: &str = "ghcr.io/cocoonstack/cocoon/ubuntu:24.04";
 const MIB: f64 = 1048576.0;
-
-#[allow(unsafe_code)]
-fn locate_sim() {
-    if std::env::var_os("COCOON_SIM_BIN").is_some() {
-        return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
-    let candidates = [
-        profile_dir.join("cocoon-sim"),
-        profile_dir.parent().unwrap().join("debug/cocoon-sim"),
-    ];
-    let found = candidates
-        .iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("cocoon-sim not found at {candidates:?}: run `cargo build --release -p cocoon-sim`"));
-    // SAFETY: single-threaded here (before the tokio runtime starts).
-    unsafe { std::env::set_var("COCOON_SIM_BIN", found) };
-}
-
-fn vm_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmHWM:")
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 /// Resets VmHWM to the current RSS (`/proc/self/clear_refs`, value 5), after handing the heap's free
 /// memory back (`malloc_trim`), so a row's peak is its own transfer's and not what earlier rows left
@@ -94,19 +61,6 @@ fn reset_hwm() {
 /// daemon's and not those of a process with an arena per thread.
 fn cap_malloc_arenas_like_the_daemon() {
     vk_cocoon::host::process::cap_malloc_arenas(2);
-}
-
-fn env_list(name: &str, default: &str) -> Vec<u64> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.into())
-        .split(',')
-        .filter_map(|v| v.trim().parse().ok())
-        .collect()
-}
-
-/// The first number of `name` (see [`env_list`]), `default` when it has none.
-fn env_u64(name: &str, default: u64) -> u64 {
-    env_list(name, &default.to_string()).first().copied().unwrap_or(default)
 }
 
 /// The daemon's pull without `cocoon snapshot import`: the same fetch, verification, decoding
@@ -261,7 +215,7 @@ async fn size_row(mib: u64, runs: usize) {
     };
     let v2 = if table_wanted("v2") {
         let (h, memory) = saved_snapshot(mib, true).await;
-        let (digest, _) = baselines::sha2_file(&memory);
+        let (digest, _) = registry_baselines::sha2_file(&memory);
         let mut tables = Vec::new();
         for (n, shape) in wires().into_iter().enumerate() {
             eprintln!("[{mib} MiB] guest-like memory, v1 against v2, {}…", wire_name(shape));
@@ -390,8 +344,10 @@ async fn measure_v2(
         let curl_repo = format!("bench/guest-{}-curl", route.name);
         rows[6]
             .times
-            .push(baselines::ingest(route.host, &curl_repo, memory, digest));
-        rows[7].times.push(baselines::serve(route.host, &curl_repo, digest));
+            .push(registry_baselines::ingest(route.host, &curl_repo, memory, digest));
+        rows[7]
+            .times
+            .push(registry_baselines::serve(route.host, &curl_repo, digest));
         for (i, client) in [&v1, &v2].into_iter().enumerate() {
             let repo = format!("guest-{}-{i}-{run}", route.name);
             reset_hwm();
@@ -402,7 +358,7 @@ async fn measure_v2(
                 .expect("push");
             rows[2 * i].times.push(t.elapsed());
             rows[2 * i].bytes = push.file_bytes;
-            hwm[2 * i] = hwm[2 * i].max(vm_hwm_kib());
+            hwm[2 * i] = hwm[2 * i].max(status_kib("VmHWM:"));
             if i == 0 {
                 stored.0 = push.total_size;
             } else {
@@ -417,13 +373,13 @@ async fn measure_v2(
                 .expect("pull");
             rows[2 * i + 1].times.push(t.elapsed());
             rows[2 * i + 1].bytes = push.file_bytes;
-            hwm[2 * i + 1] = hwm[2 * i + 1].max(vm_hwm_kib());
+            hwm[2 * i + 1] = hwm[2 * i + 1].max(status_kib("VmHWM:"));
             h.client.snapshot_remove_if_exists("restored").await.unwrap();
             reset_hwm();
             let (took, _, _) = pull_into_sink(client, &repo).await;
             rows[4 + i].times.push(took);
             rows[4 + i].bytes = push.file_bytes;
-            hwm[4 + i] = hwm[4 + i].max(vm_hwm_kib());
+            hwm[4 + i] = hwm[4 + i].max(status_kib("VmHWM:"));
         }
     }
     MeasuredV2 {
@@ -500,8 +456,8 @@ async fn measure(
 ) -> Measured {
     let host = reg.host();
     let blob_bytes = std::fs::metadata(memory).unwrap().len();
-    let (digest, _) = baselines::sha2_file(memory); // warms the page cache
-    let layout = baselines::oci_layout(&work.join("layout"), memory, &digest);
+    let (digest, _) = registry_baselines::sha2_file(memory); // warms the page cache
+    let layout = registry_baselines::oci_layout(&work.join("layout"), memory, &digest);
     let client: TransferClient = reg.transfer_client("bench", "bench-node");
     let mut rows = vec![
         Row::new("in-process SHA-256 (sha2)", blob_bytes),
@@ -521,22 +477,26 @@ async fn measure(
     let (mut sink_cores, mut serve_cores) = (Vec::new(), Vec::new());
     for run in 0..runs {
         eprintln!("  run {}/{runs}", run + 1);
-        let (d, t) = baselines::sha2_file(memory);
+        let (d, t) = registry_baselines::sha2_file(memory);
         assert_eq!(d, digest);
         rows[0].times.push(t);
-        rows[1].times.push(baselines::openssl(memory));
-        rows[2].times.push(baselines::sha256sum(memory));
+        rows[1].times.push(registry_baselines::openssl(memory));
+        rows[2].times.push(registry_baselines::sha256sum(memory));
         rows[3]
             .times
-            .push(baselines::ingest(&host, "bench/ingest", memory, &digest));
+            .push(registry_baselines::ingest(&host, "bench/ingest", memory, &digest));
         let registry_cpu = reg.cpu_time();
-        let took = baselines::serve(&host, "bench/ingest", &digest);
+        let took = registry_baselines::serve(&host, "bench/ingest", &digest);
         rows[4].times.push(took);
         serve_cores.push(cores_busy(reg.cpu_time() - registry_cpu, took));
         let skopeo_repo = format!("bench/skopeo-{run}");
-        rows[5].times.push(baselines::skopeo_push(&layout, &host, &skopeo_repo));
-        rows[6].times.push(baselines::skopeo_pull(&host, &skopeo_repo, work));
-        baselines::unlink_blob(&host, &skopeo_repo, &digest);
+        rows[5]
+            .times
+            .push(registry_baselines::skopeo_push(&layout, &host, &skopeo_repo));
+        rows[6]
+            .times
+            .push(registry_baselines::skopeo_pull(&host, &skopeo_repo, work));
+        registry_baselines::unlink_blob(&host, &skopeo_repo, &digest);
 
         let repo = format!("vm-{run}");
         reset_hwm();
@@ -547,7 +507,7 @@ async fn measure(
             .expect("push");
         rows[7].times.push(t.elapsed());
         rows[7].bytes = push.total_size;
-        push_hwm = push_hwm.max(vm_hwm_kib());
+        push_hwm = push_hwm.max(status_kib("VmHWM:"));
         layers = push.layer_count;
 
         reset_hwm();
@@ -558,7 +518,7 @@ async fn measure(
             .expect("pull");
         rows[8].times.push(t.elapsed());
         rows[8].bytes = pull.tar_bytes;
-        pull_hwm = pull_hwm.max(vm_hwm_kib());
+        pull_hwm = pull_hwm.max(status_kib("VmHWM:"));
         h.client.snapshot_remove_if_exists("restored").await.unwrap();
         let registry_cpu = reg.cpu_time();
         let (took, tar_bytes, cpu) = pull_into_sink(&client, &repo).await;
@@ -638,7 +598,11 @@ fn print_table(mib: u64, runs: usize, m: &Measured) {
     println!(
         "registry_throughput: {mib} MiB guest memory, {} layers, loopback docker-registry; median of {runs} (spread min–max); SHA-NI {}",
         m.layers,
-        if baselines::sha_ni() { "available" } else { "absent" }
+        if registry_baselines::sha_ni() {
+            "available"
+        } else {
+            "absent"
+        }
     );
     println!("| measure | MiB | s | MiB/s | spread MiB/s | ratio | target |");
     println!("|---|---|---|---|---|---|---|");

@@ -20,27 +20,6 @@
 //! kubectl on PATH). `BENCH_ROUNDS` (default 30) sets the round-trip samples. Everything is on
 //! loopback.
 
-// The real-apiserver tests' harness and fixtures: the control plane, a node with a running VM
-// pod, its daemon, the simulator running exec'd commands for real. Their #[test]s are not
-// compiled into a bench, so much of them is unused here.
-#[allow(unused_imports)]
-#[path = "../real_apiserver/daemon.rs"]
-mod daemon;
-#[allow(unused_imports)]
-#[path = "../kube_support/mod.rs"]
-mod kube_support;
-#[allow(dead_code, unused_imports)]
-#[path = "../real_apiserver/kubelet_api/mod.rs"]
-mod kubelet_api;
-#[allow(unused_imports)]
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-#[path = "../kube_support/signer.rs"]
-mod signer;
-#[allow(dead_code, unused_imports)]
-#[path = "../real_apiserver/streaming.rs"]
-mod streaming;
-
 use std::io::{Read, Write};
 use std::pin::Pin;
 use std::process::{Command, Stdio};
@@ -49,18 +28,13 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
-use kubelet_api::Node;
 use tokio::io::AsyncWrite;
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 use vk_cocoon::runtime::{CocoonRuntime, ExecIo, ExecSpec};
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(default)
-}
+// The real-apiserver tests' harness: the control plane, a node with a running VM pod, its
+// daemon, the simulator running exec'd commands for real.
+use vk_test_support::bench::env_usize;
+use vk_test_support::kubelet_node::{self, Node};
 
 /// 1 MiB of xorshift bytes: incompressible, so no layer gets a free ride.
 fn chunk() -> Vec<u8> {
@@ -358,7 +332,7 @@ async fn main() {
     let data = chunk();
     let mut all = Vec::new();
     for (transport, websockets) in [("WebSocket", true), ("SPDY/3.1", false)] {
-        let Some(node) = streaming::exec_node_with(
+        let Some(node) = kubelet_node::exec_node_with(
             if websockets { "bench-ws" } else { "bench-spdy" },
             if websockets {
                 &[]

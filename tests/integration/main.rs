@@ -7,16 +7,11 @@
 //! The real-apiserver end-to-end suite is its own binary (`tests/real_apiserver`): it starts a
 //! kube-apiserver and etcd once per process and is run alone when only it is wanted.
 //!
-//! The shared harnesses live beside this directory (`tests/*_support`) because the benches and
-//! the real-apiserver suite use them too.
+//! The shared harnesses are the `vk-test-support` crate (`tests/support`), because the benches
+//! and the real-apiserver suite use them too.
 
-#[path = "../provider_support/mod.rs"]
-mod provider_support;
-
-// The support modules nest (the provider's harness builds on the kubelet's and the registry's,
-// the registry's on the runtime's): one copy of each, named at the root for the concern modules.
-use provider_support::{kubelet_support, registry_support};
-use registry_support::runtime_support;
+// Named at the root for the concern modules (`crate::provider_support::env`, ...).
+use vk_test_support::{kubelet_support, policy_examples, provider_support, registry_support, runtime_support};
 
 mod architecture;
 mod coverage;

@@ -14,8 +14,7 @@ use vk_cocoon::kubelet_api::streaming::spdy::codec::frame::{Frame, encode, rst};
 use vk_cocoon::kubelet_api::streaming::spdy::codec::{Decoder, Deflater, HeaderBlock, Limits};
 
 use crate::daemon::{IMAGE, create_pod, eventually, managed_pod, wait_up};
-use crate::kubelet_api::{Node, node_with_pod_on};
-use crate::streaming::{exec_node_with, plain_log};
+use crate::kubelet_node::{Node, exec_node_with, node_with_pod_on, plain_log};
 use crate::streaming_direct::{Tls, exec_path, spdy, streamer_token, ws};
 
 /// A `/proc/<daemon>/status` figure, in bytes.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::daemon::*;
 use crate::kube_support;
-use crate::provider_support::runtime_support;
+use crate::runtime_support;
 
 const OS: &str = "cocoonset.cocoonstack.io/os";
 const IP: &str = "vm.cocoonstack.io/ip";

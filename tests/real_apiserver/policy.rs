@@ -170,10 +170,7 @@ async fn the_node_shows_the_digest_of_each_slot_and_a_refused_reload() {
 /// `policies/examples/build.sh`), or `None` — the test then says it is skipped; under CI=true
 /// their absence is a failure.
 fn examples_dir() -> Option<std::path::PathBuf> {
-    crate::provider_support::policy_examples::dir_with(&[
-        "snapshot-before-destroy-py.wasm",
-        "cpu-class-admission-js.wasm",
-    ])
+    crate::policy_examples::dir_with(&["snapshot-before-destroy-py.wasm", "cpu-class-admission-js.wasm"])
 }
 
 /// The decision log's records of `slot` about pod `name` (the facts name the pod).

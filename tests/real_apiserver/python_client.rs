@@ -7,8 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::kubelet_api::Node;
-use crate::streaming::{exec_node_with, plain_log, web_port};
+use crate::kubelet_node::{Node, exec_node_with, plain_log, web_port};
 
 /// The interpreter with the `kubernetes` package: `VK_TEST_PYTHON` (what `.ci/test` sets up),
 /// else `python3`. `None` (the test is skipped) when it lacks the package, except under

@@ -9,8 +9,9 @@ use cocoon_sim::Sim;
 use crate::daemon::*;
 use crate::hibernate::{HIBERNATE, tag_exists, wait_event, wait_lifecycle};
 use crate::kube_support;
-use crate::provider_support::registry_support::dir_files;
-use crate::provider_support::{runtime_support, seed_snapshot_on};
+use crate::provider_support::seed_snapshot_on;
+use crate::registry_support::dir_files;
+use crate::runtime_support;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_killed_mid_create_restarts_into_one_vm_for_the_pod() {

@@ -14,8 +14,9 @@ use kube::api::Api;
 use crate::daemon::*;
 use crate::hibernate::{HIBERNATE, tag_exists, wait_lifecycle};
 use crate::kube_support;
-use crate::provider_support::registry_support::dir_files;
-use crate::provider_support::{runtime_support, seed_snapshot_on};
+use crate::provider_support::seed_snapshot_on;
+use crate::registry_support::dir_files;
+use crate::runtime_support;
 
 /// Sends SIGTERM and checks the daemon exits cleanly within `deadline`; returns how long it took.
 async fn sigterm_exits_within(daemon: &mut DaemonProcess, deadline: Duration) -> Duration {

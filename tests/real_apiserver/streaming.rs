@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::daemon::eventually;
-use crate::kubelet_api::{Node, node_with_pod_on};
+use crate::kubelet_node::{Node, exec_node_with, plain_log, processes, web_port};
 
 /// A node whose exec'd commands run for real; `websockets` = whether it declares them.
 async fn exec_node(prefix: &str, websockets: bool) -> Option<Node> {
@@ -22,112 +22,10 @@ async fn exec_node(prefix: &str, websockets: bool) -> Option<Node> {
     exec_node_with(prefix, env).await
 }
 
-/// A port nothing on 127.0.0.1 listens on now, for a guest's web server. Guests of tests
-/// running at once no longer share addresses (each simulator root has a loopback subnet of its
-/// own, `Sim::subnet`); a port of its own as well is a second fence that costs nothing.
-fn guest_web_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
-/// The port the node's guest serves its web server on.
-pub fn web_port(node: &Node) -> u16 {
-    node.machine.sim.settings().unwrap().guest_http_ports[0]
-}
-
-/// A node whose exec'd commands run for real and whose guest serves a web server (on
-/// [`web_port`]), its daemon with `env` too.
-pub async fn exec_node_with(prefix: &str, env: &[(&str, &str)]) -> Option<Node> {
-    let port = guest_web_port();
-    let node = node_with_pod_on(prefix, |s| s.guest_http_ports = vec![port], env).await?;
-    node.machine
-        .sim
-        .on_exec(cocoon_sim::ExecRule {
-            run: true,
-            ..Default::default()
-        })
-        .unwrap();
-    Some(node)
-}
-
-impl Node {
-    /// kubectl as admin, for a streaming command (no request timeout: streams last).
-    fn kubectl_stream(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("kubectl");
-        c.arg("--kubeconfig")
-            .arg(self.cluster.admin_kubeconfig_path())
-            .args(["-n", &self.ns])
-            .args(args)
-            .env_remove("KUBECONFIG");
-        c
-    }
-
-    /// `kubectl exec web-0 ARGS`, stdin from `input`: (exit code, stdout, stderr).
-    fn exec(&self, flags: &[&str], argv: &[&str], input: Option<Vec<u8>>) -> (i32, Vec<u8>, String) {
-        let mut args = vec!["exec"];
-        args.extend_from_slice(flags);
-        args.extend(["web-0", "--"]);
-        args.extend_from_slice(argv);
-        let mut child = self
-            .kubectl_stream(&args)
-            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let feeder = input.map(|data| {
-            let mut stdin = child.stdin.take().unwrap();
-            std::thread::spawn(move || {
-                let _ = stdin.write_all(&data);
-            })
-        });
-        let out = child.wait_with_output().unwrap();
-        if let Some(f) = feeder {
-            f.join().unwrap();
-        }
-        (
-            out.status.code().unwrap_or(-1),
-            out.stdout,
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
 /// Open streaming sessions of `kind` (exec, attach, portforward) on the daemon's /metrics.
 fn streams(node: &Node, kind: &str) -> f64 {
     node.metric(&format!("cocoon_vk_kubelet_api_streams{{kind=\"{kind}\"}}"))
         .unwrap_or(0.0)
-}
-
-/// The daemon's log without its colours.
-pub fn plain_log(node: &Node) -> String {
-    let log = node.daemon.log();
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Pids of processes whose argv is exactly `argv`.
-pub fn processes(argv: &[&str]) -> Vec<i32> {
-    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
-        .collect()
 }
 
 fn random_bytes(n: usize) -> Vec<u8> {

@@ -17,8 +17,7 @@ use vk_cocoon::kubelet_api::streaming::spdy::codec::frame::{Frame, encode, goawa
 use vk_cocoon::kubelet_api::streaming::spdy::codec::{Decoder, Limits};
 
 use crate::daemon::eventually;
-use crate::kubelet_api::{Node, token_with};
-use crate::streaming::{exec_node_with, plain_log, processes};
+use crate::kubelet_node::{Node, exec_node_with, plain_log, processes, token_with};
 
 pub(crate) type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 

@@ -21,8 +21,8 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::api::{Api, DeleteParams, PostParams};
 
 use crate::daemon::*;
-use crate::kubelet_api::Node;
-use crate::streaming::exec_node_with;
+use crate::kubelet_node::Node;
+use crate::kubelet_node::exec_node_with;
 
 const NAME: &str = "vm.cocoonstack.io/name";
 const MANAGED: &str = "cocoonset.cocoonstack.io/managed";

@@ -19,7 +19,7 @@ use vk_cocoon::policy::{DecisionError, LoadedPolicy, Origin, PolicyEngine, Polic
 
 /// Every example, since the last component `build.sh` writes is there.
 fn examples_dir() -> Option<PathBuf> {
-    crate::provider_support::policy_examples::dir_with(&["probe-js-async.wasm"])
+    crate::policy_examples::dir_with(&["probe-js-async.wasm"])
 }
 
 /// Runs `vk-cocoon policy test TABLE --component COMPONENT` and checks every row passed.

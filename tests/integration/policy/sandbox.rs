@@ -3,7 +3,6 @@
 //! refused, the decision fails safe, and the host keeps serving other decisions. `compat`: the
 //! 0.1.0 builds of the defaults.
 
-#[path = "../../compat/mod.rs"]
 mod compat;
 
 use std::sync::Arc;

@@ -8,6 +8,7 @@ mod nic;
 pub(crate) mod peer_tier;
 mod restarts;
 use crate::provider_support;
+use crate::{registry_support, runtime_support};
 
 use std::time::Duration;
 

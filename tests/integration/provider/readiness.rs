@@ -420,7 +420,7 @@ fn preassigned(name: &str, ip: &str, probe_port: &str) -> k8s_openapi::api::core
     agent_pod(name, &a)
 }
 
-/// The suite's loopback guard (tests/provider_support/loopback.rs): a probe at a private
+/// The suite's loopback guard (tests/support/src/provider_support/loopback.rs): a probe at a private
 /// address is refused before it reaches the network, the pod shows the refusal, and the test
 /// that let the daemon try fails with a message naming the address.
 #[tokio::test(flavor = "multi_thread")]

@@ -4,7 +4,7 @@
 
 use crate::registry_support;
 
-use registry_support::runtime_support;
+use crate::runtime_support;
 use registry_support::{TestRegistry, push_raw_artifact};
 use sha2::Digest;
 use vk_cocoon::provider::ports::CloudImageResult as CloudImage;

@@ -5,7 +5,7 @@
 
 use crate::registry_support;
 
-use registry_support::runtime_support::{self, Harness};
+use crate::runtime_support::{self, Harness};
 use registry_support::{TestRegistry, push_raw_artifact};
 use std::time::Duration;
 use vk_cocoon::registry::{ManifestLookup, RegistryAuth, RegistryError, TransferSettings};

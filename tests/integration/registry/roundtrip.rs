@@ -4,7 +4,7 @@
 
 use crate::registry_support;
 
-use registry_support::runtime_support::{self, Harness};
+use crate::runtime_support::{self, Harness};
 use registry_support::{TestRegistry, dir_files};
 use vk_cocoon::registry::media;
 use vk_cocoon::registry::{ManifestLookup, RegistryError};

@@ -6,7 +6,7 @@
 
 use crate::registry_support;
 
-use registry_support::runtime_support;
+use crate::runtime_support;
 use registry_support::{TestRegistry, dir_files};
 use serde_json::{Value, json};
 use sha2::Digest;

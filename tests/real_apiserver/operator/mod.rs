@@ -28,8 +28,8 @@ use vk_cocoon::runtime::CocoonRuntime;
 use crate::daemon::*;
 use crate::kube_support::operator::{self as op, Operator};
 use crate::kube_support::{self, KubeCluster, Watchdog};
-use crate::provider_support::registry_support::{TestRegistry, TransferClient};
 use crate::provider_support::seed_snapshot_on;
+use crate::registry_support::{TestRegistry, TransferClient};
 
 pub const SET_NAME: &str = "cocoonset.cocoonstack.io/name";
 pub const ROLE: &str = "cocoonset.cocoonstack.io/role";

@@ -1,20 +1,18 @@
 //! The fake apiserver's semantics, pinned through a real `kube::Client` and kube-runtime.
 //!
 //! [`both`]: every check there runs twice — against the fake and against the real kube-apiserver
-//! v1.36 (`tests/kube_support`; skipped with one line when its tools folder is missing, a
+//! v1.36 (`vk_test_support::kube_support`, `tests/support`; skipped with one line when its tools folder is missing, a
 //! failure under `CI=true`) — so the fake can only pass what the real server does.
 //! [`fake_only`]: what a real server cannot be made to do on demand (stop and restart, compact
 //! its history into 410 Gone, send a bookmark now, a tiny history window); see the README for
 //! what else the fake does not model.
-
-#[path = "../../../kube_support/mod.rs"]
-mod kube_support;
 
 mod both;
 mod fake_only;
 
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use vk_test_support::kube_support;
 
 /// One server under test: a client and the namespace to work in.
 pub struct Server {

@@ -36,6 +36,7 @@ use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
 
 use crate::provider_support::fleet_ca::FleetCa;
 use crate::provider_support::*;
+use crate::runtime_support;
 
 mod limits;
 mod reclaim;

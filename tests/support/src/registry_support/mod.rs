@@ -5,11 +5,8 @@
 //! the cocoon-operator does. Also the cocoon simulator and a `CocoonCli` pointed at it (see
 //! `runtime_support`), and [`TransferClient`]: the registry adapter with the daemon's transfer path
 //! around it (cocoon export / import, as the provider runs them).
-#![allow(dead_code)]
 
 pub mod hostile;
-#[path = "../runtime_support/mod.rs"]
-pub mod runtime_support;
 pub mod token;
 
 use std::io::{Read, Write};

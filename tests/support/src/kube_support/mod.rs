@@ -36,11 +36,11 @@
 //!   [`KubeCluster::node_kubeconfig`] (a `system:node:NAME` identity, the Node authorizer's).
 //!
 //! Blocking calls (`start`, `kubectl`, minting identities) run external commands; they take tens of
-//! milliseconds except `start`. This module depends on kube, k8s-openapi, tokio and tempfile only,
-//! so the fake apiserver's semantics tests can run against it too.
-#![allow(dead_code)]
+//! milliseconds except `start`. This module builds without the crate's `daemon` feature (on kube,
+//! k8s-openapi, tokio and tempfile), so the fake apiserver's semantics tests run against it too.
 
 pub mod operator;
+pub mod signer;
 pub mod tools;
 
 use std::fmt::Write as _;
@@ -53,7 +53,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, PostParams};
 
-pub use tools::{Watchdog, repo_root};
+pub use tools::Watchdog;
+
+use crate::repo_root;
 
 /// Overrides where the tools folder is (default: `<repo>/../shared/tools/kubernetes`).
 pub const TOOLS_ENV: &str = tools::KUBE_TOOLS_ENV;
@@ -185,7 +187,6 @@ pub fn unique(prefix: &str) -> String {
 pub struct KubeCluster {
     plane: ControlPlane,
     state: PathBuf,
-    tools: PathBuf,
     port: u16,
     etcd_port: u16,
     daemon_kubeconfig: PathBuf,
@@ -210,7 +211,6 @@ impl KubeCluster {
         let mut cluster = KubeCluster {
             plane,
             state: state.clone(),
-            tools: tools.clone(),
             port: 0,
             etcd_port: 0,
             daemon_kubeconfig: state.join("daemon.kubeconfig"),

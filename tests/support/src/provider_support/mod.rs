@@ -3,26 +3,15 @@
 //! in-memory registry implementing the provider's `SnapshotRegistry` port (`fake_registry`), the
 //! default policies, and the real `CocoonProvider` inside a `VirtualNode`; `pods` builds and
 //! reads pods, `history` follows readiness, leases and a pod's recorded changes.
-#![allow(dead_code)]
 
 mod fake_registry;
 pub mod fleet_ca;
 mod history;
-#[path = "../kubelet_support/mod.rs"]
-pub mod kubelet_support;
 pub mod loopback;
 mod pods;
-pub mod policy_examples;
-#[path = "../registry_support/mod.rs"]
-pub mod registry_support;
-// Each suite uses a different part of the harness: what one of them leaves unused is not dead.
-#[allow(unused_imports)]
 pub use fake_registry::*;
-#[allow(unused_imports)]
 pub use history::*;
-#[allow(unused_imports)]
 pub use pods::*;
-pub use registry_support::runtime_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -50,9 +39,9 @@ use vk_cocoon::provider::{CocoonProvider, Ports, ProbeTimings, ProviderConfig, T
 use vk_cocoon::registry::{CloudImageSource, Progress, PullReport, PushReport, RegistryError, SnapshotSource};
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, RunSpec};
 
-#[allow(unused_imports)]
-pub use kubelet_support::{NODE, eventually};
-#[allow(unused_imports)]
+use crate::{kubelet_support, registry_support, runtime_support};
+
+pub use crate::kubelet_support::{NODE, eventually};
 pub use vk_cocoon::provider::ports::SnapshotRegistry as _;
 pub use vk_cocoon::runtime::CocoonRuntime as _;
 
@@ -275,7 +264,7 @@ pub struct RecordingReleaser {
 }
 
 impl RecordingReleaser {
-    /// "mac: released by <frames>" for every release so far.
+    /// `"mac: released by <frames>"` for every release so far.
     pub fn report(&self) -> String {
         let released = self.released.lock().unwrap().clone();
         let paths = self.paths.lock().unwrap().clone();
@@ -402,7 +391,7 @@ pub fn start(env: &Env, opts: Options) -> Daemon {
 pub struct LeaseWitness {
     runtime: Arc<CocoonCli>,
     pub released: Mutex<Vec<String>>,
-    /// "mac: still on vm <id> (<name>)" for each release made while a VM held the MAC.
+    /// `"mac: still on vm <id> (<name>)"` for each release made while a VM held the MAC.
     pub breaches: Mutex<Vec<String>>,
     /// Every release answers an error (cocoon-net down).
     pub failing: AtomicBool,

@@ -1,5 +1,4 @@
 //! Shared helpers of the kubelet integration tests: a recording provider, short timings, polling.
-#![allow(dead_code)]
 
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};

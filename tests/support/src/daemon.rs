@@ -1,7 +1,6 @@
 //! The pieces of one node machine for the real-apiserver scenarios: a cocoon simulator with its
 //! state, cocoon's root directory, cocoon-net's lease file, optionally a real OCI registry —
 //! and `vk-cocoon run` as a child process against them. Plus waits on pods through the API.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -14,9 +13,10 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 
 use crate::kube_support::{self, KubeCluster};
+use crate::provider_support::fleet_ca::FleetCa;
 use crate::provider_support::loopback;
-use crate::provider_support::registry_support::TestRegistry;
-use crate::provider_support::runtime_support;
+use crate::registry_support::{TestRegistry, TransferClient};
+use crate::runtime_support;
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime, VmRecord};
 
 pub const LIFECYCLE: &str = "vm.cocoonstack.io/lifecycle-state";
@@ -69,7 +69,7 @@ impl Machine {
     /// (the one registry of the cluster).
     pub fn with_peer(
         mut self,
-        fleet: &crate::provider_support::fleet_ca::FleetCa,
+        fleet: &FleetCa,
         ip: &str,
         port: u16,
         token: &str,
@@ -162,7 +162,7 @@ impl Machine {
     }
 
     /// The daemon's client for the registry (to look at tags, and pull, as the daemon would).
-    pub fn registry_client(&self) -> crate::provider_support::registry_support::TransferClient {
+    pub fn registry_client(&self) -> TransferClient {
         self.registry
             .as_ref()
             .expect("a machine with a registry")
@@ -194,7 +194,7 @@ impl Machine {
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
         let (sim_key, sim_root) = self.sim.env();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_vk-cocoon"));
+        let mut command = Command::new(runtime_support::daemon_bin());
         command
             .arg("run")
             .env_clear()

@@ -13,7 +13,6 @@
 //!
 //! Neither is a mock of the daemon: the daemon creates, watches and uses its CSR through the
 //! real apiserver.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -8,7 +8,7 @@
 //! where the tests inject it, so the guard wraps the real `NetProber` without a test-only branch
 //! in the production build. It is deliberately independent of the daemon's own
 //! `VK_PROBE_NETWORKS` scope (which guards the `vk-cocoon run` processes tests start, see
-//! `tests/real_apiserver/daemon.rs`): a bug in that production code must not switch this guard off.
+//! `tests/support/src/daemon.rs`): a bug in that production code must not switch this guard off.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};

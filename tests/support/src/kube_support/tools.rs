@@ -2,23 +2,15 @@
 //! its binaries unpacked once into the build tree, and a watchdog that stops a tool's process
 //! when the test binary ends however it ends.
 //!
-//! It depends on std only (the fake apiserver's semantics tests include `kube_support` too).
-#![allow(dead_code)]
+//! It depends on std only (the fake apiserver's semantics tests use `kube_support` too).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
+use crate::repo_root;
+
 /// Overrides where the Kubernetes tools are (default: `<repo>/../shared/tools/kubernetes`).
 pub const KUBE_TOOLS_ENV: &str = "VK_KUBE_TOOLS_DIR";
-
-/// The repository root: the first ancestor of the test crate holding `deploy/rbac.yaml`.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .find(|dir| dir.join("deploy/rbac.yaml").is_file())
-        .expect("the test crate lives inside the vk-cocoon repository (deploy/rbac.yaml)")
-        .to_path_buf()
-}
 
 /// The Kubernetes tools folder and where that came from (for messages): `$VK_KUBE_TOOLS_DIR`,
 /// else `../shared/tools/kubernetes` beside the repository.

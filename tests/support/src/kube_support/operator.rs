@@ -13,7 +13,6 @@
 //! that), so tests share one and keep apart by namespace and node pool. It stops on drop
 //! (SIGTERM, which it handles), and — kept in a `static` — when the test binary ends, by a
 //! [`Watchdog`].
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -65,7 +64,6 @@ pub struct Operator {
     child: Option<Child>,
     /// Its HOME, DOCKER_CONFIG and log.
     dir: tempfile::TempDir,
-    probe_port: u16,
     _watchdog: Watchdog,
 }
 
@@ -117,7 +115,6 @@ impl Operator {
                     return Ok(Operator {
                         child,
                         dir,
-                        probe_port,
                         _watchdog: watchdog,
                     });
                 }

@@ -2,14 +2,14 @@
 //! `target/policy-examples`, or `VK_POLICY_EXAMPLES_DIR`): their toolchains are large, so a
 //! developer may run the suite without them; CI may not.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The examples' directory when every one of `files` is in it; `None` (the test then says it is
 /// skipped) when one is missing, except under `CI=true`, where that fails the test.
 pub fn dir_with(files: &[&str]) -> Option<PathBuf> {
     let dir = std::env::var_os("VK_POLICY_EXAMPLES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-examples"));
+        .unwrap_or_else(|| crate::repo_root().join("target/policy-examples"));
     if files.iter().all(|f| dir.join(f).exists()) {
         return Some(dir);
     }

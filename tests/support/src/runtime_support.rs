@@ -1,5 +1,4 @@
 //! Shared helpers of the `runtime_*` integration tests: a simulator root plus a client pointed at it.
-#![allow(dead_code)]
 
 use cocoon_sim::Sim;
 use std::path::PathBuf;
@@ -23,6 +22,25 @@ pub fn sim_bin() -> PathBuf {
             bin.display()
         );
     }
+    bin
+}
+
+/// The daemon's binary, `vk-cocoon`, beside the test executable (`target/<profile>/vk-cocoon`):
+/// Cargo builds a package's binaries before its integration tests and benches, in the same
+/// profile directory, which is where it points their `CARGO_BIN_EXE_vk-cocoon` (a variable only
+/// the package's own test crates see, not this support crate).
+pub fn daemon_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|d| d.join("vk-cocoon"))
+        .expect("target dir layout");
+    assert!(
+        bin.exists(),
+        "the vk-cocoon binary is not at {}: run the tests through cargo (`cargo test`, `cargo bench`), which builds it",
+        bin.display()
+    );
     bin
 }
 
