@@ -129,7 +129,12 @@ impl Registry {
                     detail: "it is an image index, not an artifact manifest".into(),
                 });
             }
-            Err(detail) => return Err(RegistryError::InvalidArtifact { artifact, detail }),
+            Err(e) => {
+                return Err(RegistryError::InvalidArtifact {
+                    artifact,
+                    detail: e.to_string(),
+                });
+            }
         };
         // Every layer is checked before the first is fetched: nothing is downloaded for an artifact
         // that would be refused anyway.

@@ -51,13 +51,26 @@ pub(crate) struct RealmPolicy {
     pub trusted: Vec<String>,
 }
 
+/// Why a token realm gets no credentials; reads after "the token realm X, which".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RealmRefusal {
+    #[error("is not an http(s) URL (scheme {0:?})")]
+    NotHttp(String),
+    #[error("is plain HTTP while the registry is spoken to over HTTPS")]
+    PlainToTheRegistry,
+    #[error("is plain HTTP (another host, {host}, gets the credentials only over HTTPS)")]
+    PlainToAnotherHost { host: String },
+    #[error("is on another host ({host}) than the registry ({registry})")]
+    AnotherHost { host: String, registry: String },
+}
+
 impl RealmPolicy {
     /// `Err(reason)` when `realm` may not be asked for a token.
-    pub(crate) fn check(&self, realm: &reqwest::Url) -> Result<(), String> {
+    pub(crate) fn check(&self, realm: &reqwest::Url) -> Result<(), RealmRefusal> {
         let https = match realm.scheme() {
             "https" => true,
             "http" => false,
-            other => return Err(format!("is not an http(s) URL (scheme {other:?})")),
+            other => return Err(RealmRefusal::NotHttp(other.to_string())),
         };
         let host = realm
             .host_str()
@@ -68,7 +81,7 @@ impl RealmPolicy {
             return if https || self.plain_http {
                 Ok(())
             } else {
-                Err("is plain HTTP while the registry is spoken to over HTTPS".into())
+                Err(RealmRefusal::PlainToTheRegistry)
             };
         }
         let with_port = realm.port().map(|p| format!("{host}:{p}"));
@@ -78,13 +91,11 @@ impl RealmPolicy {
             .any(|t| t.trim_matches(['[', ']']) == host || Some(t) == with_port.as_ref());
         match (listed, https) {
             (true, true) => Ok(()),
-            (true, false) => Err(format!(
-                "is plain HTTP (another host, {host}, gets the credentials only over HTTPS)"
-            )),
-            (false, _) => Err(format!(
-                "is on another host ({host}) than the registry ({})",
-                self.registry_host
-            )),
+            (true, false) => Err(RealmRefusal::PlainToAnotherHost { host }),
+            (false, _) => Err(RealmRefusal::AnotherHost {
+                host,
+                registry: self.registry_host.clone(),
+            }),
         }
     }
 }
@@ -220,7 +231,7 @@ impl AuthedHttp {
             tracing::warn!(realm, %reason, "refusing the registry's token realm");
             HttpError::UntrustedRealm {
                 realm: realm.to_string(),
-                reason,
+                reason: reason.to_string(),
             }
         })?;
         {
@@ -378,7 +389,7 @@ mod tests {
         }
     }
 
-    fn check(p: &RealmPolicy, realm: &str) -> Result<(), String> {
+    fn check(p: &RealmPolicy, realm: &str) -> Result<(), RealmRefusal> {
         p.check(&reqwest::Url::parse(realm).unwrap())
     }
 
@@ -390,16 +401,19 @@ mod tests {
         assert!(
             check(&https, "http://reg.example.com/token")
                 .unwrap_err()
+                .to_string()
                 .contains("plain HTTP")
         );
         assert!(
             check(&https, "https://evil.example.net/token")
                 .unwrap_err()
+                .to_string()
                 .contains("another host")
         );
         assert!(
             check(&https, "https://reg.example.com.evil.net/t")
                 .unwrap_err()
+                .to_string()
                 .contains("another host")
         );
         assert!(check(&https, "ftp://reg.example.com/t").is_err());
@@ -410,6 +424,7 @@ mod tests {
         assert!(
             check(&plain, "http://127.0.0.2:5001/token")
                 .unwrap_err()
+                .to_string()
                 .contains("another host")
         );
         assert!(check(&plain, "http://localhost:5001/token").is_err());
@@ -425,6 +440,7 @@ mod tests {
         assert!(
             check(&listed, "http://auth.docker.io/token")
                 .unwrap_err()
+                .to_string()
                 .contains("plain HTTP")
         );
         assert_eq!(check(&listed, "https://gitlab.example.com:8443/jwt/auth"), Ok(()));

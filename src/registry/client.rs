@@ -159,9 +159,9 @@ impl Registry {
                 detail: format!("its bytes hash to {computed}"),
             });
         }
-        let m = manifest::parse_manifest(&got.bytes).map_err(|detail| RegistryError::InvalidArtifact {
+        let m = manifest::parse_manifest(&got.bytes).map_err(|e| RegistryError::InvalidArtifact {
             artifact: artifact.clone(),
-            detail,
+            detail: e.to_string(),
         })?;
         Ok(Some(Fetched {
             digest: computed,

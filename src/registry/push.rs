@@ -219,9 +219,9 @@ impl Registry {
         let created = chrono::Utc::now();
         let mut cfg =
             SnapshotConfig::from_envelope(envelope, created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-                .map_err(|detail| RegistryError::InvalidArtifact {
+                .map_err(|e| RegistryError::InvalidArtifact {
                     artifact: artifact.clone(),
-                    detail,
+                    detail: e.to_string(),
                 })?;
         cfg.files = infos;
         if v2 {
