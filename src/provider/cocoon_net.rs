@@ -288,6 +288,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_missing_control_socket_is_named_and_its_error_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ControlSocket::new(dir.path().join("none.sock"))
+            .release("aa:bb:cc:dd:ee:ff")
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("none.sock: ") && err.to_string().contains("running?"),
+            "{err}"
+        );
+        let io = std::error::Error::source(&err)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the connect error is kept as the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
     async fn release_sends_delete_with_the_normalised_mac_and_retries_one_500() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("control.sock");

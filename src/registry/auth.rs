@@ -15,6 +15,7 @@
 //! answer is read to [`MAX_TOKEN_ANSWER`] at most, within the answer deadline.
 
 use super::answer::{self, AnswerError};
+use super::errors::Cause;
 use oci_client::secrets::RegistryAuth;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,18 +24,19 @@ use std::time::{Duration, Instant};
 /// How a request failed before the registry gave an answer the caller can interpret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HttpError {
-    /// Connection, TLS, timeout, a token server that could not be reached.
-    Transport(String),
+    /// Connection, TLS, timeout, a token server that could not be reached (and the error, when
+    /// one says why).
+    Transport(String, Option<Cause>),
     /// The token server refused the credentials (or answered something that is not a token).
-    Denied(String),
+    Denied(String, Option<Cause>),
     /// The registry named a token realm the credentials may not go to; it was not asked.
-    UntrustedRealm { realm: String, reason: String },
+    UntrustedRealm { realm: String, reason: RealmRefusal },
 }
 
 impl std::fmt::Display for HttpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            HttpError::Transport(s) | HttpError::Denied(s) => f.write_str(s),
+            HttpError::Transport(s, _) | HttpError::Denied(s, _) => f.write_str(s),
             HttpError::UntrustedRealm { realm, reason } => write!(f, "the token realm {realm} {reason}"),
         }
     }
@@ -185,7 +187,7 @@ impl AuthedHttp {
             .authorize(scope, build(&self.http))
             .send()
             .await
-            .map_err(|e| HttpError::Transport(e.to_string()))?;
+            .map_err(|e| HttpError::Transport(e.to_string(), Some(Cause::new(e))))?;
         if first.status() != reqwest::StatusCode::UNAUTHORIZED {
             return Ok(first);
         }
@@ -212,7 +214,10 @@ impl AuthedHttp {
                 build(&self.http).bearer_auth(token)
             }
         };
-        retry.send().await.map_err(|e| HttpError::Transport(e.to_string()))
+        retry
+            .send()
+            .await
+            .map_err(|e| HttpError::Transport(e.to_string(), Some(Cause::new(e))))
     }
 
     /// `GET <realm>?service=…&scope=…` with the docker-config credentials, when the realm may have them
@@ -225,13 +230,17 @@ impl AuthedHttp {
         scope: &str,
         key: &str,
     ) -> Result<String, HttpError> {
-        let mut url = reqwest::Url::parse(realm)
-            .map_err(|e| HttpError::Denied(format!("the registry's token realm {realm:?} is not a URL: {e}")))?;
+        let mut url = reqwest::Url::parse(realm).map_err(|e| {
+            HttpError::Denied(
+                format!("the registry's token realm {realm:?} is not a URL: {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         self.realms.check(&url).map_err(|reason| {
             tracing::warn!(realm, %reason, "refusing the registry's token realm");
             HttpError::UntrustedRealm {
                 realm: realm.to_string(),
-                reason: reason.to_string(),
+                reason,
             }
         })?;
         {
@@ -254,34 +263,43 @@ impl AuthedHttp {
             let resp = req
                 .send()
                 .await
-                .map_err(|e| HttpError::Transport(format!("token request to {realm}: {e}")))?;
+                .map_err(|e| HttpError::Transport(format!("token request to {realm}: {e}"), Some(Cause::new(e))))?;
             let status = resp.status();
             if !status.is_success() {
                 let text = answer::error_text(resp, self.answer_deadline).await;
-                return Err(HttpError::Denied(format!(
-                    "the token server {realm} answered {status} for scope {scope:?}: {text}"
-                )));
+                return Err(HttpError::Denied(
+                    format!("the token server {realm} answered {status} for scope {scope:?}: {text}"),
+                    None,
+                ));
             }
             answer::read_whole(resp, MAX_TOKEN_ANSWER).await.map_err(|e| match e {
-                AnswerError::TooLarge { .. } => HttpError::Denied(format!("the token server {realm}: {e}")),
-                AnswerError::Transport(_) => HttpError::Transport(format!("token answer from {realm}: {e}")),
+                AnswerError::TooLarge { .. } => HttpError::Denied(format!("the token server {realm}: {e}"), None),
+                AnswerError::Transport(_) => HttpError::Transport(format!("token answer from {realm}: {e}"), None),
             })
         };
         let body = tokio::time::timeout(self.answer_deadline, exchange)
             .await
             .map_err(|_| {
-                HttpError::Transport(format!(
-                    "the token server {realm} did not answer within {}",
-                    answer::secs_text(self.answer_deadline)
-                ))
+                HttpError::Transport(
+                    format!(
+                        "the token server {realm} did not answer within {}",
+                        answer::secs_text(self.answer_deadline)
+                    ),
+                    None,
+                )
             })??;
-        let t: TokenResponse = serde_json::from_slice(&body)
-            .map_err(|e| HttpError::Denied(format!("the token server {realm} answered no token: {e}")))?;
+        let t: TokenResponse = serde_json::from_slice(&body).map_err(|e| {
+            HttpError::Denied(
+                format!("the token server {realm} answered no token: {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         let token = if t.token.is_empty() { t.access_token } else { t.token };
         if token.is_empty() {
-            return Err(HttpError::Denied(format!(
-                "the token server {realm} answered an empty token"
-            )));
+            return Err(HttpError::Denied(
+                format!("the token server {realm} answered an empty token"),
+                None,
+            ));
         }
         let now = Instant::now();
         let mut tokens = self.tokens.lock().expect("token cache lock");

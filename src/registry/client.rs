@@ -4,7 +4,7 @@
 
 use super::auth::{AuthedHttp, RealmPolicy};
 use super::config::RegistryConfig;
-use super::errors::RegistryError;
+use super::errors::{Cause, RegistryError};
 use super::manifest::{self, OciImageManifest, OciManifest, SnapshotConfig};
 use futures::StreamExt;
 use oci_client::secrets::RegistryAuth;
@@ -107,20 +107,44 @@ impl Registry {
     }
 
     pub(crate) fn unavailable(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
+        self.unavailable_by(op, artifact, e, None)
+    }
+
+    /// [`RegistryError::Unavailable`] saying `detail`, with the error it comes from.
+    pub(crate) fn unavailable_by(
+        &self,
+        op: &str,
+        artifact: &str,
+        detail: impl std::fmt::Display,
+        cause: Option<Cause>,
+    ) -> RegistryError {
         RegistryError::Unavailable {
             op: op.to_string(),
             artifact: artifact.to_string(),
             registry: self.cfg.host.clone(),
-            detail: e.to_string(),
+            detail: detail.to_string(),
+            cause,
         }
     }
 
     pub(crate) fn denied(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
+        self.denied_by(op, artifact, e, None)
+    }
+
+    /// [`RegistryError::Denied`] saying `detail`, with the error it comes from.
+    pub(crate) fn denied_by(
+        &self,
+        op: &str,
+        artifact: &str,
+        detail: impl std::fmt::Display,
+        cause: Option<Cause>,
+    ) -> RegistryError {
         RegistryError::Denied {
             op: op.to_string(),
             artifact: artifact.to_string(),
             registry: self.cfg.host.clone(),
-            detail: e.to_string(),
+            detail: detail.to_string(),
+            cause,
         }
     }
 

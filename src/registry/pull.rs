@@ -167,6 +167,7 @@ impl Registry {
             artifact: artifact.clone(),
             step: "building the import tar".into(),
             detail: e.to_string(),
+            cause: Some(super::errors::Cause::new(e)),
         };
         let mut head =
             tarfmt::entry_header("snapshot.json", 0o644, envelope.len() as u64, None, None).map_err(io_err)?;
@@ -370,6 +371,7 @@ impl TarOut<'_> {
         RegistryError::Sink {
             artifact: self.artifact.to_string(),
             detail: e.to_string(),
+            cause: Some(super::errors::Cause::new(e)),
         }
     }
 }
