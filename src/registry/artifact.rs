@@ -119,6 +119,7 @@ impl Registry {
                 digest: digest.to_string(),
                 what: "manifest".into(),
                 detail: format!("its bytes hash to {computed}"),
+                cause: None,
             });
         }
         let manifest = match manifest::parse_manifest(&raw) {
@@ -127,12 +128,14 @@ impl Registry {
                 return Err(RegistryError::InvalidArtifact {
                     artifact,
                     detail: "it is an image index, not an artifact manifest".into(),
+                    cause: None,
                 });
             }
             Err(e) => {
                 return Err(RegistryError::InvalidArtifact {
                     artifact,
                     detail: e.to_string(),
+                    cause: Some(super::errors::Cause::new(e)),
                 });
             }
         };
@@ -145,6 +148,7 @@ impl Registry {
                     "it has {} layers (at most {MAX_ARTIFACT_LAYERS} are read); push the artifact with its component and case table only",
                     manifest.layers.len()
                 ),
+                cause: None,
             });
         }
         if let Some((i, layer)) =
@@ -153,6 +157,7 @@ impl Registry {
             return Err(RegistryError::InvalidArtifact {
                 artifact,
                 detail: format!("layer {i} is {} bytes (at most {max_layer_bytes} are read)", layer.size),
+                cause: None,
             });
         }
         let mut layers = Vec::with_capacity(manifest.layers.len());

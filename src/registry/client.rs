@@ -181,11 +181,13 @@ impl Registry {
                 digest: claimed,
                 what: "manifest".into(),
                 detail: format!("its bytes hash to {computed}"),
+                cause: None,
             });
         }
         let m = manifest::parse_manifest(&got.bytes).map_err(|e| RegistryError::InvalidArtifact {
             artifact: artifact.clone(),
             detail: e.to_string(),
+            cause: Some(Cause::new(e)),
         })?;
         Ok(Some(Fetched {
             digest: computed,
@@ -211,6 +213,7 @@ impl Registry {
         let child = manifest::resolve_index(&index).ok_or_else(|| RegistryError::InvalidArtifact {
             artifact: format!("{repo}:{tag}"),
             detail: "the image index has no linux/amd64 (or other known-architecture) manifest".into(),
+            cause: None,
         })?;
         let digest = child.digest.clone();
         tracing::debug!(repo, tag, child = %digest, "resolved image index");
@@ -221,6 +224,7 @@ impl Registry {
             }) => Err(RegistryError::InvalidArtifact {
                 artifact: format!("{repo}:{tag}"),
                 detail: "nested image indexes are not supported".into(),
+                cause: None,
             }),
             Some(Fetched {
                 digest,
@@ -270,6 +274,7 @@ impl Registry {
                     desc.size,
                     manifest::MAX_CONFIG_BYTES
                 ),
+                cause: None,
             });
         }
         let bytes = self
@@ -278,6 +283,7 @@ impl Registry {
         serde_json::from_slice(&bytes).map_err(|e| RegistryError::InvalidArtifact {
             artifact,
             detail: format!("the config blob is not a snapshot config: {e}"),
+            cause: Some(Cause::new(e)),
         })
     }
 

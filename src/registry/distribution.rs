@@ -178,6 +178,7 @@ impl Registry {
                     AnswerError::TooLarge { .. } => RegistryError::InvalidArtifact {
                         artifact: artifact.clone(),
                         detail: format!("the manifest: {e}; a manifest this large is not read"),
+                        cause: None,
                     },
                     AnswerError::Transport(_) => self.unavailable(op, &artifact, e),
                 })?;
@@ -395,6 +396,7 @@ impl Registry {
             .ok_or_else(|| RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail: format!("{what}: unsupported digest {digest:?} (only sha256 is read)"),
+                cause: None,
             })?;
         let target = self.repo(repo)?;
         let url = format!("{}/blobs/{digest}", target.url);
@@ -426,7 +428,7 @@ impl Registry {
         Ok(async_stream::try_stream! {
             let mut seen = 0u64;
             let mut hasher = sha2::Sha256::new();
-            let corrupt = |detail: String| RegistryError::Corrupt { artifact: artifact.clone(), digest: digest.clone(), what: what.clone(), detail };
+            let corrupt = |detail: String| RegistryError::Corrupt { artifact: artifact.clone(), digest: digest.clone(), what: what.clone(), detail, cause: None, };
             let unavailable = |detail: String, cause: Option<Cause>| RegistryError::Unavailable { op: op.clone(), artifact: artifact.clone(), registry: registry.clone(), detail, cause };
             loop {
                 let chunk = match tokio::time::timeout(idle, resp.chunk()).await {

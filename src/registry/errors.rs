@@ -89,10 +89,17 @@ pub enum RegistryError {
         digest: String,
         what: String,
         detail: String,
+        #[source]
+        cause: Option<Cause>,
     },
     /// The manifest or config is malformed or uses something this daemon cannot read.
     #[error("{artifact}: invalid artifact: {detail}")]
-    InvalidArtifact { artifact: String, detail: String },
+    InvalidArtifact {
+        artifact: String,
+        detail: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// A layer media type outside the allowlist.
     #[error(
         "{artifact}: layer {title:?} has unsupported media type {media_type:?}; this daemon reads only cocoonstack snapshot layers (v1/v2) — re-push the snapshot with a supported cocoon version"

@@ -150,6 +150,7 @@ async fn fetch(registry: &Registry, repo: &str, tag: &str, artifact: String, job
                         digest: job.part.digest.clone(),
                         what: job.title.clone(),
                         detail: format!("zstd decoding failed: {e}"),
+                        cause: Some(Cause::new(e)),
                     }),
                     Err(e) => Err(task_failed(&artifact, &job, e)),
                 }

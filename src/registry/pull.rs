@@ -108,6 +108,7 @@ impl Registry {
             PlanError::Invalid(detail) => RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail,
+                cause: None,
             },
             PlanError::MediaType { title, media_type } => RegistryError::UnsupportedMediaType {
                 artifact: artifact.clone(),
@@ -232,6 +233,7 @@ impl Registry {
                     digest: p.parts.first().map(|x| x.digest.clone()).unwrap_or_default(),
                     what: p.title.clone(),
                     detail: format!("the file has {} bytes, its config says {}", p.size - body.left, p.size),
+                    cause: None,
                 });
             }
             out.write(&vec![0u8; tarfmt::padding(p.size)]).await?;
@@ -333,6 +335,7 @@ impl FileBody<'_, '_> {
             digest: part.digest.clone(),
             what: self.file.title.clone(),
             detail,
+            cause: None,
         }
     }
 }

@@ -228,6 +228,7 @@ impl Registry {
                 .map_err(|e| RegistryError::InvalidArtifact {
                     artifact: artifact.clone(),
                     detail: e.to_string(),
+                    cause: Some(Cause::new(e)),
                 })?;
         cfg.files = infos;
         if v2 {
