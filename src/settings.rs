@@ -33,7 +33,7 @@ pub fn without_blank_env(cmd: Command) -> Command {
 /// Parses the settings `A` declares from `lookup` (variable → value) instead of the process
 /// environment, with the same rules: each variable becomes its flag. For tests and anything else
 /// that holds settings in a map.
-pub fn parse_lookup<A: Args + FromArgMatches>(lookup: impl Fn(&str) -> Option<String>) -> Result<A, String> {
+pub fn parse_lookup<A: Args + FromArgMatches>(lookup: impl Fn(&str) -> Option<String>) -> Result<A, SettingsError> {
     let cmd = A::augment_args(Command::new("vk-cocoon-settings"));
     let mut argv = vec!["vk-cocoon-settings".to_string()];
     for arg in cmd.get_arguments() {
@@ -46,20 +46,34 @@ pub fn parse_lookup<A: Args + FromArgMatches>(lookup: impl Fn(&str) -> Option<St
     }
     // Only `lookup` counts: the process environment is not read.
     let cmd = cmd.mut_args(|arg| arg.env(None::<&'static str>));
-    let matches = cmd.try_get_matches_from(argv).map_err(|e| e.to_string())?;
-    A::from_arg_matches(&matches).map_err(|e| e.to_string())
+    let matches = cmd.try_get_matches_from(argv)?;
+    Ok(A::from_arg_matches(&matches)?)
+}
+
+/// A setting that does not parse. clap's message names the variable (as its flag), the value and
+/// what is accepted ([`parser`]), so it is shown as it is.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct SettingsError(#[from] clap::Error);
+
+// The settings of modules that still report a refusal as text take it with `?`.
+impl From<SettingsError> for String {
+    fn from(e: SettingsError) -> Self {
+        e.to_string()
+    }
 }
 
 /// A clap value parser for `var`: the value is trimmed and handed to `parse`; a refusal names
 /// the variable, the value and what is accepted.
-pub fn parser<T, F>(
+pub fn parser<T, E, F>(
     var: &'static str,
     accepted: &'static str,
     parse: F,
 ) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
 where
     T: Clone + Send + Sync + 'static,
-    F: Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static,
+    E: std::fmt::Display,
+    F: Fn(&str) -> Result<T, E> + Clone + Send + Sync + 'static,
 {
     move |raw: &str| parse(raw.trim()).map_err(|problem| format!("{var}={raw:?}: {problem}; accepted: {accepted}"))
 }
@@ -158,7 +172,7 @@ mod tests {
             Some(""),
             "an empty value that means off is kept"
         );
-        let e = parse(&[("SAMPLE_COUNT", "-2")]).unwrap_err();
+        let e = parse(&[("SAMPLE_COUNT", "-2")]).unwrap_err().to_string();
         assert!(
             e.contains("SAMPLE_COUNT=\"-2\"") && e.contains("accepted: a number of at least 1"),
             "{e}"

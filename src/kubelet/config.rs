@@ -269,7 +269,7 @@ impl KubeletConfig {
 
     /// Reads the node's variables (and `COCOON_ROOT_DIR`) through `lookup`, with the rules of
     /// the environment ([`crate::settings`]).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, settings::SettingsError> {
         let root = settings::parse_lookup::<RootArgs>(&lookup)?;
         Ok(Self::from_args(
             &settings::parse_lookup::<KubeletArgs>(&lookup)?,
@@ -285,7 +285,7 @@ mod tests {
 
     fn cfg(vars: &[(&str, &str)]) -> Result<KubeletConfig, String> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        KubeletConfig::from_lookup(|k| map.get(k).cloned())
+        KubeletConfig::from_lookup(|k| map.get(k).cloned()).map_err(String::from)
     }
 
     #[test]

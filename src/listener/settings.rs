@@ -73,7 +73,7 @@ impl ListenerArgs {
 
     /// Reads the variables through `lookup`, with the rules of the environment.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        settings::parse_lookup::<ListenerArgs>(lookup)
+        settings::parse_lookup::<ListenerArgs>(lookup).map_err(String::from)
     }
 }
 

@@ -11,13 +11,40 @@ use std::path::{Path, PathBuf};
 
 pub const ENV: &str = "VK_CLONE_FROM_DIR_ROOTS";
 
+/// A `VK_CLONE_FROM_DIR_ROOTS` entry that is not an absolute directory.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an absolute directory")]
+pub struct NotAbsolute(pub String);
+
+/// Why a pod's `vm.cocoonstack.io/clone-from-dir` is refused: each says what the pod's author
+/// or the node's operator can do.
+#[derive(Debug, thiserror::Error)]
+pub enum DirRefused {
+    #[error("vm.cocoonstack.io/clone-from-dir {dir:?}: clone-from-dir is turned off on this node ({ENV}=none)")]
+    Off { dir: String },
+    #[error(
+        "vm.cocoonstack.io/clone-from-dir {dir:?} is not below a directory this node exports snapshots from ({roots}); put the export there, or ask the node's operator to list its directory in {ENV}"
+    )]
+    Outside { dir: String, roots: String },
+    /// The directory cannot be resolved (missing, unreadable): the same advice, with the reason.
+    #[error(
+        "vm.cocoonstack.io/clone-from-dir {dir:?} is not below a directory this node exports snapshots from ({roots}); put the export there, or ask the node's operator to list its directory in {ENV}: {source}"
+    )]
+    Unresolvable {
+        dir: String,
+        roots: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The allowed roots (none: clone-from-dir is off).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloneRoots(Vec<PathBuf>);
 
 impl CloneRoots {
     /// `none`, or absolute directories separated by commas.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    pub fn parse(value: &str) -> Result<Self, NotAbsolute> {
         if value.trim() == "none" {
             return Ok(Self(Vec::new()));
         }
@@ -30,7 +57,7 @@ impl CloneRoots {
                 if path.is_absolute() {
                     Ok(path)
                 } else {
-                    Err(format!("{s:?} is not an absolute directory"))
+                    Err(NotAbsolute(s.to_string()))
                 }
             })
             .collect::<Result<Vec<_>, _>>()
@@ -43,20 +70,23 @@ impl CloneRoots {
 
     /// `dir` resolved (symlinks followed) when it lies strictly below one of the roots, also
     /// resolved; what cocoon is then given is the resolved path.
-    pub fn admit(&self, dir: &str) -> Result<PathBuf, String> {
+    pub fn admit(&self, dir: &str) -> Result<PathBuf, DirRefused> {
         if self.0.is_empty() {
-            return Err(format!(
-                "vm.cocoonstack.io/clone-from-dir {dir:?}: clone-from-dir is turned off on this node ({ENV}=none)"
-            ));
+            return Err(DirRefused::Off { dir: dir.to_string() });
         }
-        let outside = || {
+        let roots = || {
             let roots: Vec<String> = self.0.iter().map(|r| r.display().to_string()).collect();
-            format!(
-                "vm.cocoonstack.io/clone-from-dir {dir:?} is not below a directory this node exports snapshots from ({}); put the export there, or ask the node's operator to list its directory in {ENV}",
-                roots.join(", ")
-            )
+            roots.join(", ")
         };
-        let resolved = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", outside()))?;
+        let outside = || DirRefused::Outside {
+            dir: dir.to_string(),
+            roots: roots(),
+        };
+        let resolved = std::fs::canonicalize(dir).map_err(|source| DirRefused::Unresolvable {
+            dir: dir.to_string(),
+            roots: roots(),
+            source,
+        })?;
         let inside = self
             .0
             .iter()
@@ -90,8 +120,8 @@ mod tests {
 
         let golden = root.join("golden");
         assert_eq!(
-            roots.admit(golden.to_str().unwrap()),
-            Ok(golden.canonicalize().unwrap())
+            roots.admit(golden.to_str().unwrap()).unwrap(),
+            golden.canonicalize().unwrap()
         );
         for bad in [
             base.path().join("secret"),
@@ -101,14 +131,19 @@ mod tests {
             PathBuf::from("/"),
             root.join("missing"),
         ] {
-            let err = roots.admit(bad.to_str().unwrap()).unwrap_err();
+            let err = roots.admit(bad.to_str().unwrap()).unwrap_err().to_string();
             assert!(
                 err.contains("is not below a directory this node exports"),
                 "{bad:?}: {err}"
             );
         }
         let off = CloneRoots::parse("none").unwrap();
-        assert!(off.admit(golden.to_str().unwrap()).unwrap_err().contains("turned off"));
+        assert!(
+            off.admit(golden.to_str().unwrap())
+                .unwrap_err()
+                .to_string()
+                .contains("turned off")
+        );
         assert!(CloneRoots::parse("relative/dir").is_err());
         assert_eq!(
             CloneRoots::parse("/a, /b").unwrap(),

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::plan::NetworkMode;
-use super::ports::{LeaseError, LeaseReleaser, LeaseSource};
+use super::ports::{LeaseError, LeaseReleaser, LeaseSource, ReleaseError};
 
 pub const DEFAULT_LEASES_PATH: &str = "/var/lib/cocoon/net/leases.json";
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/cocoon-net/control.sock";
@@ -57,10 +57,14 @@ struct Lease {
     expiry: SystemTime,
 }
 
+/// A lease file that is not cocoon-net's JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("lease file is not a JSON array of leases: {0}")]
+pub struct MalformedLeases(#[source] serde_json::Error);
+
 /// Parses the lease file: a JSON array (or `null`); rows with an unparseable expiry are skipped.
-pub fn parse_leases(text: &str) -> Result<Vec<(String, String, SystemTime)>, String> {
-    let rows: Option<Vec<Row>> =
-        serde_json::from_str(text).map_err(|e| format!("lease file is not a JSON array of leases: {e}"))?;
+pub fn parse_leases(text: &str) -> Result<Vec<(String, String, SystemTime)>, MalformedLeases> {
+    let rows: Option<Vec<Row>> = serde_json::from_str(text).map_err(MalformedLeases)?;
     Ok(rows
         .unwrap_or_default()
         .into_iter()
@@ -148,21 +152,24 @@ impl ControlSocket {
         }
     }
 
-    async fn delete_once(&self, mac: &str) -> Result<u16, String> {
+    async fn delete_once(&self, mac: &str) -> Result<u16, ReleaseError> {
         let mut stream = tokio::net::UnixStream::connect(&self.path)
             .await
-            .map_err(|e| format!("connect {}: {e} (is cocoon-net ≥ v0.2.2 running?)", self.path.display()))?;
+            .map_err(|source| ReleaseError::Connect {
+                path: self.path.clone(),
+                source,
+            })?;
         let request = format!(
             "DELETE /v1/leases/{mac} HTTP/1.1\r\nHost: cocoon-net\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         );
         stream
             .write_all(request.as_bytes())
             .await
-            .map_err(|e| format!("write: {e}"))?;
+            .map_err(ReleaseError::Write)?;
         let mut response = Vec::new();
         let mut buf = [0u8; 1024];
         loop {
-            let n = stream.read(&mut buf).await.map_err(|e| format!("read: {e}"))?;
+            let n = stream.read(&mut buf).await.map_err(ReleaseError::Read)?;
             if n == 0 {
                 break;
             }
@@ -175,30 +182,28 @@ impl ControlSocket {
         head.split_whitespace()
             .nth(1)
             .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| {
-                format!(
-                    "malformed response from cocoon-net: {:?}",
-                    head.lines().next().unwrap_or("")
-                )
-            })
+            .ok_or_else(|| ReleaseError::Malformed(head.lines().next().unwrap_or("").to_string()))
     }
 }
 
 #[async_trait]
 impl LeaseReleaser for ControlSocket {
-    async fn release(&self, mac: &str) -> Result<(), String> {
-        let mac = normalize_mac(mac).ok_or_else(|| format!("invalid MAC address {mac:?}"))?;
+    async fn release(&self, mac: &str) -> Result<(), ReleaseError> {
+        let mac = normalize_mac(mac).ok_or_else(|| ReleaseError::InvalidMac(mac.to_string()))?;
         for attempt in 0..2 {
             let code = tokio::time::timeout(self.timeout, self.delete_once(&mac))
                 .await
-                .map_err(|_| format!("release lease {mac}: timed out after {:?}", self.timeout))??;
+                .map_err(|_| ReleaseError::TimedOut {
+                    mac: mac.clone(),
+                    after: self.timeout,
+                })??;
             match code {
                 204 => return Ok(()),
                 500 if attempt == 0 => continue,
-                other => return Err(format!("release lease {mac}: cocoon-net answered HTTP {other}")),
+                code => return Err(ReleaseError::Refused { mac, code }),
             }
         }
-        Err(format!("release lease {mac}: cocoon-net answered HTTP 500 twice"))
+        Err(ReleaseError::FailedTwice { mac })
     }
 }
 
@@ -214,7 +219,7 @@ mod tests {
         };
         assert_eq!(args(" IPv6-Only ").unwrap().network_mode, Some(NetworkMode::Ipv6Only));
         assert_eq!(args("ipv4").unwrap().network_mode, Some(NetworkMode::Ipv4));
-        let refused = args("ipv6").unwrap_err();
+        let refused = args("ipv6").unwrap_err().to_string();
         assert!(
             refused.contains("VK_NETWORK_MODE") && refused.contains("ipv4 or ipv6-only"),
             "{refused}"
@@ -283,6 +288,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_missing_control_socket_is_named_and_its_error_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ControlSocket::new(dir.path().join("none.sock"))
+            .release("aa:bb:cc:dd:ee:ff")
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("none.sock: ") && err.to_string().contains("running?"),
+            "{err}"
+        );
+        let io = std::error::Error::source(&err)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the connect error is kept as the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
     async fn release_sends_delete_with_the_normalised_mac_and_retries_one_500() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("control.sock");
@@ -299,13 +321,14 @@ mod tests {
             .release("aa:bb:cc:dd:ee:ff")
             .await
             .unwrap_err();
-        assert!(err.contains("HTTP 400"), "{err}");
+        assert!(err.to_string().contains("HTTP 400"), "{err}");
         server.await.unwrap();
         assert!(
             ControlSocket::new(&path2)
                 .release("nonsense")
                 .await
                 .unwrap_err()
+                .to_string()
                 .contains("invalid MAC")
         );
     }

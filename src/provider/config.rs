@@ -119,7 +119,7 @@ impl ProviderConfig {
 
     /// Reads the variables (and the node's and cocoon's) through `lookup`, with the rules of the
     /// environment.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, crate::settings::SettingsError> {
         let node = crate::kubelet::KubeletConfig::from_lookup(&lookup)?;
         let args = crate::settings::parse_lookup::<ProviderArgs>(&lookup)?;
         let probes = crate::settings::parse_lookup::<super::probe_scope::ProbeArgs>(&lookup)?;
@@ -135,6 +135,18 @@ impl ProviderConfig {
             network_mode,
         ))
     }
+}
+
+/// The VM-name records under `VK_STATE_DIR` cannot be made or read: the daemon must not run
+/// without knowing who holds which VM name.
+#[derive(Debug, thiserror::Error)]
+#[error("the {what} records in {}: {source} (VK_STATE_DIR)", dir.display())]
+pub struct StateDirError {
+    /// Which records (`VM holder`, `woken-from`).
+    pub what: &'static str,
+    pub dir: std::path::PathBuf,
+    #[source]
+    pub source: std::io::Error,
 }
 
 /// `600`, `600s`, `10m`, `1h`: `Some(None)` for zero (off), `None` when unparseable.
@@ -261,7 +273,7 @@ impl Default for Timings {
 mod tests {
     use super::*;
 
-    fn cfg(pairs: &[(&str, &str)]) -> Result<ProviderConfig, String> {
+    fn cfg(pairs: &[(&str, &str)]) -> Result<ProviderConfig, crate::settings::SettingsError> {
         let owned: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         ProviderConfig::from_lookup(|k| owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
     }
@@ -280,6 +292,7 @@ mod tests {
         assert!(
             cfg(&[("VK_MAX_CONCURRENT_BRING_UPS", "0")])
                 .unwrap_err()
+                .to_string()
                 .contains("VK_MAX_CONCURRENT_BRING_UPS")
         );
         let c = cfg(&[
@@ -303,10 +316,15 @@ mod tests {
         assert!(
             cfg(&[("VK_ORPHAN_POLICY", "nuke")])
                 .unwrap_err()
+                .to_string()
                 .contains("VK_ORPHAN_POLICY")
         );
         assert_eq!(c.timings.reclaim_interval, Some(Duration::from_secs(600)));
-        let every = |v: &str| cfg(&[("VK_SNAPSHOT_RECLAIM_INTERVAL", v)]).map(|c| c.timings.reclaim_interval);
+        let every = |v: &str| {
+            cfg(&[("VK_SNAPSHOT_RECLAIM_INTERVAL", v)])
+                .map(|c| c.timings.reclaim_interval)
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(every("90"), Ok(Some(Duration::from_secs(90))));
         assert_eq!(every("15m"), Ok(Some(Duration::from_secs(900))));
         assert_eq!(every("1h"), Ok(Some(Duration::from_secs(3600))));
@@ -316,6 +334,7 @@ mod tests {
         assert!(
             cfg(&[("VK_RESTORE_MODE", "lazy")])
                 .unwrap_err()
+                .to_string()
                 .contains("VK_RESTORE_MODE")
         );
     }

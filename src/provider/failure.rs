@@ -5,6 +5,8 @@
 use crate::kubelet::ProviderError;
 use crate::policy::contract::types::{EventReason, Refusal, RefusalKind};
 
+/// The message is any error's text (`Display`): the typed error a step failed with becomes the
+/// pod's message as it reads.
 #[derive(Debug, Clone)]
 pub(super) struct Failure {
     pub reason: &'static str,
@@ -13,10 +15,10 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    pub fn transient(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn transient(reason: &'static str, message: impl std::fmt::Display) -> Self {
         Self {
             reason,
-            message: message.into(),
+            message: message.to_string(),
             kind: RefusalKind::RetryLater,
         }
     }
@@ -26,7 +28,7 @@ impl Failure {
     /// fail again, and the pod waits for an operator to re-push it or fix the reference.
     pub fn transfer(
         reason: &'static str,
-        message: impl Into<String>,
+        message: impl std::fmt::Display,
         error: &crate::provider::transfer::TransferError,
     ) -> Self {
         let kind = match error.registry() {
@@ -35,15 +37,15 @@ impl Failure {
         };
         Self {
             reason,
-            message: message.into(),
+            message: message.to_string(),
             kind,
         }
     }
 
-    pub fn permanent(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn permanent(reason: &'static str, message: impl std::fmt::Display) -> Self {
         Self {
             reason,
-            message: message.into(),
+            message: message.to_string(),
             kind: RefusalKind::Permanent,
         }
     }

@@ -252,15 +252,20 @@ pub struct MetricsArgs {
     pub metrics_addr: std::net::SocketAddr,
 }
 
+/// A listen address that is neither `host:port` nor `:port`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not host:port or :port ({0})")]
+pub struct NotAListenAddr(#[source] pub std::net::AddrParseError);
+
 /// `host:port`, or `:port` for every interface (`0.0.0.0:port`).
-pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, String> {
+pub fn parse_listen_addr(value: &str) -> Result<std::net::SocketAddr, NotAListenAddr> {
     let v = value.trim();
     let full = if v.starts_with(':') {
         format!("0.0.0.0{v}")
     } else {
         v.to_string()
     };
-    full.parse().map_err(|e| format!("not host:port or :port ({e})"))
+    full.parse().map_err(NotAListenAddr)
 }
 
 /// The `/metrics` listener: plain HTTP within `limits`.

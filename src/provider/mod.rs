@@ -134,13 +134,11 @@ impl CocoonProvider {
         mut ports: Ports,
         policies: Arc<Policies>,
         metrics: ProviderMetrics,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, config::StateDirError> {
         let (holders, woken) = match &cfg.state_dir {
             Some(dir) => {
                 let records = |sub: &str| dir.join(sub);
-                let err = |what: &str, dir: std::path::PathBuf, e: std::io::Error| {
-                    format!("the {what} records in {}: {e} (VK_STATE_DIR)", dir.display())
-                };
+                let err = |what, dir, source| config::StateDirError { what, dir, source };
                 let holders = table::Holders::open_holders(&records("vm-holders"))
                     .map_err(|e| err("VM holder", records("vm-holders"), e))?;
                 let woken = table::WokenFrom::open_woken(&records("woken-from"))

@@ -1,8 +1,7 @@
 //! Pure pieces of CreatePod and DeletePod: evidence from lookups, CLI specs from a policy's
 //! plan, image routing, the backend assertion, which MACs own DHCP leases. No I/O.
 
-use std::collections::BTreeMap;
-
+use super::ports::Artifact;
 use crate::model::vm_spec;
 use crate::policy::contract::bring_up::{
     CloneOptions, EvidenceSource, FoundEvidence, HibernateEvidence, LocalSnapshot, Outcome, Plan,
@@ -36,12 +35,17 @@ pub enum NetworkMode {
     Ipv6Only,
 }
 
+/// A `VK_NETWORK_MODE` other than `ipv4` or `ipv6-only` (the setting's parser names both).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a network mode")]
+pub struct NotANetworkMode;
+
 impl NetworkMode {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, NotANetworkMode> {
         match text.trim().to_ascii_lowercase().as_str() {
             "ipv4" => Ok(Self::Ipv4),
             "ipv6-only" => Ok(Self::Ipv6Only),
-            _ => Err("not a network mode".to_string()),
+            _ => Err(NotANetworkMode),
         }
     }
 }
@@ -75,12 +79,10 @@ pub fn is_http(reference: &str) -> bool {
 }
 
 /// Evidence from the registry's `<vm>:hibernate` lookup: `Ok(None)` is the typed "tag absent".
-pub fn registry_evidence<E: std::fmt::Display>(
-    lookup: Result<Option<&BTreeMap<String, String>>, E>,
-) -> HibernateEvidence {
+pub fn registry_evidence<E: std::fmt::Display>(lookup: Result<Option<&Artifact>, E>) -> HibernateEvidence {
     match lookup {
         Ok(None) => HibernateEvidence::None,
-        Ok(Some(annotations)) => HibernateEvidence::Found(FoundEvidence {
+        Ok(Some(Artifact { annotations, .. })) => HibernateEvidence::Found(FoundEvidence {
             source: EvidenceSource::Registry,
             recorded_image: annotations.get(BASE_IMAGE_ANNOTATION).cloned().unwrap_or_default(),
             recorded_owner: annotations.get(OWNER_ANNOTATION).cloned().unwrap_or_default(),
@@ -137,14 +139,19 @@ pub fn cpu_policy(p: &PolicyCpu) -> CpuPolicy {
     }
 }
 
+/// A decided backend this node cannot boot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("backend {0:?} is not one this node boots")]
+pub struct UnknownBackend(pub String);
+
 /// The runtime's backend for a decided one: unspecified is cocoon's default (cloud-hypervisor,
 /// no flag). An unknown backend never gets here (the host refuses such a decision as invalid),
 /// but if it did it is an error, not a guess.
-pub fn backend(backend: &contract::Backend) -> Result<Backend, String> {
+pub fn backend(backend: &contract::Backend) -> Result<Backend, UnknownBackend> {
     match backend {
         contract::Backend::Unspecified | contract::Backend::CloudHypervisor => Ok(Backend::CloudHypervisor),
         contract::Backend::Firecracker => Ok(Backend::Firecracker),
-        contract::Backend::Unknown(raw) => Err(format!("backend {raw:?} is not one this node boots")),
+        contract::Backend::Unknown(raw) => Err(UnknownBackend(raw.clone())),
     }
 }
 
@@ -163,7 +170,7 @@ pub fn clone_spec(
     pull: bool,
     cpu: CpuPolicy,
     nics: Option<u32>,
-) -> Result<CloneSpec, String> {
+) -> Result<CloneSpec, UnknownBackend> {
     Ok(CloneSpec {
         name: Some(options.vm_name.clone()),
         network: (!options.network.is_empty()).then(|| options.network.clone()),
@@ -177,9 +184,18 @@ pub fn clone_spec(
     })
 }
 
+/// A snapshot taken on one backend, asked to boot on another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("snapshot {snapshot} was taken with {recorded} but CocoonSet requests {wanted}")]
+pub struct BackendMismatch {
+    pub snapshot: String,
+    pub recorded: String,
+    pub wanted: String,
+}
+
 /// `assertSnapshotBackend`: a CH snapshot is never cloned onto FC and vice versa. `recorded` is
 /// what cocoon recorded for the snapshot, decoded as every backend is.
-pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &contract::Backend) -> Result<(), String> {
+pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &contract::Backend) -> Result<(), BackendMismatch> {
     let recorded_backend = vm_spec::backend(recorded);
     if recorded_backend == contract::Backend::Unspecified
         || *wanted == contract::Backend::Unspecified
@@ -193,9 +209,11 @@ pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &contract::Backend
             contract::Backend::Unknown(raw) => raw.as_str(),
             contract::Backend::Unspecified => "",
         };
-        Err(format!(
-            "snapshot {snapshot} was taken with {recorded} but CocoonSet requests {wanted}"
-        ))
+        Err(BackendMismatch {
+            snapshot: snapshot.to_string(),
+            recorded: recorded.to_string(),
+            wanted: wanted.to_string(),
+        })
     }
 }
 
@@ -261,13 +279,17 @@ pub fn dhcp_macs(vm: &VmRecord) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::runtime::parse::{Nic, NicNetwork};
+    use std::collections::BTreeMap;
 
     #[test]
     fn registry_evidence_reads_the_recorded_image_and_owner() {
-        let a = BTreeMap::from([
-            (BASE_IMAGE_ANNOTATION.to_string(), "img:1".to_string()),
-            (OWNER_ANNOTATION.to_string(), "team-a/web-0".to_string()),
-        ]);
+        let a = Artifact {
+            annotations: BTreeMap::from([
+                (BASE_IMAGE_ANNOTATION.to_string(), "img:1".to_string()),
+                (OWNER_ANNOTATION.to_string(), "team-a/web-0".to_string()),
+            ]),
+            ..Artifact::default()
+        };
         assert_eq!(
             registry_evidence::<String>(Ok(Some(&a))),
             HibernateEvidence::Found(FoundEvidence {
@@ -277,7 +299,7 @@ mod tests {
             })
         );
         assert_eq!(registry_evidence::<String>(Ok(None)), HibernateEvidence::None);
-        let legacy = BTreeMap::new();
+        let legacy = Artifact::default();
         assert_eq!(
             registry_evidence::<String>(Ok(Some(&legacy))),
             HibernateEvidence::Found(FoundEvidence {
@@ -320,7 +342,7 @@ mod tests {
         assert!(assert_backend("s", "cloud-hypervisor", &B::CloudHypervisor).is_ok());
         let e = assert_backend("s", "cloud-hypervisor", &B::Firecracker).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             "snapshot s was taken with cloud-hypervisor but CocoonSet requests firecracker"
         );
         assert!(assert_backend("s", "firecracker", &B::CloudHypervisor).is_err());

@@ -104,10 +104,36 @@ pub trait LeaseSource: Send + Sync {
     fn lookup(&self, mac: &str) -> Result<String, LeaseError>;
 }
 
+/// Why a lease release through cocoon-net's control socket failed (best-effort: the lease then
+/// runs out on its own).
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("invalid MAC address {0:?}")]
+    InvalidMac(String),
+    #[error("connect {}: {source} (is cocoon-net ≥ v0.2.2 running?)", path.display())]
+    Connect {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("write: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("read: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("malformed response from cocoon-net: {0:?}")]
+    Malformed(String),
+    #[error("release lease {mac}: timed out after {after:?}")]
+    TimedOut { mac: String, after: std::time::Duration },
+    #[error("release lease {mac}: cocoon-net answered HTTP {code}")]
+    Refused { mac: String, code: u16 },
+    #[error("release lease {mac}: cocoon-net answered HTTP 500 twice")]
+    FailedTwice { mac: String },
+}
+
 /// Releases DHCP leases through cocoon-net's control socket (best-effort).
 #[async_trait]
 pub trait LeaseReleaser: Send + Sync {
-    async fn release(&self, mac: &str) -> Result<(), String>;
+    async fn release(&self, mac: &str) -> Result<(), ReleaseError>;
 }
 
 /// How a conditional write on the pod ended.
@@ -118,7 +144,8 @@ pub enum PatchOutcome {
     Superseded(String),
 }
 
-/// Writes on the pod, always conditioned on its uid.
+/// Writes on the pod, always conditioned on its uid. An `Err` is the apiserver's answer when it
+/// is neither success nor a superseded incarnation (retry later).
 #[async_trait]
 pub trait PodPatcher: Send + Sync {
     /// Sets (`Some`) or removes (`None`) annotations.
@@ -126,13 +153,13 @@ pub trait PodPatcher: Send + Sync {
         &self,
         pod: &Pod,
         changes: &BTreeMap<String, Option<String>>,
-    ) -> Result<PatchOutcome, String>;
+    ) -> Result<PatchOutcome, kube::Error>;
     /// Publishes the pod status (used to land the status before `lifecycle-state=ready`).
-    async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, String>;
+    async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, kube::Error>;
     /// Deletes the pod (graceful, uid precondition): an eviction. NotFound is `Superseded`.
-    async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, String>;
+    async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, kube::Error>;
     /// The pod as the apiserver has it now; `None` when it is gone or another incarnation owns the name.
-    async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, String>;
+    async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, kube::Error>;
 }
 
 /// Kubernetes Events about a pod.
@@ -179,13 +206,13 @@ impl KubePodPatcher {
     }
 }
 
-fn outcome(r: Result<crate::kubelet::status::WriteOutcome, kube::Error>) -> Result<PatchOutcome, String> {
+fn outcome(r: Result<crate::kubelet::status::WriteOutcome, kube::Error>) -> Result<PatchOutcome, kube::Error> {
     match r {
         Ok(crate::kubelet::status::WriteOutcome::Applied(_)) => Ok(PatchOutcome::Applied),
         Ok(crate::kubelet::status::WriteOutcome::Superseded { code, message }) => {
             Ok(PatchOutcome::Superseded(format!("{code}: {message}")))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
     }
 }
 
@@ -195,17 +222,17 @@ impl PodPatcher for KubePodPatcher {
         &self,
         pod: &Pod,
         changes: &BTreeMap<String, Option<String>>,
-    ) -> Result<PatchOutcome, String> {
+    ) -> Result<PatchOutcome, kube::Error> {
         outcome(crate::kubelet::status::patch_annotations(&self.api(pod), pod, changes).await)
     }
 
-    async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, String> {
+    async fn patch_status(&self, pod: &Pod, status: &ProviderPodStatus) -> Result<PatchOutcome, kube::Error> {
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
         let built = crate::kubelet::status::build_pod_status(pod, status, &now);
         outcome(crate::kubelet::status::publish_status(&self.api(pod), pod, &built).await)
     }
 
-    async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, String> {
+    async fn delete_pod(&self, pod: &Pod) -> Result<PatchOutcome, kube::Error> {
         let params = kube::api::DeleteParams {
             preconditions: Some(kube::api::Preconditions {
                 uid: pod.metadata.uid.clone(),
@@ -221,12 +248,12 @@ impl PodPatcher for KubePodPatcher {
             Ok(_) => Ok(PatchOutcome::Applied),
             Err(e) => match crate::kubelet::status::superseded(&e) {
                 Some((code, message)) => Ok(PatchOutcome::Superseded(format!("{code}: {message}"))),
-                None => Err(e.to_string()),
+                None => Err(e),
             },
         }
     }
 
-    async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, String> {
+    async fn get_pod(&self, pod: &Pod) -> Result<Option<Pod>, kube::Error> {
         match self
             .api(pod)
             .get_opt(pod.metadata.name.as_deref().unwrap_or_default())
@@ -234,7 +261,7 @@ impl PodPatcher for KubePodPatcher {
         {
             Ok(Some(current)) if current.metadata.uid == pod.metadata.uid => Ok(Some(current)),
             Ok(_) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         }
     }
 }

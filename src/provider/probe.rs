@@ -151,13 +151,43 @@ pub fn target(has_vm: bool, ip: &str, probe: &ReadinessProbe) -> Target {
     }
 }
 
+/// Why a probe found its target unreachable. The text follows the probe's kind in the Ready
+/// condition's message (`tcp probe 22: connection refused`), so each variant reads as the rest
+/// of that sentence.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Connecting or reading failed: the system's own words (`connection refused`).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The ICMP echo failed or timed out.
+    #[error(transparent)]
+    Ping(#[from] surge_ping::SurgeError),
+    /// No connection within the probe's timeout.
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+    /// Connected, but the greeting did not come within the probe's timeout.
+    #[error("no greeting within {0:?}")]
+    NoGreeting(Duration),
+    /// The greeting is another service's.
+    #[error("greeting {shown:?} does not start with {prefix:?}")]
+    WrongGreeting { shown: String, prefix: String },
+    /// The target lies outside the networks the node may probe (`setting`, listing `networks`):
+    /// it was not contacted.
+    #[error("{ip} is outside {setting} ({networks}): not probed; add the guests' network to {setting}")]
+    OutOfScope {
+        ip: IpAddr,
+        setting: &'static str,
+        networks: String,
+    },
+}
+
 /// Reachability checks.
 #[async_trait]
 pub trait Prober: Send + Sync {
-    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String>;
-    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String>;
+    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), ProbeError>;
+    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), ProbeError>;
     /// Connects to `addr` and reads its greeting: `Ok` when it starts with `prefix`.
-    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String>;
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), ProbeError>;
 }
 
 /// Probes one target; `(ready, message)` as the Ready condition shows it.
@@ -222,15 +252,15 @@ impl NetProber {
 const PING_PAYLOAD: &[u8] = b"vk-cocoon";
 
 /// Connects and reads the greeting until `prefix.len()` bytes are in, within `timeout`.
-pub async fn read_banner(addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+pub async fn read_banner(addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), ProbeError> {
     use tokio::io::AsyncReadExt;
     let work = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
         let mut got = Vec::new();
         let mut buf = [0u8; 256];
         // The prefix is all readiness needs: stop reading as soon as it is in (or cannot be).
         while got.len() < prefix.len() {
-            let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+            let n = stream.read(&mut buf).await?;
             if n == 0 {
                 break;
             }
@@ -240,30 +270,33 @@ pub async fn read_banner(addr: SocketAddr, prefix: &str, timeout: Duration) -> R
             Ok(())
         } else {
             let shown = String::from_utf8_lossy(&got[..got.len().min(40)]).trim().to_string();
-            Err(format!("greeting {shown:?} does not start with {prefix:?}"))
+            Err(ProbeError::WrongGreeting {
+                shown,
+                prefix: prefix.to_string(),
+            })
         }
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no greeting within {timeout:?}")),
+        Err(_) => Err(ProbeError::NoGreeting(timeout)),
     }
 }
 
 #[async_trait]
 impl Prober for NetProber {
-    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), ProbeError> {
         match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(_stream)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ProbeError::NoAnswer(timeout)),
         }
     }
 
-    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), ProbeError> {
         read_banner(addr, prefix, timeout).await
     }
 
-    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String> {
+    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), ProbeError> {
         let Some(client) = self.icmp_client().await else {
             return Ok(());
         };
@@ -277,7 +310,7 @@ impl Prober for NetProber {
             )
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(ProbeError::from)
     }
 }
 
@@ -503,11 +536,7 @@ mod tests {
         let ip: Ipv4Addr = "127.0.0.1".parse().unwrap();
         let t = Duration::from_secs(5);
         let (a, b, c) = tokio::join!(prober.ping(ip, t), prober.ping(ip, t), prober.ping(ip, t));
-        assert_eq!(
-            (a.clone(), b.clone(), c.clone()),
-            (Ok(()), Ok(()), Ok(())),
-            "{a:?} {b:?} {c:?}"
-        );
+        assert!(a.is_ok() && b.is_ok() && c.is_ok(), "{a:?} {b:?} {c:?}");
     }
 
     struct Flaky {
@@ -517,18 +546,18 @@ mod tests {
 
     #[async_trait]
     impl Prober for Flaky {
-        async fn tcp(&self, _: SocketAddr, _: Duration) -> Result<(), String> {
+        async fn tcp(&self, _: SocketAddr, _: Duration) -> Result<(), ProbeError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.up.load(Ordering::SeqCst) {
                 Ok(())
             } else {
-                Err("connection refused".into())
+                Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into())
             }
         }
-        async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+        async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), ProbeError> {
             Ok(())
         }
-        async fn banner(&self, _: SocketAddr, _: &str, _: Duration) -> Result<(), String> {
+        async fn banner(&self, _: SocketAddr, _: &str, _: Duration) -> Result<(), ProbeError> {
             Ok(())
         }
     }

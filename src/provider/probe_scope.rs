@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use ipnet::IpNet;
 
 use super::plan::NetworkMode;
-use super::probe::Prober;
+use super::probe::{ProbeError, Prober};
 
 pub const ENV: &str = "VK_PROBE_NETWORKS";
 
@@ -36,9 +36,42 @@ pub struct ProbeArgs {
     /// The only networks readiness probes (and port-forward) may reach: CIDRs or addresses, comma-separated (unset: any address)
     #[arg(long, env = ENV, value_name = "NETWORKS",
           value_parser = crate::settings::parser(ENV, "CIDRs such as 10.88.0.0/16 or addresses, comma-separated", |v| {
-              ProbeNetworks::parse(v)?.ok_or_else(|| "no network".to_string())
+              ProbeNetworks::parse(v).map_err(|e| e.to_string())?.ok_or_else(|| "no network".to_string())
           }))]
     pub probe_networks: Option<ProbeNetworks>,
+}
+
+/// An entry of a network list that is neither a CIDR nor an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{entry:?} is not a network (CIDR such as 10.88.0.0/16) or an address")]
+pub struct NotANetwork {
+    pub entry: String,
+    #[source]
+    pub source: std::net::AddrParseError,
+}
+
+/// Why the node may not connect to an address: it is no guest's. Each says which rule refused
+/// it and how the operator lets it through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutsideGuestNetworks {
+    #[error("its address {ip} is outside {ENV} ({networks}); add the guests' network to {ENV}")]
+    NotListed { ip: IpAddr, networks: ProbeNetworks },
+    #[error(
+        "its address {ip} is a special-purpose address (loopback, link-local, multicast, broadcast or unspecified), never a guest's; list it in {ENV} if the node must reach it"
+    )]
+    SpecialPurpose { ip: IpAddr },
+    #[error(
+        "its pre-assigned address {ip} is outside the guest networks ({}); list the network in {ENV}",
+        pool_text(pool)
+    )]
+    OutsidePool { ip: IpAddr, pool: Option<IpNet> },
+}
+
+fn pool_text(pool: &Option<IpNet>) -> String {
+    pool.map_or_else(
+        || "no cocoon-net pool subnet was found".to_string(),
+        |p| format!("cocoon-net's pool {p}"),
+    )
 }
 
 /// A list of networks (CIDRs; a bare address is its own /32 or /128).
@@ -47,7 +80,7 @@ pub struct ProbeNetworks(Vec<IpNet>);
 
 impl ProbeNetworks {
     /// Parses a comma- or whitespace-separated list; `Ok(None)` for an empty value (no scope).
-    pub fn parse(value: &str) -> Result<Option<Self>, String> {
+    pub fn parse(value: &str) -> Result<Option<Self>, NotANetwork> {
         let nets = value
             .split(|c: char| c == ',' || c.is_whitespace())
             .filter(|s| !s.is_empty())
@@ -55,14 +88,19 @@ impl ProbeNetworks {
                 s.parse::<IpNet>()
                     .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
                     .map(|n| n.trunc())
-                    .map_err(|_| format!("{s:?} is not a network (CIDR such as 10.88.0.0/16) or an address"))
+                    .map_err(|source| NotANetwork {
+                        entry: s.to_string(),
+                        source,
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((!nets.is_empty()).then_some(Self(nets)))
     }
 
     /// Reads [`ENV`] through `lookup`, with the rules of the environment.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, crate::settings::SettingsError> {
         Ok(crate::settings::parse_lookup::<ProbeArgs>(lookup)?.probe_networks)
     }
 
@@ -111,25 +149,18 @@ impl GuestNetworks {
 
     /// May the node connect to `ip`? `assigned` says the address came from cocoon or cocoon-net
     /// (a managed VM's NIC or lease), not from an annotation.
-    pub fn admit(&self, ip: IpAddr, assigned: bool) -> Result<(), String> {
+    pub fn admit(&self, ip: IpAddr, assigned: bool) -> Result<(), OutsideGuestNetworks> {
         let ip = unmapped(ip);
         match self {
             Self::Listed(networks) if networks.contains(ip) => Ok(()),
-            Self::Listed(networks) => Err(format!(
-                "its address {ip} is outside {ENV} ({networks}); add the guests' network to {ENV}"
-            )),
-            Self::Derived { .. } if special_purpose(ip) => Err(format!(
-                "its address {ip} is a special-purpose address (loopback, link-local, multicast, broadcast or unspecified), never a guest's; list it in {ENV} if the node must reach it"
-            )),
+            Self::Listed(networks) => Err(OutsideGuestNetworks::NotListed {
+                ip,
+                networks: networks.clone(),
+            }),
+            Self::Derived { .. } if special_purpose(ip) => Err(OutsideGuestNetworks::SpecialPurpose { ip }),
             Self::Derived { .. } if assigned => Ok(()),
             Self::Derived { pool: Some(pool) } if pool.contains(&ip) => Ok(()),
-            Self::Derived { pool } => Err(format!(
-                "its pre-assigned address {ip} is outside the guest networks ({}); list the network in {ENV}",
-                pool.map_or_else(
-                    || "no cocoon-net pool subnet was found".to_string(),
-                    |p| format!("cocoon-net's pool {p}")
-                )
-            )),
+            Self::Derived { pool } => Err(OutsideGuestNetworks::OutsidePool { ip, pool: *pool }),
         }
     }
 }
@@ -202,32 +233,33 @@ impl ScopedProber {
         }
     }
 
-    fn admit(&self, ip: IpAddr) -> Result<(), String> {
+    fn admit(&self, ip: IpAddr) -> Result<(), ProbeError> {
         if self.networks.contains(ip) {
             return Ok(());
         }
-        let message = format!(
-            "{ip} is outside {ENV} ({}): not probed; add the guests' network to {ENV}",
-            self.networks
-        );
-        self.reported.report(&ip.to_string(), &message);
-        Err(message)
+        let refusal = ProbeError::OutOfScope {
+            ip,
+            setting: ENV,
+            networks: self.networks.to_string(),
+        };
+        self.reported.report(&ip.to_string(), &refusal.to_string());
+        Err(refusal)
     }
 }
 
 #[async_trait]
 impl Prober for ScopedProber {
-    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), ProbeError> {
         self.admit(addr.ip())?;
         self.inner.tcp(addr, timeout).await
     }
 
-    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String> {
+    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), ProbeError> {
         self.admit(IpAddr::V4(ip))?;
         self.inner.ping(ip, timeout).await
     }
 
-    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), ProbeError> {
         self.admit(addr.ip())?;
         self.inner.banner(addr, prefix, timeout).await
     }
@@ -243,15 +275,15 @@ mod tests {
 
     #[async_trait]
     impl Prober for Counting {
-        async fn tcp(&self, _: SocketAddr, _: Duration) -> Result<(), String> {
+        async fn tcp(&self, _: SocketAddr, _: Duration) -> Result<(), ProbeError> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
-        async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), String> {
+        async fn ping(&self, _: Ipv4Addr, _: Duration) -> Result<(), ProbeError> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
-        async fn banner(&self, _: SocketAddr, _: &str, _: Duration) -> Result<(), String> {
+        async fn banner(&self, _: SocketAddr, _: &str, _: Duration) -> Result<(), ProbeError> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
@@ -282,7 +314,7 @@ mod tests {
         assert_eq!(ProbeNetworks::parse(" , ").unwrap(), None, "empty = unscoped");
         let e = ProbeNetworks::from_lookup(|k| (k == ENV).then(|| "127.0.0.0/8,lan".to_string())).unwrap_err();
         assert!(
-            e.contains("VK_PROBE_NETWORKS=\"127.0.0.0/8,lan\"") && e.contains("\"lan\""),
+            e.to_string().contains("VK_PROBE_NETWORKS=\"127.0.0.0/8,lan\"") && e.to_string().contains("\"lan\""),
             "{e}"
         );
         assert!(ProbeNetworks::parse("10.0.0.0/33").is_err());
@@ -307,7 +339,8 @@ mod tests {
         assert_eq!(derived.admit(ip("172.20.100.40"), false), Ok(()));
         let e = derived.admit(ip("10.1.2.3"), false).unwrap_err();
         assert!(
-            e.contains("outside the guest networks (cocoon-net's pool 172.20.100.0/24)"),
+            e.to_string()
+                .contains("outside the guest networks (cocoon-net's pool 172.20.100.0/24)"),
             "{e}"
         );
         // Never the node itself, the metadata endpoint, multicast...
@@ -322,7 +355,7 @@ mod tests {
             "::ffff:127.0.0.1",
         ] {
             let e = derived.admit(ip(special), true).unwrap_err();
-            assert!(e.contains("special-purpose"), "{special}: {e}");
+            assert!(e.to_string().contains("special-purpose"), "{special}: {e}");
         }
         // Listed: exactly the list, whoever assigned the address.
         let listed = GuestNetworks::from_settings(ProbeNetworks::parse("127.0.0.0/8").unwrap(), &leases);
@@ -331,6 +364,7 @@ mod tests {
             listed
                 .admit(ip("10.88.0.12"), true)
                 .unwrap_err()
+                .to_string()
                 .contains("outside VK_PROBE_NETWORKS")
         );
     }
@@ -346,11 +380,12 @@ mod tests {
 
         let e = scoped.ping("10.1.2.3".parse().unwrap(), t).await.unwrap_err();
         assert!(
-            e.starts_with("10.1.2.3 is outside VK_PROBE_NETWORKS (127.0.0.0/8)"),
+            e.to_string()
+                .starts_with("10.1.2.3 is outside VK_PROBE_NETWORKS (127.0.0.0/8)"),
             "{e}"
         );
         let e = scoped.tcp("192.168.1.1:6379".parse().unwrap(), t).await.unwrap_err();
-        assert!(e.starts_with("192.168.1.1 is outside"), "{e}");
+        assert!(e.to_string().starts_with("192.168.1.1 is outside"), "{e}");
         assert_eq!(inner.0.load(Ordering::SeqCst), 2, "refused targets are not probed");
     }
 }

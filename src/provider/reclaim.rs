@@ -207,6 +207,7 @@ mod tests {
             artifact: "vk-a:hibernate".into(),
             registry: "127.0.0.1:5000".into(),
             detail: "connection refused".into(),
+            cause: None,
         };
         assert!(matches!(verdict("S1", &Err(down)), Verdict::RegistryError(_)));
     }

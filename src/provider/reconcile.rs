@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::runtime::{StaleCreateOutcome, VmRecord, VmState};
+use crate::runtime::{RuntimeError, StaleCreateOutcome, VmRecord, VmState};
 
 /// What happens to a VM no pod claims: destroyed (the default), kept, or kept with an alert; a kept
 /// one is indexed by name, so a later CreatePod for that name adopts it.
@@ -14,14 +14,19 @@ pub enum OrphanPolicy {
     Keep,
 }
 
+/// A `VK_ORPHAN_POLICY` that is none of the three.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("VK_ORPHAN_POLICY={0:?} is not one of destroy, alert, keep")]
+pub struct UnknownOrphanPolicy(pub String);
+
 impl OrphanPolicy {
     /// `VK_ORPHAN_POLICY`: unset or empty means destroy; an unknown value is a startup error.
-    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+    pub fn parse(value: Option<&str>) -> Result<Self, UnknownOrphanPolicy> {
         match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
             None | Some("") | Some("destroy") => Ok(Self::Destroy),
             Some("alert") => Ok(Self::Alert),
             Some("keep") => Ok(Self::Keep),
-            Some(other) => Err(format!("VK_ORPHAN_POLICY={other:?} is not one of destroy, alert, keep")),
+            Some(other) => Err(UnknownOrphanPolicy(other.to_string())),
         }
     }
 }
@@ -38,7 +43,8 @@ pub enum StaleStep {
     Inspect,
 }
 
-pub fn stale_step(outcome: &Result<StaleCreateOutcome, String>) -> StaleStep {
+/// `outcome` is `vm reconcile-stale-create`'s answer; any error is undecidable.
+pub fn stale_step(outcome: &Result<StaleCreateOutcome, RuntimeError>) -> StaleStep {
     match outcome {
         Ok(StaleCreateOutcome::Collected | StaleCreateOutcome::NotFound) => StaleStep::Drop,
         Ok(StaleCreateOutcome::NotCreating) => StaleStep::Inspect,
@@ -295,7 +301,12 @@ mod tests {
         assert_eq!(OrphanPolicy::parse(Some("")), Ok(OrphanPolicy::Destroy));
         assert_eq!(OrphanPolicy::parse(Some(" Alert ")), Ok(OrphanPolicy::Alert));
         assert_eq!(OrphanPolicy::parse(Some("keep")), Ok(OrphanPolicy::Keep));
-        assert!(OrphanPolicy::parse(Some("nuke")).unwrap_err().contains("nuke"));
+        assert!(
+            OrphanPolicy::parse(Some("nuke"))
+                .unwrap_err()
+                .to_string()
+                .contains("nuke")
+        );
     }
 
     #[test]
@@ -303,7 +314,12 @@ mod tests {
         assert_eq!(stale_step(&Ok(StaleCreateOutcome::Collected)), StaleStep::Drop);
         assert_eq!(stale_step(&Ok(StaleCreateOutcome::NotFound)), StaleStep::Drop);
         assert_eq!(stale_step(&Ok(StaleCreateOutcome::Busy)), StaleStep::Watch);
-        assert_eq!(stale_step(&Err("unknown command".into())), StaleStep::Watch);
+        let failed = RuntimeError::Command {
+            verb: "vm reconcile-stale-create".into(),
+            code: Some(1),
+            stderr: "unknown command".into(),
+        };
+        assert_eq!(stale_step(&Err(failed)), StaleStep::Watch);
         assert_eq!(stale_step(&Ok(StaleCreateOutcome::NotCreating)), StaleStep::Inspect);
         assert_eq!(after_inspect(Ok(None)), InspectVerdict::Drop);
         assert_eq!(after_inspect(Err(())), InspectVerdict::Watch);

@@ -49,6 +49,22 @@ impl Default for SacTimings {
     }
 }
 
+/// Why one console command got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("writing to the console: {0}")]
+    Write(#[source] std::io::Error),
+    #[error(transparent)]
+    Read(std::io::Error),
+    #[error("the console closed")]
+    Closed,
+    /// SAC's listings are a few hundred bytes: this is no SAC.
+    #[error("more than 1 MiB without a SAC> prompt")]
+    NoPromptInMiB,
+    #[error("no SAC> prompt within {0:?}")]
+    NoPrompt(Duration),
+}
+
 /// Which step failed; each is its own Warning Event reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SacError {
@@ -136,7 +152,7 @@ impl Console {
                     };
                     match console.command("").await {
                         Ok(_) => return Ok(console),
-                        Err(e) => last = e,
+                        Err(e) => last = e.to_string(),
                     }
                 }
                 Err(e) => last = e.to_string(),
@@ -153,23 +169,23 @@ impl Console {
     }
 
     /// Types `line` and Enter; the answer up to the next prompt.
-    async fn command(&mut self, line: &str) -> Result<String, String> {
+    async fn command(&mut self, line: &str) -> Result<String, ConsoleError> {
         self.stream
             .write_all(format!("{line}\r\n").as_bytes())
             .await
-            .map_err(|e| format!("writing to the console: {e}"))?;
+            .map_err(ConsoleError::Write)?;
         let mut answer = Vec::new();
         let mut buf = [0u8; 4096];
         let read = async {
             loop {
-                let n = self.stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+                let n = self.stream.read(&mut buf).await.map_err(ConsoleError::Read)?;
                 if n == 0 {
-                    return Err("the console closed".to_string());
+                    return Err(ConsoleError::Closed);
                 }
                 answer.extend_from_slice(&buf[..n]);
                 // A bounded answer: SAC's listings are a few hundred bytes.
                 if answer.len() > 1 << 20 {
-                    return Err("more than 1 MiB without a SAC> prompt".to_string());
+                    return Err(ConsoleError::NoPromptInMiB);
                 }
                 if String::from_utf8_lossy(&answer).contains(PROMPT) {
                     return Ok(());
@@ -179,7 +195,7 @@ impl Console {
         match tokio::time::timeout(self.reply_timeout, read).await {
             Ok(Ok(())) => Ok(String::from_utf8_lossy(&answer).into_owned()),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!("no SAC> prompt within {:?}", self.reply_timeout)),
+            Err(_) => Err(ConsoleError::NoPrompt(self.reply_timeout)),
         }
     }
 }
@@ -217,9 +233,9 @@ pub async fn set_addresses(
         })?;
         let command = format!("i {net} {} {} {}", a.ip, dotted_mask(a.prefix), a.gateway);
         let command = command.trim_end().to_string();
-        console.command(&command).await.map_err(|detail| SacError::Set {
+        console.command(&command).await.map_err(|e| SacError::Set {
             command: command.clone(),
-            detail,
+            detail: e.to_string(),
         })?;
         set.push((net, a.ip.clone()));
     }

@@ -60,7 +60,7 @@ impl CocoonProvider {
         };
         let managed = crate::model::vm_spec::of_pod(pod).managed;
         if let Err(why) = self.cfg.guest_networks.admit(addr, managed) {
-            return GuestAddress::Refused(why);
+            return GuestAddress::Refused(why.to_string());
         }
         if let Some(other) = self.reaches_foreign_vm(key, pod, vm, &ip) {
             return GuestAddress::Refused(format!("its address {ip} is vm {other}'s, which another pod holds"));

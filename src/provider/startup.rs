@@ -227,12 +227,7 @@ enum StaleResult {
 }
 
 async fn stale_create(p: &CocoonProvider, vm: &VmRecord) -> StaleResult {
-    let outcome = p
-        .ports
-        .runtime
-        .reconcile_stale_create(&vm.id)
-        .await
-        .map_err(|e| e.to_string());
+    let outcome = p.ports.runtime.reconcile_stale_create(&vm.id).await;
     let label = match &outcome {
         Ok(o) => stale_label(o),
         Err(_) => "error",
@@ -241,7 +236,7 @@ async fn stale_create(p: &CocoonProvider, vm: &VmRecord) -> StaleResult {
     match reconcile::stale_step(&outcome) {
         StaleStep::Drop => StaleResult::Drop,
         StaleStep::Watch => {
-            tracing::warn!(vm = %vm.id, outcome = ?outcome, "stale create not adopted; watching it");
+            tracing::warn!(vm = %vm.id, outcome = ?outcome.as_ref().map_err(ToString::to_string), "stale create not adopted; watching it");
             StaleResult::Watch
         }
         StaleStep::Inspect => inspect_step(p.ports.runtime.as_ref(), &vm.id).await,

@@ -68,7 +68,7 @@ pub(super) async fn restore_from_peer(
     };
     let want_id = content.config.snapshot_id.clone();
     let envelope = content.config.envelope(vm);
-    let record = record_of(&envelope).map_err(Skipped::Failed)?;
+    let record = record_of(&envelope).map_err(|e| Skipped::Failed(e.to_string()))?;
     let ip = match tier.nodes.internal_ip(&peer).await {
         Ok(Some(ip)) => ip,
         Ok(None) => return Err(Skipped::NotApplicable(format!("node {peer} has no InternalIP"))),
@@ -94,15 +94,20 @@ pub(super) async fn restore_from_peer(
     }
 }
 
+/// A snapshot config whose envelope does not hold a snapshot record.
+#[derive(Debug, thiserror::Error)]
+#[error("the registry's snapshot config does not make a snapshot.json: {0}")]
+struct NotASnapshotRecord(#[source] serde_json::Error);
+
 /// The snapshot record inside a `snapshot.json` envelope (its config uses the record's keys).
-fn record_of(envelope: &[u8]) -> Result<SnapshotRecord, String> {
+fn record_of(envelope: &[u8]) -> Result<SnapshotRecord, NotASnapshotRecord> {
     #[derive(serde::Deserialize)]
     struct Envelope {
         config: SnapshotRecord,
     }
     serde_json::from_slice::<Envelope>(envelope)
         .map(|e| e.config)
-        .map_err(|e| format!("the registry's snapshot config does not make a snapshot.json: {e}"))
+        .map_err(NotASnapshotRecord)
 }
 
 #[cfg(test)]

@@ -119,6 +119,7 @@ impl Registry {
                 digest: digest.to_string(),
                 what: "manifest".into(),
                 detail: format!("its bytes hash to {computed}"),
+                cause: None,
             });
         }
         let manifest = match manifest::parse_manifest(&raw) {
@@ -127,9 +128,16 @@ impl Registry {
                 return Err(RegistryError::InvalidArtifact {
                     artifact,
                     detail: "it is an image index, not an artifact manifest".into(),
+                    cause: None,
                 });
             }
-            Err(detail) => return Err(RegistryError::InvalidArtifact { artifact, detail }),
+            Err(e) => {
+                return Err(RegistryError::InvalidArtifact {
+                    artifact,
+                    detail: e.to_string(),
+                    cause: Some(super::errors::Cause::new(e)),
+                });
+            }
         };
         // Every layer is checked before the first is fetched: nothing is downloaded for an artifact
         // that would be refused anyway.
@@ -140,6 +148,7 @@ impl Registry {
                     "it has {} layers (at most {MAX_ARTIFACT_LAYERS} are read); push the artifact with its component and case table only",
                     manifest.layers.len()
                 ),
+                cause: None,
             });
         }
         if let Some((i, layer)) =
@@ -148,6 +157,7 @@ impl Registry {
             return Err(RegistryError::InvalidArtifact {
                 artifact,
                 detail: format!("layer {i} is {} bytes (at most {max_layer_bytes} are read)", layer.size),
+                cause: None,
             });
         }
         let mut layers = Vec::with_capacity(manifest.layers.len());

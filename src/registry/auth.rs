@@ -15,6 +15,7 @@
 //! answer is read to [`MAX_TOKEN_ANSWER`] at most, within the answer deadline.
 
 use super::answer::{self, AnswerError};
+use super::errors::Cause;
 use oci_client::secrets::RegistryAuth;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,18 +24,19 @@ use std::time::{Duration, Instant};
 /// How a request failed before the registry gave an answer the caller can interpret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HttpError {
-    /// Connection, TLS, timeout, a token server that could not be reached.
-    Transport(String),
+    /// Connection, TLS, timeout, a token server that could not be reached (and the error, when
+    /// one says why).
+    Transport(String, Option<Cause>),
     /// The token server refused the credentials (or answered something that is not a token).
-    Denied(String),
+    Denied(String, Option<Cause>),
     /// The registry named a token realm the credentials may not go to; it was not asked.
-    UntrustedRealm { realm: String, reason: String },
+    UntrustedRealm { realm: String, reason: RealmRefusal },
 }
 
 impl std::fmt::Display for HttpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            HttpError::Transport(s) | HttpError::Denied(s) => f.write_str(s),
+            HttpError::Transport(s, _) | HttpError::Denied(s, _) => f.write_str(s),
             HttpError::UntrustedRealm { realm, reason } => write!(f, "the token realm {realm} {reason}"),
         }
     }
@@ -51,13 +53,26 @@ pub(crate) struct RealmPolicy {
     pub trusted: Vec<String>,
 }
 
+/// Why a token realm gets no credentials; reads after "the token realm X, which".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RealmRefusal {
+    #[error("is not an http(s) URL (scheme {0:?})")]
+    NotHttp(String),
+    #[error("is plain HTTP while the registry is spoken to over HTTPS")]
+    PlainToTheRegistry,
+    #[error("is plain HTTP (another host, {host}, gets the credentials only over HTTPS)")]
+    PlainToAnotherHost { host: String },
+    #[error("is on another host ({host}) than the registry ({registry})")]
+    AnotherHost { host: String, registry: String },
+}
+
 impl RealmPolicy {
     /// `Err(reason)` when `realm` may not be asked for a token.
-    pub(crate) fn check(&self, realm: &reqwest::Url) -> Result<(), String> {
+    pub(crate) fn check(&self, realm: &reqwest::Url) -> Result<(), RealmRefusal> {
         let https = match realm.scheme() {
             "https" => true,
             "http" => false,
-            other => return Err(format!("is not an http(s) URL (scheme {other:?})")),
+            other => return Err(RealmRefusal::NotHttp(other.to_string())),
         };
         let host = realm
             .host_str()
@@ -68,7 +83,7 @@ impl RealmPolicy {
             return if https || self.plain_http {
                 Ok(())
             } else {
-                Err("is plain HTTP while the registry is spoken to over HTTPS".into())
+                Err(RealmRefusal::PlainToTheRegistry)
             };
         }
         let with_port = realm.port().map(|p| format!("{host}:{p}"));
@@ -78,13 +93,11 @@ impl RealmPolicy {
             .any(|t| t.trim_matches(['[', ']']) == host || Some(t) == with_port.as_ref());
         match (listed, https) {
             (true, true) => Ok(()),
-            (true, false) => Err(format!(
-                "is plain HTTP (another host, {host}, gets the credentials only over HTTPS)"
-            )),
-            (false, _) => Err(format!(
-                "is on another host ({host}) than the registry ({})",
-                self.registry_host
-            )),
+            (true, false) => Err(RealmRefusal::PlainToAnotherHost { host }),
+            (false, _) => Err(RealmRefusal::AnotherHost {
+                host,
+                registry: self.registry_host.clone(),
+            }),
         }
     }
 }
@@ -174,7 +187,7 @@ impl AuthedHttp {
             .authorize(scope, build(&self.http))
             .send()
             .await
-            .map_err(|e| HttpError::Transport(e.to_string()))?;
+            .map_err(|e| HttpError::Transport(e.to_string(), Some(Cause::new(e))))?;
         if first.status() != reqwest::StatusCode::UNAUTHORIZED {
             return Ok(first);
         }
@@ -201,7 +214,10 @@ impl AuthedHttp {
                 build(&self.http).bearer_auth(token)
             }
         };
-        retry.send().await.map_err(|e| HttpError::Transport(e.to_string()))
+        retry
+            .send()
+            .await
+            .map_err(|e| HttpError::Transport(e.to_string(), Some(Cause::new(e))))
     }
 
     /// `GET <realm>?service=…&scope=…` with the docker-config credentials, when the realm may have them
@@ -214,8 +230,12 @@ impl AuthedHttp {
         scope: &str,
         key: &str,
     ) -> Result<String, HttpError> {
-        let mut url = reqwest::Url::parse(realm)
-            .map_err(|e| HttpError::Denied(format!("the registry's token realm {realm:?} is not a URL: {e}")))?;
+        let mut url = reqwest::Url::parse(realm).map_err(|e| {
+            HttpError::Denied(
+                format!("the registry's token realm {realm:?} is not a URL: {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         self.realms.check(&url).map_err(|reason| {
             tracing::warn!(realm, %reason, "refusing the registry's token realm");
             HttpError::UntrustedRealm {
@@ -243,34 +263,43 @@ impl AuthedHttp {
             let resp = req
                 .send()
                 .await
-                .map_err(|e| HttpError::Transport(format!("token request to {realm}: {e}")))?;
+                .map_err(|e| HttpError::Transport(format!("token request to {realm}: {e}"), Some(Cause::new(e))))?;
             let status = resp.status();
             if !status.is_success() {
                 let text = answer::error_text(resp, self.answer_deadline).await;
-                return Err(HttpError::Denied(format!(
-                    "the token server {realm} answered {status} for scope {scope:?}: {text}"
-                )));
+                return Err(HttpError::Denied(
+                    format!("the token server {realm} answered {status} for scope {scope:?}: {text}"),
+                    None,
+                ));
             }
             answer::read_whole(resp, MAX_TOKEN_ANSWER).await.map_err(|e| match e {
-                AnswerError::TooLarge { .. } => HttpError::Denied(format!("the token server {realm}: {e}")),
-                AnswerError::Transport(_) => HttpError::Transport(format!("token answer from {realm}: {e}")),
+                AnswerError::TooLarge { .. } => HttpError::Denied(format!("the token server {realm}: {e}"), None),
+                AnswerError::Transport(_) => HttpError::Transport(format!("token answer from {realm}: {e}"), None),
             })
         };
         let body = tokio::time::timeout(self.answer_deadline, exchange)
             .await
             .map_err(|_| {
-                HttpError::Transport(format!(
-                    "the token server {realm} did not answer within {}",
-                    answer::secs_text(self.answer_deadline)
-                ))
+                HttpError::Transport(
+                    format!(
+                        "the token server {realm} did not answer within {}",
+                        answer::secs_text(self.answer_deadline)
+                    ),
+                    None,
+                )
             })??;
-        let t: TokenResponse = serde_json::from_slice(&body)
-            .map_err(|e| HttpError::Denied(format!("the token server {realm} answered no token: {e}")))?;
+        let t: TokenResponse = serde_json::from_slice(&body).map_err(|e| {
+            HttpError::Denied(
+                format!("the token server {realm} answered no token: {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         let token = if t.token.is_empty() { t.access_token } else { t.token };
         if token.is_empty() {
-            return Err(HttpError::Denied(format!(
-                "the token server {realm} answered an empty token"
-            )));
+            return Err(HttpError::Denied(
+                format!("the token server {realm} answered an empty token"),
+                None,
+            ));
         }
         let now = Instant::now();
         let mut tokens = self.tokens.lock().expect("token cache lock");
@@ -378,7 +407,7 @@ mod tests {
         }
     }
 
-    fn check(p: &RealmPolicy, realm: &str) -> Result<(), String> {
+    fn check(p: &RealmPolicy, realm: &str) -> Result<(), RealmRefusal> {
         p.check(&reqwest::Url::parse(realm).unwrap())
     }
 
@@ -390,16 +419,19 @@ mod tests {
         assert!(
             check(&https, "http://reg.example.com/token")
                 .unwrap_err()
+                .to_string()
                 .contains("plain HTTP")
         );
         assert!(
             check(&https, "https://evil.example.net/token")
                 .unwrap_err()
+                .to_string()
                 .contains("another host")
         );
         assert!(
             check(&https, "https://reg.example.com.evil.net/t")
                 .unwrap_err()
+                .to_string()
                 .contains("another host")
         );
         assert!(check(&https, "ftp://reg.example.com/t").is_err());
@@ -410,6 +442,7 @@ mod tests {
         assert!(
             check(&plain, "http://127.0.0.2:5001/token")
                 .unwrap_err()
+                .to_string()
                 .contains("another host")
         );
         assert!(check(&plain, "http://localhost:5001/token").is_err());
@@ -425,6 +458,7 @@ mod tests {
         assert!(
             check(&listed, "http://auth.docker.io/token")
                 .unwrap_err()
+                .to_string()
                 .contains("plain HTTP")
         );
         assert_eq!(check(&listed, "https://gitlab.example.com:8443/jwt/auth"), Ok(()));

@@ -4,7 +4,7 @@
 
 use super::auth::{AuthedHttp, RealmPolicy};
 use super::config::RegistryConfig;
-use super::errors::RegistryError;
+use super::errors::{Cause, RegistryError};
 use super::manifest::{self, OciImageManifest, OciManifest, SnapshotConfig};
 use futures::StreamExt;
 use oci_client::secrets::RegistryAuth;
@@ -107,20 +107,44 @@ impl Registry {
     }
 
     pub(crate) fn unavailable(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
+        self.unavailable_by(op, artifact, e, None)
+    }
+
+    /// [`RegistryError::Unavailable`] saying `detail`, with the error it comes from.
+    pub(crate) fn unavailable_by(
+        &self,
+        op: &str,
+        artifact: &str,
+        detail: impl std::fmt::Display,
+        cause: Option<Cause>,
+    ) -> RegistryError {
         RegistryError::Unavailable {
             op: op.to_string(),
             artifact: artifact.to_string(),
             registry: self.cfg.host.clone(),
-            detail: e.to_string(),
+            detail: detail.to_string(),
+            cause,
         }
     }
 
     pub(crate) fn denied(&self, op: &str, artifact: &str, e: impl std::fmt::Display) -> RegistryError {
+        self.denied_by(op, artifact, e, None)
+    }
+
+    /// [`RegistryError::Denied`] saying `detail`, with the error it comes from.
+    pub(crate) fn denied_by(
+        &self,
+        op: &str,
+        artifact: &str,
+        detail: impl std::fmt::Display,
+        cause: Option<Cause>,
+    ) -> RegistryError {
         RegistryError::Denied {
             op: op.to_string(),
             artifact: artifact.to_string(),
             registry: self.cfg.host.clone(),
-            detail: e.to_string(),
+            detail: detail.to_string(),
+            cause,
         }
     }
 
@@ -157,11 +181,13 @@ impl Registry {
                 digest: claimed,
                 what: "manifest".into(),
                 detail: format!("its bytes hash to {computed}"),
+                cause: None,
             });
         }
-        let m = manifest::parse_manifest(&got.bytes).map_err(|detail| RegistryError::InvalidArtifact {
+        let m = manifest::parse_manifest(&got.bytes).map_err(|e| RegistryError::InvalidArtifact {
             artifact: artifact.clone(),
-            detail,
+            detail: e.to_string(),
+            cause: Some(Cause::new(e)),
         })?;
         Ok(Some(Fetched {
             digest: computed,
@@ -187,6 +213,7 @@ impl Registry {
         let child = manifest::resolve_index(&index).ok_or_else(|| RegistryError::InvalidArtifact {
             artifact: format!("{repo}:{tag}"),
             detail: "the image index has no linux/amd64 (or other known-architecture) manifest".into(),
+            cause: None,
         })?;
         let digest = child.digest.clone();
         tracing::debug!(repo, tag, child = %digest, "resolved image index");
@@ -197,6 +224,7 @@ impl Registry {
             }) => Err(RegistryError::InvalidArtifact {
                 artifact: format!("{repo}:{tag}"),
                 detail: "nested image indexes are not supported".into(),
+                cause: None,
             }),
             Some(Fetched {
                 digest,
@@ -246,6 +274,7 @@ impl Registry {
                     desc.size,
                     manifest::MAX_CONFIG_BYTES
                 ),
+                cause: None,
             });
         }
         let bytes = self
@@ -254,6 +283,7 @@ impl Registry {
         serde_json::from_slice(&bytes).map_err(|e| RegistryError::InvalidArtifact {
             artifact,
             detail: format!("the config blob is not a snapshot config: {e}"),
+            cause: Some(Cause::new(e)),
         })
     }
 

@@ -55,6 +55,7 @@ impl Registry {
             let title = manifest::title(l).ok_or_else(|| RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail: format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE),
+                cause: None,
             })?;
             if !media::is_cloud_disk_layer(&l.media_type) {
                 return Err(RegistryError::UnsupportedMediaType {
@@ -67,6 +68,7 @@ impl Registry {
                 return Err(RegistryError::InvalidArtifact {
                     artifact: artifact.clone(),
                     detail: format!("layer {title:?} has a negative size"),
+                    cause: None,
                 });
             }
             disks.push((title.to_string(), l.digest.clone(), l.size as u64));
@@ -75,6 +77,7 @@ impl Registry {
             return Err(RegistryError::InvalidArtifact {
                 artifact,
                 detail: "the cloud image has no disk layers".into(),
+                cause: None,
             });
         }
         disks.sort_by(|a, b| a.0.cmp(&b.0));

@@ -109,15 +109,24 @@ impl TransferSettings {
     }
 
     /// Reads the `SNAPSHOT_*` variables through `lookup`, with the rules of the environment.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<TransferSettings, String> {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<TransferSettings, TransferSettingsError> {
         let args = crate::settings::parse_lookup::<TransferArgs>(lookup)?;
-        Self::from_args(&args).map_err(|e| e.to_string())
+        Ok(Self::from_args(&args)?)
     }
+}
+
+/// Why the `SNAPSHOT_*` settings read through a lookup cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferSettingsError {
+    #[error(transparent)]
+    Settings(#[from] crate::settings::SettingsError),
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
 }
 
 /// Invalid or negative `SNAPSHOT_*` values become 0 (the Go daemon's rule, kept: a fleet's
 /// environment files were written against it), and 0 means the default.
-fn lenient(text: &str) -> Result<u64, String> {
+fn lenient(text: &str) -> Result<u64, std::convert::Infallible> {
     Ok(text.trim().parse::<i64>().map_or(0, |n| n.max(0) as u64))
 }
 

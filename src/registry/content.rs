@@ -66,7 +66,13 @@ impl Registry {
         let config = self.fetch_snapshot_config(repo, tag, &resolved.manifest).await?;
         let files = match manifest::snapshot_plan(&resolved.manifest, &config) {
             Ok(plans) => content_of(&plans),
-            Err(PlanError::Invalid(detail)) => return Err(RegistryError::InvalidArtifact { artifact, detail }),
+            Err(PlanError::Invalid(detail)) => {
+                return Err(RegistryError::InvalidArtifact {
+                    artifact,
+                    detail,
+                    cause: None,
+                });
+            }
             Err(PlanError::MediaType { title, media_type }) => {
                 return Err(RegistryError::UnsupportedMediaType {
                     artifact,

@@ -48,6 +48,7 @@ impl Registry {
                 detail: format!(
                     "{why} (by digest {digest}); enable deletes on the registry (storage.delete.enabled: true / REGISTRY_STORAGE_DELETE_ENABLED=true)"
                 ),
+                cause: None,
             }),
         }
     }

@@ -12,7 +12,7 @@
 use super::answer::{self, AnswerError};
 use super::auth::{HttpError, repository_scope};
 use super::client::Registry;
-use super::errors::RegistryError;
+use super::errors::{Cause, RegistryError};
 use super::manifest::MAX_MANIFEST_BYTES;
 use super::media;
 use super::names;
@@ -86,14 +86,14 @@ impl Registry {
     /// The typed error of a request that got no answer to interpret.
     pub(crate) fn http_error(&self, op: &str, artifact: &str, e: HttpError) -> RegistryError {
         match e {
-            HttpError::Transport(d) => self.unavailable(op, artifact, d),
-            HttpError::Denied(d) => self.denied(op, artifact, d),
+            HttpError::Transport(d, cause) => self.unavailable_by(op, artifact, d, cause),
+            HttpError::Denied(d, cause) => self.denied_by(op, artifact, d, cause),
             HttpError::UntrustedRealm { realm, reason } => RegistryError::UntrustedRealm {
                 op: op.to_string(),
                 artifact: artifact.to_string(),
                 registry: self.cfg.host.clone(),
                 realm,
-                reason,
+                reason: reason.to_string(),
             },
         }
     }
@@ -178,6 +178,7 @@ impl Registry {
                     AnswerError::TooLarge { .. } => RegistryError::InvalidArtifact {
                         artifact: artifact.clone(),
                         detail: format!("the manifest: {e}; a manifest this large is not read"),
+                        cause: None,
                     },
                     AnswerError::Transport(_) => self.unavailable(op, &artifact, e),
                 })?;
@@ -307,8 +308,14 @@ impl Registry {
         let location = self
             .upload_location(resp, &op, &artifact, "the POST of the upload session")
             .await?;
-        let mut url = reqwest::Url::parse(&location)
-            .map_err(|e| self.unavailable(&op, &artifact, format!("upload location {location:?}: {e}")))?;
+        let mut url = reqwest::Url::parse(&location).map_err(|e| {
+            self.unavailable_by(
+                &op,
+                &artifact,
+                format!("upload location {location:?}: {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         url.query_pairs_mut().append_pair("digest", digest);
         let resp = self
             .http
@@ -348,10 +355,15 @@ impl Registry {
             .unwrap_or_default()
             .to_string();
         let base = reqwest::Url::parse(&self.cfg.base_url())
-            .map_err(|e| self.unavailable(op, artifact, format!("{step}: base URL: {e}")))?;
-        let url = base
-            .join(&location)
-            .map_err(|e| self.unavailable(op, artifact, format!("{step}: no usable Location ({location:?}): {e}")))?;
+            .map_err(|e| self.unavailable_by(op, artifact, format!("{step}: base URL: {e}"), Some(Cause::new(e))))?;
+        let url = base.join(&location).map_err(|e| {
+            self.unavailable_by(
+                op,
+                artifact,
+                format!("{step}: no usable Location ({location:?}): {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         if url.origin() != base.origin() {
             return Err(self.unavailable(
                 op,
@@ -384,6 +396,7 @@ impl Registry {
             .ok_or_else(|| RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail: format!("{what}: unsupported digest {digest:?} (only sha256 is read)"),
+                cause: None,
             })?;
         let target = self.repo(repo)?;
         let url = format!("{}/blobs/{digest}", target.url);
@@ -415,12 +428,12 @@ impl Registry {
         Ok(async_stream::try_stream! {
             let mut seen = 0u64;
             let mut hasher = sha2::Sha256::new();
-            let corrupt = |detail: String| RegistryError::Corrupt { artifact: artifact.clone(), digest: digest.clone(), what: what.clone(), detail };
-            let unavailable = |detail: String| RegistryError::Unavailable { op: op.clone(), artifact: artifact.clone(), registry: registry.clone(), detail };
+            let corrupt = |detail: String| RegistryError::Corrupt { artifact: artifact.clone(), digest: digest.clone(), what: what.clone(), detail, cause: None, };
+            let unavailable = |detail: String, cause: Option<Cause>| RegistryError::Unavailable { op: op.clone(), artifact: artifact.clone(), registry: registry.clone(), detail, cause };
             loop {
                 let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
-                    Err(_) => Err(unavailable(format!("no byte for {} (SNAPSHOT_STALL_TIMEOUT_SECONDS)", answer::secs_text(idle))))?,
-                    Ok(Err(e)) => Err(unavailable(e.to_string()))?,
+                    Err(_) => Err(unavailable(format!("no byte for {} (SNAPSHOT_STALL_TIMEOUT_SECONDS)", answer::secs_text(idle)), None))?,
+                    Ok(Err(e)) => Err(unavailable(e.to_string(), Some(Cause::new(e))))?,
                     Ok(Ok(None)) => break,
                     Ok(Ok(Some(chunk))) => chunk,
                 };

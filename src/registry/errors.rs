@@ -13,6 +13,38 @@ pub enum ConfigError {
     },
 }
 
+/// The error a [`RegistryError`] comes from (a connection's, a file's, a task's), kept as its
+/// `source`: the message already says it in words (`detail`), the chain keeps the error itself.
+/// Behind an `Arc` because a `RegistryError` is `Clone`; two causes are equal when they read the same.
+#[derive(Debug, Clone)]
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl Cause {
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(error))
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Cause {}
+
 /// Errors of registry operations. `Clone` so that concurrent pulls of one snapshot can share one outcome.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum RegistryError {
@@ -26,6 +58,8 @@ pub enum RegistryError {
         artifact: String,
         registry: String,
         detail: String,
+        #[source]
+        cause: Option<Cause>,
     },
     /// The registry refused the credentials or their rights (401 / 403, also after the token exchange).
     #[error(
@@ -36,6 +70,8 @@ pub enum RegistryError {
         artifact: String,
         registry: String,
         detail: String,
+        #[source]
+        cause: Option<Cause>,
     },
     /// The tag (or a blob it names) does not exist.
     #[error("{artifact} not found in the registry {registry}{detail}; push it first or fix the reference")]
@@ -53,10 +89,17 @@ pub enum RegistryError {
         digest: String,
         what: String,
         detail: String,
+        #[source]
+        cause: Option<Cause>,
     },
     /// The manifest or config is malformed or uses something this daemon cannot read.
     #[error("{artifact}: invalid artifact: {detail}")]
-    InvalidArtifact { artifact: String, detail: String },
+    InvalidArtifact {
+        artifact: String,
+        detail: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// A layer media type outside the allowlist.
     #[error(
         "{artifact}: layer {title:?} has unsupported media type {media_type:?}; this daemon reads only cocoonstack snapshot layers (v1/v2) — re-push the snapshot with a supported cocoon version"
@@ -78,16 +121,28 @@ pub enum RegistryError {
     },
     /// Reading the snapshot stream handed to a push failed, or it is not a cocoon export.
     #[error("{artifact}: reading the snapshot stream failed: {detail}; nothing was tagged — retry the push")]
-    Source { artifact: String, detail: String },
+    Source {
+        artifact: String,
+        detail: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// The writer a pull streams into stopped accepting bytes (the importer quit; its own error says why).
     #[error("{artifact}: the import stopped reading: {detail}")]
-    Sink { artifact: String, detail: String },
+    Sink {
+        artifact: String,
+        detail: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// Local I/O of a transfer failed.
     #[error("{artifact}: {step} failed: {detail}")]
     Io {
         artifact: String,
         step: String,
         detail: String,
+        #[source]
+        cause: Option<Cause>,
     },
     /// A bad argument (reference syntax etc.).
     #[error("invalid request: {0}")]

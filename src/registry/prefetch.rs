@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::client::Registry;
-use super::errors::RegistryError;
+use super::errors::{Cause, RegistryError};
 use super::manifest::BlobPart;
 use super::media::LayerEncoding;
 
@@ -150,6 +150,7 @@ async fn fetch(registry: &Registry, repo: &str, tag: &str, artifact: String, job
                         digest: job.part.digest.clone(),
                         what: job.title.clone(),
                         detail: format!("zstd decoding failed: {e}"),
+                        cause: Some(Cause::new(e)),
                     }),
                     Err(e) => Err(task_failed(&artifact, &job, e)),
                 }
@@ -162,6 +163,7 @@ async fn fetch(registry: &Registry, repo: &str, tag: &str, artifact: String, job
             artifact: format!("{repo}:{tag}"),
             step: "fetching a blob ahead of the import tar".into(),
             detail: e.to_string(),
+            cause: Some(Cause::new(e)),
         }),
     }
 }
@@ -171,6 +173,7 @@ fn task_failed(artifact: &str, job: &Job, e: tokio::task::JoinError) -> Registry
         artifact: artifact.to_string(),
         step: format!("decoding blob {} ({})", job.part.digest, job.title),
         detail: e.to_string(),
+        cause: Some(Cause::new(e)),
     }
 }
 

@@ -108,6 +108,7 @@ impl Registry {
             PlanError::Invalid(detail) => RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail,
+                cause: None,
             },
             PlanError::MediaType { title, media_type } => RegistryError::UnsupportedMediaType {
                 artifact: artifact.clone(),
@@ -167,6 +168,7 @@ impl Registry {
             artifact: artifact.clone(),
             step: "building the import tar".into(),
             detail: e.to_string(),
+            cause: Some(super::errors::Cause::new(e)),
         };
         let mut head =
             tarfmt::entry_header("snapshot.json", 0o644, envelope.len() as u64, None, None).map_err(io_err)?;
@@ -231,6 +233,7 @@ impl Registry {
                     digest: p.parts.first().map(|x| x.digest.clone()).unwrap_or_default(),
                     what: p.title.clone(),
                     detail: format!("the file has {} bytes, its config says {}", p.size - body.left, p.size),
+                    cause: None,
                 });
             }
             out.write(&vec![0u8; tarfmt::padding(p.size)]).await?;
@@ -332,6 +335,7 @@ impl FileBody<'_, '_> {
             digest: part.digest.clone(),
             what: self.file.title.clone(),
             detail,
+            cause: None,
         }
     }
 }
@@ -370,6 +374,7 @@ impl TarOut<'_> {
         RegistryError::Sink {
             artifact: self.artifact.to_string(),
             detail: e.to_string(),
+            cause: Some(super::errors::Cause::new(e)),
         }
     }
 }

@@ -12,7 +12,7 @@
 
 use super::chunk_compressor::ChunkCompressor;
 use super::client::Registry;
-use super::errors::RegistryError;
+use super::errors::{Cause, RegistryError};
 use super::manifest::{self, FileInfo, PushedLayer, SnapshotConfig};
 use super::media;
 use super::progress::{Progress, watched};
@@ -164,10 +164,15 @@ impl Registry {
             artifact: artifact.clone(),
             step: "reading the snapshot stream".into(),
             detail: format!("reader thread: {e}"),
+            cause: Some(Cause::new(e)),
         })?;
         // A broken export explains the upload it broke: its error goes first.
         if let Err(ReadError::Source(detail)) = read {
-            return Err(RegistryError::Source { artifact, detail });
+            return Err(RegistryError::Source {
+                artifact,
+                detail,
+                cause: None,
+            });
         }
         if let Some(e) = failed {
             return Err(e);
@@ -175,6 +180,7 @@ impl Registry {
         let envelope = envelope.ok_or_else(|| RegistryError::Source {
             artifact: artifact.clone(),
             detail: "the export has no snapshot.json".into(),
+            cause: None,
         })?;
         self.finish_push(repo, tag, labels, &envelope, files, done, started)
             .await
@@ -219,9 +225,10 @@ impl Registry {
         let created = chrono::Utc::now();
         let mut cfg =
             SnapshotConfig::from_envelope(envelope, created.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-                .map_err(|detail| RegistryError::InvalidArtifact {
+                .map_err(|e| RegistryError::InvalidArtifact {
                     artifact: artifact.clone(),
-                    detail,
+                    detail: e.to_string(),
+                    cause: Some(Cause::new(e)),
                 })?;
         cfg.files = infos;
         if v2 {
@@ -299,6 +306,7 @@ impl Registry {
                     artifact: format!("{repo}:{tag}"),
                     step: format!("compressing {}", layer.title),
                     detail: e.to_string(),
+                    cause: Some(Cause::new(e)),
                 })?;
                 // The raw chunk is gone: keep only the compressed bytes' share of the budget.
                 let keep = push_reader::kib(c.len() as u64).max(1) as usize;

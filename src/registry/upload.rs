@@ -7,7 +7,7 @@
 
 use super::client::Registry;
 use super::distribution::Access;
-use super::errors::RegistryError;
+use super::errors::{Cause, RegistryError};
 use bytes::Bytes;
 use futures::Stream;
 use reqwest::StatusCode;
@@ -73,7 +73,7 @@ impl Registry {
         let resp = patch
             .send()
             .await
-            .map_err(|e| self.unavailable(&op, artifact, stream_error(&e)))?;
+            .map_err(|e| self.unavailable_by(&op, artifact, stream_error(&e), Some(Cause::new(e))))?;
         let location = self
             .upload_location(resp, &op, artifact, "the PATCH of the upload session")
             .await?;
@@ -82,8 +82,14 @@ impl Registry {
         let Some(digest) = digest.await else {
             return Err(self.unavailable(&op, artifact, "the body ended before its digest was known"));
         };
-        let mut url = reqwest::Url::parse(&location)
-            .map_err(|e| self.unavailable(&op, artifact, format!("upload location {location:?}: {e}")))?;
+        let mut url = reqwest::Url::parse(&location).map_err(|e| {
+            self.unavailable_by(
+                &op,
+                artifact,
+                format!("upload location {location:?}: {e}"),
+                Some(Cause::new(e)),
+            )
+        })?;
         url.query_pairs_mut().append_pair("digest", &digest);
         let resp = self
             .within_deadline(&op, artifact, async {

@@ -13,7 +13,7 @@ use super::super::reconcile::{self, InspectVerdict, StaleStep};
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec};
 use crate::policy::contract::bring_up::{self, HibernateEvidence, LocalSnapshot};
 use crate::policy::contract::types::BootMode;
-use crate::runtime::{SnapshotRecord, StaleCreateOutcome, VmRecord, VmState};
+use crate::runtime::{RuntimeError, SnapshotRecord, StaleCreateOutcome, VmRecord, VmState};
 
 /// The pod a bring-up is for.
 pub(in crate::provider) struct Ctx<'a> {
@@ -112,13 +112,8 @@ async fn local_snapshot_of_image(p: &CocoonProvider, image: &str) -> Option<Snap
 /// finished (running) ⇒ adopt; terminal (never finished, so no state) ⇒ removed; still owned or
 /// undecidable ⇒ the create retries later.
 async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecord>, Failure> {
-    let outcome = p
-        .ports
-        .runtime
-        .reconcile_stale_create(&vm.id)
-        .await
-        .map_err(|e| e.to_string());
-    tracing::info!(vm = %vm.id, outcome = ?outcome, "settling a stale create of this pod's vm");
+    let outcome = p.ports.runtime.reconcile_stale_create(&vm.id).await;
+    tracing::info!(vm = %vm.id, outcome = ?outcome.as_ref().map_err(ToString::to_string), "settling a stale create of this pod's vm");
     match reconcile::stale_step(&outcome) {
         StaleStep::Drop => return Ok(None),
         StaleStep::Watch => return Err(still_creating_or_failed(&vm, &outcome)),
@@ -158,7 +153,7 @@ async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecor
 }
 
 /// The failure of a stale create that is not settled yet: still owned, or the verb failed.
-fn still_creating_or_failed(vm: &VmRecord, outcome: &Result<StaleCreateOutcome, String>) -> Failure {
+fn still_creating_or_failed(vm: &VmRecord, outcome: &Result<StaleCreateOutcome, RuntimeError>) -> Failure {
     match outcome {
         Ok(other) => Failure::transient(
             "VMStillCreating",
@@ -195,12 +190,7 @@ async fn recorded_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {
     match &p.ports.registry {
         Some(registry) => {
             let lookup = registry.manifest(vm, plan::HIBERNATE_SNAPSHOT_TAG).await;
-            plan::registry_evidence(
-                lookup
-                    .as_ref()
-                    .map(|m| m.as_ref().map(|a| &a.annotations))
-                    .map_err(|e| e.to_string()),
-            )
+            plan::registry_evidence(lookup.as_ref().map(Option::as_ref))
         }
         // Registry-less, the evidence is a local snapshot of the VM's name, and it is always
         // asked, never taken from the kept list (`known`): cocoon has no event stream of

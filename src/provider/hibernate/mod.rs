@@ -148,17 +148,19 @@ impl CocoonProvider {
 
     /// The snapshot id the hibernated guest lives in: the `:hibernate` tag's (with a registry),
     /// else the local snapshot's. `None` when there is none.
-    pub(in crate::provider) async fn saved_snapshot_id(&self, name: &str) -> Result<Option<String>, String> {
+    pub(in crate::provider) async fn saved_snapshot_id(
+        &self,
+        name: &str,
+    ) -> Result<Option<String>, rules::SavedSnapshotError> {
         match &self.ports.registry {
-            Some(registry) => registry
+            Some(registry) => Ok(registry
                 .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
-                .await
-                .map(|m| m.map(|m| m.snapshot_id))
-                .map_err(|e| e.to_string()),
+                .await?
+                .map(|m| m.snapshot_id)),
             None => match self.ports.runtime.snapshot_inspect(name).await {
                 Ok(s) => Ok(Some(s.id)),
                 Err(e) if e.is_not_found() => Ok(None),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             },
         }
     }

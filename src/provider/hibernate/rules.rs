@@ -27,7 +27,7 @@ pub(in crate::provider) fn saved_guest(evidence: HibernateEvidence) -> SavedGues
 
 /// What a hibernate does with a VM that is not running (a retried or resumed hibernate after a
 /// host restart).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum NotRunning {
     /// Its own save is the hibernate snapshot: just remove it. Saving it again would put a
     /// cold guest over the saved one.
@@ -35,13 +35,23 @@ pub(super) enum NotRunning {
     /// Boot it and save it: its disk is newer than any snapshot.
     StartThenSave,
     /// The hibernate snapshot cannot be checked: retry.
-    Retry(String),
+    Retry(SavedSnapshotError),
+}
+
+/// Why the id of the saved (hibernated) guest's snapshot cannot be read: the registry's answer
+/// about the `:hibernate` tag, or cocoon's about the local snapshot. Either is inconclusive.
+#[derive(Debug, thiserror::Error)]
+pub(in crate::provider) enum SavedSnapshotError {
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
 }
 
 /// `saved_id` is the id of the snapshot under the hibernate tag (or the local one without a
 /// registry); `own_snapshots` are the snapshot ids the VM record lists as its own saves.
 pub(super) fn not_running<V>(
-    saved_id: Result<Option<String>, String>,
+    saved_id: Result<Option<String>, SavedSnapshotError>,
     own_snapshots: &BTreeMap<String, V>,
 ) -> NotRunning {
     match saved_id {
@@ -97,23 +107,30 @@ mod tests {
     #[test]
     fn not_running_table() {
         let own: BTreeMap<String, ()> = [("snap-1".to_string(), ())].into();
-        assert_eq!(
+        assert!(matches!(
             not_running(Ok(Some("snap-1".into())), &own),
-            NotRunning::RemoveSaved {
-                snapshot: "snap-1".into()
-            }
-        );
+            NotRunning::RemoveSaved { snapshot } if snapshot == "snap-1"
+        ));
         // Another VM's save (or an older one) under the tag: the disk is newer; boot and save.
-        assert_eq!(not_running(Ok(Some("snap-0".into())), &own), NotRunning::StartThenSave);
-        assert_eq!(not_running(Ok(None), &own), NotRunning::StartThenSave);
-        assert_eq!(
+        assert!(matches!(
+            not_running(Ok(Some("snap-0".into())), &own),
+            NotRunning::StartThenSave
+        ));
+        assert!(matches!(not_running(Ok(None), &own), NotRunning::StartThenSave));
+        assert!(matches!(
             not_running(Ok(Some("snap-1".into())), &BTreeMap::<String, ()>::new()),
             NotRunning::StartThenSave
-        );
-        assert_eq!(
-            not_running(Err("registry down".into()), &own),
-            NotRunning::Retry("registry down".into())
-        );
+        ));
+        let down = crate::runtime::RuntimeError::Timeout {
+            verb: "snapshot inspect".into(),
+            after: std::time::Duration::from_secs(30),
+        };
+        assert!(matches!(
+            not_running(Err(down.into()), &own),
+            NotRunning::Retry(SavedSnapshotError::Runtime(
+                crate::runtime::RuntimeError::Timeout { .. }
+            ))
+        ));
     }
 
     #[test]

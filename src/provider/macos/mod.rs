@@ -49,7 +49,7 @@ const DEFAULT_VNC_PORTS: RangeInclusive<u16> = 5900..=5999;
 pub struct MacosSettings {
     /// `COCOON_MACOS_VNC_PASSWORD`: `Ok(None)` = VNC off; `Err` = invalid, and every macOS pod
     /// is refused with that message until the operator fixes it (the other pods run).
-    pub vnc_password: Result<Option<String>, String>,
+    pub vnc_password: Result<Option<String>, plan::BadVncPassword>,
     /// `VK_COCOON_MACOS_VNC_PORTS` (`5900-5999`): the ports handed to macOS guests.
     pub vnc_ports: RangeInclusive<u16>,
 }
@@ -123,19 +123,24 @@ impl MacosSettings {
     }
 
     /// Reads the variables through `lookup`, with the rules of the environment.
-    pub fn from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> Result<Self, crate::settings::SettingsError> {
         Ok(Self::from_args(&crate::settings::parse_lookup::<MacosArgs>(lookup)?))
     }
 }
 
+/// A `VK_COCOON_MACOS_VNC_PORTS` that is not a range of VNC ports (the setting's parser says
+/// what is accepted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a port range inside 5900-5999")]
+pub struct NotAVncPortRange;
+
 /// `A-B` (or one port), inside 5900–5999: the port is 5900 + the display number.
-fn parse_ports(text: &str) -> Result<RangeInclusive<u16>, String> {
-    let bad = || "not a port range inside 5900-5999".to_string();
+fn parse_ports(text: &str) -> Result<RangeInclusive<u16>, NotAVncPortRange> {
     let (a, b) = text.trim().split_once('-').unwrap_or((text.trim(), text.trim()));
-    let a: u16 = a.trim().parse().map_err(|_| bad())?;
-    let b: u16 = b.trim().parse().map_err(|_| bad())?;
+    let a: u16 = a.trim().parse().map_err(|_| NotAVncPortRange)?;
+    let b: u16 = b.trim().parse().map_err(|_| NotAVncPortRange)?;
     if a > b || !DEFAULT_VNC_PORTS.contains(&a) || !DEFAULT_VNC_PORTS.contains(&b) {
-        return Err(bad());
+        return Err(NotAVncPortRange);
     }
     Ok(a..=b)
 }
@@ -618,7 +623,7 @@ mod tests {
         assert_eq!(s.vnc_ports, 5910..=5919);
         assert!(!format!("{s:?}").contains("s3cret"), "{s:?}");
         let bad = MacosSettings::from_lookup(&env(&[("COCOON_MACOS_VNC_PASSWORD", "123456789")])).unwrap();
-        assert!(bad.vnc_password.unwrap_err().contains("at most 8"));
+        assert!(bad.vnc_password.unwrap_err().to_string().contains("at most 8"));
         for ports in ["5899-5905", "5950-5940", "x", "6000"] {
             let pairs: &'static [(&'static str, &'static str)] =
                 Box::leak(vec![("VK_COCOON_MACOS_VNC_PORTS", ports)].into_boxed_slice());

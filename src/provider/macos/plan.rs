@@ -64,19 +64,27 @@ pub fn sizes(guest: Option<&GuestResources>, image_virtual_size: u64) -> Sizes {
 
 /// `COCOON_MACOS_VNC_PASSWORD` as QEMU and cocoon-macos accept it: at most 8 bytes, no control
 /// characters (a newline would inject a second monitor command).
-pub fn check_vnc_password(pw: &str) -> Result<(), String> {
+pub fn check_vnc_password(pw: &str) -> Result<(), BadVncPassword> {
     if pw.len() > 8 {
-        return Err(format!(
-            "COCOON_MACOS_VNC_PASSWORD is {} bytes; VNC passwords are at most 8 bytes (QEMU's limit): set a shorter one, or unset it to run macOS guests without VNC",
-            pw.len()
-        ));
+        return Err(BadVncPassword::TooLong { bytes: pw.len() });
     }
     if let Some(c) = pw.chars().find(|c| c.is_control()) {
-        return Err(format!(
-            "COCOON_MACOS_VNC_PASSWORD contains the control character {c:?}; use printable characters only, or unset it to run macOS guests without VNC"
-        ));
+        return Err(BadVncPassword::ControlCharacter(c));
     }
     Ok(())
+}
+
+/// A `COCOON_MACOS_VNC_PASSWORD` that QEMU would refuse (or misread).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadVncPassword {
+    #[error(
+        "COCOON_MACOS_VNC_PASSWORD is {bytes} bytes; VNC passwords are at most 8 bytes (QEMU's limit): set a shorter one, or unset it to run macOS guests without VNC"
+    )]
+    TooLong { bytes: usize },
+    #[error(
+        "COCOON_MACOS_VNC_PASSWORD contains the control character {0:?}; use printable characters only, or unset it to run macOS guests without VNC"
+    )]
+    ControlCharacter(char),
 }
 
 /// The VM id vk-cocoon publishes for a macOS guest.
@@ -185,9 +193,9 @@ mod tests {
     fn vnc_passwords_are_checked_as_qemu_would() {
         assert!(check_vnc_password("abcdefgh").is_ok());
         assert!(check_vnc_password("").is_ok());
-        let long = check_vnc_password("abcdefghi").unwrap_err();
+        let long = check_vnc_password("abcdefghi").unwrap_err().to_string();
         assert!(long.contains("9 bytes") && long.contains("at most 8"), "{long}");
-        let ctl = check_vnc_password("ab\ncd").unwrap_err();
+        let ctl = check_vnc_password("ab\ncd").unwrap_err().to_string();
         assert!(ctl.contains("control character"), "{ctl}");
         assert!(check_vnc_password("é漢漢").is_ok(), "8 bytes of UTF-8");
         assert!(check_vnc_password("漢漢漢").is_err(), "3 characters, 9 bytes");

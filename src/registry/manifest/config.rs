@@ -69,14 +69,23 @@ fn is_zero_u(v: &u64) -> bool {
     *v == 0
 }
 
+/// A `snapshot.json` envelope that is not cocoon's.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("snapshot.json is not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("snapshot.json has no \"config\" object")]
+    NoConfig,
+}
+
 impl SnapshotConfig {
     /// Builds the config from the export's `snapshot.json` envelope (`{"version":1,"config":{snake_case}}`).
-    pub fn from_envelope(envelope: &[u8], created_at: String) -> Result<SnapshotConfig, String> {
-        let v: Value = serde_json::from_slice(envelope).map_err(|e| format!("snapshot.json is not valid JSON: {e}"))?;
+    pub fn from_envelope(envelope: &[u8], created_at: String) -> Result<SnapshotConfig, EnvelopeError> {
+        let v: Value = serde_json::from_slice(envelope).map_err(EnvelopeError::NotJson)?;
         let c = v
             .get("config")
             .and_then(Value::as_object)
-            .ok_or("snapshot.json has no \"config\" object")?;
+            .ok_or(EnvelopeError::NoConfig)?;
         let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         let i = |k: &str| c.get(k).and_then(Value::as_i64).unwrap_or_default();
         let u = |k: &str| c.get(k).and_then(Value::as_u64).unwrap_or_default();

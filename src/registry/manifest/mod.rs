@@ -22,20 +22,34 @@ pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// The biggest manifest we accept.
 pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
+/// Why a manifest document cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is {bytes} bytes, more than the {max} allowed")]
+    TooBig { bytes: usize, max: usize },
+    #[error("manifest is not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("unsupported manifest schemaVersion {0}")]
+    SchemaVersion(i64),
+    #[error("image index is malformed: {0}")]
+    MalformedIndex(#[source] serde_json::Error),
+    #[error("manifest is malformed: {0}")]
+    Malformed(#[source] serde_json::Error),
+}
+
 /// Parses a manifest or an index. Which one is decided by the media type (or, without one, by the
 /// presence of `manifests` without `config`), so a malformed document gets the error of its own kind.
-pub fn parse_manifest(bytes: &[u8]) -> Result<OciManifest, String> {
+pub fn parse_manifest(bytes: &[u8]) -> Result<OciManifest, ManifestError> {
     if bytes.len() > MAX_MANIFEST_BYTES {
-        return Err(format!(
-            "manifest is {} bytes, more than the {} allowed",
-            bytes.len(),
-            MAX_MANIFEST_BYTES
-        ));
+        return Err(ManifestError::TooBig {
+            bytes: bytes.len(),
+            max: MAX_MANIFEST_BYTES,
+        });
     }
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
+    let v: Value = serde_json::from_slice(bytes).map_err(ManifestError::NotJson)?;
     let version = v.get("schemaVersion").and_then(Value::as_i64).unwrap_or(0);
     if version != 2 {
-        return Err(format!("unsupported manifest schemaVersion {version}"));
+        return Err(ManifestError::SchemaVersion(version));
     }
     let media_type = v.get("mediaType").and_then(Value::as_str);
     let is_index = matches!(media_type, Some(media::OCI_INDEX) | Some(media::DOCKER_MANIFEST_LIST))
@@ -43,11 +57,11 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<OciManifest, String> {
     if is_index {
         serde_json::from_value(v)
             .map(OciManifest::ImageIndex)
-            .map_err(|e| format!("image index is malformed: {e}"))
+            .map_err(ManifestError::MalformedIndex)
     } else {
         serde_json::from_value(v)
             .map(OciManifest::Image)
-            .map_err(|e| format!("manifest is malformed: {e}"))
+            .map_err(ManifestError::Malformed)
     }
 }
 
@@ -149,11 +163,13 @@ mod tests {
         assert!(
             parse_manifest(br#"{"schemaVersion":1}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("schemaVersion 1")
         );
         assert!(
             parse_manifest(br#"{"schemaVersion":2,"config":{}}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("malformed")
         );
     }

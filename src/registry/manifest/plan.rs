@@ -181,31 +181,54 @@ struct SparseSegment {
 /// The sparse map `map` must describe the entry's body exactly: its segments hold `size` bytes in
 /// all (the body is their data, concatenated), in offset order without overlap, all within the
 /// apparent size, which must be given. `Err` says what is wrong.
-fn check_sparse_map(map: &str, apparent: Option<u64>, size: u64) -> Result<(), String> {
-    let apparent = apparent.ok_or("has no apparent size (sparseSize)")?;
-    let segments: Vec<SparseSegment> =
-        serde_json::from_str(map).map_err(|e| format!("is not a JSON list of {{\"o\",\"l\"}} segments: {e}"))?;
+fn check_sparse_map(map: &str, apparent: Option<u64>, size: u64) -> Result<(), SparseMapError> {
+    let apparent = apparent.ok_or(SparseMapError::NoApparentSize)?;
+    let segments: Vec<SparseSegment> = serde_json::from_str(map).map_err(SparseMapError::NotSegments)?;
     let mut end = 0u64;
     let mut data = 0u64;
     for (i, s) in segments.iter().enumerate() {
         if s.o < end {
-            return Err(format!(
-                "has segment {i} at offset {} before the end of the one before it ({end})",
-                s.o
-            ));
+            return Err(SparseMapError::Overlap {
+                index: i,
+                offset: s.o,
+                end,
+            });
         }
-        end = s.o.checked_add(s.l).filter(|e| *e <= apparent).ok_or_else(|| {
-            format!(
-                "has segment {i} ({} bytes at {}) past the file's apparent size {apparent}",
-                s.l, s.o
-            )
-        })?;
+        end =
+            s.o.checked_add(s.l)
+                .filter(|e| *e <= apparent)
+                .ok_or(SparseMapError::PastEnd {
+                    index: i,
+                    len: s.l,
+                    offset: s.o,
+                    apparent,
+                })?;
         data += s.l;
     }
     if data != size {
-        return Err(format!("holds {data} bytes of data, but the file's entry has {size}"));
+        return Err(SparseMapError::DataSize { data, size });
     }
     Ok(())
+}
+
+/// What is wrong with a file's sparse map; reads after "its sparse map".
+#[derive(Debug, thiserror::Error)]
+enum SparseMapError {
+    #[error("has no apparent size (sparseSize)")]
+    NoApparentSize,
+    #[error("is not a JSON list of {{\"o\",\"l\"}} segments: {0}")]
+    NotSegments(#[source] serde_json::Error),
+    #[error("has segment {index} at offset {offset} before the end of the one before it ({end})")]
+    Overlap { index: usize, offset: u64, end: u64 },
+    #[error("has segment {index} ({len} bytes at {offset}) past the file's apparent size {apparent}")]
+    PastEnd {
+        index: usize,
+        len: u64,
+        offset: u64,
+        apparent: u64,
+    },
+    #[error("holds {data} bytes of data, but the file's entry has {size}")]
+    DataSize { data: u64, size: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -350,7 +373,8 @@ mod tests {
 
     #[test]
     fn sparse_maps_must_describe_the_body() {
-        let ok = |map: &str, apparent: Option<u64>, size| check_sparse_map(map, apparent, size);
+        let ok =
+            |map: &str, apparent: Option<u64>, size| check_sparse_map(map, apparent, size).map_err(|e| e.to_string());
         assert_eq!(ok(r#"[{"o":0,"l":512},{"o":4096,"l":512}]"#, Some(8192), 1024), Ok(()));
         assert_eq!(ok("[]", Some(4096), 0), Ok(()));
         assert_eq!(ok(r#"[{"o":0,"l":4096}]"#, Some(4096), 4096), Ok(()));

@@ -94,7 +94,7 @@ pub struct TimedReleaser {
 
 #[async_trait]
 impl vk_cocoon::provider::ports::LeaseReleaser for TimedReleaser {
-    async fn release(&self, mac: &str) -> Result<(), String> {
+    async fn release(&self, mac: &str) -> Result<(), vk_cocoon::provider::ports::ReleaseError> {
         self.released
             .lock()
             .unwrap()

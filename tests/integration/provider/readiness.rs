@@ -366,15 +366,20 @@ struct NetworkRecorder(std::sync::Mutex<Vec<std::net::IpAddr>>);
 
 #[async_trait::async_trait]
 impl vk_cocoon::provider::probe::Prober for NetworkRecorder {
-    async fn tcp(&self, addr: std::net::SocketAddr, _: Duration) -> Result<(), String> {
+    async fn tcp(&self, addr: std::net::SocketAddr, _: Duration) -> Result<(), vk_cocoon::provider::probe::ProbeError> {
         self.0.lock().unwrap().push(addr.ip());
         Ok(())
     }
-    async fn ping(&self, ip: std::net::Ipv4Addr, _: Duration) -> Result<(), String> {
+    async fn ping(&self, ip: std::net::Ipv4Addr, _: Duration) -> Result<(), vk_cocoon::provider::probe::ProbeError> {
         self.0.lock().unwrap().push(ip.into());
         Ok(())
     }
-    async fn banner(&self, addr: std::net::SocketAddr, _: &str, _: Duration) -> Result<(), String> {
+    async fn banner(
+        &self,
+        addr: std::net::SocketAddr,
+        _: &str,
+        _: Duration,
+    ) -> Result<(), vk_cocoon::provider::probe::ProbeError> {
         self.0.lock().unwrap().push(addr.ip());
         Ok(())
     }

@@ -66,6 +66,9 @@ async fn manifest_reads_are_typed_absent_or_unavailable() {
         msg.contains("never-pushed:hibernate") && msg.contains("unavailable") && msg.contains("retry"),
         "{msg}"
     );
+    // The connection's own error stays reachable beneath the words, as the error's source.
+    let cause = std::error::Error::source(&e).expect("the connection error is kept as the source");
+    assert!(msg.contains(&cause.to_string()), "{msg} / {cause}");
     assert!(
         r.snapshot_config("never-pushed", "hibernate")
             .await

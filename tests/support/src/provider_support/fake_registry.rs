@@ -74,6 +74,7 @@ fn unavailable(artifact: &str, detail: &str) -> RegistryError {
         artifact: artifact.into(),
         registry: "registry.test".into(),
         detail: detail.into(),
+        cause: None,
     }
 }
 
@@ -153,11 +154,13 @@ impl SnapshotRegistry for FakeRegistry {
         export.read_to_end(&mut tar).await.map_err(|e| RegistryError::Source {
             artifact: artifact.clone(),
             detail: e.to_string(),
+            cause: Some(vk_cocoon::registry::errors::Cause::new(e)),
         })?;
         progress.advance(tar.len() as u64);
         let meta = snapshot_meta_of(&tar).map_err(|detail| RegistryError::Source {
             artifact: artifact.clone(),
             detail,
+            cause: None,
         })?;
         let digest = format!("sha256:{}", tar.len());
         let stored = Artifact {
@@ -240,6 +243,7 @@ impl SnapshotRegistry for FakeRegistry {
         sink.write_all(&tar).await.map_err(|e| RegistryError::Sink {
             artifact: format!("{}:{}", src.repo, src.tag),
             detail: e.to_string(),
+            cause: Some(vk_cocoon::registry::errors::Cause::new(e)),
         })?;
         progress.advance(tar.len() as u64);
         Ok(PullReport {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use vk_cocoon::provider::probe::Prober;
+use vk_cocoon::provider::probe::{ProbeError, Prober};
 
 /// The only addresses a test may make the daemon contact.
 pub fn is_test_address(ip: IpAddr) -> bool {
@@ -59,29 +59,29 @@ impl LoopbackGuard {
         Self { inner, refused }
     }
 
-    fn admit(&self, ip: IpAddr, what: &str) -> Result<(), String> {
+    fn admit(&self, ip: IpAddr, what: &str) -> Result<(), ProbeError> {
         if is_test_address(ip) {
             return Ok(());
         }
         let message = format!("refused to {what} {ip}: not a loopback address");
         self.refused.record(message.clone());
-        Err(format!("test guard: {message}"))
+        Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("test guard: {message}")).into())
     }
 }
 
 #[async_trait]
 impl Prober for LoopbackGuard {
-    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    async fn tcp(&self, addr: SocketAddr, timeout: Duration) -> Result<(), ProbeError> {
         self.admit(addr.ip(), &format!("TCP-probe port {} of", addr.port()))?;
         self.inner.tcp(addr, timeout).await
     }
 
-    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), String> {
+    async fn ping(&self, ip: Ipv4Addr, timeout: Duration) -> Result<(), ProbeError> {
         self.admit(IpAddr::V4(ip), "ping")?;
         self.inner.ping(ip, timeout).await
     }
 
-    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), String> {
+    async fn banner(&self, addr: SocketAddr, prefix: &str, timeout: Duration) -> Result<(), ProbeError> {
         self.admit(addr.ip(), &format!("read the banner of port {} of", addr.port()))?;
         self.inner.banner(addr, prefix, timeout).await
     }

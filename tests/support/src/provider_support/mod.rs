@@ -279,7 +279,7 @@ impl RecordingReleaser {
 
 #[async_trait]
 impl vk_cocoon::provider::ports::LeaseReleaser for RecordingReleaser {
-    async fn release(&self, mac: &str) -> Result<(), String> {
+    async fn release(&self, mac: &str) -> Result<(), vk_cocoon::provider::ports::ReleaseError> {
         let trace = std::backtrace::Backtrace::force_capture().to_string();
         // The `at src/provider/<file>.rs:<line>` lines of the daemon's frames, innermost first.
         let frames: Vec<&str> = trace
@@ -419,8 +419,12 @@ impl LeaseWitness {
 
 #[async_trait]
 impl vk_cocoon::provider::ports::LeaseReleaser for LeaseWitness {
-    async fn release(&self, mac: &str) -> Result<(), String> {
-        let live = self.runtime.list().await.map_err(|e| e.to_string())?;
+    async fn release(&self, mac: &str) -> Result<(), vk_cocoon::provider::ports::ReleaseError> {
+        let live = self
+            .runtime
+            .list()
+            .await
+            .map_err(|e| vk_cocoon::provider::ports::ReleaseError::Read(std::io::Error::other(e)))?;
         for vm in live
             .iter()
             .filter(|vm| vm.network_configs.iter().any(|nic| nic.mac.eq_ignore_ascii_case(mac)))
@@ -432,7 +436,10 @@ impl vk_cocoon::provider::ports::LeaseReleaser for LeaseWitness {
         }
         self.released.lock().unwrap().push(mac.to_ascii_lowercase());
         if self.failing.load(Ordering::SeqCst) {
-            return Err("cocoon-net: connection refused".into());
+            return Err(vk_cocoon::provider::ports::ReleaseError::Connect {
+                path: "cocoon-net.sock".into(),
+                source: std::io::ErrorKind::ConnectionRefused.into(),
+            });
         }
         Ok(())
     }
