@@ -76,13 +76,16 @@ impl CocoonProvider {
     /// restore from hibernate (it counts in `cocoon_vk_wake_total` when it ends).
     pub(super) async fn finish_boot(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
         let uid = super::table::uid_of(pod);
+        // The guest work is registered before the first await: a CreatePod of the same adopted
+        // pod arriving while the probe starts (the restart's resume and the pod controller both
+        // finish it) then sees the work running and does not run the fixup or console pass twice.
+        let work = (finish != Finish::ReadyNow).then(|| self.state.begin_guest_work(pkey, &uid));
         self.start_probe(pkey, &uid).await;
-        if finish == Finish::ReadyNow {
+        let Some(work) = work else {
             self.metrics.wake_ended(wake, true);
             self.publish_ready(pod, pkey).await;
             return;
-        }
-        let work = self.state.begin_guest_work(pkey, &uid);
+        };
         let (p, pod, key, vm) = (self.arc(), pod.clone(), pkey.to_string(), vm.clone());
         self.spawn(async move {
             let stop = work.stop.clone();

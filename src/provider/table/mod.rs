@@ -213,12 +213,25 @@ impl Table {
     /// annotation writes were applied to it (a CreatePod after a restart gets the version the
     /// startup listed): the copy stays, or those writes would be forgotten and work they record
     /// as done would look owed.
+    ///
+    /// A copy of another version may also be older than the tracked one (the pod controller
+    /// queued the listed version while the watch delivered the echo of a later write): the
+    /// provider's own latest lifecycle write is kept on it for the same reason.
     pub fn refresh(&self, key: &str, pod: &Arc<Pod>) {
         let uid = Uid::of(pod);
-        if let Some(c) = self.lock().pods.get_mut(key).and_then(|e| e.claim_of_mut(&uid)) {
+        let mut s = self.lock();
+        let Some(e) = s.pods.get_mut(key) else {
+            return;
+        };
+        let own_write = e
+            .intent
+            .as_ref()
+            .filter(|stored| uid == stored.intent.uid.as_str())
+            .map(|stored| stored.intent.annotations());
+        if let Some(c) = e.claim_of_mut(&uid) {
             let version = pod.metadata.resource_version.as_ref();
             if version.is_none() || version != c.pod.metadata.resource_version.as_ref() {
-                c.pod = Arc::clone(pod);
+                c.pod = with_own_write(pod, own_write);
             }
         }
     }
@@ -751,6 +764,24 @@ impl Table {
     pub fn records(&self) -> usize {
         self.lock().pods.len()
     }
+}
+
+/// `pod` as the provider wrote it: `write` applied when the copy does not show it yet (a copy
+/// that does is shared, not copied).
+fn with_own_write(pod: &Arc<Pod>, write: Option<BTreeMap<String, Option<String>>>) -> Arc<Pod> {
+    let Some(changes) = write else {
+        return Arc::clone(pod);
+    };
+    let annotations = pod.metadata.annotations.as_ref();
+    if changes
+        .iter()
+        .all(|(k, v)| annotations.and_then(|a| a.get(k)) == v.as_ref())
+    {
+        return Arc::clone(pod);
+    }
+    let mut copy = Pod::clone(pod);
+    apply(&mut copy, changes);
+    Arc::new(copy)
 }
 
 fn apply(pod: &mut Pod, changes: impl IntoIterator<Item = (String, Option<String>)>) {

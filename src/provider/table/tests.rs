@@ -342,3 +342,41 @@ fn a_refresh_with_the_version_the_copy_was_made_from_keeps_the_providers_own_wri
     s.refresh("ns/p", &newer);
     assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &newer));
 }
+
+/// A CreatePod may carry a copy older than the one the table holds (the pod controller queued
+/// the version the startup listed; the watch meanwhile delivered the echo of the provider's own
+/// `ready`). Refreshing from it must not forget the provider's lifecycle write: work the write
+/// records as done would look owed and run again (a restart's console pass ran twice).
+#[test]
+fn a_refresh_from_an_older_copy_keeps_the_providers_own_lifecycle_write() {
+    let s = Table::default();
+    let listed = {
+        let mut p = (*pod("u1")).clone();
+        p.metadata.resource_version = Some("1".into());
+        Arc::new(p)
+    };
+    s.track("ns/p", &listed, "vm");
+    s.stage_intent("ns/p", intent("u1", LifecycleState::Creating), Some(&listed))
+        .unwrap();
+    s.stage_intent("ns/p", intent("u1", LifecycleState::Ready), Some(&listed))
+        .unwrap();
+    let echoed = {
+        let mut p = (*s.tracked("ns/p").unwrap().pod).clone();
+        p.metadata.resource_version = Some("2".into());
+        Arc::new(p)
+    };
+    assert!(s.share_echo("ns/p", &echoed));
+
+    s.refresh("ns/p", &listed);
+    let own = s.tracked("ns/p").unwrap().pod;
+    assert_eq!(own.metadata.annotations.as_ref().unwrap()[lifecycle::STATE], "ready");
+
+    // A copy that already shows the write is taken as it is (no copy of the object).
+    let newer = {
+        let mut p = (*echoed).clone();
+        p.metadata.resource_version = Some("3".into());
+        Arc::new(p)
+    };
+    s.refresh("ns/p", &newer);
+    assert!(Arc::ptr_eq(&s.tracked("ns/p").unwrap().pod, &newer));
+}
