@@ -56,13 +56,16 @@ impl Pool {
             // Likewise for tables: without it every freed table's pages are given back with
             // madvise, and the next decision page-faults them in again (a TLB shootdown each
             // time). This one setting took the decision p50 from ~12 to ~6.5 µs.
-            .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
+            .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES);
+        if shape == PER_DECISION {
             // Reset only the pages the instance wrote (the kernel's PAGEMAP_SCAN, one ioctl)
             // instead of memsetting all it keeps resident: a Rust guest's memory is 128 KiB, of
             // which a decision writes a few pages (stack top, data, the start of its arena), and
             // the memset of the whole was a fifth of a decision. Without the ioctl (an older
-            // kernel) wasmtime falls back to the memset.
-            .pagemap_scan(wasmtime::Enabled::Yes);
+            // kernel) wasmtime falls back to the memset. The large pool keeps the reset it was
+            // measured with (its heaps are megabytes, scanned page by page; not measured yet).
+            pool.pagemap_scan(wasmtime::Enabled::Yes);
+        }
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         let clock = EpochClock::start(&engine);
