@@ -144,7 +144,7 @@ pub struct DecisionLog {
     /// `None` only while dropping: the writer sees the queue close and ends.
     queue: Option<SyncSender<Job>>,
     writer: Option<JoinHandle<()>>,
-    epoch: String,
+    epoch: Arc<str>,
     sequence: AtomicU64,
     dropped: AtomicU64,
     dropped_metric: OnceLock<prometheus::IntCounter>,
@@ -180,7 +180,7 @@ impl DecisionLog {
             sink,
             queue: Some(queue),
             writer: Some(writer),
-            epoch: format!("{started:x}"),
+            epoch: format!("{started:x}").into(),
             sequence: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             dropped_metric: OnceLock::new(),
@@ -203,7 +203,7 @@ impl DecisionLog {
 
     /// A fresh record id.
     pub fn next_id(&self) -> String {
-        format!("{}-{}", self.epoch, self.sequence.fetch_add(1, Ordering::Relaxed))
+        record_id(&self.epoch, self.sequence.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Writes one record now, on the caller's thread (tools and tests; decisions go through
@@ -296,6 +296,11 @@ fn write_jobs(sink: &Sink, jobs: &Receiver<Job>) {
             let _ = done.send(());
         }
     }
+}
+
+/// A record's id: the log's start (µs, hex) and the record's sequence number.
+fn record_id(epoch: &str, sequence: u64) -> String {
+    format!("{epoch}-{sequence}")
 }
 
 fn line_of(record: &DecisionRecord) -> Vec<u8> {
@@ -416,7 +421,8 @@ impl DecisionLog {
         failure: Option<&DecisionError>,
         elapsed: Duration,
     ) {
-        let id = self.next_id();
+        // The id's text is made by the writer thread: the decision only counts.
+        let (epoch, sequence) = (self.epoch.clone(), self.sequence.fetch_add(1, Ordering::Relaxed));
         let time = chrono::Utc::now();
         let (policy, facts, decision) = (policy.clone(), facts.clone(), decision.clone());
         let fail_safe = failure.map(|error| FailSafe {
@@ -427,7 +433,7 @@ impl DecisionLog {
             let (facts, facts_redacted) = redact_secrets(to_contract_json(&facts));
             let (facts, facts_truncated) = cut_long_strings(facts);
             DecisionRecord {
-                id,
+                id: record_id(&epoch, sequence),
                 time: rfc3339(time),
                 slot: S::SLOT,
                 component: format!("sha256:{}", policy.digest()),

@@ -70,8 +70,10 @@ pub(crate) fn new_store(engine: &PolicyEngine, permit: &Permit<'_>) -> Store<San
     let limits = engine.limits();
     let mut store = Store::new(permit.engine, Sandbox::new(limits.memory_bytes, permit.shape));
     store.limiter(|sandbox| sandbox);
-    store.set_epoch_deadline(limits.deadline_ticks());
-    let mut deadline = CpuDeadline::start(limits.timeout);
+    // The first epoch tick only starts the CPU clock (see `CpuDeadline`); the budget is counted
+    // from there.
+    store.set_epoch_deadline(1);
+    let mut deadline = CpuDeadline::start(limits.timeout, limits.deadline_ticks());
     store.epoch_deadline_callback(move |_| Ok(deadline.at_epoch()));
     store
 }
@@ -85,22 +87,31 @@ const MIN_WALL_CAP: Duration = Duration::from_secs(2);
 /// loaded host the epoch clock keeps ticking while the thread waits for a core, and a sound
 /// policy would miss a wall-clock deadline it never had the CPU to meet. The epoch deadline
 /// fires as before; it stops the guest only once the thread has used its budget (or waited past
-/// the wall cap, or runs on another thread than the one that armed it), and otherwise extends
-/// the deadline by what is left.
+/// the wall cap, or runs on another thread than the one that started the count), and otherwise
+/// extends the deadline by what is left.
+///
+/// The thread's CPU clock is a system call (the vDSO does not serve per-thread CPU clocks), and
+/// a decision takes microseconds: reading it at every store's creation cost a few percent of
+/// each decision. So the count starts at the first epoch tick the decision sees (at most one
+/// tick after it started; almost every decision has ended before): the CPU used before that is
+/// not counted, so a sound policy is never stopped before it used its whole budget, and a loop
+/// runs at most one tick of CPU past it.
 struct CpuDeadline {
     budget: Duration,
-    thread: std::thread::ThreadId,
-    cpu_at_start: Option<Duration>,
+    budget_ticks: u64,
+    /// Set at the first epoch tick: the thread and its CPU time then (`None` without a
+    /// per-thread clock).
+    counting: Option<(std::thread::ThreadId, Option<Duration>)>,
     wall_at_start: Instant,
     wall_cap: Duration,
 }
 
 impl CpuDeadline {
-    fn start(budget: Duration) -> Self {
+    fn start(budget: Duration, budget_ticks: u64) -> Self {
         CpuDeadline {
             budget,
-            thread: std::thread::current().id(),
-            cpu_at_start: crate::host::cpu::thread_cpu_time(),
+            budget_ticks,
+            counting: None,
             wall_at_start: Instant::now(),
             wall_cap: (budget * WALL_CAP_FACTOR).max(MIN_WALL_CAP),
         }
@@ -108,8 +119,12 @@ impl CpuDeadline {
 
     /// Called when the epoch deadline is reached (on the thread running the guest).
     fn at_epoch(&mut self) -> UpdateDeadline {
-        let used = match (self.cpu_at_start, crate::host::cpu::thread_cpu_time()) {
-            (Some(start), Some(now)) if std::thread::current().id() == self.thread => now.saturating_sub(start),
+        let Some((thread, cpu_at_start)) = self.counting else {
+            self.counting = Some((std::thread::current().id(), crate::host::cpu::thread_cpu_time()));
+            return UpdateDeadline::Continue(self.budget_ticks);
+        };
+        let used = match (cpu_at_start, crate::host::cpu::thread_cpu_time()) {
+            (Some(start), Some(now)) if std::thread::current().id() == thread => now.saturating_sub(start),
             // No per-thread clock, or another thread: wall time is all there is.
             _ => self.wall_at_start.elapsed(),
         };

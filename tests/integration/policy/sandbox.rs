@@ -75,7 +75,9 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
         assert!(std::time::Instant::now() < deadline, "the idle clock parks");
         thread::yield_now();
     }
+    let cpu_before = vk_cocoon::host::cpu::thread_cpu_time().expect("a per-thread CPU clock");
     let error = spin.decide(&engine, &matching_pod()).unwrap_err();
+    let cpu_used = vk_cocoon::host::cpu::thread_cpu_time().unwrap() - cpu_before;
     assert_eq!(
         error,
         DecisionError::Timeout {
@@ -84,6 +86,12 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
         }
     );
     assert!(error.to_string().contains("deadline"), "{error}");
+    // Stopped at its CPU budget (the count starts within a tick of the decision), not later at
+    // the wall cap: CPU time, so a loaded machine does not move it.
+    assert!(
+        cpu_used >= DEADLINE && cpu_used < DEADLINE + Duration::from_millis(100),
+        "the loop used {cpu_used:?} of CPU against a {DEADLINE:?} deadline"
+    );
 }
 
 #[test]
