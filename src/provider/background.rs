@@ -63,11 +63,8 @@ async fn reclaim_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
 
 async fn status_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
     let t = &p.cfg.timings;
-    tokio::select! {
-        _ = stop.cancelled() => return,
-        _ = tokio::time::sleep(t.status_initial) => {}
-    }
-    let mut tick = tokio::time::interval(t.status_period);
+    // The first pass `status_initial` after the start, then every `status_period`.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + t.status_initial, t.status_period);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -10,8 +10,8 @@ use super::ports::PatchOutcome;
 use crate::kubelet::ProviderPodStatus;
 use crate::retry::Schedule;
 
-/// Delete attempts before the eviction is handed to the background.
-const ATTEMPTS: u32 = 2;
+/// Delete attempts before the eviction is handed to the background (`evict_backoff` apart).
+const ATTEMPTS: usize = 2;
 
 impl CocoonProvider {
     /// Evicts incarnation `uid` of pod `key`. Returns whether the apiserver took the delete; when
@@ -24,21 +24,28 @@ impl CocoonProvider {
         // The VM is gone (or was just removed): the delete this eviction triggers must not act
         // on it again, whichever of the two runs first.
         self.state.detach_vm(key, uid, false);
-        for attempt in 1..=ATTEMPTS {
-            match self.ports.patcher.delete_pod(&tracked.pod).await {
-                // Superseded: the object is gone or another incarnation owns the name; either
-                // way this incarnation is over.
-                Ok(PatchOutcome::Applied | PatchOutcome::Superseded(_)) => {
-                    self.evicted(&tracked.pod, key, uid, why);
-                    return true;
-                }
-                Err(error) => {
-                    tracing::warn!(pod = %key, attempt, %error, "evicting the pod: delete failed");
-                    if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.timings.evict_backoff * attempt).await;
+        let mut attempt = 0u32;
+        let deleted = Schedule::every(self.cfg.timings.evict_backoff)
+            .tries(ATTEMPTS)
+            .retry(
+                || {
+                    attempt += 1;
+                    let (attempt, pod) = (attempt, &tracked.pod);
+                    async move {
+                        self.ports.patcher.delete_pod(pod).await.map_err(|error| {
+                            tracing::warn!(pod = %key, attempt, %error, "evicting the pod: delete failed");
+                        })
                     }
-                }
-            }
+                },
+                |_| true,
+                |_, _| {},
+            )
+            .await;
+        // Superseded: the object is gone or another incarnation owns the name; either way this
+        // incarnation is over.
+        if let Ok(PatchOutcome::Applied | PatchOutcome::Superseded(_)) = deleted {
+            self.evicted(&tracked.pod, key, uid, why);
+            return true;
         }
         self.metrics.pod_evict_failure.inc();
         self.retry_eviction(key.to_string(), uid.to_string(), why);
@@ -68,10 +75,9 @@ impl CocoonProvider {
             let mut delays = Schedule::backoff(Duration::from_secs(1), p.cfg.timings.evict_retry_max).delays();
             loop {
                 failures += 1;
-                let delay = delays.next().unwrap_or(p.cfg.timings.evict_retry_max);
-                tokio::select! {
-                    _ = p.closing.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
+                // An unbudgeted backoff never runs out: only the closing provider ends the wait.
+                if !delays.wait_or_cancel(&p.closing).await {
+                    return;
                 }
                 let Some(tracked) = p.state.tracked_as(&key, &uid) else {
                     return;

@@ -19,6 +19,7 @@ use crate::policy::contract::guest_fixup::{BootOrigin, Facts, Fixup, Nic, Outcom
 use crate::policy::contract::types::RefusalKind;
 use crate::policy::slots::GuestFixup;
 use crate::policy::slots::guest_fixup::kind_label;
+use crate::retry::Schedule;
 use crate::runtime::{ExecSpec, VmRecord};
 
 /// What a booted VM still needs before Ready.
@@ -164,7 +165,9 @@ impl CocoonProvider {
         wake: bool,
     ) -> Fixed {
         let op = if wake { "wake" } else { "create" };
-        let started = Instant::now();
+        let t = &self.cfg.timings;
+        // Asked again every `fixup_interval` while a next ask still starts within the budget.
+        let mut asks = Schedule::every(t.fixup_interval).within(t.fixup_budget).delays();
         loop {
             let facts = self.fixup_facts(pod, vm, origin, source_image);
             let decision = match self.decide(move |p| p.decide::<GuestFixup>(&facts)).await {
@@ -181,13 +184,11 @@ impl CocoonProvider {
                 Outcome::Run(fixup) => return self.run_fixup(pod, pkey, vm, &fixup, op, wake).await,
                 Outcome::Refuse(refusal) => refusal,
             };
-            let t = &self.cfg.timings;
-            let again =
-                refusal.kind == RefusalKind::RetryLater && started.elapsed() + t.fixup_interval < t.fixup_budget;
-            if again {
+            if refusal.kind == RefusalKind::RetryLater {
                 tracing::info!(pod = %pkey, vm = %vm.id, "guest-fixup policy asks to be asked again later");
-                tokio::time::sleep(t.fixup_interval).await;
-                continue;
+                if asks.wait().await {
+                    continue;
+                }
             }
             self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
             self.metrics.wake_ended(wake, false);
@@ -248,6 +249,8 @@ impl CocoonProvider {
             ..Default::default()
         };
         let started = Instant::now();
+        // One `vm exec` every `fixup_interval` while a next one still starts within the budget.
+        let mut tries = Schedule::every(t.fixup_interval).within(t.fixup_budget).delays();
         let mut errors: Vec<String> = Vec::new();
         let mut attempt = 0u32;
         loop {
@@ -284,10 +287,9 @@ impl CocoonProvider {
                         lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE),
                     );
                     errors.push(format!("attempt {attempt}: {error}"));
-                    if started.elapsed() + t.fixup_interval >= t.fixup_budget {
+                    if !tries.wait().await {
                         return Err(self.fixup_exhausted(pod, pkey, fixup, op, wake, attempt, &errors).await);
                     }
-                    tokio::time::sleep(t.fixup_interval).await;
                 }
             }
         }
@@ -416,6 +418,7 @@ impl CocoonProvider {
         let uid = super::table::uid_of(pod);
         let windows = super::invariants::renew_nudge(&vm_spec::of_pod(pod));
         let started = Instant::now();
+        let mut polls = Schedule::every(t.ip_poll).delays();
         let mut nudged = false;
         let ip = loop {
             let Some(current) = self
@@ -441,7 +444,7 @@ impl CocoonProvider {
             if started.elapsed() >= t.ip_wait {
                 break None;
             }
-            tokio::time::sleep(t.ip_poll).await;
+            polls.wait().await;
         };
         match ip {
             Some(ip) => {

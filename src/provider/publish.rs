@@ -10,6 +10,7 @@ use super::CocoonProvider;
 use super::lifecycle::{self, Intent, LifecycleState};
 use super::ports::PatchOutcome;
 use crate::model::annotations as key;
+use crate::retry::Schedule;
 
 const ATTEMPTS: usize = 3;
 
@@ -39,30 +40,45 @@ impl CocoonProvider {
     /// Patches the three lifecycle annotations (uid precondition, 3 attempts); aborts if the
     /// intent changed meanwhile; a superseded incarnation drops it.
     pub(super) async fn flush(&self, pod: &Pod, pkey: &str, intent: &Intent) {
-        let changes = intent.annotations();
-        for attempt in 1..=ATTEMPTS {
-            if !self.state.is_current(pkey, intent) {
-                return;
-            }
-            match self.ports.patcher.patch_annotations(pod, &changes).await {
-                Ok(PatchOutcome::Applied) => {
-                    tracing::debug!(pod = %pkey, state = intent.state.as_str(), "lifecycle flushed");
-                    self.state.mark_flushed(pkey, intent);
-                    return;
-                }
-                Ok(PatchOutcome::Superseded(why)) => {
-                    tracing::info!(pod = %pkey, %why, "pod incarnation superseded; dropping its lifecycle intent");
-                    self.state.drop_intent(pkey, &intent.uid);
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(pod = %pkey, attempt, %error, state = intent.state.as_str(), "lifecycle annotation patch failed");
-                    if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.timings.patch_retry).await;
+        let changes = &intent.annotations();
+        let mut attempt = 0;
+        // A failed patch is tried again (`Err`); every other answer ends the flush.
+        let _ = self
+            .patch_schedule()
+            .retry(
+                || {
+                    attempt += 1;
+                    let attempt = attempt;
+                    async move {
+                        if !self.state.is_current(pkey, intent) {
+                            return Ok(());
+                        }
+                        match self.ports.patcher.patch_annotations(pod, changes).await {
+                            Ok(PatchOutcome::Applied) => {
+                                tracing::debug!(pod = %pkey, state = intent.state.as_str(), "lifecycle flushed");
+                                self.state.mark_flushed(pkey, intent);
+                            }
+                            Ok(PatchOutcome::Superseded(why)) => {
+                                tracing::info!(pod = %pkey, %why, "pod incarnation superseded; dropping its lifecycle intent");
+                                self.state.drop_intent(pkey, &intent.uid);
+                            }
+                            Err(error) => {
+                                tracing::warn!(pod = %pkey, attempt, %error, state = intent.state.as_str(), "lifecycle annotation patch failed");
+                                return Err(());
+                            }
+                        }
+                        Ok(())
                     }
-                }
-            }
-        }
+                },
+                |_| true,
+                |_, _| {},
+            )
+            .await;
+    }
+
+    /// The in-operation retry of an apiserver write: [`ATTEMPTS`] tries, `patch_retry` apart.
+    fn patch_schedule(&self) -> Schedule {
+        Schedule::every(self.cfg.timings.patch_retry).tries(ATTEMPTS)
     }
 
     /// A failed operation: counted `{op, failed, ""}`, then [`Self::report_failure`].
@@ -124,19 +140,25 @@ impl CocoonProvider {
         let Some(status) = self.status_of(pkey, true) else {
             return false;
         };
-        for attempt in 1..=ATTEMPTS {
-            match self.ports.patcher.patch_status(pod, &status).await {
-                Ok(PatchOutcome::Applied) => return true,
-                Ok(PatchOutcome::Superseded(_)) => return false,
-                Err(error) => {
-                    tracing::warn!(pod = %pkey, attempt, %error, "status patch before ready failed");
-                    if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.timings.patch_retry).await;
+        let status = &status;
+        let mut attempt = 0;
+        let landed = self
+            .patch_schedule()
+            .retry(
+                || {
+                    attempt += 1;
+                    let attempt = attempt;
+                    async move {
+                        self.ports.patcher.patch_status(pod, status).await.map_err(|error| {
+                            tracing::warn!(pod = %pkey, attempt, %error, "status patch before ready failed");
+                        })
                     }
-                }
-            }
-        }
-        false
+                },
+                |_| true,
+                |_, _| {},
+            )
+            .await;
+        matches!(landed, Ok(PatchOutcome::Applied))
     }
 
     /// Sets or removes annotations on the pod (3 attempts, uid precondition) and on the tracked
@@ -151,22 +173,31 @@ impl CocoonProvider {
             return true;
         }
         self.state.set_annotations(pkey, &super::table::uid_of(pod), changes);
-        for attempt in 1..=ATTEMPTS {
-            match self.ports.patcher.patch_annotations(pod, changes).await {
-                Ok(PatchOutcome::Applied) => return true,
-                Ok(PatchOutcome::Superseded(why)) => {
-                    tracing::info!(pod = %pkey, %why, "annotations not written: incarnation superseded");
-                    return false;
-                }
-                Err(error) => {
-                    tracing::warn!(pod = %pkey, attempt, %error, keys = ?changes.keys().collect::<Vec<_>>(), "annotation patch failed");
-                    if attempt < ATTEMPTS {
-                        tokio::time::sleep(self.cfg.timings.patch_retry).await;
+        let mut attempt = 0;
+        let written = self
+            .patch_schedule()
+            .retry(
+                || {
+                    attempt += 1;
+                    let attempt = attempt;
+                    async move {
+                        self.ports.patcher.patch_annotations(pod, changes).await.map_err(|error| {
+                            tracing::warn!(pod = %pkey, attempt, %error, keys = ?changes.keys().collect::<Vec<_>>(), "annotation patch failed");
+                        })
                     }
-                }
+                },
+                |_| true,
+                |_, _| {},
+            )
+            .await;
+        match written {
+            Ok(PatchOutcome::Applied) => true,
+            Ok(PatchOutcome::Superseded(why)) => {
+                tracing::info!(pod = %pkey, %why, "annotations not written: incarnation superseded");
+                false
             }
+            Err(()) => false,
         }
-        false
     }
 
     /// Writes `{id, ip}` (non-empty values only) on the pod and the tracked copy.

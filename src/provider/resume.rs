@@ -15,6 +15,7 @@ use super::reconcile::{OwedOp, owed_for};
 use crate::kubelet::Next;
 use crate::model::{VmSpec, vm_spec};
 use crate::policy::contract::bring_up::HibernateEvidence;
+use crate::retry::Schedule;
 
 impl CocoonProvider {
     /// Dispatches what the restart owes `pod` (already tracked by the reconcile).
@@ -74,7 +75,7 @@ impl CocoonProvider {
     ) -> Option<T> {
         let t = &self.cfg.timings;
         let started = Instant::now();
-        let mut delay = t.recheck_initial;
+        let mut delays = Schedule::backoff(t.recheck_initial, t.recheck_max).exact().delays();
         loop {
             if let Some(done) = step(hibernate_evidence(self, vm).await) {
                 return Some(done);
@@ -82,11 +83,9 @@ impl CocoonProvider {
             if started.elapsed() >= t.classify_budget {
                 return None;
             }
-            tokio::select! {
-                _ = self.closing.cancelled() => return None,
-                _ = tokio::time::sleep(delay) => {}
+            if !delays.wait_or_cancel(&self.closing).await {
+                return None;
             }
-            delay = (delay * 2).min(t.recheck_max);
         }
     }
 

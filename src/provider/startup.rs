@@ -17,6 +17,7 @@ use crate::kubelet::ProviderError;
 use crate::model::{RuntimeAnnotations, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::PodPhase;
+use crate::retry::Schedule;
 use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 
 const FAN_OUT: usize = 8;
@@ -286,13 +287,13 @@ fn watch_stale_create(provider: &CocoonProvider, vm: VmRecord) {
     provider.spawn(async move {
         let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
         let deadline = tokio::time::Instant::now() + p.cfg.timings.stale_watch_budget;
-        let mut delay = Duration::from_secs(1);
+        let mut delays = Schedule::backoff(Duration::from_secs(1), Duration::from_secs(30))
+            .exact()
+            .delays();
         while tokio::time::Instant::now() < deadline {
-            tokio::select! {
-                _ = p.closing.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+            if !delays.wait_or_cancel(&p.closing).await {
+                return;
             }
-            delay = (delay * 2).min(Duration::from_secs(30));
             if let Some((pod, _)) = p.state.pod_of_vm(&vm.id, vm.name()) {
                 tracing::info!(vm = %vm.id, %pod, "stale create adopted by its pod; no longer watched");
                 return;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CocoonProvider;
 use super::gone::{self, Action, Eviction, Inspected, Recheck};
+use crate::retry::Schedule;
 use crate::runtime::{VmRecord, WatchItem};
 
 /// Runs until `stop`: every candidate event is handled in its own task.
@@ -80,11 +81,20 @@ impl CocoonProvider {
             return;
         }
         // Inline inspect: two attempts; only success and NotFound are definitive.
-        let mut inspected = self.inspect_state(&vm.id).await;
-        if matches!(inspected, Inspected::Inconclusive(_)) {
-            tokio::time::sleep(self.cfg.timings.inspect_retry).await;
-            inspected = self.inspect_state(&vm.id).await;
-        }
+        let inspected = Schedule::every(self.cfg.timings.inspect_retry)
+            .tries(2)
+            .retry(
+                || async move {
+                    match self.inspect_state(&vm.id).await {
+                        inconclusive @ Inspected::Inconclusive(_) => Err(inconclusive),
+                        definitive => Ok(definitive),
+                    }
+                },
+                |_| true,
+                |_, _| {},
+            )
+            .await
+            .unwrap_or_else(|inconclusive| inconclusive);
         let now = Instant::now();
         let action = gone::after_inspect(
             &inspected,
@@ -173,13 +183,11 @@ impl CocoonProvider {
     async fn recheck(&self, key: &str, uid: &str, vm: &VmRecord) -> bool {
         let t = &self.cfg.timings;
         let started = Instant::now();
-        let mut delay = t.recheck_initial;
+        let mut delays = Schedule::backoff(t.recheck_initial, t.recheck_max).exact().delays();
         loop {
-            tokio::select! {
-                _ = self.closing.cancelled() => return false,
-                _ = tokio::time::sleep(delay) => {}
+            if !delays.wait_or_cancel(&self.closing).await {
+                return false;
             }
-            delay = (delay * 2).min(t.recheck_max);
             let still_ours = self
                 .state
                 .tracked_as(key, uid)
