@@ -12,8 +12,10 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use super::bring_up::{Ctx, adopted_finish, bring_up, hibernate_evidence};
+use super::failed_ops::fail_create;
 use super::failure::Failure;
 use super::guest::Finish;
+use super::guest_os;
 use super::hibernate::{SavedGuest, saved_guest};
 use super::invariants;
 use super::lifecycle::LifecycleState;
@@ -57,6 +59,8 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
             });
         }
     };
+    // The guest's OS, chosen once: where its path differs from the cocoon bring-up.
+    let guest = guest_os::for_spec(&spec);
 
     // 2. CPU-class admission.
     if let Err(f) = p.admission(&facts, AdmissionContext::Create).await? {
@@ -74,8 +78,8 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
 
     // A pod the startup reconcile already tracks with its VM: finish what it is owed.
     if let Some(vm) = p.state.tracked_as(&key, &uid).and_then(|t| t.vm) {
-        if super::macos::is_macos(&spec) {
-            return super::macos::adopt_tracked(p, pod, &key, vm).await;
+        if let Some(own) = guest.adopt_tracked(p, pod, &key, &vm).await {
+            return own;
         }
         return adopt_tracked(p, pod, &key, &spec, vm).await;
     }
@@ -88,10 +92,10 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if let Err(f) = held {
         return fail_create(p, &key, pod, false, f).await;
     }
-    // Still part of step 1, once claimed: os=macos pods branch to the self-contained cocoon-macos
-    // path.
-    if super::macos::is_macos(&spec) {
-        return super::macos::create(p, pod, &key, &spec, facts).await;
+    // Still part of step 1, once claimed: a guest with a path of its own (os=macos: the
+    // self-contained cocoon-macos path) takes it.
+    if let Some(own) = guest.create(p, pod, &key, &spec, &facts).await {
+        return own;
     }
     if spec.managed && spec.hibernate {
         return stay_hibernated(p, pod, &key, &spec).await.map(|()| Next::Done);
@@ -149,20 +153,6 @@ pub(super) fn admission_label(f: &Failure) -> &'static str {
     } else {
         "admission_policy_failed"
     }
-}
-
-pub(super) async fn fail_create<T>(
-    p: &CocoonProvider,
-    key: &str,
-    pod: &Pod,
-    restoring: bool,
-    f: Failure,
-) -> Result<T, ProviderError> {
-    p.metrics.wake_ended(restoring, false);
-    p.fail_op(pod, key, f.reason, "create", &f.message).await;
-    p.state.untrack(key, &super::table::uid_of(pod));
-    p.notify(key);
-    Err(f.to_provider_error())
 }
 
 /// CreatePod of a pod the startup reconcile adopted: hibernate it if that is asked, leave guest

@@ -10,6 +10,7 @@ use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
+use super::guest_os;
 use super::lifecycle::Intent;
 use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
 use super::table::NameClaim;
@@ -68,7 +69,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     // asked about each of them instead.
     let (macos_pods, cocoon_pods): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = pods
         .iter()
-        .partition(|pod| super::macos::is_macos(&vm_spec::of_pod(pod)));
+        .partition(|pod| !guest_os::for_spec(&vm_spec::of_pod(pod)).listed_by_cocoon());
     super::macos::adopt_at_startup(p, &macos_pods).await;
     let cocoon_pods: Vec<Arc<Pod>> = cocoon_pods.into_iter().cloned().collect();
     let pods = cocoon_pods.as_slice();

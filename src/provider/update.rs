@@ -11,6 +11,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
+use super::guest_os;
 use super::lifecycle;
 use crate::kubelet::{Next, ProviderError};
 use crate::model::{pod_facts, vm_spec};
@@ -77,8 +78,8 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(Next::Done);
     }
-    if super::macos::is_macos(&spec) {
-        return super::macos::update(p, pod, &key, &spec).await;
+    if let Some(own) = guest_os::for_spec(&spec).update(p, pod, &key, &spec).await {
+        return own;
     }
     let step = transition(
         vm_spec::of_pod(&tracked.pod).hibernate,

@@ -36,7 +36,7 @@ use crate::model::annotations as key;
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, vm_spec};
 use crate::policy::contract::bring_up;
 use crate::policy::contract::resource_translation::BootPath;
-use crate::policy::contract::types::{GuestOs, RefusalKind};
+use crate::policy::contract::types::RefusalKind;
 use crate::runtime::VmRecord;
 use crate::runtime::macos::{MacImage, MacRunSpec, MacVm, Vnc};
 
@@ -140,11 +140,6 @@ fn parse_ports(text: &str) -> Result<RangeInclusive<u16>, String> {
     Ok(a..=b)
 }
 
-/// Whether a pod takes the macOS path (managed only: an unmanaged one is adopted as any).
-pub fn is_macos(spec: &VmSpec) -> bool {
-    spec.managed && spec.os == GuestOs::Macos
-}
-
 fn needs_operator(reason: &'static str, message: String) -> Failure {
     Failure {
         reason,
@@ -169,13 +164,13 @@ pub(super) async fn create(
                 spec.vm_name
             ),
         );
-        return super::create::fail_create(p, pkey, pod, false, f).await;
+        return super::failed_ops::fail_create(p, pkey, pod, false, f).await;
     }
     p.set_lifecycle(pod, pkey, LifecycleState::Creating, "").await;
     let started = std::time::Instant::now();
     let (vm, adopted) = match bring_up(p, pod, spec, facts).await {
         Ok(up) => up,
-        Err(f) => return super::create::fail_create(p, pkey, pod, false, f).await,
+        Err(f) => return super::failed_ops::fail_create(p, pkey, pod, false, f).await,
     };
     if !adopted {
         p.metrics
@@ -508,7 +503,7 @@ pub(super) async fn delete(
         None => p.ports.macos.inspect(&name).await.ok().map(|m| plan::record(&name, &m)),
     };
     if let Err(e) = p.ports.macos.remove(&name).await {
-        return Err(super::delete::kept(
+        return Err(super::failed_ops::kept(
             p,
             pod,
             pkey,
