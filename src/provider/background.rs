@@ -54,7 +54,7 @@ async fn reclaim_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {
-                let removed = p.reclaim_snapshots().await;
+                let removed = super::reclaim::reclaim_snapshots(&p).await;
                 tracing::debug!(removed, "snapshot reclaimer pass done");
             }
         }
@@ -153,7 +153,11 @@ impl CocoonProvider {
             let t = p.state.tracked_as(&k, &u)?;
             // Only an address the guest networks admit is probed (a refusal is the pod's Ready
             // message); a pending lease is "" to the targets, which say so.
-            let ip = match t.vm.as_ref().map(|vm| p.guest_address(&k, &t.pod, vm)) {
+            let ip = match t
+                .vm
+                .as_ref()
+                .map(|vm| super::serving::guest_address(&p, &k, &t.pod, vm))
+            {
                 Some(GuestAddress::Ip(ip)) => ip.to_string(),
                 Some(GuestAddress::Refused(why)) => {
                     let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
@@ -165,7 +169,7 @@ impl CocoonProvider {
             let probe = crate::model::vm_spec::of_pod(&t.pod).probe;
             if let Some(vm) = t.vm.as_ref().filter(|vm| super::macos::plan::is_macos_vm(vm)) {
                 if vm.network_configs.is_empty() {
-                    p.reinspect_for_mac(&k, &u, vm.name(), &last_inspect);
+                    super::macos::reinspect_for_mac(&p, &k, &u, vm.name(), &last_inspect);
                     return Some(super::probe::Target::Unready(
                         "waiting for the guest's network interface (no MAC in cocoon-macos vm inspect yet)".into(),
                     ));

@@ -133,22 +133,22 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
                 ),
             ));
         }
-        if let Err(e) = p.save_snapshot(&vm_name, &vm.id).await {
+        if let Err(e) = super::transfer::save_snapshot(p, &vm_name, &vm.id).await {
             let message = format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id);
             return Err(kept_after(p, pod, key, &vm.id, message, &e));
         }
-        if let Err(e) = p
-            .push_snapshot(
-                registry.as_ref(),
-                &vm_name,
-                &target.repository,
-                &target.tag,
-                PushLabels {
-                    base_image: &target.base_image,
-                    owner: key,
-                },
-            )
-            .await
+        if let Err(e) = super::transfer::push_snapshot(
+            p,
+            registry.as_ref(),
+            &vm_name,
+            &target.repository,
+            &target.tag,
+            PushLabels {
+                base_image: &target.base_image,
+                owner: key,
+            },
+        )
+        .await
         {
             return Err(kept(
                 p,

@@ -24,11 +24,7 @@ impl Failure {
     /// A failed transfer from the registry: transient, unless the artifact itself is bad (corrupt,
     /// not in the shape it declares, a name outside the grammar) — then the same pull can only
     /// fail again, and the pod waits for an operator to re-push it or fix the reference.
-    pub fn transfer(
-        reason: &'static str,
-        message: impl Into<String>,
-        error: &crate::provider::transfer::TransferError,
-    ) -> Self {
+    pub fn transfer(reason: &'static str, message: impl Into<String>, error: &super::transfer::TransferError) -> Self {
         let kind = match error.registry() {
             Some(e) if e.is_bad_artifact() => RefusalKind::NeedsOperator,
             _ => RefusalKind::RetryLater,

@@ -326,6 +326,12 @@ impl CocoonProvider {
     pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
         background::run(self, shutdown).await;
     }
+
+    /// One pass of the snapshot reclaimer (`reclaim.rs`): how many
+    /// snapshots it removed.
+    pub async fn reclaim_snapshots(&self) -> usize {
+        reclaim::reclaim_snapshots(self).await
+    }
 }
 
 impl Provider for CocoonProvider {

@@ -108,7 +108,7 @@ async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transiti
     match step {
         // Every hibernate failure is the host's or the runtime's: it may clear by itself.
         Transition::Hibernate => p.hibernate(pod, key).await.then_some(()).ok_or(RefusalKind::RetryLater),
-        Transition::Wake => p.wake(pod, key).await,
+        Transition::Wake => super::wake::wake(p, pod, key).await,
         Transition::BringUp | Transition::Noop => Ok(()),
     }
 }

@@ -107,7 +107,7 @@ impl CocoonProvider {
             Action::Ignore => {}
             Action::Evict(why) => {
                 self.release_leases(vm).await;
-                self.evict(key, &tracked.uid, why).await;
+                super::evict::evict(self, key, &tracked.uid, why).await;
             }
             Action::Recheck => {
                 self.metrics.vm_inspect_transient_fail.inc();
@@ -153,7 +153,7 @@ impl CocoonProvider {
         match self.ports.runtime.remove(&vm.id).await {
             Ok(()) => {
                 self.release_leases(vm).await;
-                self.evict(key, uid, why).await;
+                super::evict::evict(self, key, uid, why).await;
                 true
             }
             Err(error) => {
@@ -200,7 +200,7 @@ impl CocoonProvider {
                 Recheck::Continue => tracing::debug!(pod = %key, vm = %vm.id, ?inspected, "vm state still undecidable"),
                 Recheck::Evict(why) => {
                     self.release_leases(vm).await;
-                    self.evict(key, uid, why).await;
+                    super::evict::evict(self, key, uid, why).await;
                     return false;
                 }
                 Recheck::RemoveThenEvict(why) => {

@@ -99,13 +99,13 @@ impl CocoonProvider {
         }
 
         if invariants::nic_less_hibernate(&spec) {
-            if let Err(f) = self.drop_nic(&saga.vm).await {
+            if let Err(f) = nic::drop_nic(self, &saga.vm).await {
                 return saga.abort(f, true).await;
             }
             saga.done.push(Undo::GiveNicBack);
         }
 
-        let saved = self.save_snapshot(&saga.name, &saga.vm.id).await;
+        let saved = crate::provider::transfer::save_snapshot(self, &saga.name, &saga.vm.id).await;
         self.metrics.hibernate_step("snapshot", saved.is_ok());
         if let Err(e) = saved {
             let message = format!(
@@ -119,18 +119,18 @@ impl CocoonProvider {
 
         if let Some(registry) = &self.ports.registry {
             let name = saga.name.as_str();
-            let pushed = self
-                .push_snapshot(
-                    registry.as_ref(),
-                    name,
-                    name,
-                    plan::HIBERNATE_SNAPSHOT_TAG,
-                    PushLabels {
-                        base_image: &spec.image,
-                        owner: pkey,
-                    },
-                )
-                .await;
+            let pushed = crate::provider::transfer::push_snapshot(
+                self,
+                registry.as_ref(),
+                name,
+                name,
+                plan::HIBERNATE_SNAPSHOT_TAG,
+                PushLabels {
+                    base_image: &spec.image,
+                    owner: pkey,
+                },
+            )
+            .await;
             self.metrics.hibernate_step("push", pushed.is_ok());
             if let Err(e) = pushed {
                 let message = format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running");
@@ -306,7 +306,7 @@ impl Saga<'_> {
                     }
                 }
                 Undo::WithdrawTag => {}
-                Undo::GiveNicBack => p.give_nic_back(pod, pkey, vm).await,
+                Undo::GiveNicBack => nic::give_nic_back(p, pod, pkey, vm).await,
             }
         }
         p.fail_op(pod, pkey, failure.reason, OP, &failure.message).await;

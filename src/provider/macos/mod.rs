@@ -444,42 +444,41 @@ async fn register(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord) {
     p.write_annotations(pod, pkey, &changes).await;
 }
 
-impl CocoonProvider {
-    /// A macOS guest whose record shows no MAC yet: inspect it again, at most every
-    /// `timings.mac_reinspect` per pod (`last` is the pod's probe's own clock), on a task of its
-    /// own since the probe's target is synchronous. A MAC that appears is attached to the
-    /// tracked VM, so the next probe looks up the guest's lease by it.
-    pub(in crate::provider) fn reinspect_for_mac(
-        &self,
-        key: &str,
-        uid: &str,
-        name: &str,
-        last: &Mutex<Option<Instant>>,
-    ) {
-        let now = Instant::now();
-        {
-            let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-            if last.is_some_and(|at| now.duration_since(at) < self.cfg.timings.mac_reinspect) {
-                return;
-            }
-            *last = Some(now);
+/// A macOS guest whose record shows no MAC yet: inspect it again, at most every
+/// `timings.mac_reinspect` per pod (`last` is the pod's probe's own clock), on a task of its
+/// own since the probe's target is synchronous. A MAC that appears is attached to the
+/// tracked VM, so the next probe looks up the guest's lease by it.
+pub(in crate::provider) fn reinspect_for_mac(
+    p: &CocoonProvider,
+    key: &str,
+    uid: &str,
+    name: &str,
+    last: &Mutex<Option<Instant>>,
+) {
+    let now = Instant::now();
+    {
+        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| now.duration_since(at) < p.cfg.timings.mac_reinspect) {
+            return;
         }
-        let Some(p) = self.me.upgrade() else { return };
-        let (key, uid, name) = (key.to_string(), uid.to_string(), name.to_string());
-        self.spawn(async move {
-            match p.ports.macos.inspect(&name).await {
-                Ok(vm) if !vm.mac.is_empty() => {
-                    if p.state.refresh_vm(&key, &uid, plan::record(&name, &vm)) {
-                        tracing::info!(pod = %key, vm = %name, mac = %vm.mac, "macOS guest's MAC known; its lease decides the address");
-                    }
-                }
-                Ok(_) => tracing::debug!(pod = %key, vm = %name, "macOS guest shows no MAC yet; inspected again later"),
-                Err(e) => {
-                    tracing::warn!(pod = %key, vm = %name, error = %e, "inspecting a macOS guest for its MAC failed; tried again later")
+        *last = Some(now);
+    }
+    let Some(owner) = p.me.upgrade() else { return };
+    let (key, uid, name) = (key.to_string(), uid.to_string(), name.to_string());
+    p.spawn(async move {
+        let p = owner;
+        match p.ports.macos.inspect(&name).await {
+            Ok(vm) if !vm.mac.is_empty() => {
+                if p.state.refresh_vm(&key, &uid, plan::record(&name, &vm)) {
+                    tracing::info!(pod = %key, vm = %name, mac = %vm.mac, "macOS guest's MAC known; its lease decides the address");
                 }
             }
-        });
-    }
+            Ok(_) => tracing::debug!(pod = %key, vm = %name, "macOS guest shows no MAC yet; inspected again later"),
+            Err(e) => {
+                tracing::warn!(pod = %key, vm = %name, error = %e, "inspecting a macOS guest for its MAC failed; tried again later")
+            }
+        }
+    });
 }
 
 /// DeletePod of a managed macOS pod: `vm rm` (absent is done), then the leases and the port.
