@@ -28,7 +28,7 @@ pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = p.closing.cancelled() => break,
-            _ = tick.tick() => p.reflush().await,
+            _ = tick.tick() => super::publish::reflush(&p).await,
         }
     }
     stop.cancel();
@@ -121,7 +121,7 @@ impl CocoonProvider {
         let annotated = annotated.as_str();
         if !ip.is_empty() && ip != annotated && crate::model::vm_spec::of_pod(pod).managed {
             tracing::info!(pod = %key, vm = %vm.id, from = annotated, to = %ip, "vm ip changed; updating the ip annotation");
-            self.write_runtime(pod, key, "", &ip).await;
+            super::publish::write_runtime(self, pod, key, "", &ip).await;
         }
     }
 

@@ -51,7 +51,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
             };
             p.metrics.lifecycle("create", result, label);
             p.state.track(&key, pod, "");
-            p.report_failure(pod, &key, reason, "create", &message).await;
+            super::publish::report_failure(p, pod, &key, reason, "create", &message).await;
             p.state.untrack(&key, &uid);
             return Err(ProviderError::Rejected {
                 reason: reason.into(),
@@ -66,7 +66,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if let Err(f) = p.admission(&facts, AdmissionContext::Create).await? {
         p.metrics.lifecycle("create", "failed", admission_label(&f));
         p.state.track(&key, pod, &spec.vm_name);
-        p.report_failure(pod, &key, f.reason, "create", &f.message).await;
+        super::publish::report_failure(p, pod, &key, f.reason, "create", &f.message).await;
         p.state.untrack(&key, &uid);
         return Err(f.to_provider_error());
     }
@@ -100,7 +100,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if spec.managed && spec.hibernate {
         return stay_hibernated(p, pod, &key, &spec).await.map(|()| Next::Done);
     }
-    p.set_lifecycle(pod, &key, LifecycleState::Creating, "").await;
+    super::publish::set_lifecycle(p, pod, &key, LifecycleState::Creating, "").await;
 
     let ctx = Ctx { pod, facts, spec };
     // The bring-up's cocoon work waits for one of the node's turns; the probe and the guest work
@@ -135,7 +135,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         return Ok(Next::Done);
     }
     if spec.managed {
-        p.write_runtime(pod, &key, &vm.id, &ip).await;
+        super::publish::write_runtime(p, pod, &key, &vm.id, &ip).await;
     }
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, waited_ms, "vm up");
     // 7. The probe, then Ready now or after the guest work.
@@ -205,7 +205,7 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
     match saved_guest(hibernate_evidence(p, vm).await) {
         SavedGuest::Saved => {
             p.state.mark_hibernated(key, &uid);
-            p.set_lifecycle(pod, key, LifecycleState::Hibernated, "").await;
+            super::publish::set_lifecycle(p, pod, key, LifecycleState::Hibernated, "").await;
             p.notify(key);
             Ok(())
         }
@@ -220,8 +220,7 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
             let message = format!(
                 "vm {vm}: hibernate requested but no VM runs here and no hibernate snapshot exists, so there is nothing to resume; clear vm.cocoonstack.io/hibernate to boot it"
             );
-            p.fail_op(pod, key, "HibernateSnapshotMissing", "create", &message)
-                .await;
+            super::publish::fail_op(p, pod, key, "HibernateSnapshotMissing", "create", &message).await;
             p.notify(key);
             Ok(())
         }

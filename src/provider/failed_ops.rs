@@ -18,7 +18,7 @@ pub(super) async fn fail_create<T>(
     f: Failure,
 ) -> Result<T, ProviderError> {
     p.metrics.wake_ended(restoring, false);
-    p.fail_op(pod, key, f.reason, "create", &f.message).await;
+    super::publish::fail_op(p, pod, key, f.reason, "create", &f.message).await;
     p.state.untrack(key, &table::uid_of(pod));
     p.notify(key);
     Err(f.to_provider_error())

@@ -80,7 +80,7 @@ impl CocoonProvider {
         self.start_probe(pkey, &uid).await;
         if finish == Finish::ReadyNow {
             self.metrics.wake_ended(wake, true);
-            self.publish_ready(pod, pkey).await;
+            super::publish::publish_ready(self, pod, pkey).await;
             return;
         }
         let work = self.state.begin_guest_work(pkey, &uid);
@@ -118,7 +118,7 @@ impl CocoonProvider {
                 ..
             }
         ) {
-            self.publish_ready(pod, pkey).await;
+            super::publish::publish_ready(self, pod, pkey).await;
             return;
         }
         self.ready_after_lease(pod, pkey, vm, wake).await;
@@ -173,8 +173,7 @@ impl CocoonProvider {
             let decision = match self.decide(move |p| p.decide::<GuestFixup>(&facts)).await {
                 Ok(d) => d,
                 Err(e) => {
-                    self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string())
-                        .await;
+                    super::publish::fail_op(self, pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string()).await;
                     return Fixed::Failed;
                 }
             };
@@ -193,7 +192,7 @@ impl CocoonProvider {
             self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
             self.metrics.wake_ended(wake, false);
             let f = super::failure::Failure::refused(refusal, decision.message);
-            self.fail_op(pod, pkey, f.reason, op, &f.message).await;
+            super::publish::fail_op(self, pod, pkey, f.reason, op, &f.message).await;
             return Fixed::Failed;
         }
     }
@@ -341,7 +340,7 @@ impl CocoonProvider {
                     "setting the static addresses of vm {} through its serial console: {e}; set them by hand at the SAC> prompt (kubectl attach) and recreate the pod",
                     vm.id
                 );
-                self.fail_op(pod, pkey, "WindowsStaticIPFailed", op, &message).await;
+                super::publish::fail_op(self, pod, pkey, "WindowsStaticIPFailed", op, &message).await;
                 self.notify(pkey);
                 Fixed::Failed
             }
@@ -378,14 +377,14 @@ impl CocoonProvider {
                 Some(lifecycle::truncate(&joined, lifecycle::MAX_MESSAGE)),
             ),
         ]);
-        self.write_annotations(pod, pkey, &changes).await;
+        super::publish::write_annotations(self, pod, pkey, &changes).await;
         let message = format!(
             "guest fixup ({}) failed {attempts} times within {:?}: {joined}; the commands are in {} (base64); recreate the pod after repairing the guest",
             kind_label(fixup.kind),
             self.cfg.timings.fixup_budget,
             key::POST_CLONE_HINT
         );
-        self.fail_op(pod, pkey, "PostCloneExecExhausted", op, &message).await;
+        super::publish::fail_op(self, pod, pkey, "PostCloneExecExhausted", op, &message).await;
         self.notify(pkey);
         Fixed::Failed
     }
@@ -403,7 +402,8 @@ impl CocoonProvider {
         if current.as_deref() == Some(STATE_FAILED) || current.as_deref() == Some(value) {
             return;
         }
-        self.write_annotations(
+        super::publish::write_annotations(
+            self,
             pod,
             pkey,
             &BTreeMap::from([(key::POST_CLONE_STATE.to_string(), Some(value.to_string()))]),
@@ -451,7 +451,7 @@ impl CocoonProvider {
                 if let Some(tracked) = self.state.tracked_as(pkey, &uid) {
                     self.reconcile_endpoint(&tracked.pod, pkey, vm).await;
                 }
-                if self.publish_ready_guarded(pkey, &uid, &vm.id).await {
+                if super::publish::publish_ready_guarded(self, pkey, &uid, &vm.id).await {
                     tracing::info!(pod = %pkey, vm = %vm.id, %ip, "guest has its lease: ready");
                     self.metrics.wake_ip_wait.with_label_values(&["ok"]).inc();
                     self.metrics.wake_ended(wake, true);
@@ -476,7 +476,7 @@ impl CocoonProvider {
                 } else {
                     "PostCloneIPWaitTimeout"
                 };
-                self.fail_op(&tracked.pod, pkey, reason, what, &message).await;
+                super::publish::fail_op(self, &tracked.pod, pkey, reason, what, &message).await;
                 self.notify(pkey);
             }
         }

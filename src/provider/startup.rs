@@ -131,7 +131,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
                 p.state.set_vm(&pkey, &uid, vm.clone());
                 p.metrics.reconcile_adopt_by_name.inc();
                 let ip = p.resolve_ip(&vm);
-                p.write_runtime(pod, &pkey, &vm.id, &ip).await;
+                super::publish::write_runtime(p, pod, &pkey, &vm.id, &ip).await;
                 tracing::info!(pod = %pkey, vm = %vm.id, "adopted by vm name; runtime annotation repaired");
                 owed.push((pod.clone(), pkey));
             }
@@ -140,7 +140,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
                 p.state.mark_hibernated(&pkey, &uid);
                 seed(p);
                 if clear_stale_id {
-                    p.clear_runtime(pod, &pkey).await;
+                    super::publish::clear_runtime(p, pod, &pkey).await;
                 }
                 owed.push((pod.clone(), pkey));
             }
@@ -181,7 +181,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
             .await;
     });
     for (pod, pkey) in owed {
-        p.dispatch_owed(&pod, &pkey).await;
+        super::resume::dispatch_owed(p, &pod, &pkey).await;
     }
     p.notify("");
     p.reconciled.send_replace(true);

@@ -122,7 +122,7 @@ async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) 
         .intent(key)
         .filter(|i| i.uid == uid && i.generation < generation)
     {
-        p.set_lifecycle(pod, key, intent.state, &intent.message).await;
+        super::publish::set_lifecycle(p, pod, key, intent.state, &intent.message).await;
     }
 }
 

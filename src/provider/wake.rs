@@ -25,8 +25,8 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
     if spec.vm_name.is_empty() {
         return Ok(());
     }
-    p.set_lifecycle(pod, pkey, LifecycleState::Creating, "").await;
-    p.clear_runtime(pod, pkey).await;
+    super::publish::set_lifecycle(p, pod, pkey, LifecycleState::Creating, "").await;
+    super::publish::clear_runtime(p, pod, pkey).await;
 
     // A wake is an explicit restore: the bring-up policy guards it (evidence fails closed,
     // the image ref must match) and picks its clone options.
@@ -73,7 +73,7 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
         return Ok(());
     }
     let ip = p.resolve_ip(&vm);
-    p.write_runtime(pod, pkey, &vm.id, &ip).await;
+    super::publish::write_runtime(p, pod, pkey, &vm.id, &ip).await;
     tracing::info!(pod = %pkey, vm = %spec.vm_name, id = %vm.id, %ip, source = %label, "guest woken");
     p.ports
         .events
@@ -84,6 +84,6 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
 
 async fn wake_failed(p: &CocoonProvider, pod: &Pod, pkey: &str, f: Failure) -> Result<(), RefusalKind> {
     p.metrics.wake_ended(true, false);
-    p.fail_op(pod, pkey, f.reason, "wake", &f.message).await;
+    super::publish::fail_op(p, pod, pkey, f.reason, "wake", &f.message).await;
     Err(f.kind)
 }

@@ -76,7 +76,7 @@ impl CocoonProvider {
         let Some(vm) = tracked.vm else { return true };
         // No fixup or lease wait races the save.
         self.state.stop_guest_work(pkey);
-        self.set_lifecycle(pod, pkey, LifecycleState::Hibernating, "").await;
+        crate::provider::publish::set_lifecycle(self, pod, pkey, LifecycleState::Hibernating, "").await;
         let mut saga = Saga {
             p: self,
             pod,
@@ -167,7 +167,7 @@ impl CocoonProvider {
     async fn finish_hibernated(&self, pod: &Pod, pkey: &str, uid: &str) {
         self.state.detach_vm(pkey, uid, true);
         self.probes.forget(pkey, Some(uid));
-        self.set_lifecycle(pod, pkey, LifecycleState::Hibernated, "").await;
+        crate::provider::publish::set_lifecycle(self, pod, pkey, LifecycleState::Hibernated, "").await;
         let how = if self.ports.registry.is_some() {
             "snapshot pushed to registry"
         } else {
@@ -188,7 +188,8 @@ impl CocoonProvider {
                 true
             }
             SavedGuest::Unknown(error) => {
-                self.fail_op(
+                crate::provider::publish::fail_op(
+                    self,
                     pod,
                     pkey,
                     "HibernateEvidenceUnavailable",
@@ -200,7 +201,8 @@ impl CocoonProvider {
             }
             SavedGuest::Absent => {
                 self.state.detach_vm(pkey, &uid, false);
-                self.fail_op(
+                crate::provider::publish::fail_op(
+                    self,
                     pod,
                     pkey,
                     "HibernateVMVanished",
@@ -256,7 +258,7 @@ impl Saga<'_> {
     /// release its leases (`DECISIONS.md` row 2: only after a successful remove, never after an undo).
     async fn remove(mut self) -> bool {
         let (p, pod, pkey) = (self.p, self.pod, self.pkey);
-        let cleared = p.clear_runtime(pod, pkey).await;
+        let cleared = crate::provider::publish::clear_runtime(p, pod, pkey).await;
         self.done.push(Undo::RepublishRuntime);
         if let Err(e) = p.ports.runtime.remove(&self.vm.id).await {
             let inspected = p.ports.runtime.inspect(&self.vm.id).await;
@@ -281,7 +283,7 @@ impl Saga<'_> {
         }
         p.metrics.hibernate_step("remove", true);
         if !cleared {
-            p.clear_runtime(pod, pkey).await;
+            crate::provider::publish::clear_runtime(p, pod, pkey).await;
         }
         p.release_leases(&self.vm).await;
         p.finish_hibernated(pod, pkey, &super::table::uid_of(pod)).await;
@@ -296,7 +298,7 @@ impl Saga<'_> {
             match undo {
                 Undo::RepublishRuntime => {
                     let ip = p.resolve_ip(vm);
-                    p.write_runtime(pod, pkey, &vm.id, &ip).await;
+                    crate::provider::publish::write_runtime(p, pod, pkey, &vm.id, &ip).await;
                 }
                 Undo::WithdrawTag if vm_holds_state => {
                     if let Some(registry) = &p.ports.registry
@@ -309,7 +311,7 @@ impl Saga<'_> {
                 Undo::GiveNicBack => nic::give_nic_back(p, pod, pkey, vm).await,
             }
         }
-        p.fail_op(pod, pkey, failure.reason, OP, &failure.message).await;
+        crate::provider::publish::fail_op(p, pod, pkey, failure.reason, OP, &failure.message).await;
         false
     }
 }

@@ -62,7 +62,7 @@ pub(super) async fn give_nic_back(p: &CocoonProvider, pod: &Pod, pkey: &str, vm:
             let uid = super::super::table::uid_of(pod);
             p.state.refresh_vm(pkey, &uid, current.clone());
             let ip = p.resolve_ip(&current);
-            p.write_runtime(pod, pkey, &current.id, &ip).await;
+            crate::provider::publish::write_runtime(p, pod, pkey, &current.id, &ip).await;
         }
         other => {
             tracing::warn!(pod = %pkey, vm = %vm.id, outcome = ?other.map(|r| r.map(|r| r.map(|_| ()))), "giving the NIC back failed")

@@ -166,7 +166,7 @@ pub(super) async fn create(
         );
         return super::failed_ops::fail_create(p, pkey, pod, false, f).await;
     }
-    p.set_lifecycle(pod, pkey, LifecycleState::Creating, "").await;
+    crate::provider::publish::set_lifecycle(p, pod, pkey, LifecycleState::Creating, "").await;
     let started = std::time::Instant::now();
     let (vm, adopted) = match bring_up(p, pod, spec, facts).await {
         Ok(up) => up,
@@ -441,7 +441,7 @@ async fn register(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord) {
         }
         _ => {}
     }
-    p.write_annotations(pod, pkey, &changes).await;
+    crate::provider::publish::write_annotations(p, pod, pkey, &changes).await;
 }
 
 /// A macOS guest whose record shows no MAC yet: inspect it again, at most every
@@ -533,7 +533,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod, pkey: &str, spec: &VmS
         "macOS guest {} does not support hibernate (cocoon-macos keeps offline disk snapshots only); the guest keeps running, but its lifecycle is failed and the pod Not Ready until it is recreated: clear vm.cocoonstack.io/hibernate",
         spec.vm_name
     );
-    p.fail_op(pod, pkey, "HibernateUnsupported", "update", &message).await;
+    crate::provider::publish::fail_op(p, pod, pkey, "HibernateUnsupported", "update", &message).await;
     p.notify(pkey);
     Err(ProviderError::NeedsOperator {
         reason: "HibernateUnsupported".into(),
