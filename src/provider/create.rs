@@ -139,7 +139,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     }
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, waited_ms, "vm up");
     // 7. The probe, then Ready now or after the guest work.
-    p.finish_boot(pod, &key, &vm, up.finish, up.restoring).await;
+    super::guest::finish_boot(p, pod, &key, &vm, up.finish, up.restoring).await;
     p.metrics
         .lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
     Ok(Next::Done)
@@ -182,7 +182,7 @@ async fn adopt_tracked(
         } else {
             Finish::ReadyNow
         };
-        p.finish_boot(pod, key, &vm, finish, false).await;
+        super::guest::finish_boot(p, pod, key, &vm, finish, false).await;
     }
     p.metrics.lifecycle("create", "ok", "adopted");
     Ok(next)

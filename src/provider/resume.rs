@@ -37,10 +37,11 @@ pub(super) async fn dispatch_owed(p: &CocoonProvider, pod: &Pod, key: &str) {
         .record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
     tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
     match (op, tracked.vm) {
-        (OwedOp::PostClone, Some(vm)) => p.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
+        (OwedOp::PostClone, Some(vm)) => {
+            super::guest::finish_boot(p, pod, key, &vm, Finish::resumed_fixup(), false).await
+        }
         (OwedOp::ReadyWait, Some(vm)) => {
-            p.finish_boot(pod, key, &vm, Finish::resumed_lease_wait(&spec), false)
-                .await
+            super::guest::finish_boot(p, pod, key, &vm, Finish::resumed_lease_wait(&spec), false).await
         }
         (OwedOp::Hibernate | OwedOp::FinishHibernate | OwedOp::ClassifyDropNic, _) => {
             if !p.state.claim_resume(key) {
@@ -127,8 +128,8 @@ async fn classify_drop_nic(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSp
     })
     .await;
     match restored {
-        Some(true) => p.finish_boot(pod, key, &vm, Finish::LeaseWait, false).await,
-        Some(false) => p.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
+        Some(true) => super::guest::finish_boot(p, pod, key, &vm, Finish::LeaseWait, false).await,
+        Some(false) => super::guest::finish_boot(p, pod, key, &vm, Finish::resumed_fixup(), false).await,
         None => {
             let message = format!(
                 "could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable",

@@ -78,7 +78,7 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
     p.ports
         .events
         .record(pod, false, "Woken", format!("cloned from {label}"));
-    p.finish_boot(pod, pkey, &vm, restore_finish(&spec), true).await;
+    super::guest::finish_boot(p, pod, pkey, &vm, restore_finish(&spec), true).await;
     Ok(())
 }
 

@@ -185,7 +185,7 @@ pub(super) async fn create(
     }
     register(p, pod, pkey, &vm).await;
     tracing::info!(pod = %pkey, vm = %spec.vm_name, id = %vm.id, adopted, vnc_port = ?p.vnc.port_of(&spec.vm_name), "macOS vm up");
-    p.finish_boot(pod, pkey, &vm, Finish::ReadyNow, false).await;
+    crate::provider::guest::finish_boot(p, pod, pkey, &vm, Finish::ReadyNow, false).await;
     p.metrics
         .lifecycle("create", "ok", if adopted { "adopted" } else { "" });
     Ok(Next::Done)
@@ -200,7 +200,7 @@ pub(super) async fn adopt_tracked(
 ) -> Result<Next, ProviderError> {
     p.state.refresh(pkey, pod);
     register(p, pod, pkey, &vm).await;
-    p.finish_boot(pod, pkey, &vm, Finish::ReadyNow, false).await;
+    crate::provider::guest::finish_boot(p, pod, pkey, &vm, Finish::ReadyNow, false).await;
     p.metrics.lifecycle("create", "ok", "adopted");
     Ok(Next::Done)
 }
