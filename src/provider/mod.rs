@@ -15,6 +15,11 @@
 //!   its restore shared with the wake), `update` (with `hibernate` and `wake`), `delete`, `startup` (with
 //!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
 //!   flush, Ready, failures), `background` (reconciler loops);
+//! * the guest's OS: `guest_os` (one trait, chosen once from the VM spec: the macOS path of
+//!   [`macos`] or the operation's own cocoon path); `failed_ops` (a failed create, a kept VM);
+//! * the operations are free functions of `&CocoonProvider` (their context: ports, table,
+//!   policies, metrics, settings) in their modules; every wait between tries is a
+//!   [`crate::retry`] schedule;
 //! * [`config`]: settings and timings; [`metrics`]: `cocoon_vk_*` and `/metrics`.
 
 mod background;
