@@ -11,10 +11,17 @@
 //! from the Go daemon (the fixup every 3 s) is `Schedule::every` and has no jitter. An optional
 //! budget bounds a loop by elapsed time — the time of the attempts included, as the spec's budgets
 //! are written — and an optional attempt count bounds it by tries.
+//!
+//! Nothing else in the provider sleeps: a loop that tries again takes its waits from here
+//! ([`Schedule::retry`] on backon's `Retryable`, [`Delays::wait`] / [`Delays::wait_or_cancel`]
+//! for a loop whose body decides more than "ok or error", [`Schedule::poll`] for a wait on a
+//! condition, [`pause`] for a cadence computed elsewhere), so every wait is a schedule a reader
+//! can find and a cancellation token can stop.
 
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
+use tokio_util::sync::CancellationToken;
 
 /// When to try again.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -125,30 +132,47 @@ impl Schedule {
 
     /// Runs `attempt` until it succeeds, `retryable` says an error is final, or the schedule
     /// runs out (the last error is returned). `on_retry` sees each retried error and its wait.
+    /// The loop is backon's [`Retryable`] over this schedule's [`Delays`] (its budget included).
     pub async fn retry<T, E, F, Fut>(
         &self,
-        mut attempt: F,
-        retryable: impl Fn(&E) -> bool,
-        mut on_retry: impl FnMut(&E, Duration),
+        attempt: F,
+        retryable: impl FnMut(&E) -> bool,
+        on_retry: impl FnMut(&E, Duration),
     ) -> Result<T, E>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        attempt
+            .retry(self.delays())
+            .sleep(tokio::time::sleep)
+            .when(retryable)
+            .notify(on_retry)
+            .await
+    }
+
+    /// Asks `done` on this schedule's cadence until it says yes; false when the schedule ran
+    /// out first (a wait on a condition, never a fixed sleep standing in for one).
+    pub async fn poll(&self, mut done: impl FnMut() -> bool) -> bool {
         let mut delays = self.delays();
         loop {
-            match attempt().await {
-                Ok(v) => return Ok(v),
-                Err(e) if !retryable(&e) => return Err(e),
-                Err(e) => match delays.next() {
-                    Some(wait) => {
-                        on_retry(&e, wait);
-                        tokio::time::sleep(wait).await;
-                    }
-                    None => return Err(e),
-                },
+            if done() {
+                return true;
+            }
+            if !delays.wait().await {
+                return false;
             }
         }
+    }
+}
+
+/// Waits `wait`, or less when `cancel` fires first: whether the wait ran to its end. The one
+/// wait of the daemon's loops that is not a retry (a prober's cadence, a first delay) but must
+/// still stop with its owner.
+pub async fn pause(wait: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(wait) => true,
     }
 }
 
@@ -175,6 +199,26 @@ impl Delays {
     /// Time since the first try.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// Waits the schedule's next delay: false, without waiting, when the schedule has run out.
+    pub async fn wait(&mut self) -> bool {
+        match self.next() {
+            Some(wait) => {
+                tokio::time::sleep(wait).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// [`Delays::wait`], or less when `cancel` fires first: false when the schedule has run out
+    /// or the wait was cancelled (the loop's owner is stopping).
+    pub async fn wait_or_cancel(&mut self, cancel: &CancellationToken) -> bool {
+        match self.next() {
+            Some(wait) => pause(wait, cancel).await,
+            None => false,
+        }
     }
 
     /// Whether the budget would still admit a wait of `wait`.
@@ -295,5 +339,45 @@ mod tests {
             )
             .await;
         assert_eq!(r, Ok(2));
+    }
+
+    #[tokio::test]
+    async fn waits_end_with_their_schedule_or_their_cancellation() {
+        let mut two = Schedule::every(Duration::ZERO).tries(3).delays();
+        assert!(two.wait().await && two.wait().await, "three tries wait twice");
+        assert!(!two.wait().await, "then the schedule has run out");
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let mut long = Schedule::every(3600 * S).delays();
+        assert!(
+            !long.wait_or_cancel(&cancel).await,
+            "a cancelled owner does not wait out the hour"
+        );
+        assert!(!pause(3600 * S, &cancel).await);
+        assert!(pause(Duration::ZERO, &CancellationToken::new()).await);
+    }
+
+    #[tokio::test]
+    async fn poll_asks_until_the_condition_holds_or_the_schedule_ends() {
+        let mut asked = 0;
+        let met = Schedule::every(Duration::ZERO)
+            .tries(10)
+            .poll(|| {
+                asked += 1;
+                asked == 4
+            })
+            .await;
+        assert!(met);
+        assert_eq!(asked, 4, "no question after the condition held");
+        let mut asked = 0;
+        let met = Schedule::every(Duration::ZERO)
+            .tries(3)
+            .poll(|| {
+                asked += 1;
+                false
+            })
+            .await;
+        assert!(!met);
+        assert_eq!(asked, 3, "one question per try");
     }
 }

@@ -28,7 +28,7 @@ pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = p.closing.cancelled() => break,
-            _ = tick.tick() => p.reflush().await,
+            _ = tick.tick() => super::publish::reflush(&p).await,
         }
     }
     stop.cancel();
@@ -54,7 +54,7 @@ async fn reclaim_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {
-                let removed = p.reclaim_snapshots().await;
+                let removed = super::reclaim::reclaim_snapshots(&p).await;
                 tracing::debug!(removed, "snapshot reclaimer pass done");
             }
         }
@@ -63,11 +63,8 @@ async fn reclaim_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
 
 async fn status_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
     let t = &p.cfg.timings;
-    tokio::select! {
-        _ = stop.cancelled() => return,
-        _ = tokio::time::sleep(t.status_initial) => {}
-    }
-    let mut tick = tokio::time::interval(t.status_period);
+    // The first pass `status_initial` after the start, then every `status_period`.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + t.status_initial, t.status_period);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -124,7 +121,7 @@ impl CocoonProvider {
         let annotated = annotated.as_str();
         if !ip.is_empty() && ip != annotated && crate::model::vm_spec::of_pod(pod).managed {
             tracing::info!(pod = %key, vm = %vm.id, from = annotated, to = %ip, "vm ip changed; updating the ip annotation");
-            self.write_runtime(pod, key, "", &ip).await;
+            super::publish::write_runtime(self, pod, key, "", &ip).await;
         }
     }
 
@@ -156,7 +153,11 @@ impl CocoonProvider {
             let t = p.state.tracked_as(&k, &u)?;
             // Only an address the guest networks admit is probed (a refusal is the pod's Ready
             // message); a pending lease is "" to the targets, which say so.
-            let ip = match t.vm.as_ref().map(|vm| p.guest_address(&k, &t.pod, vm)) {
+            let ip = match t
+                .vm
+                .as_ref()
+                .map(|vm| super::serving::guest_address(&p, &k, &t.pod, vm))
+            {
                 Some(GuestAddress::Ip(ip)) => ip.to_string(),
                 Some(GuestAddress::Refused(why)) => {
                     let ip = t.vm.as_ref().map(|vm| p.resolve_ip(vm)).unwrap_or_default();
@@ -168,7 +169,7 @@ impl CocoonProvider {
             let probe = crate::model::vm_spec::of_pod(&t.pod).probe;
             if let Some(vm) = t.vm.as_ref().filter(|vm| super::macos::plan::is_macos_vm(vm)) {
                 if vm.network_configs.is_empty() {
-                    p.reinspect_for_mac(&k, &u, vm.name(), &last_inspect);
+                    super::macos::reinspect_for_mac(&p, &k, &u, vm.name(), &last_inspect);
                     return Some(super::probe::Target::Unready(
                         "waiting for the guest's network interface (no MAC in cocoon-macos vm inspect yet)".into(),
                     ));

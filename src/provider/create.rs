@@ -12,8 +12,10 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use super::bring_up::{Ctx, adopted_finish, bring_up, hibernate_evidence};
+use super::failed_ops::fail_create;
 use super::failure::Failure;
 use super::guest::Finish;
+use super::guest_os;
 use super::hibernate::{SavedGuest, saved_guest};
 use super::invariants;
 use super::lifecycle::LifecycleState;
@@ -49,7 +51,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
             };
             p.metrics.lifecycle("create", result, label);
             p.state.track(&key, pod, "");
-            p.report_failure(pod, &key, reason, "create", &message).await;
+            super::publish::report_failure(p, pod, &key, reason, "create", &message).await;
             p.state.untrack(&key, &uid);
             return Err(ProviderError::Rejected {
                 reason: reason.into(),
@@ -57,12 +59,14 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
             });
         }
     };
+    // The guest's OS, chosen once: where its path differs from the cocoon bring-up.
+    let guest = guest_os::for_spec(&spec);
 
     // 2. CPU-class admission.
     if let Err(f) = p.admission(&facts, AdmissionContext::Create).await? {
         p.metrics.lifecycle("create", "failed", admission_label(&f));
         p.state.track(&key, pod, &spec.vm_name);
-        p.report_failure(pod, &key, f.reason, "create", &f.message).await;
+        super::publish::report_failure(p, pod, &key, f.reason, "create", &f.message).await;
         p.state.untrack(&key, &uid);
         return Err(f.to_provider_error());
     }
@@ -74,8 +78,8 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
 
     // A pod the startup reconcile already tracks with its VM: finish what it is owed.
     if let Some(vm) = p.state.tracked_as(&key, &uid).and_then(|t| t.vm) {
-        if super::macos::is_macos(&spec) {
-            return super::macos::adopt_tracked(p, pod, &key, vm).await;
+        if let Some(own) = guest.adopt_tracked(p, pod, &key, &vm).await {
+            return own;
         }
         return adopt_tracked(p, pod, &key, &spec, vm).await;
     }
@@ -88,10 +92,10 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if let Err(f) = held {
         return fail_create(p, &key, pod, false, f).await;
     }
-    // Still part of step 1, once claimed: os=macos pods branch to the self-contained cocoon-macos
-    // path.
-    if super::macos::is_macos(&spec) {
-        return super::macos::create(p, pod, &key, &spec, facts).await;
+    // Still part of step 1, once claimed: a guest with a path of its own (os=macos: the
+    // self-contained cocoon-macos path) takes it.
+    if let Some(own) = guest.create(p, pod, &key, &spec, &facts).await {
+        return own;
     }
     if spec.managed && spec.hibernate {
         return stay_hibernated(p, pod, &key, &spec).await.map(|()| Next::Done);
@@ -101,7 +105,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     // an apiserver round trip the clone need not wait for. Both end before anything else is
     // written for the pod (the runtime annotations, or the failure), so the pod's lifecycle
     // writes still land in the order they were made.
-    let creating = p.set_lifecycle(pod, &key, LifecycleState::Creating, "");
+    let creating = super::publish::set_lifecycle(p, pod, &key, LifecycleState::Creating, "");
     let bringing_up = async {
         // The bring-up's cocoon work waits for one of the node's turns; the probe and the guest
         // work after it do not hold one (they wait on the guest, not on cocoon).
@@ -138,11 +142,11 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         return Ok(Next::Done);
     }
     if spec.managed {
-        p.write_runtime(pod, &key, &vm.id, &ip).await;
+        super::publish::write_runtime(p, pod, &key, &vm.id, &ip).await;
     }
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, waited_ms, "vm up");
     // 7. The probe, then Ready now or after the guest work.
-    p.finish_boot(pod, &key, &vm, up.finish, up.restoring).await;
+    super::guest::finish_boot(p, pod, &key, &vm, up.finish, up.restoring).await;
     p.metrics
         .lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
     Ok(Next::Done)
@@ -156,20 +160,6 @@ pub(super) fn admission_label(f: &Failure) -> &'static str {
     } else {
         "admission_policy_failed"
     }
-}
-
-pub(super) async fn fail_create<T>(
-    p: &CocoonProvider,
-    key: &str,
-    pod: &Pod,
-    restoring: bool,
-    f: Failure,
-) -> Result<T, ProviderError> {
-    p.metrics.wake_ended(restoring, false);
-    p.fail_op(pod, key, f.reason, "create", &f.message).await;
-    p.state.untrack(key, &super::table::uid_of(pod));
-    p.notify(key);
-    Err(f.to_provider_error())
 }
 
 /// CreatePod of a pod the startup reconcile adopted: hibernate it if that is asked, leave guest
@@ -199,7 +189,7 @@ async fn adopt_tracked(
         } else {
             Finish::ReadyNow
         };
-        p.finish_boot(pod, key, &vm, finish, false).await;
+        super::guest::finish_boot(p, pod, key, &vm, finish, false).await;
     }
     p.metrics.lifecycle("create", "ok", "adopted");
     Ok(next)
@@ -222,7 +212,7 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
     match saved_guest(hibernate_evidence(p, vm).await) {
         SavedGuest::Saved => {
             p.state.mark_hibernated(key, &uid);
-            p.set_lifecycle(pod, key, LifecycleState::Hibernated, "").await;
+            super::publish::set_lifecycle(p, pod, key, LifecycleState::Hibernated, "").await;
             p.notify(key);
             Ok(())
         }
@@ -237,8 +227,7 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
             let message = format!(
                 "vm {vm}: hibernate requested but no VM runs here and no hibernate snapshot exists, so there is nothing to resume; clear vm.cocoonstack.io/hibernate to boot it"
             );
-            p.fail_op(pod, key, "HibernateSnapshotMissing", "create", &message)
-                .await;
+            super::publish::fail_op(p, pod, key, "HibernateSnapshotMissing", "create", &message).await;
             p.notify(key);
             Ok(())
         }

@@ -8,6 +8,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
+use super::failed_ops::{keep, kept};
+use super::guest_os;
 use super::plan;
 use crate::kubelet::ProviderError;
 use crate::model::{PodFacts, pod_facts, vm_spec};
@@ -61,8 +63,9 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
         p.notify(key);
         return Ok(());
     }
-    if super::macos::is_macos(&spec) {
-        return super::macos::delete(p, pod, key, &uid, tracked.and_then(|t| t.vm)).await;
+    let tracked_vm = tracked.as_ref().and_then(|t| t.vm.as_ref());
+    if let Some(own) = guest_os::for_spec(&spec).delete(p, pod, key, &uid, tracked_vm).await {
+        return own;
     }
     let keep = spec.keep_snapshot_on_delete;
     let vm = tracked
@@ -130,22 +133,22 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
                 ),
             ));
         }
-        if let Err(e) = p.save_snapshot(&vm_name, &vm.id).await {
+        if let Err(e) = super::transfer::save_snapshot(p, &vm_name, &vm.id).await {
             let message = format!("snapshot save {vm_name} of vm {} before delete: {e}", vm.id);
             return Err(kept_after(p, pod, key, &vm.id, message, &e));
         }
-        if let Err(e) = p
-            .push_snapshot(
-                registry.as_ref(),
-                &vm_name,
-                &target.repository,
-                &target.tag,
-                PushLabels {
-                    base_image: &target.base_image,
-                    owner: key,
-                },
-            )
-            .await
+        if let Err(e) = super::transfer::push_snapshot(
+            p,
+            registry.as_ref(),
+            &vm_name,
+            &target.repository,
+            &target.tag,
+            PushLabels {
+                base_image: &target.base_image,
+                owner: key,
+            },
+        )
+        .await
         {
             return Err(kept(
                 p,
@@ -177,12 +180,6 @@ async fn delete_fenced(p: &CocoonProvider, pod: &Pod, facts: PodFacts, key: &str
     Ok(())
 }
 
-/// The VM stays (`DECISIONS.md` row 3): record the failure and let the delete retry.
-pub(super) fn kept(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: String) -> ProviderError {
-    keep(p, pod, key, vm_id, &message, "the delete retries");
-    ProviderError::Transient(format!("{message}; vm {vm_id} kept"))
-}
-
 /// The VM stays after cocoon failed with `error`: retried with backoff, unless cocoon refused
 /// the request itself (a retry would only repeat it): then the delete waits for an operator,
 /// re-checked at the slowest pace, and the pod says what to do.
@@ -205,20 +202,6 @@ fn kept_after(
         reason: "DeleteKeptVM".into(),
         message,
     }
-}
-
-fn keep(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, message: &str, then: &str) {
-    tracing::warn!(pod = %key, vm = %vm_id, %message, "delete kept the vm");
-    p.metrics.lifecycle("delete", "failed", "");
-    p.ports.events.record(
-        pod,
-        true,
-        "DeleteKeptVM",
-        super::lifecycle::truncate(
-            &format!("delete: {message}; the VM is kept and {then}"),
-            super::lifecycle::MAX_EVENT_NOTE,
-        ),
-    );
 }
 
 /// Removes `<vm>` and `fork-<vm>` concurrently, 10 s each; failures are logged.

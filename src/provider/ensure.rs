@@ -80,12 +80,14 @@ async fn fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(
             }
         })?,
     };
-    p.save_snapshot(fork, &source_vm.id).await.map_err(|e| {
-        Failure::transient(
-            "ForkSnapshotFailed",
-            format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id),
-        )
-    })
+    super::transfer::save_snapshot(p, fork, &source_vm.id)
+        .await
+        .map_err(|e| {
+            Failure::transient(
+                "ForkSnapshotFailed",
+                format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id),
+            )
+        })
 }
 
 /// The clone source snapshot: local, else pulled from the registry (one pull per name).
@@ -124,7 +126,7 @@ async fn local_or_pulled(p: &CocoonProvider, local: &str, repo: &str, tag: &str)
             format!("snapshot {local} is not on this node and no registry is configured (set OCI_REGISTRY)"),
         ));
     };
-    p.pull_snapshot(registry.as_ref(), repo, tag, local)
+    super::transfer::pull_snapshot(p, registry.as_ref(), repo, tag, local)
         .await
         .map_err(|e| {
             Failure::transfer(
@@ -207,15 +209,17 @@ async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Res
                 "SnapshotAsImage",
                 format!("image {reference} is a snapshot artifact; use mode=clone instead of mode=run"),
             )),
-            ArtifactKind::CloudImage => match p.import_cloud_image(registry.as_ref(), reference, force).await {
-                Ok(CloudImageResult::Imported(name)) => Ok(name),
-                Ok(CloudImageResult::NotACloudImage) => pull().await,
-                Err(e) => Err(Failure::transfer(
-                    "CloudImageImportFailed",
-                    format!("import cloud image {reference}: {e}"),
-                    &e,
-                )),
-            },
+            ArtifactKind::CloudImage => {
+                match super::transfer::import_cloud_image(p, registry.as_ref(), reference, force).await {
+                    Ok(CloudImageResult::Imported(name)) => Ok(name),
+                    Ok(CloudImageResult::NotACloudImage) => pull().await,
+                    Err(e) => Err(Failure::transfer(
+                        "CloudImageImportFailed",
+                        format!("import cloud image {reference}: {e}"),
+                        &e,
+                    )),
+                }
+            }
             ArtifactKind::Other => pull().await,
         },
         Ok(None) | Err(_) => pull().await,

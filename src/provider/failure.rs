@@ -29,7 +29,7 @@ impl Failure {
     pub fn transfer(
         reason: &'static str,
         message: impl std::fmt::Display,
-        error: &crate::provider::transfer::TransferError,
+        error: &super::transfer::TransferError,
     ) -> Self {
         let kind = match error.registry() {
             Some(e) if e.is_bad_artifact() => RefusalKind::NeedsOperator,

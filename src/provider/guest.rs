@@ -19,6 +19,7 @@ use crate::policy::contract::guest_fixup::{BootOrigin, Facts, Fixup, Nic, Outcom
 use crate::policy::contract::types::RefusalKind;
 use crate::policy::slots::GuestFixup;
 use crate::policy::slots::guest_fixup::kind_label;
+use crate::retry::Schedule;
 use crate::runtime::{ExecSpec, VmRecord};
 
 /// What a booted VM still needs before Ready.
@@ -71,414 +72,415 @@ const STATE_RUNNING: &str = "running";
 const STATE_DONE: &str = "done";
 const STATE_FAILED: &str = "failed";
 
-impl CocoonProvider {
-    /// Starts the probe of the pod's VM and whatever finishing the boot needs. `wake` marks a
-    /// restore from hibernate (it counts in `cocoon_vk_wake_total` when it ends).
-    pub(super) async fn finish_boot(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
-        let uid = super::table::uid_of(pod);
-        // The guest work is registered before the first await: a CreatePod of the same adopted
-        // pod arriving while the probe starts (the restart's resume and the pod controller both
-        // finish it) then sees the work running and does not run the fixup or console pass twice.
-        let work = (finish != Finish::ReadyNow).then(|| self.state.begin_guest_work(pkey, &uid));
-        self.start_probe(pkey, &uid).await;
-        let Some(work) = work else {
-            self.metrics.wake_ended(wake, true);
-            self.publish_ready(pod, pkey).await;
-            return;
-        };
-        let (p, pod, key, vm) = (self.arc(), pod.clone(), pkey.to_string(), vm.clone());
-        self.spawn(async move {
-            let stop = work.stop.clone();
-            tokio::select! {
-                _ = stop.cancelled() => tracing::info!(pod = %key, vm = %vm.id, "guest work stopped"),
-                _ = p.closing.cancelled() => {}
-                _ = p.guest_work(&pod, &key, &vm, finish, wake) => {}
+/// Starts the probe of the pod's VM and whatever finishing the boot needs. `wake` marks a
+/// restore from hibernate (it counts in `cocoon_vk_wake_total` when it ends).
+pub(super) async fn finish_boot(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
+    let uid = super::table::uid_of(pod);
+    // The guest work is registered before the first await: a CreatePod of the same adopted pod
+    // arriving while the probe starts (the restart's resume and the pod controller both finish
+    // it) then sees the work running and does not run the fixup or console pass twice.
+    let work = (finish != Finish::ReadyNow).then(|| p.state.begin_guest_work(pkey, &uid));
+    p.start_probe(pkey, &uid).await;
+    let Some(work) = work else {
+        p.metrics.wake_ended(wake, true);
+        super::publish::publish_ready(p, pod, pkey).await;
+        return;
+    };
+    let (owner, pod, key, vm) = (p.arc(), pod.clone(), pkey.to_string(), vm.clone());
+    p.spawn(async move {
+        let p = &*owner;
+        let stop = work.stop.clone();
+        tokio::select! {
+            _ = stop.cancelled() => tracing::info!(pod = %key, vm = %vm.id, "guest work stopped"),
+            _ = p.closing.cancelled() => {}
+            _ = guest_work(p, &pod, &key, &vm, finish, wake) => {}
+        }
+        p.state.end_guest_work(&key, &work);
+    });
+    p.notify(pkey);
+}
+
+async fn guest_work(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
+    if let Finish::Fixup { origin, source_image } = &finish
+        && let Fixed::Failed = fixup(p, pod, pkey, vm, *origin, source_image, wake).await
+    {
+        return;
+    }
+    // The guest-fixup policy's answer after a run is a Windows guest's console addresses only.
+    if finish == Finish::ConsoleThenLeaseWait
+        && let Fixed::Failed = fixup(p, pod, pkey, vm, BootOrigin::Run, "", wake).await
+    {
+        return;
+    }
+    // A run boots with its own network configuration: Ready needs no lease wait (the probe
+    // still gates it), as before the fixup policy was asked after a run.
+    if matches!(
+        finish,
+        Finish::Fixup {
+            origin: BootOrigin::Run,
+            ..
+        }
+    ) {
+        super::publish::publish_ready(p, pod, pkey).await;
+        return;
+    }
+    ready_after_lease(p, pod, pkey, vm, wake).await;
+}
+
+fn fixup_facts(p: &CocoonProvider, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> Facts {
+    let hypervisor = vm_spec::backend(&vm.hypervisor);
+    // cocoon's run directory per hypervisor (cloud-hypervisor is its default).
+    let backend_dir = match hypervisor {
+        crate::policy::contract::types::Backend::Firecracker => "firecracker",
+        _ => "cloudhypervisor",
+    };
+    let overlay = p.cfg.run_dir.join(backend_dir).join(&vm.id).join("overlay.qcow2");
+    Facts {
+        pod: pod_facts(pod),
+        spec: vm_spec::of_pod(pod),
+        vm_id: vm.id.clone(),
+        hypervisor,
+        nics: vm
+            .network_configs
+            .iter()
+            .map(|n| Nic {
+                mac: n.mac.trim().to_ascii_lowercase(),
+                ip: n.network.as_ref().map(|x| x.ip.clone()).unwrap_or_default(),
+                gateway: n.network.as_ref().map(|x| x.gateway.clone()).unwrap_or_default(),
+                prefix: n.network.as_ref().map(|x| x.prefix).unwrap_or_default(),
+            })
+            .collect(),
+        origin,
+        source_image: source_image.to_string(),
+        cloudimg_overlay: overlay.exists(),
+    }
+}
+
+/// Asks the guest-fixup policy and runs its answer. A `retry-later` refusal is asked again
+/// every `fixup_interval` within the fixup budget; any other refusal fails at once.
+async fn fixup(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    vm: &VmRecord,
+    origin: BootOrigin,
+    source_image: &str,
+    wake: bool,
+) -> Fixed {
+    let op = if wake { "wake" } else { "create" };
+    let t = &p.cfg.timings;
+    // Asked again every `fixup_interval` while a next ask still starts within the budget.
+    let mut asks = Schedule::every(t.fixup_interval).within(t.fixup_budget).delays();
+    loop {
+        let facts = fixup_facts(p, pod, vm, origin, source_image);
+        let decision = match p.decide(move |p| p.decide::<GuestFixup>(&facts)).await {
+            Ok(d) => d,
+            Err(e) => {
+                super::publish::fail_op(p, pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string()).await;
+                return Fixed::Failed;
             }
-            p.state.end_guest_work(&key, &work);
-        });
-        self.notify(pkey);
-    }
-
-    async fn guest_work(&self, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
-        if let Finish::Fixup { origin, source_image } = &finish
-            && let Fixed::Failed = self.fixup(pod, pkey, vm, *origin, source_image, wake).await
-        {
-            return;
-        }
-        // The guest-fixup policy's answer after a run is a Windows guest's console addresses only.
-        if finish == Finish::ConsoleThenLeaseWait
-            && let Fixed::Failed = self.fixup(pod, pkey, vm, BootOrigin::Run, "", wake).await
-        {
-            return;
-        }
-        // A run boots with its own network configuration: Ready needs no lease wait (the probe
-        // still gates it), as before the fixup policy was asked after a run.
-        if matches!(
-            finish,
-            Finish::Fixup {
-                origin: BootOrigin::Run,
-                ..
-            }
-        ) {
-            self.publish_ready(pod, pkey).await;
-            return;
-        }
-        self.ready_after_lease(pod, pkey, vm, wake).await;
-    }
-
-    fn fixup_facts(&self, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> Facts {
-        let hypervisor = vm_spec::backend(&vm.hypervisor);
-        // cocoon's run directory per hypervisor (cloud-hypervisor is its default).
-        let backend_dir = match hypervisor {
-            crate::policy::contract::types::Backend::Firecracker => "firecracker",
-            _ => "cloudhypervisor",
         };
-        let overlay = self.cfg.run_dir.join(backend_dir).join(&vm.id).join("overlay.qcow2");
-        Facts {
-            pod: pod_facts(pod),
-            spec: vm_spec::of_pod(pod),
-            vm_id: vm.id.clone(),
-            hypervisor,
-            nics: vm
-                .network_configs
-                .iter()
-                .map(|n| Nic {
-                    mac: n.mac.trim().to_ascii_lowercase(),
-                    ip: n.network.as_ref().map(|x| x.ip.clone()).unwrap_or_default(),
-                    gateway: n.network.as_ref().map(|x| x.gateway.clone()).unwrap_or_default(),
-                    prefix: n.network.as_ref().map(|x| x.prefix).unwrap_or_default(),
-                })
-                .collect(),
-            origin,
-            source_image: source_image.to_string(),
-            cloudimg_overlay: overlay.exists(),
-        }
-    }
-
-    /// Asks the guest-fixup policy and runs its answer. A `retry-later` refusal is asked again
-    /// every `fixup_interval` within the fixup budget; any other refusal fails at once.
-    async fn fixup(
-        &self,
-        pod: &Pod,
-        pkey: &str,
-        vm: &VmRecord,
-        origin: BootOrigin,
-        source_image: &str,
-        wake: bool,
-    ) -> Fixed {
-        let op = if wake { "wake" } else { "create" };
-        let started = Instant::now();
-        loop {
-            let facts = self.fixup_facts(pod, vm, origin, source_image);
-            let decision = match self.decide(move |p| p.decide::<GuestFixup>(&facts)).await {
-                Ok(d) => d,
-                Err(e) => {
-                    self.fail_op(pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string())
-                        .await;
-                    return Fixed::Failed;
-                }
-            };
-            tracing::info!(pod = %pkey, vm = %vm.id, reason = %decision.reason, message = %decision.message, "guest-fixup decision");
-            let refusal = match decision.outcome {
-                Outcome::None => return Fixed::Proceed,
-                Outcome::Run(fixup) => return self.run_fixup(pod, pkey, vm, &fixup, op, wake).await,
-                Outcome::Refuse(refusal) => refusal,
-            };
-            let t = &self.cfg.timings;
-            let again =
-                refusal.kind == RefusalKind::RetryLater && started.elapsed() + t.fixup_interval < t.fixup_budget;
-            if again {
-                tracing::info!(pod = %pkey, vm = %vm.id, "guest-fixup policy asks to be asked again later");
-                tokio::time::sleep(t.fixup_interval).await;
+        tracing::info!(pod = %pkey, vm = %vm.id, reason = %decision.reason, message = %decision.message, "guest-fixup decision");
+        let refusal = match decision.outcome {
+            Outcome::None => return Fixed::Proceed,
+            Outcome::Run(fixup) => return run_fixup(p, pod, pkey, vm, &fixup, op, wake).await,
+            Outcome::Refuse(refusal) => refusal,
+        };
+        if refusal.kind == RefusalKind::RetryLater {
+            tracing::info!(pod = %pkey, vm = %vm.id, "guest-fixup policy asks to be asked again later");
+            if asks.wait().await {
                 continue;
             }
-            self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
-            self.metrics.wake_ended(wake, false);
-            let f = super::failure::Failure::refused(refusal, decision.message);
-            self.fail_op(pod, pkey, f.reason, op, &f.message).await;
-            return Fixed::Failed;
         }
+        set_post_clone_state(p, pod, pkey, STATE_FAILED).await;
+        p.metrics.wake_ended(wake, false);
+        let f = super::failure::Failure::refused(refusal, decision.message);
+        super::publish::fail_op(p, pod, pkey, f.reason, op, &f.message).await;
+        return Fixed::Failed;
     }
+}
 
-    /// The fixup: its command (one `vm exec` per attempt, `fixup_interval` apart, within
-    /// `fixup_budget`), then its console addresses; `post-clone-state` is `done` only once both
-    /// are (a restart in between runs the fixup again: the command and the addresses are
-    /// idempotent).
-    async fn run_fixup(&self, pod: &Pod, pkey: &str, vm: &VmRecord, fixup: &Fixup, op: &str, wake: bool) -> Fixed {
-        self.set_post_clone_state(pod, pkey, STATE_RUNNING).await;
-        let attempts = if fixup.argv.is_empty() {
-            0
-        } else {
-            match self.exec_fixup(pod, pkey, vm, fixup, op, wake).await {
-                Ok(attempts) => attempts,
-                Err(failed) => return failed,
-            }
-        };
-        if !fixup.console_addresses.is_empty()
-            && let Fixed::Failed = self.set_console_addresses(pod, pkey, vm, fixup, op, wake).await
-        {
-            return Fixed::Failed;
+/// The fixup: its command (one `vm exec` per attempt, `fixup_interval` apart, within
+/// `fixup_budget`), then its console addresses; `post-clone-state` is `done` only once both
+/// are (a restart in between runs the fixup again: the command and the addresses are
+/// idempotent).
+async fn run_fixup(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    vm: &VmRecord,
+    fixup: &Fixup,
+    op: &str,
+    wake: bool,
+) -> Fixed {
+    set_post_clone_state(p, pod, pkey, STATE_RUNNING).await;
+    let attempts = if fixup.argv.is_empty() {
+        0
+    } else {
+        match exec_fixup(p, pod, pkey, vm, fixup, op, wake).await {
+            Ok(attempts) => attempts,
+            Err(failed) => return failed,
         }
-        self.set_post_clone_state(pod, pkey, STATE_DONE).await;
-        let failed = self
-            .state
-            .intent(pkey)
-            .is_some_and(|i| i.state == LifecycleState::Failed);
-        if !failed {
-            self.ports.events.record(
-                pod,
-                false,
-                "PostCloneSucceeded",
-                format!("kind={} attempts={attempts}", kind_label(fixup.kind)),
-            );
-        }
-        Fixed::Proceed
+    };
+    if !fixup.console_addresses.is_empty()
+        && let Fixed::Failed = set_console_addresses(p, pod, pkey, vm, fixup, op, wake).await
+    {
+        return Fixed::Failed;
     }
-
-    /// Runs the fixup's command until it succeeds within the budget: `Ok(attempts)`.
-    async fn exec_fixup(
-        &self,
-        pod: &Pod,
-        pkey: &str,
-        vm: &VmRecord,
-        fixup: &Fixup,
-        op: &str,
-        wake: bool,
-    ) -> Result<u32, Fixed> {
-        let t = &self.cfg.timings;
-        let spec = ExecSpec {
-            argv: fixup.argv.clone(),
-            ..Default::default()
-        };
-        let started = Instant::now();
-        let mut errors: Vec<String> = Vec::new();
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            let left = t.fixup_budget.saturating_sub(started.elapsed());
-            let result = match tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &spec, None)).await {
-                Ok(Ok(out)) if out.code == 0 => Ok(()),
-                Ok(Ok(out)) => Err(format!(
-                    "exit {}: {}",
-                    out.code,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("vm exec did not finish within the {:?} budget", t.fixup_budget)),
-            };
-            match result {
-                Ok(()) => {
-                    self.metrics
-                        .postclone
-                        .with_label_values(&[kind_label(fixup.kind), "ok"])
-                        .inc();
-                    self.metrics
-                        .postclone_retry_attempts
-                        .with_label_values(&["ok"])
-                        .observe(f64::from(attempt));
-                    return Ok(attempt);
-                }
-                Err(error) => {
-                    tracing::warn!(pod = %pkey, vm = %vm.id, attempt, %error, "guest fixup attempt failed");
-                    self.ports.events.record(
-                        pod,
-                        true,
-                        "PostCloneExecAttemptFailed",
-                        lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE),
-                    );
-                    errors.push(format!("attempt {attempt}: {error}"));
-                    if started.elapsed() + t.fixup_interval >= t.fixup_budget {
-                        return Err(self.fixup_exhausted(pod, pkey, fixup, op, wake, attempt, &errors).await);
-                    }
-                    tokio::time::sleep(t.fixup_interval).await;
-                }
-            }
-        }
+    set_post_clone_state(p, pod, pkey, STATE_DONE).await;
+    let failed = p.state.intent(pkey).is_some_and(|i| i.state == LifecycleState::Failed);
+    if !failed {
+        p.ports.events.record(
+            pod,
+            false,
+            "PostCloneSucceeded",
+            format!("kind={} attempts={attempts}", kind_label(fixup.kind)),
+        );
     }
+    Fixed::Proceed
+}
 
-    /// Sets the fixup's static addresses through the VM's serial console (Windows' SAC),
-    /// counted as kind `sac`. A failure fails the lifecycle (`WindowsStaticIPFailed`, after the
-    /// failed step's own Warning): the guest has no address to be reached at.
-    async fn set_console_addresses(
-        &self,
-        pod: &Pod,
-        pkey: &str,
-        vm: &VmRecord,
-        fixup: &Fixup,
-        op: &str,
-        wake: bool,
-    ) -> Fixed {
-        let console = self
-            .cfg
-            .run_dir
-            .join("cloudhypervisor")
-            .join(&vm.id)
-            .join("console.sock");
-        let nics = vm.network_configs.len();
-        let result = match fixup.console_addresses.iter().find(|a| a.nic as usize >= nics) {
-            Some(a) => Err(super::sac::SacError::Set {
-                command: format!("NIC {}", a.nic),
-                detail: format!("the VM has {nics} NICs: the guest-fixup policy named one it does not have"),
-            }),
-            None => super::sac::set_addresses(&console, nics, &fixup.console_addresses, &self.cfg.timings.sac).await,
+/// Runs the fixup's command until it succeeds within the budget: `Ok(attempts)`.
+async fn exec_fixup(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    vm: &VmRecord,
+    fixup: &Fixup,
+    op: &str,
+    wake: bool,
+) -> Result<u32, Fixed> {
+    let t = &p.cfg.timings;
+    let spec = ExecSpec {
+        argv: fixup.argv.clone(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    // One `vm exec` every `fixup_interval` while a next one still starts within the budget.
+    let mut tries = Schedule::every(t.fixup_interval).within(t.fixup_budget).delays();
+    let mut errors: Vec<String> = Vec::new();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let left = t.fixup_budget.saturating_sub(started.elapsed());
+        let result = match tokio::time::timeout(left, p.ports.runtime.exec_capture(&vm.id, &spec, None)).await {
+            Ok(Ok(out)) if out.code == 0 => Ok(()),
+            Ok(Ok(out)) => Err(format!(
+                "exit {}: {}",
+                out.code,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("vm exec did not finish within the {:?} budget", t.fixup_budget)),
         };
         match result {
             Ok(()) => {
-                self.metrics.postclone.with_label_values(&["sac", "ok"]).inc();
-                tracing::info!(pod = %pkey, vm = %vm.id, addresses = fixup.console_addresses.len(), "static addresses set through the serial console");
-                Fixed::Proceed
+                p.metrics
+                    .postclone
+                    .with_label_values(&[kind_label(fixup.kind), "ok"])
+                    .inc();
+                p.metrics
+                    .postclone_retry_attempts
+                    .with_label_values(&["ok"])
+                    .observe(f64::from(attempt));
+                return Ok(attempt);
             }
-            Err(e) => {
-                self.metrics.postclone.with_label_values(&["sac", "failed"]).inc();
-                self.metrics.wake_ended(wake, false);
-                self.ports.events.record(
+            Err(error) => {
+                tracing::warn!(pod = %pkey, vm = %vm.id, attempt, %error, "guest fixup attempt failed");
+                p.ports.events.record(
                     pod,
                     true,
-                    e.reason(),
-                    lifecycle::truncate(&e.to_string(), lifecycle::MAX_EVENT_NOTE),
+                    "PostCloneExecAttemptFailed",
+                    lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE),
                 );
-                self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
-                let message = format!(
-                    "setting the static addresses of vm {} through its serial console: {e}; set them by hand at the SAC> prompt (kubectl attach) and recreate the pod",
-                    vm.id
-                );
-                self.fail_op(pod, pkey, "WindowsStaticIPFailed", op, &message).await;
-                self.notify(pkey);
-                Fixed::Failed
+                errors.push(format!("attempt {attempt}: {error}"));
+                if !tries.wait().await {
+                    return Err(fixup_exhausted(p, pod, pkey, fixup, op, wake, attempt, &errors).await);
+                }
             }
         }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    async fn fixup_exhausted(
-        &self,
-        pod: &Pod,
-        pkey: &str,
-        fixup: &Fixup,
-        op: &str,
-        wake: bool,
-        attempts: u32,
-        errors: &[String],
-    ) -> Fixed {
-        self.metrics
-            .postclone
-            .with_label_values(&[kind_label(fixup.kind), "failed"])
-            .inc();
-        self.metrics
-            .postclone_retry_attempts
-            .with_label_values(&["failed"])
-            .observe(f64::from(attempts));
-        self.metrics.wake_ended(wake, false);
-        self.set_post_clone_state(pod, pkey, STATE_FAILED).await;
-        let joined = errors.join("; ");
-        let hint = base64::engine::general_purpose::STANDARD.encode(fixup.hint.as_bytes());
-        let changes = BTreeMap::from([
-            (key::POST_CLONE_HINT.to_string(), Some(hint)),
-            (
-                key::POST_CLONE_ERRORS.to_string(),
-                Some(lifecycle::truncate(&joined, lifecycle::MAX_MESSAGE)),
-            ),
-        ]);
-        self.write_annotations(pod, pkey, &changes).await;
-        let message = format!(
-            "guest fixup ({}) failed {attempts} times within {:?}: {joined}; the commands are in {} (base64); recreate the pod after repairing the guest",
-            kind_label(fixup.kind),
-            self.cfg.timings.fixup_budget,
-            key::POST_CLONE_HINT
-        );
-        self.fail_op(pod, pkey, "PostCloneExecExhausted", op, &message).await;
-        self.notify(pkey);
-        Fixed::Failed
-    }
-
-    /// Persists the fixup progress; `failed` is final.
-    async fn set_post_clone_state(&self, pod: &Pod, pkey: &str, value: &str) {
-        let uid = super::table::uid_of(pod);
-        let current = self.state.tracked_as(pkey, &uid).and_then(|t| {
-            t.pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key::POST_CLONE_STATE).cloned())
-        });
-        if current.as_deref() == Some(STATE_FAILED) || current.as_deref() == Some(value) {
-            return;
+/// Sets the fixup's static addresses through the VM's serial console (Windows' SAC),
+/// counted as kind `sac`. A failure fails the lifecycle (`WindowsStaticIPFailed`, after the
+/// failed step's own Warning): the guest has no address to be reached at.
+async fn set_console_addresses(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    vm: &VmRecord,
+    fixup: &Fixup,
+    op: &str,
+    wake: bool,
+) -> Fixed {
+    let console = p.cfg.run_dir.join("cloudhypervisor").join(&vm.id).join("console.sock");
+    let nics = vm.network_configs.len();
+    let result = match fixup.console_addresses.iter().find(|a| a.nic as usize >= nics) {
+        Some(a) => Err(super::sac::SacError::Set {
+            command: format!("NIC {}", a.nic),
+            detail: format!("the VM has {nics} NICs: the guest-fixup policy named one it does not have"),
+        }),
+        None => super::sac::set_addresses(&console, nics, &fixup.console_addresses, &p.cfg.timings.sac).await,
+    };
+    match result {
+        Ok(()) => {
+            p.metrics.postclone.with_label_values(&["sac", "ok"]).inc();
+            tracing::info!(pod = %pkey, vm = %vm.id, addresses = fixup.console_addresses.len(), "static addresses set through the serial console");
+            Fixed::Proceed
         }
-        self.write_annotations(
-            pod,
-            pkey,
-            &BTreeMap::from([(key::POST_CLONE_STATE.to_string(), Some(value.to_string()))]),
-        )
-        .await;
+        Err(e) => {
+            p.metrics.postclone.with_label_values(&["sac", "failed"]).inc();
+            p.metrics.wake_ended(wake, false);
+            p.ports.events.record(
+                pod,
+                true,
+                e.reason(),
+                lifecycle::truncate(&e.to_string(), lifecycle::MAX_EVENT_NOTE),
+            );
+            set_post_clone_state(p, pod, pkey, STATE_FAILED).await;
+            let message = format!(
+                "setting the static addresses of vm {} through its serial console: {e}; set them by hand at the SAC> prompt (kubectl attach) and recreate the pod",
+                vm.id
+            );
+            super::publish::fail_op(p, pod, pkey, "WindowsStaticIPFailed", op, &message).await;
+            p.notify(pkey);
+            Fixed::Failed
+        }
     }
+}
 
-    /// `markReadyAfterIP`: wait for the guest's lease (one `ipconfig /renew` nudge for a Windows
-    /// guest after `renew_nudge_after`), then publish Ready — if the boot is still current.
-    async fn ready_after_lease(&self, pod: &Pod, pkey: &str, vm: &VmRecord, wake: bool) {
-        let t = &self.cfg.timings;
-        let uid = super::table::uid_of(pod);
-        let windows = super::invariants::renew_nudge(&vm_spec::of_pod(pod));
-        let started = Instant::now();
-        let mut nudged = false;
-        let ip = loop {
-            let Some(current) = self
-                .state
-                .tracked_as(pkey, &uid)
-                .and_then(|t| t.vm)
-                .filter(|v| v.id == vm.id)
-            else {
-                tracing::info!(pod = %pkey, vm = %vm.id, "lease wait abandoned: the pod's vm changed");
+#[allow(clippy::too_many_arguments)]
+async fn fixup_exhausted(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    fixup: &Fixup,
+    op: &str,
+    wake: bool,
+    attempts: u32,
+    errors: &[String],
+) -> Fixed {
+    p.metrics
+        .postclone
+        .with_label_values(&[kind_label(fixup.kind), "failed"])
+        .inc();
+    p.metrics
+        .postclone_retry_attempts
+        .with_label_values(&["failed"])
+        .observe(f64::from(attempts));
+    p.metrics.wake_ended(wake, false);
+    set_post_clone_state(p, pod, pkey, STATE_FAILED).await;
+    let joined = errors.join("; ");
+    let hint = base64::engine::general_purpose::STANDARD.encode(fixup.hint.as_bytes());
+    let changes = BTreeMap::from([
+        (key::POST_CLONE_HINT.to_string(), Some(hint)),
+        (
+            key::POST_CLONE_ERRORS.to_string(),
+            Some(lifecycle::truncate(&joined, lifecycle::MAX_MESSAGE)),
+        ),
+    ]);
+    super::publish::write_annotations(p, pod, pkey, &changes).await;
+    let message = format!(
+        "guest fixup ({}) failed {attempts} times within {:?}: {joined}; the commands are in {} (base64); recreate the pod after repairing the guest",
+        kind_label(fixup.kind),
+        p.cfg.timings.fixup_budget,
+        key::POST_CLONE_HINT
+    );
+    super::publish::fail_op(p, pod, pkey, "PostCloneExecExhausted", op, &message).await;
+    p.notify(pkey);
+    Fixed::Failed
+}
+
+/// Persists the fixup progress; `failed` is final.
+async fn set_post_clone_state(p: &CocoonProvider, pod: &Pod, pkey: &str, value: &str) {
+    let uid = super::table::uid_of(pod);
+    let current = p.state.tracked_as(pkey, &uid).and_then(|t| {
+        t.pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key::POST_CLONE_STATE).cloned())
+    });
+    if current.as_deref() == Some(STATE_FAILED) || current.as_deref() == Some(value) {
+        return;
+    }
+    super::publish::write_annotations(
+        p,
+        pod,
+        pkey,
+        &BTreeMap::from([(key::POST_CLONE_STATE.to_string(), Some(value.to_string()))]),
+    )
+    .await;
+}
+
+/// `markReadyAfterIP`: wait for the guest's lease (one `ipconfig /renew` nudge for a Windows
+/// guest after `renew_nudge_after`), then publish Ready — if the boot is still current.
+async fn ready_after_lease(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord, wake: bool) {
+    let t = &p.cfg.timings;
+    let uid = super::table::uid_of(pod);
+    let windows = super::invariants::renew_nudge(&vm_spec::of_pod(pod));
+    let started = Instant::now();
+    let mut polls = Schedule::every(t.ip_poll).delays();
+    let mut nudged = false;
+    let ip = loop {
+        let Some(current) = p
+            .state
+            .tracked_as(pkey, &uid)
+            .and_then(|t| t.vm)
+            .filter(|v| v.id == vm.id)
+        else {
+            tracing::info!(pod = %pkey, vm = %vm.id, "lease wait abandoned: the pod's vm changed");
+            return;
+        };
+        let ip = p.resolve_ip(&current);
+        if !ip.is_empty() {
+            break Some(ip);
+        }
+        if windows && !nudged && started.elapsed() >= t.renew_nudge_after {
+            nudged = true;
+            let left = t.ip_wait.saturating_sub(started.elapsed());
+            let ok = matches!(tokio::time::timeout(left, p.ports.runtime.exec_capture(&vm.id, &super::plan::ipconfig(super::plan::LeaseStep::Renew, p.cfg.network_mode), None)).await, Ok(Ok(ref out)) if out.code == 0);
+            ProviderMetrics::count(&p.metrics.wake_renew_nudge, ok);
+            continue;
+        }
+        if started.elapsed() >= t.ip_wait {
+            break None;
+        }
+        polls.wait().await;
+    };
+    match ip {
+        Some(ip) => {
+            if let Some(tracked) = p.state.tracked_as(pkey, &uid) {
+                p.reconcile_endpoint(&tracked.pod, pkey, vm).await;
+            }
+            if super::publish::publish_ready_guarded(p, pkey, &uid, &vm.id).await {
+                tracing::info!(pod = %pkey, vm = %vm.id, %ip, "guest has its lease: ready");
+                p.metrics.wake_ip_wait.with_label_values(&["ok"]).inc();
+                p.metrics.wake_ended(wake, true);
+            }
+        }
+        None => {
+            let Some(tracked) = p.state.tracked_as(pkey, &uid) else {
                 return;
             };
-            let ip = self.resolve_ip(&current);
-            if !ip.is_empty() {
-                break Some(ip);
+            if tracked.vm.as_ref().is_none_or(|v| v.id != vm.id) || vm_spec::of_pod(&tracked.pod).hibernate {
+                return;
             }
-            if windows && !nudged && started.elapsed() >= t.renew_nudge_after {
-                nudged = true;
-                let left = t.ip_wait.saturating_sub(started.elapsed());
-                let ok = matches!(tokio::time::timeout(left, self.ports.runtime.exec_capture(&vm.id, &super::plan::ipconfig(super::plan::LeaseStep::Renew, self.cfg.network_mode), None)).await, Ok(Ok(ref out)) if out.code == 0);
-                ProviderMetrics::count(&self.metrics.wake_renew_nudge, ok);
-                continue;
-            }
-            if started.elapsed() >= t.ip_wait {
-                break None;
-            }
-            tokio::time::sleep(t.ip_poll).await;
-        };
-        match ip {
-            Some(ip) => {
-                if let Some(tracked) = self.state.tracked_as(pkey, &uid) {
-                    self.reconcile_endpoint(&tracked.pod, pkey, vm).await;
-                }
-                if self.publish_ready_guarded(pkey, &uid, &vm.id).await {
-                    tracing::info!(pod = %pkey, vm = %vm.id, %ip, "guest has its lease: ready");
-                    self.metrics.wake_ip_wait.with_label_values(&["ok"]).inc();
-                    self.metrics.wake_ended(wake, true);
-                }
-            }
-            None => {
-                let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
-                    return;
-                };
-                if tracked.vm.as_ref().is_none_or(|v| v.id != vm.id) || vm_spec::of_pod(&tracked.pod).hibernate {
-                    return;
-                }
-                let what = if wake { "wake" } else { "clone" };
-                let message = format!(
-                    "{what} {}: dhcp lease not observed within {:?}",
-                    tracked.vm_name, t.ip_wait
-                );
-                self.metrics.wake_ip_wait.with_label_values(&["timeout"]).inc();
-                self.metrics.wake_ended(wake, false);
-                let reason = if wake {
-                    "WakeIPWaitTimeout"
-                } else {
-                    "PostCloneIPWaitTimeout"
-                };
-                self.fail_op(&tracked.pod, pkey, reason, what, &message).await;
-                self.notify(pkey);
-            }
+            let what = if wake { "wake" } else { "clone" };
+            let message = format!(
+                "{what} {}: dhcp lease not observed within {:?}",
+                tracked.vm_name, t.ip_wait
+            );
+            p.metrics.wake_ip_wait.with_label_values(&["timeout"]).inc();
+            p.metrics.wake_ended(wake, false);
+            let reason = if wake {
+                "WakeIPWaitTimeout"
+            } else {
+                "PostCloneIPWaitTimeout"
+            };
+            super::publish::fail_op(p, &tracked.pod, pkey, reason, what, &message).await;
+            p.notify(pkey);
         }
     }
 }

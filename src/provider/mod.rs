@@ -15,6 +15,11 @@
 //!   its restore shared with the wake), `update` (with `hibernate` and `wake`), `delete`, `startup` (with
 //!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
 //!   flush, Ready, failures), `background` (reconciler loops);
+//! * the guest's OS: `guest_os` (one trait, chosen once from the VM spec: the macOS path of
+//!   [`macos`] or the operation's own cocoon path); `failed_ops` (a failed create, a kept VM);
+//! * the operations are free functions of `&CocoonProvider` (their context: ports, table,
+//!   policies, metrics, settings) in their modules; every wait between tries is a
+//!   [`crate::retry`] schedule;
 //! * [`config`]: settings and timings; [`metrics`]: `cocoon_vk_*` and `/metrics`.
 
 mod background;
@@ -26,9 +31,11 @@ mod create;
 mod delete;
 mod ensure;
 mod evict;
+mod failed_ops;
 mod failure;
 pub mod gone;
 mod guest;
+mod guest_os;
 mod hibernate;
 mod invariants;
 mod known;
@@ -344,6 +351,12 @@ impl CocoonProvider {
     /// reconciler, the VM event watcher and the status reconciler.
     pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
         background::run(self, shutdown).await;
+    }
+
+    /// One pass of the snapshot reclaimer (`reclaim.rs`): how many
+    /// snapshots it removed.
+    pub async fn reclaim_snapshots(&self) -> usize {
+        reclaim::reclaim_snapshots(self).await
     }
 }
 

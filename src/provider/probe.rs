@@ -399,9 +399,9 @@ impl Probes {
         );
         self.tasks.spawn(async move {
             loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
+                // The cadence is the probe schedule's (`observe` above), the wait the one owner's.
+                if !crate::retry::pause(delay, &stop).await {
+                    return;
                 }
                 let Some(t) = target() else { return };
                 let r = Self::once(prober.as_ref(), &t, &timings, &duration).await;
@@ -466,6 +466,14 @@ impl Probes {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// Whether `done` holds within 5 s, asked every 5 ms (the agent's task runs on its own).
+    async fn soon(done: impl FnMut() -> bool) -> bool {
+        crate::retry::Schedule::every(Duration::from_millis(5))
+            .within(Duration::from_secs(5))
+            .poll(done)
+            .await
+    }
 
     fn timings() -> ProbeTimings {
         ProbeTimings {
@@ -608,24 +616,18 @@ mod tests {
         assert!(probes.result("ns/p", "other-uid").is_none());
 
         prober.up.store(true, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while flips.lock().unwrap().is_empty() {
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
-        })
-        .await
-        .unwrap();
+        assert!(
+            soon(|| !flips.lock().unwrap().is_empty()).await,
+            "the agent announces the flip to ready"
+        );
         assert_eq!(flips.lock().unwrap().as_slice(), &[true]);
         assert_eq!(probes.result("ns/p", "u1").unwrap().message, "tcp ok");
 
         prober.up.store(false, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while flips.lock().unwrap().len() < 2 {
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
-        })
-        .await
-        .unwrap();
+        assert!(
+            soon(|| flips.lock().unwrap().len() >= 2).await,
+            "the agent announces the flip back to not ready"
+        );
         assert_eq!(flips.lock().unwrap().as_slice(), &[true, false]);
         assert_eq!(
             prepared.lock().unwrap().as_slice(),
@@ -637,13 +639,10 @@ mod tests {
         probes.forget("ns/p", Some("u1"));
         let calls = prober.calls.load(Ordering::SeqCst);
         assert!(probes.result("ns/p", "u1").is_none());
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while Arc::strong_count(&held) > 1 {
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
-        })
-        .await
-        .expect("a forgotten agent's task ends");
+        assert!(
+            soon(|| Arc::strong_count(&held) <= 1).await,
+            "a forgotten agent's task ends"
+        );
         // The agent is gone, so its count is final: at most the probe already under way when
         // it was forgotten landed after the forget.
         let after = prober.calls.load(Ordering::SeqCst);

@@ -73,91 +73,89 @@ pub fn verdict(local_id: &str, lookup: &Result<Option<String>, RegistryError>) -
     }
 }
 
-impl CocoonProvider {
-    /// The snapshot names the tracked pods need: their VM names and their images' local names.
-    fn snapshots_in_use(&self) -> HashSet<String> {
-        let mut used = HashSet::new();
-        for key in self.state.tracked_keys() {
-            let Some(t) = self.state.tracked(&key) else { continue };
-            let spec = vm_spec::of_pod(&t.pod);
-            if !spec.vm_name.is_empty() {
-                used.insert(spec.vm_name.clone());
-                // Its import is needed only until the clone gave the pod its VM: the restore
-                // drops it after the clone, and one a crash left behind must not stay for as
-                // long as the pod lives.
-                if t.vm.is_none() {
-                    used.insert(plan::hibernate_import_name(&spec.vm_name));
-                }
-            }
-            if !spec.image.is_empty() {
-                let (repo, tag) = plan::parse_ref(&spec.image);
-                used.insert(plan::local_snapshot_name(repo, tag));
-                used.insert(spec.image.clone());
+/// The snapshot names the tracked pods need: their VM names and their images' local names.
+fn snapshots_in_use(p: &CocoonProvider) -> HashSet<String> {
+    let mut used = HashSet::new();
+    for key in p.state.tracked_keys() {
+        let Some(t) = p.state.tracked(&key) else { continue };
+        let spec = vm_spec::of_pod(&t.pod);
+        if !spec.vm_name.is_empty() {
+            used.insert(spec.vm_name.clone());
+            // Its import is needed only until the clone gave the pod its VM: the restore
+            // drops it after the clone, and one a crash left behind must not stay for as
+            // long as the pod lives.
+            if t.vm.is_none() {
+                used.insert(plan::hibernate_import_name(&spec.vm_name));
             }
         }
-        used
+        if !spec.image.is_empty() {
+            let (repo, tag) = plan::parse_ref(&spec.image);
+            used.insert(plan::local_snapshot_name(repo, tag));
+            used.insert(spec.image.clone());
+        }
     }
+    used
+}
 
-    /// One reclaimer pass; returns how many snapshots it removed.
-    pub async fn reclaim_snapshots(&self) -> usize {
-        let listed = match self.ports.runtime.snapshot_list(None).await {
-            Ok(l) => l,
-            Err(error) => {
-                tracing::warn!(%error, "snapshot reclaimer: cocoon snapshot list failed; next pass");
-                return 0;
+/// One reclaimer pass; returns how many snapshots it removed.
+pub(super) async fn reclaim_snapshots(p: &CocoonProvider) -> usize {
+    let listed = match p.ports.runtime.snapshot_list(None).await {
+        Ok(l) => l,
+        Err(error) => {
+            tracing::warn!(%error, "snapshot reclaimer: cocoon snapshot list failed; next pass");
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for snap in listed {
+        let name = snap.name.as_str();
+        let reason = match first_rule(name, &snapshots_in_use(p), p.ports.registry.is_some()) {
+            Rule::NotOurs | Rule::InUse | Rule::Unverifiable => continue,
+            Rule::StaleImport => "stale_import",
+            Rule::Verify => {
+                let registry = p.ports.registry.as_ref().expect("Verify only with a registry");
+                let lookup = registry
+                    .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
+                    .await
+                    .map(|m| m.map(|m| m.snapshot_id));
+                match verdict(&snap.id, &lookup) {
+                    Verdict::Current => continue,
+                    Verdict::NoHibernateTag => "no_hibernate_tag",
+                    Verdict::StaleId => "stale_id",
+                    Verdict::RegistryError(error) => {
+                        tracing::warn!(snapshot = name, %error, "snapshot reclaimer: cannot verify against the registry; keeping it");
+                        continue;
+                    }
+                }
             }
         };
-        let mut removed = 0;
-        for snap in listed {
-            let name = snap.name.as_str();
-            let reason = match first_rule(name, &self.snapshots_in_use(), self.ports.registry.is_some()) {
-                Rule::NotOurs | Rule::InUse | Rule::Unverifiable => continue,
-                Rule::StaleImport => "stale_import",
-                Rule::Verify => {
-                    let registry = self.ports.registry.as_ref().expect("Verify only with a registry");
-                    let lookup = registry
-                        .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
-                        .await
-                        .map(|m| m.map(|m| m.snapshot_id));
-                    match verdict(&snap.id, &lookup) {
-                        Verdict::Current => continue,
-                        Verdict::NoHibernateTag => "no_hibernate_tag",
-                        Verdict::StaleId => "stale_id",
-                        Verdict::RegistryError(error) => {
-                            tracing::warn!(snapshot = name, %error, "snapshot reclaimer: cannot verify against the registry; keeping it");
-                            continue;
-                        }
-                    }
-                }
-            };
-            // A pod may have arrived while the registry answered.
-            if first_rule(name, &self.snapshots_in_use(), true) == Rule::InUse {
-                continue;
-            }
-            if self.reclaim_one(name, reason).await {
-                removed += 1;
-            }
+        // A pod may have arrived while the registry answered.
+        if first_rule(name, &snapshots_in_use(p), true) == Rule::InUse {
+            continue;
         }
-        removed
+        if reclaim_one(p, name, reason).await {
+            removed += 1;
+        }
     }
+    removed
+}
 
-    async fn reclaim_one(&self, name: &str, reason: &str) -> bool {
-        match self.ports.runtime.snapshot_remove_if_exists(name).await {
-            Ok(()) => {
-                self.metrics.snapshot_reclaimed.with_label_values(&[reason]).inc();
-                tracing::info!(snapshot = name, reason, "snapshot reclaimer removed a local snapshot");
-                if reason != "stale_import" {
-                    let fork = plan::fork_snapshot_name(name);
-                    if let Err(error) = self.ports.runtime.snapshot_remove_if_exists(&fork).await {
-                        tracing::warn!(snapshot = %fork, %error, "snapshot reclaimer: removing the fork snapshot failed");
-                    }
+async fn reclaim_one(p: &CocoonProvider, name: &str, reason: &str) -> bool {
+    match p.ports.runtime.snapshot_remove_if_exists(name).await {
+        Ok(()) => {
+            p.metrics.snapshot_reclaimed.with_label_values(&[reason]).inc();
+            tracing::info!(snapshot = name, reason, "snapshot reclaimer removed a local snapshot");
+            if reason != "stale_import" {
+                let fork = plan::fork_snapshot_name(name);
+                if let Err(error) = p.ports.runtime.snapshot_remove_if_exists(&fork).await {
+                    tracing::warn!(snapshot = %fork, %error, "snapshot reclaimer: removing the fork snapshot failed");
                 }
-                true
             }
-            Err(error) => {
-                tracing::warn!(snapshot = name, %error, "snapshot reclaimer: removal failed (in use?); next pass");
-                false
-            }
+            true
+        }
+        Err(error) => {
+            tracing::warn!(snapshot = name, %error, "snapshot reclaimer: removal failed (in use?); next pass");
+            false
         }
     }
 }

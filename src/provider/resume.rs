@@ -15,130 +15,127 @@ use super::reconcile::{OwedOp, owed_for};
 use crate::kubelet::Next;
 use crate::model::{VmSpec, vm_spec};
 use crate::policy::contract::bring_up::HibernateEvidence;
+use crate::retry::Schedule;
 
-impl CocoonProvider {
-    /// Dispatches what the restart owes `pod` (already tracked by the reconcile).
-    pub(super) async fn dispatch_owed(&self, pod: &Pod, key: &str) {
-        let uid = super::table::uid_of(pod);
-        let Some(tracked) = self.state.tracked_as(key, &uid) else {
-            return;
-        };
-        let spec = vm_spec::of_pod(pod);
-        if !spec.managed {
-            return;
+/// Dispatches what the restart owes `pod` (already tracked by the reconcile).
+pub(super) async fn dispatch_owed(p: &CocoonProvider, pod: &Pod, key: &str) {
+    let uid = super::table::uid_of(pod);
+    let Some(tracked) = p.state.tracked_as(key, &uid) else {
+        return;
+    };
+    let spec = vm_spec::of_pod(pod);
+    if !spec.managed {
+        return;
+    }
+    let op = owed_for(pod, tracked.vm.is_some());
+    if op == OwedOp::None {
+        return;
+    }
+    p.metrics.startup_resume.with_label_values(&[op.label()]).inc();
+    p.ports
+        .events
+        .record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
+    tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
+    match (op, tracked.vm) {
+        (OwedOp::PostClone, Some(vm)) => {
+            super::guest::finish_boot(p, pod, key, &vm, Finish::resumed_fixup(), false).await
         }
-        let op = owed_for(pod, tracked.vm.is_some());
-        if op == OwedOp::None {
-            return;
+        (OwedOp::ReadyWait, Some(vm)) => {
+            super::guest::finish_boot(p, pod, key, &vm, Finish::resumed_lease_wait(&spec), false).await
         }
-        self.metrics.startup_resume.with_label_values(&[op.label()]).inc();
-        self.ports
-            .events
-            .record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
-        tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
-        match (op, tracked.vm) {
-            (OwedOp::PostClone, Some(vm)) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
-            (OwedOp::ReadyWait, Some(vm)) => {
-                self.finish_boot(pod, key, &vm, Finish::resumed_lease_wait(&spec), false)
-                    .await
+        (OwedOp::Hibernate | OwedOp::FinishHibernate | OwedOp::ClassifyDropNic, _) => {
+            if !p.state.claim_resume(key) {
+                return;
             }
-            (OwedOp::Hibernate | OwedOp::FinishHibernate | OwedOp::ClassifyDropNic, _) => {
-                if !self.state.claim_resume(key) {
-                    return;
-                }
-                let (p, pod, key) = (self.arc(), pod.clone(), key.to_string());
-                self.spawn(async move {
-                    match op {
-                        OwedOp::Hibernate => {
-                            if let Next::Requeue(after) = p.hibernate_or_owe(&pod, &key).await {
-                                p.requeue(&key, after);
-                            }
+            let (owner, pod, key) = (p.arc(), pod.clone(), key.to_string());
+            p.spawn(async move {
+                let p = &*owner;
+                match op {
+                    OwedOp::Hibernate => {
+                        if let Next::Requeue(after) = p.hibernate_or_owe(&pod, &key).await {
+                            p.requeue(&key, after);
                         }
-                        OwedOp::FinishHibernate => p.finish_interrupted_hibernate(&pod, &key, &spec.vm_name).await,
-                        _ => p.classify_drop_nic(&pod, &key, &spec).await,
                     }
-                    p.state.release_resume(&key);
-                    p.notify(&key);
-                });
-            }
-            _ => {}
-        }
-    }
-
-    /// Retries `step` with the recheck backoff (1 s doubling to 30 s) within the classify
-    /// budget; `None` when the budget ran out.
-    async fn with_evidence_retries<T>(
-        &self,
-        vm: &str,
-        mut step: impl FnMut(HibernateEvidence) -> Option<T>,
-    ) -> Option<T> {
-        let t = &self.cfg.timings;
-        let started = Instant::now();
-        let mut delay = t.recheck_initial;
-        loop {
-            if let Some(done) = step(hibernate_evidence(self, vm).await) {
-                return Some(done);
-            }
-            if started.elapsed() >= t.classify_budget {
-                return None;
-            }
-            tokio::select! {
-                _ = self.closing.cancelled() => return None,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(t.recheck_max);
-        }
-    }
-
-    /// The VM was removed but `hibernated` was never reported: confirm the snapshot.
-    async fn finish_interrupted_hibernate(&self, pod: &Pod, key: &str, vm: &str) {
-        let settled = self
-            .with_evidence_retries(vm, |e| match e {
-                HibernateEvidence::Unavailable(error) => {
-                    tracing::warn!(pod = %key, %vm, %error, "checking the hibernate snapshot of an interrupted hibernate; retrying");
-                    None
+                    OwedOp::FinishHibernate => finish_interrupted_hibernate(p, &pod, &key, &spec.vm_name).await,
+                    _ => classify_drop_nic(p, &pod, &key, &spec).await,
                 }
-                _ => Some(()),
-            })
-            .await;
-        if settled.is_some() {
-            self.settle_vanished(pod, key, vm).await;
-        } else {
-            self.fail_op(
-                pod,
-                key,
-                "ResumeHibernateFailed",
-                "reconcile",
-                &format!("the hibernate snapshot of vm {vm} could not be checked within the budget"),
-            )
-            .await;
+                p.state.release_resume(&key);
+                p.notify(&key);
+            });
+        }
+        _ => {}
+    }
+}
+
+/// Retries `step` with the recheck backoff (1 s doubling to 30 s) within the classify
+/// budget; `None` when the budget ran out.
+async fn with_evidence_retries<T>(
+    p: &CocoonProvider,
+    vm: &str,
+    mut step: impl FnMut(HibernateEvidence) -> Option<T>,
+) -> Option<T> {
+    let t = &p.cfg.timings;
+    let started = Instant::now();
+    let mut delays = Schedule::backoff(t.recheck_initial, t.recheck_max).exact().delays();
+    loop {
+        if let Some(done) = step(hibernate_evidence(p, vm).await) {
+            return Some(done);
+        }
+        if started.elapsed() >= t.classify_budget {
+            return None;
+        }
+        if !delays.wait_or_cancel(&p.closing).await {
+            return None;
         }
     }
+}
 
-    /// A CH Windows clone without a fixup marker: restored (its snapshot exists) or fresh?
-    async fn classify_drop_nic(&self, pod: &Pod, key: &str, spec: &VmSpec) {
-        let uid = super::table::uid_of(pod);
-        let Some(vm) = self.state.tracked_as(key, &uid).and_then(|t| t.vm) else {
-            return;
-        };
-        let restored = self
-            .with_evidence_retries(&spec.vm_name, |e| match e {
-                HibernateEvidence::Found(_) => Some(true),
-                HibernateEvidence::None | HibernateEvidence::NotChecked => Some(false),
-                HibernateEvidence::Unavailable(_) => None,
-            })
-            .await;
-        match restored {
-            Some(true) => self.finish_boot(pod, key, &vm, Finish::LeaseWait, false).await,
-            Some(false) => self.finish_boot(pod, key, &vm, Finish::resumed_fixup(), false).await,
-            None => {
-                let message = format!(
-                    "could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable",
-                    spec.vm_name
-                );
-                self.fail_op(pod, key, "ResumeClassifyFailed", "reconcile", &message)
-                    .await;
+/// The VM was removed but `hibernated` was never reported: confirm the snapshot.
+async fn finish_interrupted_hibernate(p: &CocoonProvider, pod: &Pod, key: &str, vm: &str) {
+    let settled = with_evidence_retries(p, vm, |e| match e {
+            HibernateEvidence::Unavailable(error) => {
+                tracing::warn!(pod = %key, %vm, %error, "checking the hibernate snapshot of an interrupted hibernate; retrying");
+                None
             }
+            _ => Some(()),
+        })
+        .await;
+    if settled.is_some() {
+        p.settle_vanished(pod, key, vm).await;
+    } else {
+        super::publish::fail_op(
+            p,
+            pod,
+            key,
+            "ResumeHibernateFailed",
+            "reconcile",
+            &format!("the hibernate snapshot of vm {vm} could not be checked within the budget"),
+        )
+        .await;
+    }
+}
+
+/// A CH Windows clone without a fixup marker: restored (its snapshot exists) or fresh?
+async fn classify_drop_nic(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec) {
+    let uid = super::table::uid_of(pod);
+    let Some(vm) = p.state.tracked_as(key, &uid).and_then(|t| t.vm) else {
+        return;
+    };
+    let restored = with_evidence_retries(p, &spec.vm_name, |e| match e {
+        HibernateEvidence::Found(_) => Some(true),
+        HibernateEvidence::None | HibernateEvidence::NotChecked => Some(false),
+        HibernateEvidence::Unavailable(_) => None,
+    })
+    .await;
+    match restored {
+        Some(true) => super::guest::finish_boot(p, pod, key, &vm, Finish::LeaseWait, false).await,
+        Some(false) => super::guest::finish_boot(p, pod, key, &vm, Finish::resumed_fixup(), false).await,
+        None => {
+            let message = format!(
+                "could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable",
+                spec.vm_name
+            );
+            super::publish::fail_op(p, pod, key, "ResumeClassifyFailed", "reconcile", &message).await;
         }
     }
 }

@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::policy::contract::guest_fixup::ConsoleAddress;
+use crate::retry::Schedule;
 
 const PROMPT: &str = "SAC>";
 
@@ -141,31 +142,28 @@ struct Console {
 impl Console {
     /// Connects and presses Enter until the prompt answers, within the dial budget.
     async fn open(path: &Path, t: &SacTimings) -> Result<Self, SacError> {
-        let deadline = tokio::time::Instant::now() + t.dial_budget;
-        let mut last;
-        loop {
-            match UnixStream::connect(path).await {
-                Ok(stream) => {
+        // A next try every `interval` while it still starts within the dial budget.
+        Schedule::every(t.interval)
+            .within(t.dial_budget)
+            .retry(
+                || async move {
+                    let stream = UnixStream::connect(path).await.map_err(|e| e.to_string())?;
                     let mut console = Console {
                         stream,
                         reply_timeout: t.reply_timeout,
                     };
-                    match console.command("").await {
-                        Ok(_) => return Ok(console),
-                        Err(e) => last = e.to_string(),
-                    }
-                }
-                Err(e) => last = e.to_string(),
-            }
-            if tokio::time::Instant::now() + t.interval >= deadline {
-                return Err(SacError::Dial {
-                    path: path.display().to_string(),
-                    budget: t.dial_budget,
-                    detail: last,
-                });
-            }
-            tokio::time::sleep(t.interval).await;
-        }
+                    console.command("").await.map_err(|e| e.to_string())?;
+                    Ok(console)
+                },
+                |_| true,
+                |_, _| {},
+            )
+            .await
+            .map_err(|last| SacError::Dial {
+                path: path.display().to_string(),
+                budget: t.dial_budget,
+                detail: last,
+            })
     }
 
     /// Types `line` and Enter; the answer up to the next prompt.
@@ -209,14 +207,17 @@ pub async fn set_addresses(
 ) -> Result<(), SacError> {
     let mut console = Console::open(path, t).await?;
     let mut listed = Vec::new();
-    for _ in 0..t.enum_tries {
+    let mut tries = Schedule::every(t.interval).tries(t.enum_tries as usize).delays();
+    loop {
         if let Ok(listing) = console.command("i").await {
             listed = nets(&listing);
             if listed.len() >= nics {
                 break;
             }
         }
-        tokio::time::sleep(t.interval).await;
+        if !tries.wait().await {
+            break;
+        }
     }
     if listed.len() < nics {
         return Err(SacError::Enum {
@@ -241,12 +242,15 @@ pub async fn set_addresses(
     }
     for (net, ip) in set {
         let mut shown = false;
-        for _ in 0..t.verify_tries {
+        let mut tries = Schedule::every(t.interval).tries(t.verify_tries as usize).delays();
+        loop {
             if console.command("i").await.is_ok_and(|l| has_ip(&l, net, &ip)) {
                 shown = true;
                 break;
             }
-            tokio::time::sleep(t.interval).await;
+            if !tries.wait().await {
+                break;
+            }
         }
         if !shown {
             return Err(SacError::Verify {

@@ -26,67 +26,65 @@ fn start_time(pod: &Pod) -> Option<SystemTime> {
     Some(SystemTime::from(t.0))
 }
 
-impl CocoonProvider {
-    /// Another pod's VM that pod `key`'s VM record reaches now, by cocoon's ref resolution of its
-    /// id or by its guest address. Only an unmanaged pod's record can (its id and address are
-    /// the operator's words, and a VM of that name or address may have come up since the pod
-    /// adopted them); a managed pod's record is what cocoon reported for its own VM.
-    fn reaches_foreign_vm(&self, key: &str, pod: &Pod, vm: &VmRecord, ip: &str) -> Option<String> {
-        if crate::model::vm_spec::of_pod(pod).managed {
-            return None;
-        }
-        if let Some(name) = self.state.foreign_vm_of_ref(&vm.id, key) {
-            return Some(name);
-        }
-        let mut hit = None;
-        self.state.for_each_foreign_vm(key, |name, other| {
-            if hit.is_none() && !ip.is_empty() && self.resolve_ip(other) == ip {
-                hit = Some(name.to_string());
-            }
-        });
-        hit
+/// Another pod's VM that pod `key`'s VM record reaches now, by cocoon's ref resolution of its
+/// id or by its guest address. Only an unmanaged pod's record can (its id and address are
+/// the operator's words, and a VM of that name or address may have come up since the pod
+/// adopted them); a managed pod's record is what cocoon reported for its own VM.
+fn reaches_foreign_vm(p: &CocoonProvider, key: &str, pod: &Pod, vm: &VmRecord, ip: &str) -> Option<String> {
+    if crate::model::vm_spec::of_pod(pod).managed {
+        return None;
     }
-
-    /// Where the node may connect to pod `key`'s guest (probes, port-forward): its resolved
-    /// address, when the guest networks admit it and — for an unmanaged pod — no other pod's VM
-    /// has it.
-    pub(super) fn guest_address(&self, key: &str, pod: &Pod, vm: &VmRecord) -> GuestAddress {
-        let ip = self.resolve_ip(vm);
-        if ip.is_empty() {
-            return GuestAddress::Pending("its guest's dhcp lease may still be pending".into());
-        }
-        let Ok(addr) = ip.parse::<IpAddr>() else {
-            return GuestAddress::Refused(format!("vm ip {ip:?} is not an IP address"));
-        };
-        let managed = crate::model::vm_spec::of_pod(pod).managed;
-        if let Err(why) = self.cfg.guest_networks.admit(addr, managed) {
-            return GuestAddress::Refused(why.to_string());
-        }
-        if let Some(other) = self.reaches_foreign_vm(key, pod, vm, &ip) {
-            return GuestAddress::Refused(format!("its address {ip} is vm {other}'s, which another pod holds"));
-        }
-        GuestAddress::Ip(addr)
+    if let Some(name) = p.state.foreign_vm_of_ref(&vm.id, key) {
+        return Some(name);
     }
+    let mut hit = None;
+    p.state.for_each_foreign_vm(key, |name, other| {
+        if hit.is_none() && !ip.is_empty() && p.resolve_ip(other) == ip {
+            hit = Some(name.to_string());
+        }
+    });
+    hit
+}
 
-    /// Pod `key`'s VM when it reaches no other pod's: the kubelet API and the stats serve it.
-    /// A record that reaches another pod's VM is served as none, with a Warning Event.
-    fn own_vm(&self, key: &str, pod: &Pod, vm: VmRecord, why: &str) -> Option<VmRecord> {
-        let ip = self.resolve_ip(&vm);
-        match self.reaches_foreign_vm(key, pod, &vm, &ip) {
-            None => Some(vm),
-            Some(other) => {
-                tracing::warn!(pod = %key, vm = %vm.id, %other, %why, "refused: the pod's VM record reaches another pod's vm");
-                self.ports.events.record(
-                    pod,
-                    true,
-                    super::ownership::VM_OWNED_BY_ANOTHER_POD,
-                    format!(
-                        "{why}: the pre-assigned vm.cocoonstack.io/id {:?} / ip {ip:?} reach vm {other}, which another pod holds; refused",
-                        vm.id
-                    ),
-                );
-                None
-            }
+/// Where the node may connect to pod `key`'s guest (probes, port-forward): its resolved
+/// address, when the guest networks admit it and — for an unmanaged pod — no other pod's VM
+/// has it.
+pub(super) fn guest_address(p: &CocoonProvider, key: &str, pod: &Pod, vm: &VmRecord) -> GuestAddress {
+    let ip = p.resolve_ip(vm);
+    if ip.is_empty() {
+        return GuestAddress::Pending("its guest's dhcp lease may still be pending".into());
+    }
+    let Ok(addr) = ip.parse::<IpAddr>() else {
+        return GuestAddress::Refused(format!("vm ip {ip:?} is not an IP address"));
+    };
+    let managed = crate::model::vm_spec::of_pod(pod).managed;
+    if let Err(why) = p.cfg.guest_networks.admit(addr, managed) {
+        return GuestAddress::Refused(why.to_string());
+    }
+    if let Some(other) = reaches_foreign_vm(p, key, pod, vm, &ip) {
+        return GuestAddress::Refused(format!("its address {ip} is vm {other}'s, which another pod holds"));
+    }
+    GuestAddress::Ip(addr)
+}
+
+/// Pod `key`'s VM when it reaches no other pod's: the kubelet API and the stats serve it.
+/// A record that reaches another pod's VM is served as none, with a Warning Event.
+fn own_vm(p: &CocoonProvider, key: &str, pod: &Pod, vm: VmRecord, why: &str) -> Option<VmRecord> {
+    let ip = p.resolve_ip(&vm);
+    match reaches_foreign_vm(p, key, pod, &vm, &ip) {
+        None => Some(vm),
+        Some(other) => {
+            tracing::warn!(pod = %key, vm = %vm.id, %other, %why, "refused: the pod's VM record reaches another pod's vm");
+            p.ports.events.record(
+                pod,
+                true,
+                super::ownership::VM_OWNED_BY_ANOTHER_POD,
+                format!(
+                    "{why}: the pre-assigned vm.cocoonstack.io/id {:?} / ip {ip:?} reach vm {other}, which another pod holds; refused",
+                    vm.id
+                ),
+            );
+            None
         }
     }
 }
@@ -103,9 +101,9 @@ impl PodSource for CocoonProvider {
         let key = format!("{namespace}/{name}");
         let t = self.state.tracked(&key)?;
         let vm =
-            t.vm.and_then(|vm| self.own_vm(&key, &t.pod, vm, "kubelet API"))
+            t.vm.and_then(|vm| own_vm(self, &key, &t.pod, vm, "kubelet API"))
                 .map(|vm| PodVm {
-                    address: self.guest_address(&key, &t.pod, &vm),
+                    address: guest_address(self, &key, &t.pod, &vm),
                     id: vm.id,
                     hypervisor: vm.hypervisor,
                     pid: vm.pid,
@@ -148,7 +146,7 @@ impl VmTargets for CocoonProvider {
         });
         let foreign: Vec<usize> = unmanaged
             .into_iter()
-            .filter(|(_, key, pod, vm)| self.reaches_foreign_vm(key, pod, vm, &self.resolve_ip(vm)).is_some())
+            .filter(|(_, key, pod, vm)| reaches_foreign_vm(self, key, pod, vm, &self.resolve_ip(vm)).is_some())
             .map(|(i, ..)| i)
             .collect();
         for i in foreign.into_iter().rev() {

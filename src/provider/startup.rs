@@ -10,6 +10,7 @@ use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
+use super::guest_os;
 use super::lifecycle::Intent;
 use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
 use super::table::NameClaim;
@@ -17,6 +18,7 @@ use crate::kubelet::ProviderError;
 use crate::model::{RuntimeAnnotations, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::PodPhase;
+use crate::retry::Schedule;
 use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 
 const FAN_OUT: usize = 8;
@@ -67,7 +69,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     // asked about each of them instead.
     let (macos_pods, cocoon_pods): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = pods
         .iter()
-        .partition(|pod| super::macos::is_macos(&vm_spec::of_pod(pod)));
+        .partition(|pod| !guest_os::for_spec(&vm_spec::of_pod(pod)).listed_by_cocoon());
     super::macos::adopt_at_startup(p, &macos_pods).await;
     let cocoon_pods: Vec<Arc<Pod>> = cocoon_pods.into_iter().cloned().collect();
     let pods = cocoon_pods.as_slice();
@@ -129,7 +131,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
                 p.state.set_vm(&pkey, &uid, vm.clone());
                 p.metrics.reconcile_adopt_by_name.inc();
                 let ip = p.resolve_ip(&vm);
-                p.write_runtime(pod, &pkey, &vm.id, &ip).await;
+                super::publish::write_runtime(p, pod, &pkey, &vm.id, &ip).await;
                 tracing::info!(pod = %pkey, vm = %vm.id, "adopted by vm name; runtime annotation repaired");
                 owed.push((pod.clone(), pkey));
             }
@@ -138,7 +140,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
                 p.state.mark_hibernated(&pkey, &uid);
                 seed(p);
                 if clear_stale_id {
-                    p.clear_runtime(pod, &pkey).await;
+                    super::publish::clear_runtime(p, pod, &pkey).await;
                 }
                 owed.push((pod.clone(), pkey));
             }
@@ -179,7 +181,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
             .await;
     });
     for (pod, pkey) in owed {
-        p.dispatch_owed(&pod, &pkey).await;
+        super::resume::dispatch_owed(p, &pod, &pkey).await;
     }
     p.notify("");
     p.reconciled.send_replace(true);
@@ -281,13 +283,13 @@ fn watch_stale_create(provider: &CocoonProvider, vm: VmRecord) {
     provider.spawn(async move {
         let runtime: Arc<dyn CocoonRuntime> = p.ports.runtime.clone();
         let deadline = tokio::time::Instant::now() + p.cfg.timings.stale_watch_budget;
-        let mut delay = Duration::from_secs(1);
+        let mut delays = Schedule::backoff(Duration::from_secs(1), Duration::from_secs(30))
+            .exact()
+            .delays();
         while tokio::time::Instant::now() < deadline {
-            tokio::select! {
-                _ = p.closing.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+            if !delays.wait_or_cancel(&p.closing).await {
+                return;
             }
-            delay = (delay * 2).min(Duration::from_secs(30));
             if let Some((pod, _)) = p.state.pod_of_vm(&vm.id, vm.name()) {
                 tracing::info!(vm = %vm.id, %pod, "stale create adopted by its pod; no longer watched");
                 return;

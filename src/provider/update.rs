@@ -11,6 +11,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
+use super::guest_os;
 use super::lifecycle;
 use crate::kubelet::{Next, ProviderError};
 use crate::model::{pod_facts, vm_spec};
@@ -77,8 +78,8 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         p.metrics.lifecycle("update", "skipped", "noop");
         return Ok(Next::Done);
     }
-    if super::macos::is_macos(&spec) {
-        return super::macos::update(p, pod, &key, &spec).await;
+    if let Some(own) = guest_os::for_spec(&spec).update(p, pod, &key, &spec).await {
+        return own;
     }
     let step = transition(
         vm_spec::of_pod(&tracked.pod).hibernate,
@@ -107,7 +108,7 @@ async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transiti
     match step {
         // Every hibernate failure is the host's or the runtime's: it may clear by itself.
         Transition::Hibernate => p.hibernate(pod, key).await.then_some(()).ok_or(RefusalKind::RetryLater),
-        Transition::Wake => p.wake(pod, key).await,
+        Transition::Wake => super::wake::wake(p, pod, key).await,
         Transition::BringUp | Transition::Noop => Ok(()),
     }
 }
@@ -121,7 +122,7 @@ async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) 
         .intent(key)
         .filter(|i| i.uid == uid && i.generation < generation)
     {
-        p.set_lifecycle(pod, key, intent.state, &intent.message).await;
+        super::publish::set_lifecycle(p, pod, key, intent.state, &intent.message).await;
     }
 }
 

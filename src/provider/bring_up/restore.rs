@@ -126,7 +126,7 @@ async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSource, Failure
         }
     }
     let import = plan::hibernate_import_name(vm);
-    p.pull_snapshot(registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import)
+    crate::provider::transfer::pull_snapshot(p, registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import)
         .await
         .map_err(|e| Failure::transfer("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}"), &e))?;
     let record = p

@@ -76,7 +76,7 @@ impl CocoonProvider {
         let Some(vm) = tracked.vm else { return true };
         // No fixup or lease wait races the save.
         self.state.stop_guest_work(pkey);
-        self.set_lifecycle(pod, pkey, LifecycleState::Hibernating, "").await;
+        crate::provider::publish::set_lifecycle(self, pod, pkey, LifecycleState::Hibernating, "").await;
         let mut saga = Saga {
             p: self,
             pod,
@@ -99,13 +99,13 @@ impl CocoonProvider {
         }
 
         if invariants::nic_less_hibernate(&spec) {
-            if let Err(f) = self.drop_nic(&saga.vm).await {
+            if let Err(f) = nic::drop_nic(self, &saga.vm).await {
                 return saga.abort(f, true).await;
             }
             saga.done.push(Undo::GiveNicBack);
         }
 
-        let saved = self.save_snapshot(&saga.name, &saga.vm.id).await;
+        let saved = crate::provider::transfer::save_snapshot(self, &saga.name, &saga.vm.id).await;
         self.metrics.hibernate_step("snapshot", saved.is_ok());
         if let Err(e) = saved {
             let message = format!(
@@ -119,18 +119,18 @@ impl CocoonProvider {
 
         if let Some(registry) = &self.ports.registry {
             let name = saga.name.as_str();
-            let pushed = self
-                .push_snapshot(
-                    registry.as_ref(),
-                    name,
-                    name,
-                    plan::HIBERNATE_SNAPSHOT_TAG,
-                    PushLabels {
-                        base_image: &spec.image,
-                        owner: pkey,
-                    },
-                )
-                .await;
+            let pushed = crate::provider::transfer::push_snapshot(
+                self,
+                registry.as_ref(),
+                name,
+                name,
+                plan::HIBERNATE_SNAPSHOT_TAG,
+                PushLabels {
+                    base_image: &spec.image,
+                    owner: pkey,
+                },
+            )
+            .await;
             self.metrics.hibernate_step("push", pushed.is_ok());
             if let Err(e) = pushed {
                 let message = format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running");
@@ -169,7 +169,7 @@ impl CocoonProvider {
     async fn finish_hibernated(&self, pod: &Pod, pkey: &str, uid: &str) {
         self.state.detach_vm(pkey, uid, true);
         self.probes.forget(pkey, Some(uid));
-        self.set_lifecycle(pod, pkey, LifecycleState::Hibernated, "").await;
+        crate::provider::publish::set_lifecycle(self, pod, pkey, LifecycleState::Hibernated, "").await;
         let how = if self.ports.registry.is_some() {
             "snapshot pushed to registry"
         } else {
@@ -190,7 +190,8 @@ impl CocoonProvider {
                 true
             }
             SavedGuest::Unknown(error) => {
-                self.fail_op(
+                crate::provider::publish::fail_op(
+                    self,
                     pod,
                     pkey,
                     "HibernateEvidenceUnavailable",
@@ -202,7 +203,8 @@ impl CocoonProvider {
             }
             SavedGuest::Absent => {
                 self.state.detach_vm(pkey, &uid, false);
-                self.fail_op(
+                crate::provider::publish::fail_op(
+                    self,
                     pod,
                     pkey,
                     "HibernateVMVanished",
@@ -258,7 +260,7 @@ impl Saga<'_> {
     /// release its leases (`DECISIONS.md` row 2: only after a successful remove, never after an undo).
     async fn remove(mut self) -> bool {
         let (p, pod, pkey) = (self.p, self.pod, self.pkey);
-        let cleared = p.clear_runtime(pod, pkey).await;
+        let cleared = crate::provider::publish::clear_runtime(p, pod, pkey).await;
         self.done.push(Undo::RepublishRuntime);
         if let Err(e) = p.ports.runtime.remove(&self.vm.id).await {
             let inspected = p.ports.runtime.inspect(&self.vm.id).await;
@@ -283,7 +285,7 @@ impl Saga<'_> {
         }
         p.metrics.hibernate_step("remove", true);
         if !cleared {
-            p.clear_runtime(pod, pkey).await;
+            crate::provider::publish::clear_runtime(p, pod, pkey).await;
         }
         p.release_leases(&self.vm).await;
         p.finish_hibernated(pod, pkey, &super::table::uid_of(pod)).await;
@@ -298,7 +300,7 @@ impl Saga<'_> {
             match undo {
                 Undo::RepublishRuntime => {
                     let ip = p.resolve_ip(vm);
-                    p.write_runtime(pod, pkey, &vm.id, &ip).await;
+                    crate::provider::publish::write_runtime(p, pod, pkey, &vm.id, &ip).await;
                 }
                 Undo::WithdrawTag if vm_holds_state => {
                     if let Some(registry) = &p.ports.registry
@@ -308,10 +310,10 @@ impl Saga<'_> {
                     }
                 }
                 Undo::WithdrawTag => {}
-                Undo::GiveNicBack => p.give_nic_back(pod, pkey, vm).await,
+                Undo::GiveNicBack => nic::give_nic_back(p, pod, pkey, vm).await,
             }
         }
-        p.fail_op(pod, pkey, failure.reason, OP, &failure.message).await;
+        crate::provider::publish::fail_op(p, pod, pkey, failure.reason, OP, &failure.message).await;
         false
     }
 }

@@ -36,7 +36,7 @@ use crate::model::annotations as key;
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, vm_spec};
 use crate::policy::contract::bring_up;
 use crate::policy::contract::resource_translation::BootPath;
-use crate::policy::contract::types::{GuestOs, RefusalKind};
+use crate::policy::contract::types::RefusalKind;
 use crate::runtime::VmRecord;
 use crate::runtime::macos::{MacImage, MacRunSpec, MacVm, Vnc};
 
@@ -145,11 +145,6 @@ fn parse_ports(text: &str) -> Result<RangeInclusive<u16>, NotAVncPortRange> {
     Ok(a..=b)
 }
 
-/// Whether a pod takes the macOS path (managed only: an unmanaged one is adopted as any).
-pub fn is_macos(spec: &VmSpec) -> bool {
-    spec.managed && spec.os == GuestOs::Macos
-}
-
 fn needs_operator(reason: &'static str, message: String) -> Failure {
     Failure {
         reason,
@@ -174,13 +169,13 @@ pub(super) async fn create(
                 spec.vm_name
             ),
         );
-        return super::create::fail_create(p, pkey, pod, false, f).await;
+        return super::failed_ops::fail_create(p, pkey, pod, false, f).await;
     }
-    p.set_lifecycle(pod, pkey, LifecycleState::Creating, "").await;
+    crate::provider::publish::set_lifecycle(p, pod, pkey, LifecycleState::Creating, "").await;
     let started = std::time::Instant::now();
     let (vm, adopted) = match bring_up(p, pod, spec, facts).await {
         Ok(up) => up,
-        Err(f) => return super::create::fail_create(p, pkey, pod, false, f).await,
+        Err(f) => return super::failed_ops::fail_create(p, pkey, pod, false, f).await,
     };
     if !adopted {
         p.metrics
@@ -195,7 +190,7 @@ pub(super) async fn create(
     }
     register(p, pod, pkey, &vm).await;
     tracing::info!(pod = %pkey, vm = %spec.vm_name, id = %vm.id, adopted, vnc_port = ?p.vnc.port_of(&spec.vm_name), "macOS vm up");
-    p.finish_boot(pod, pkey, &vm, Finish::ReadyNow, false).await;
+    crate::provider::guest::finish_boot(p, pod, pkey, &vm, Finish::ReadyNow, false).await;
     p.metrics
         .lifecycle("create", "ok", if adopted { "adopted" } else { "" });
     Ok(Next::Done)
@@ -210,7 +205,7 @@ pub(super) async fn adopt_tracked(
 ) -> Result<Next, ProviderError> {
     p.state.refresh(pkey, pod);
     register(p, pod, pkey, &vm).await;
-    p.finish_boot(pod, pkey, &vm, Finish::ReadyNow, false).await;
+    crate::provider::guest::finish_boot(p, pod, pkey, &vm, Finish::ReadyNow, false).await;
     p.metrics.lifecycle("create", "ok", "adopted");
     Ok(Next::Done)
 }
@@ -451,45 +446,44 @@ async fn register(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord) {
         }
         _ => {}
     }
-    p.write_annotations(pod, pkey, &changes).await;
+    crate::provider::publish::write_annotations(p, pod, pkey, &changes).await;
 }
 
-impl CocoonProvider {
-    /// A macOS guest whose record shows no MAC yet: inspect it again, at most every
-    /// `timings.mac_reinspect` per pod (`last` is the pod's probe's own clock), on a task of its
-    /// own since the probe's target is synchronous. A MAC that appears is attached to the
-    /// tracked VM, so the next probe looks up the guest's lease by it.
-    pub(in crate::provider) fn reinspect_for_mac(
-        &self,
-        key: &str,
-        uid: &str,
-        name: &str,
-        last: &Mutex<Option<Instant>>,
-    ) {
-        let now = Instant::now();
-        {
-            let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-            if last.is_some_and(|at| now.duration_since(at) < self.cfg.timings.mac_reinspect) {
-                return;
-            }
-            *last = Some(now);
+/// A macOS guest whose record shows no MAC yet: inspect it again, at most every
+/// `timings.mac_reinspect` per pod (`last` is the pod's probe's own clock), on a task of its
+/// own since the probe's target is synchronous. A MAC that appears is attached to the
+/// tracked VM, so the next probe looks up the guest's lease by it.
+pub(in crate::provider) fn reinspect_for_mac(
+    p: &CocoonProvider,
+    key: &str,
+    uid: &str,
+    name: &str,
+    last: &Mutex<Option<Instant>>,
+) {
+    let now = Instant::now();
+    {
+        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| now.duration_since(at) < p.cfg.timings.mac_reinspect) {
+            return;
         }
-        let Some(p) = self.me.upgrade() else { return };
-        let (key, uid, name) = (key.to_string(), uid.to_string(), name.to_string());
-        self.spawn(async move {
-            match p.ports.macos.inspect(&name).await {
-                Ok(vm) if !vm.mac.is_empty() => {
-                    if p.state.refresh_vm(&key, &uid, plan::record(&name, &vm)) {
-                        tracing::info!(pod = %key, vm = %name, mac = %vm.mac, "macOS guest's MAC known; its lease decides the address");
-                    }
-                }
-                Ok(_) => tracing::debug!(pod = %key, vm = %name, "macOS guest shows no MAC yet; inspected again later"),
-                Err(e) => {
-                    tracing::warn!(pod = %key, vm = %name, error = %e, "inspecting a macOS guest for its MAC failed; tried again later")
+        *last = Some(now);
+    }
+    let Some(owner) = p.me.upgrade() else { return };
+    let (key, uid, name) = (key.to_string(), uid.to_string(), name.to_string());
+    p.spawn(async move {
+        let p = owner;
+        match p.ports.macos.inspect(&name).await {
+            Ok(vm) if !vm.mac.is_empty() => {
+                if p.state.refresh_vm(&key, &uid, plan::record(&name, &vm)) {
+                    tracing::info!(pod = %key, vm = %name, mac = %vm.mac, "macOS guest's MAC known; its lease decides the address");
                 }
             }
-        });
-    }
+            Ok(_) => tracing::debug!(pod = %key, vm = %name, "macOS guest shows no MAC yet; inspected again later"),
+            Err(e) => {
+                tracing::warn!(pod = %key, vm = %name, error = %e, "inspecting a macOS guest for its MAC failed; tried again later")
+            }
+        }
+    });
 }
 
 /// DeletePod of a managed macOS pod: `vm rm` (absent is done), then the leases and the port.
@@ -513,7 +507,7 @@ pub(super) async fn delete(
         None => p.ports.macos.inspect(&name).await.ok().map(|m| plan::record(&name, &m)),
     };
     if let Err(e) = p.ports.macos.remove(&name).await {
-        return Err(super::delete::kept(
+        return Err(super::failed_ops::kept(
             p,
             pod,
             pkey,
@@ -544,7 +538,7 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod, pkey: &str, spec: &VmS
         "macOS guest {} does not support hibernate (cocoon-macos keeps offline disk snapshots only); the guest keeps running, but its lifecycle is failed and the pod Not Ready until it is recreated: clear vm.cocoonstack.io/hibernate",
         spec.vm_name
     );
-    p.fail_op(pod, pkey, "HibernateUnsupported", "update", &message).await;
+    crate::provider::publish::fail_op(p, pod, pkey, "HibernateUnsupported", "update", &message).await;
     p.notify(pkey);
     Err(ProviderError::NeedsOperator {
         reason: "HibernateUnsupported".into(),

@@ -314,68 +314,66 @@ impl<R: AsyncRead + Unpin> AsyncRead for ErrorTap<R> {
     }
 }
 
-impl CocoonProvider {
-    /// `cocoon snapshot save --name <name> <vm_id>`.
-    pub(super) async fn save_snapshot(&self, name: &str, vm_id: &str) -> crate::runtime::Result<()> {
-        let started = Instant::now();
-        let saved = self.ports.runtime.snapshot_save(name, vm_id).await;
-        ProviderMetrics::count(&self.metrics.snapshot_save, saved.is_ok());
-        self.metrics
-            .snapshot_save_duration
-            .observe(started.elapsed().as_secs_f64());
-        saved
-    }
+/// `cocoon snapshot save --name <name> <vm_id>`.
+pub(super) async fn save_snapshot(p: &CocoonProvider, name: &str, vm_id: &str) -> crate::runtime::Result<()> {
+    let started = Instant::now();
+    let saved = p.ports.runtime.snapshot_save(name, vm_id).await;
+    ProviderMetrics::count(&p.metrics.snapshot_save, saved.is_ok());
+    p.metrics
+        .snapshot_save_duration
+        .observe(started.elapsed().as_secs_f64());
+    saved
+}
 
-    /// Streams the local snapshot `local` into `repo:tag`, recording the `labels`.
-    pub(super) async fn push_snapshot(
-        &self,
-        registry: &dyn SnapshotRegistry,
-        local: &str,
-        repo: &str,
-        tag: &str,
-        labels: PushLabels<'_>,
-    ) -> Result<PushReport, TransferError> {
-        let started = Instant::now();
-        let pushed = self
-            .transfers
-            .push(self.ports.runtime.as_ref(), registry, local, repo, tag, labels)
-            .await;
-        ProviderMetrics::count(&self.metrics.snapshot_push, pushed.is_ok());
-        self.metrics
-            .snapshot_push_duration
-            .observe(started.elapsed().as_secs_f64());
-        pushed
-    }
+/// Streams the local snapshot `local` into `repo:tag`, recording the `labels`.
+pub(super) async fn push_snapshot(
+    p: &CocoonProvider,
+    registry: &dyn SnapshotRegistry,
+    local: &str,
+    repo: &str,
+    tag: &str,
+    labels: PushLabels<'_>,
+) -> Result<PushReport, TransferError> {
+    let started = Instant::now();
+    let pushed = p
+        .transfers
+        .push(p.ports.runtime.as_ref(), registry, local, repo, tag, labels)
+        .await;
+    ProviderMetrics::count(&p.metrics.snapshot_push, pushed.is_ok());
+    p.metrics
+        .snapshot_push_duration
+        .observe(started.elapsed().as_secs_f64());
+    pushed
+}
 
-    /// Imports `repo:tag` into the local store as `local`.
-    pub(super) async fn pull_snapshot(
-        &self,
-        registry: &dyn SnapshotRegistry,
-        repo: &str,
-        tag: &str,
-        local: &str,
-    ) -> Result<PullReport, TransferError> {
-        let started = Instant::now();
-        let pulled = self
-            .transfers
-            .pull(self.ports.runtime.as_ref(), registry, repo, tag, local)
-            .await;
-        ProviderMetrics::count(&self.metrics.snapshot_pull, pulled.is_ok());
-        self.metrics
-            .snapshot_pull_duration
-            .observe(started.elapsed().as_secs_f64());
-        pulled
-    }
+/// Imports `repo:tag` into the local store as `local`.
+pub(super) async fn pull_snapshot(
+    p: &CocoonProvider,
+    registry: &dyn SnapshotRegistry,
+    repo: &str,
+    tag: &str,
+    local: &str,
+) -> Result<PullReport, TransferError> {
+    let started = Instant::now();
+    let pulled = p
+        .transfers
+        .pull(p.ports.runtime.as_ref(), registry, repo, tag, local)
+        .await;
+    ProviderMetrics::count(&p.metrics.snapshot_pull, pulled.is_ok());
+    p.metrics
+        .snapshot_pull_duration
+        .observe(started.elapsed().as_secs_f64());
+    pulled
+}
 
-    /// Imports the cloud image `reference` (see [`Transfers::import_cloud_image`]).
-    pub(super) async fn import_cloud_image(
-        &self,
-        registry: &dyn SnapshotRegistry,
-        reference: &str,
-        force: bool,
-    ) -> Result<CloudImageResult, TransferError> {
-        self.transfers
-            .import_cloud_image(self.ports.runtime.as_ref(), registry, reference, force)
-            .await
-    }
+/// Imports the cloud image `reference` (see [`Transfers::import_cloud_image`]).
+pub(super) async fn import_cloud_image(
+    p: &CocoonProvider,
+    registry: &dyn SnapshotRegistry,
+    reference: &str,
+    force: bool,
+) -> Result<CloudImageResult, TransferError> {
+    p.transfers
+        .import_cloud_image(p.ports.runtime.as_ref(), registry, reference, force)
+        .await
 }
