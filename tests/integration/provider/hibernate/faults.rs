@@ -251,7 +251,11 @@ async fn a_retry_due_while_an_update_hibernates_the_pod_yields_to_it() {
     annotate(&env, "agent-0", &[(HIBERNATE, Some("true"))]).await;
     wait_failed_with(&env, "agent-0", "snapshot save vm-y").await;
     let failed_at = std::time::Instant::now();
-    assert!(d.provider.state().owed_retry_of(key, &uid).is_some(), "a retry is owed");
+    // The failure is published by the hook; the retry is owed once the hook has returned it.
+    eventually(10, "a retry is owed", || {
+        d.provider.state().owed_retry_of(key, &uid).is_some()
+    })
+    .await;
 
     // The hibernate is asked for again (withdrawn, then asked): an update that hibernates, its
     // save slow enough for the retry to come due while it runs.
