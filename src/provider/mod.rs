@@ -263,31 +263,14 @@ impl CocoonProvider {
         }
     }
 
-    /// Runs a synchronous policy decision without holding up the async workers' other tasks.
+    /// Runs a synchronous policy decision off the async workers, on the blocking pool: a policy
+    /// that spins until its deadline stalls no other task.
     ///
-    /// On the daemon's multi-thread runtime the decision runs right here, after the worker hands
-    /// its other tasks to another thread (`block_in_place`): a decision takes microseconds, and a
-    /// hop to the blocking pool cost a thread wake-up each — hundreds of microseconds of a create
-    /// on a loaded node. A policy that spins until its deadline still stalls no other task. A
-    /// current-thread runtime (some tests) cannot hand its tasks over, so it hops.
+    /// Not `block_in_place`, though it spares a thread wake-up per decision: a task inside it
+    /// keeps running on its thread when the runtime shuts down, and makes its next cocoon call
+    /// after the daemon was stopped (the crash harness caught a `vm inspect` issued after the
+    /// kill). Here the decision's task is dropped at its await like every other task.
     async fn decide<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Policies) -> T + Send + 'static,
-    ) -> Result<T, ProviderError> {
-        if tokio::runtime::Handle::current().runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return self.decide_apart(f).await;
-        }
-        let policies = self.policies.clone();
-        // A panic in the host's side of a decision fails this operation, as it did as a task.
-        let run = std::panic::AssertUnwindSafe(move || f(&policies));
-        tokio::task::block_in_place(|| std::panic::catch_unwind(run))
-            .map_err(|_| ProviderError::Transient("policy decision task failed: it panicked".into()))
-    }
-
-    /// Runs a synchronous policy decision on the blocking pool: for decisions that should run
-    /// in parallel with each other (a batch per CPU), which [`Self::decide`] would run one after
-    /// another on the calling thread.
-    async fn decide_apart<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Policies) -> T + Send + 'static,
     ) -> Result<T, ProviderError> {
@@ -451,7 +434,7 @@ impl CocoonProvider {
             if facts.is_empty() {
                 break;
             }
-            running.push(self.decide_apart(move |p| {
+            running.push(self.decide(move |p| {
                 facts
                     .iter()
                     .map(|f| p.decide::<CpuClassAdmission>(f))
