@@ -20,9 +20,11 @@ async fn a_guest_hibernated_on_node_a_wakes_on_node_b_from_as_files() {
     };
     let admin = cluster.admin_client().await;
     let ns = cluster.namespace("peer").await;
-    let port = free_port();
     let fleet = FleetCa::new("the fleet's peer CA");
     let a = Machine::new("vk-peer-a").with_registry();
+    // Picked once the registry holds its own port: a port picked (and let go) before it could
+    // be handed to the registry next, and node A's peer listener would find it taken.
+    let port = free_port();
     let a = a.with_peer(&fleet, "127.0.0.1", port, TOKEN, None);
     let b = Machine::new("vk-peer-b").with_peer(&fleet, "127.0.0.2", port, TOKEN, a.registry.as_ref());
     seed_snapshot_on(&a.runtime, "base", "ghcr.io/x/base:1").await;
