@@ -15,23 +15,13 @@ use vk_cocoon::kubelet_api::{resource_metrics, summary};
 use vk_cocoon::stats::families;
 use vk_cocoon::stats::sample::{self, VmTarget};
 use vk_cocoon::stats::{HostPaths, Sampler, VmTargets};
+use vk_test_support::bench::status_kib;
 
 struct Table(Vec<VmTarget>);
 impl VmTargets for Table {
     fn vm_targets(&self) -> Vec<VmTarget> {
         self.0.clone()
     }
-}
-
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn build_tree(root: &Path, n: usize) -> (HostPaths, Vec<VmTarget>) {
