@@ -513,7 +513,11 @@ async fn a_lease_landing_during_the_renew_nudge_wins_over_the_deadline() {
         ready(&env, "win-0") && pod_ip(&env, "win-0").as_deref() == Some("127.0.0.42")
     })
     .await;
-    assert_eq!(lifecycle(&env, "win-0").as_deref(), Some("ready"));
+    // The Ready status is published before the lifecycle annotation's patch lands.
+    eventually(30, "lifecycle ready", || {
+        lifecycle(&env, "win-0").as_deref() == Some("ready")
+    })
+    .await;
     assert!(!has_event(&env, "win-0", "PostCloneIPWaitTimeout"));
     d.kill().await;
 }
