@@ -216,20 +216,39 @@ fn frames_of(read: tokio::io::ReadHalf<Tls>) -> tokio::sync::mpsc::UnboundedRece
     rx
 }
 
-/// Waits for the frame `want` picks, within 60 s.
+/// Writes `bytes` and flushes them: a TLS writer may accept bytes into its own buffer when
+/// the socket is full and send them only on a later write or a flush, and the test's next
+/// step waits for the daemon's answer to them.
+async fn send(write: &mut tokio::io::WriteHalf<Tls>, bytes: &[u8]) {
+    write.write_all(bytes).await.unwrap();
+    write.flush().await.unwrap();
+}
+
+/// Waits for the frame `want` picks, within 60 s. On failure the message names what did
+/// arrive meanwhile (how many frames of each kind, the resets with their statuses).
 async fn frame_matching(
     frames: &mut tokio::sync::mpsc::UnboundedReceiver<Frame>,
     what: &str,
     mut want: impl FnMut(&Frame) -> bool,
 ) {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut resets = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, frames.recv()).await {
+        let frame = match tokio::time::timeout(left, frames.recv()).await {
             Ok(Some(f)) if want(&f) => return,
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("the session closed before {what}"),
-            Err(_) => panic!("no {what} in 60 s"),
+            Ok(Some(f)) => f,
+            Ok(None) => panic!("the session closed before {what}; meanwhile {seen:?}, resets {resets:?}"),
+            Err(_) => panic!("no {what} in 60 s; meanwhile {seen:?}, resets (stream, status) {resets:?}"),
+        };
+        let kind = format!("{frame:?}");
+        let kind = kind.split([' ', '{', '(']).next().unwrap_or_default().to_string();
+        *seen.entry(kind).or_default() += 1;
+        if let Frame::RstStream { stream_id, status } = frame
+            && resets.len() < 300
+        {
+            resets.push((stream_id, status));
         }
     }
 }
@@ -265,11 +284,11 @@ async fn a_portforward_flood_of_half_open_streams_stays_bounded() {
             );
             id += 2;
         }
-        write.write_all(&out).await.unwrap();
+        send(&mut write, &out).await;
     }
     let mut ping = BytesMut::new();
     encode(&Frame::Ping { id: 1 }, &mut ping).unwrap();
-    write.write_all(&ping).await.unwrap();
+    send(&mut write, &ping).await;
     frame_matching(&mut frames, "the PING answer after the flood", |f| {
         *f == Frame::Ping { id: 1 }
     })
@@ -303,7 +322,7 @@ async fn a_portforward_flood_of_half_open_streams_stays_bounded() {
         id += 2;
     }
     let refused = id - 2;
-    write.write_all(&out).await.unwrap();
+    send(&mut write, &out).await;
     frame_matching(&mut frames, "the refusal of the stream past the limit", |f| {
         *f == Frame::RstStream {
             stream_id: refused,
@@ -344,7 +363,7 @@ async fn peer_controlled_values_cannot_forge_log_lines() {
     let mut deflater = Deflater::new();
     let mut out = BytesMut::new();
     syn(&mut deflater, 1, &[("streamtype", "x\nFORGED-EXEC-ENTRY")], &mut out);
-    write.write_all(&out).await.unwrap();
+    send(&mut write, &out).await;
     frame_matching(&mut frames, "the reset of the odd stream", |f| {
         matches!(f, Frame::RstStream { stream_id: 1, .. })
     })
@@ -376,7 +395,7 @@ async fn peer_controlled_values_cannot_forge_log_lines() {
         &[("streamtype", "data"), ("port", "80"), ("requestid", requestid)],
         &mut out,
     );
-    write.write_all(&out).await.unwrap();
+    send(&mut write, &out).await;
     frame_matching(&mut frames, "the reset of the second data stream", |f| {
         matches!(f, Frame::RstStream { stream_id: 3, .. })
     })
