@@ -413,6 +413,14 @@ async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), Str
     w.env.sim.stage_crash(u64::MAX, false).unwrap();
     op.trigger(&w).await;
     converge(op, &w, &d, armed).await?;
+    // A restore from the registry removes its import snapshot in a background task once the
+    // clone took it, and the end state may be published first. The recording waits for that
+    // call: a crash run that reaches it would otherwise find a call the clean run never made.
+    let import = format!("{}-hibernate-import", op.vm());
+    eventually(60, "the clean run's import snapshot removed", || {
+        !live_snapshot(&w, &import)
+    })
+    .await;
     let mut log = w.env.sim.crash_log().unwrap();
     log.sort_by_key(|l| l.n);
     let calls = log.into_iter().map(|l| l.verb).collect();
@@ -555,6 +563,21 @@ fn live_vms(w: &World, vm: &str) -> Vec<(String, String)> {
         .filter(|(_, (name, _))| name == vm)
         .map(|(id, (_, mac))| (id, mac))
         .collect()
+}
+
+/// Whether a snapshot named `name` is registered now (read from the journal: no cocoon call).
+fn live_snapshot(w: &World, name: &str) -> bool {
+    let mut live = BTreeSet::new();
+    for l in w.env.sim.journal().unwrap() {
+        if l.kind == "snapshot" && l.name == name {
+            if l.op == "add" {
+                live.insert(l.id);
+            } else {
+                live.remove(&l.id);
+            }
+        }
+    }
+    !live.is_empty()
 }
 
 /// Whether the pod's end state is true, and the pod tells the truth about it.
