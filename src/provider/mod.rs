@@ -42,6 +42,7 @@ mod known;
 pub mod lifecycle;
 pub mod macos;
 pub mod metrics;
+mod owed;
 mod ownership;
 pub mod plan;
 pub mod ports;
