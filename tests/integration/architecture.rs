@@ -52,7 +52,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("kubelet_api::streaming::spdy", &["session", "stream"]),
     ("peer", &["extents", "protocol"]),
     ("policy", &["compile_worker", "engine"]),
-    ("provider", &["config", "probe", "probe_scope"]),
     ("provider", &["failure", "ownership"]),
     ("provider::bring_up", &["execute", "restore"]),
 ];
