@@ -128,7 +128,7 @@ async fn guest_work(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord, fi
 }
 
 fn fixup_facts(p: &CocoonProvider, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> Facts {
-    let hypervisor = vm_spec::backend(&vm.hypervisor);
+    let hypervisor = vm_spec::backend_of(&vm.hypervisor);
     // cocoon's run directory per hypervisor (cloud-hypervisor is its default).
     let backend_dir = match hypervisor {
         crate::policy::contract::types::Backend::Firecracker => "firecracker",

@@ -8,6 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use super::CocoonProvider;
+use crate::hypervisor::Hypervisor;
 use crate::runtime::VmRecord;
 use crate::runtime::macos::MacVm;
 use crate::runtime::parse::Nic;
@@ -22,7 +23,7 @@ pub const HYPERVISOR: &str = "qemu";
 /// Whether a tracked VM is a macOS guest (the CH event watcher, resume and orphan logic skip
 /// those).
 pub fn is_macos_vm(vm: &VmRecord) -> bool {
-    vm.hypervisor == HYPERVISOR
+    vm.hypervisor.as_str() == HYPERVISOR
 }
 
 /// The provider's record of a macOS VM: id `qemu-NAME`, hypervisor `qemu`, and one NIC with the
@@ -31,7 +32,7 @@ pub fn is_macos_vm(vm: &VmRecord) -> bool {
 pub fn record(name: &str, vm: &MacVm) -> VmRecord {
     let mut r = VmRecord {
         id: vm_id(name),
-        hypervisor: HYPERVISOR.into(),
+        hypervisor: Hypervisor::from(HYPERVISOR),
         state: crate::runtime::VmState::Running,
         pid: vm.pid,
         ..Default::default()

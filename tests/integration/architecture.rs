@@ -19,6 +19,7 @@ use syn::visit::Visit;
 const LAYERS: &[(&str, u8)] = &[
     ("settings", 0),
     ("host", 0),
+    ("hypervisor", 0),
     ("retry", 0),
     ("model", 1),
     ("runtime", 1),
