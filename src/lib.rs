@@ -10,6 +10,7 @@
 //! - [`retry`]: the one retry schedule every wait between two attempts uses.
 
 pub mod host;
+pub mod hypervisor;
 pub mod kubelet;
 pub mod kubelet_api;
 pub mod listener;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 pub struct PodVm {
     pub id: String,
     /// `cloud-hypervisor` or `firecracker`.
-    pub hypervisor: String,
+    pub hypervisor: crate::hypervisor::Hypervisor,
     /// The VMM's pid (0 while none runs).
     pub pid: i64,
     /// Where port-forward may connect: the guest's address, or why there is none.

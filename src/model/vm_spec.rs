@@ -63,6 +63,18 @@ pub fn backend(raw: &str) -> Backend {
     }
 }
 
+/// The contract's backend of a parsed hypervisor. A value cocoon did not name exactly is decoded
+/// as a pod's `backend` annotation is (case and surrounding blanks ignored), as before it was typed.
+pub fn backend_of(h: &crate::hypervisor::Hypervisor) -> Backend {
+    use crate::hypervisor::Hypervisor;
+    match h {
+        Hypervisor::CloudHypervisor => Backend::CloudHypervisor,
+        Hypervisor::Firecracker => Backend::Firecracker,
+        Hypervisor::Unspecified => Backend::Unspecified,
+        Hypervisor::Other(raw) => backend(raw),
+    }
+}
+
 pub fn boot_mode(raw: &str) -> BootMode {
     if normalized(raw) == "run" {
         BootMode::Run

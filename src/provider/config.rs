@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+// The probe agents own their timings; the provider's settings carry them.
+pub use super::probe::ProbeTimings;
 use super::reconcile::OrphanPolicy;
 use crate::policy::contract::types::RestoreMode;
 use crate::settings::parser;
@@ -164,32 +166,6 @@ fn parse_interval(text: &str) -> Option<Option<Duration>> {
         _ => return None,
     };
     Some((secs > 0).then(|| Duration::from_secs(secs)))
-}
-
-/// Readiness probing: how often, and how many failures flip a ready pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeTimings {
-    /// First interval while not ready; grows ×1.5 up to `max_unready`.
-    pub initial: Duration,
-    pub max_unready: Duration,
-    /// Steady interval once ready.
-    pub ready: Duration,
-    /// Timeout of one probe.
-    pub timeout: Duration,
-    /// Consecutive failures that flip a ready pod back to not ready.
-    pub failures_to_unready: u32,
-}
-
-impl Default for ProbeTimings {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(100),
-            max_unready: Duration::from_secs(1),
-            ready: Duration::from_secs(5),
-            timeout: Duration::from_secs(3),
-            failures_to_unready: 3,
-        }
-    }
 }
 
 /// How long background work waits and retries: apiserver writes, fixups, the lease wait, rechecks,

@@ -174,7 +174,7 @@ async fn adopt_tracked(
     p.state.refresh(key, pod);
     let mut next = Next::Done;
     if spec.managed && spec.hibernate {
-        next = p.hibernate_or_owe(pod, key).await;
+        next = super::owed::hibernate_or_owe(p, pod, key).await;
     } else if p.state.guest_work_running(key) {
         p.notify(key);
     } else {

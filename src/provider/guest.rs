@@ -80,7 +80,7 @@ pub(super) async fn finish_boot(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &
     // arriving while the probe starts (the restart's resume and the pod controller both finish
     // it) then sees the work running and does not run the fixup or console pass twice.
     let work = (finish != Finish::ReadyNow).then(|| p.state.begin_guest_work(pkey, &uid));
-    p.start_probe(pkey, &uid).await;
+    super::probe_start::start_probe(p, pkey, &uid).await;
     let Some(work) = work else {
         p.metrics.wake_ended(wake, true);
         super::publish::publish_ready(p, pod, pkey).await;
@@ -128,7 +128,7 @@ async fn guest_work(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord, fi
 }
 
 fn fixup_facts(p: &CocoonProvider, pod: &Pod, vm: &VmRecord, origin: BootOrigin, source_image: &str) -> Facts {
-    let hypervisor = vm_spec::backend(&vm.hypervisor);
+    let hypervisor = vm_spec::backend_of(&vm.hypervisor);
     // cocoon's run directory per hypervisor (cloud-hypervisor is its default).
     let backend_dir = match hypervisor {
         crate::policy::contract::types::Backend::Firecracker => "firecracker",
@@ -452,7 +452,7 @@ async fn ready_after_lease(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRec
     match ip {
         Some(ip) => {
             if let Some(tracked) = p.state.tracked_as(pkey, &uid) {
-                p.reconcile_endpoint(&tracked.pod, pkey, vm).await;
+                super::endpoint::reconcile_endpoint(p, &tracked.pod, pkey, vm).await;
             }
             if super::publish::publish_ready_guarded(p, pkey, &uid, &vm.id).await {
                 tracing::info!(pod = %pkey, vm = %vm.id, %ip, "guest has its lease: ready");

@@ -337,10 +337,10 @@ mod tests {
         );
     }
 
-    /// A collector that takes `work` to gather (a slow stats read) and records how many
-    /// gathers ran at once.
+    /// A collector whose gather reads a `/proc` file `reads` times, the kind of work the VM
+    /// stats sampler does under its lock, and records how many gathers ran at once.
     struct Slow {
-        work: std::time::Duration,
+        reads: usize,
         running: std::sync::atomic::AtomicUsize,
         most: std::sync::atomic::AtomicUsize,
         desc: Vec<prometheus::core::Desc>,
@@ -355,8 +355,10 @@ mod tests {
             use std::sync::atomic::Ordering;
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.most.fetch_max(now, Ordering::SeqCst);
-            // Stands for the sampler's file reads under its lock, not for synchronisation.
-            std::thread::sleep(self.work);
+            for _ in 0..self.reads {
+                let stat = std::fs::read("/proc/self/stat").expect("reading /proc/self/stat");
+                std::hint::black_box(stat);
+            }
             self.running.fetch_sub(1, Ordering::SeqCst);
             Vec::new()
         }
@@ -365,7 +367,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_scrape_flood_gathers_at_most_two_at_once() {
         let slow = std::sync::Arc::new(Slow {
-            work: std::time::Duration::from_millis(20),
+            reads: 2000,
             running: Default::default(),
             most: Default::default(),
             desc: Vec::new(),

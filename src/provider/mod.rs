@@ -12,11 +12,14 @@
 //!   `registry_adapter` (`impl SnapshotRegistry for crate::registry::Registry`); [`transfer`] runs
 //!   cocoon's export / import around the registry;
 //! * executors: `create` (a pipeline of typed steps in `bring_up`: gather, decide, execute;
-//!   its restore shared with the wake), `update` (with `hibernate` and `wake`), `delete`, `startup` (with
-//!   `resume`), `guest` (fixups, lease wait, Ready), `watcher` and `evict`, `publish` (lifecycle
-//!   flush, Ready, failures), `background` (reconciler loops);
+//!   its restore shared with the wake), `update` (with `hibernate` and `wake`; `owed`: the retry
+//!   a failed transition owes), `delete`, `startup` (with `resume`), `guest` (fixups, lease
+//!   wait, Ready), `probe_start` and `endpoint` (a pod's probe agent, its IP annotation),
+//!   `watcher` and `evict`, `publish` (lifecycle flush, Ready, failures), `background`
+//!   (reconciler loops);
 //! * the guest's OS: `guest_os` (one trait, chosen once from the VM spec: the macOS path of
-//!   [`macos`] or the operation's own cocoon path); `failed_ops` (a failed create, a kept VM);
+//!   [`macos`] or the operation's own cocoon path; `mac_guest`: a macOS VM's record, below
+//!   both); `failed_ops` (a failed create, a kept VM);
 //! * the operations are free functions of `&CocoonProvider` (their context: ports, table,
 //!   policies, metrics, settings) in their modules; every wait between tries is a
 //!   [`crate::retry`] schedule;
@@ -29,6 +32,7 @@ pub mod cocoon_net;
 pub mod config;
 mod create;
 mod delete;
+mod endpoint;
 mod ensure;
 mod evict;
 mod failed_ops;
@@ -40,13 +44,16 @@ mod hibernate;
 mod invariants;
 mod known;
 pub mod lifecycle;
+mod mac_guest;
 pub mod macos;
 pub mod metrics;
+mod owed;
 mod ownership;
 pub mod plan;
 pub mod ports;
 pub mod probe;
 pub mod probe_scope;
+mod probe_start;
 mod publish;
 mod reclaim;
 pub mod reconcile;

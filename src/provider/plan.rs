@@ -2,6 +2,7 @@
 //! plan, image routing, the backend assertion, which MACs own DHCP leases. No I/O.
 
 use super::ports::Artifact;
+use crate::hypervisor::Hypervisor;
 use crate::model::vm_spec;
 use crate::policy::contract::bring_up::{
     CloneOptions, EvidenceSource, FoundEvidence, HibernateEvidence, LocalSnapshot, Outcome, Plan,
@@ -111,7 +112,7 @@ pub fn local_snapshot_fact(s: &SnapshotRecord) -> LocalSnapshot {
         id: s.id.clone(),
         image: s.image.clone(),
         image_digest: s.image_digest.clone(),
-        hypervisor: vm_spec::backend(&s.hypervisor),
+        hypervisor: vm_spec::backend_of(&s.hypervisor),
     }
 }
 
@@ -195,8 +196,12 @@ pub struct BackendMismatch {
 
 /// `assertSnapshotBackend`: a CH snapshot is never cloned onto FC and vice versa. `recorded` is
 /// what cocoon recorded for the snapshot, decoded as every backend is.
-pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &contract::Backend) -> Result<(), BackendMismatch> {
-    let recorded_backend = vm_spec::backend(recorded);
+pub fn assert_backend(
+    snapshot: &str,
+    recorded: &Hypervisor,
+    wanted: &contract::Backend,
+) -> Result<(), BackendMismatch> {
+    let recorded_backend = vm_spec::backend_of(recorded);
     if recorded_backend == contract::Backend::Unspecified
         || *wanted == contract::Backend::Unspecified
         || recorded_backend == *wanted
@@ -211,7 +216,7 @@ pub fn assert_backend(snapshot: &str, recorded: &str, wanted: &contract::Backend
         };
         Err(BackendMismatch {
             snapshot: snapshot.to_string(),
-            recorded: recorded.to_string(),
+            recorded: recorded.as_str().to_string(),
             wanted: wanted.to_string(),
         })
     }
@@ -337,17 +342,17 @@ mod tests {
     #[test]
     fn backend_assertion_table() {
         use contract::Backend as B;
-        assert!(assert_backend("s", "", &B::Firecracker).is_ok());
-        assert!(assert_backend("s", "cloud-hypervisor", &B::Unspecified).is_ok());
-        assert!(assert_backend("s", "cloud-hypervisor", &B::CloudHypervisor).is_ok());
-        let e = assert_backend("s", "cloud-hypervisor", &B::Firecracker).unwrap_err();
+        assert!(assert_backend("s", &Hypervisor::Unspecified, &B::Firecracker).is_ok());
+        assert!(assert_backend("s", &Hypervisor::CloudHypervisor, &B::Unspecified).is_ok());
+        assert!(assert_backend("s", &Hypervisor::CloudHypervisor, &B::CloudHypervisor).is_ok());
+        let e = assert_backend("s", &Hypervisor::CloudHypervisor, &B::Firecracker).unwrap_err();
         assert_eq!(
             e.to_string(),
             "snapshot s was taken with cloud-hypervisor but CocoonSet requests firecracker"
         );
-        assert!(assert_backend("s", "firecracker", &B::CloudHypervisor).is_err());
+        assert!(assert_backend("s", &Hypervisor::Firecracker, &B::CloudHypervisor).is_err());
         assert!(
-            assert_backend("s", "Firecracker", &B::Firecracker).is_ok(),
+            assert_backend("s", &"Firecracker".into(), &B::Firecracker).is_ok(),
             "recorded backends decode by the one rule"
         );
     }

@@ -24,7 +24,7 @@ pub struct Artifact {
 pub struct SnapshotMeta {
     pub snapshot_id: String,
     pub image: String,
-    pub hypervisor: String,
+    pub hypervisor: crate::hypervisor::Hypervisor,
 }
 
 /// What a cloud-image ensure did.

@@ -15,8 +15,33 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::ProbeTimings;
 use crate::policy::contract::types::ReadinessProbe;
+
+/// Readiness probing: how often, and how many failures flip a ready pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTimings {
+    /// First interval while not ready; grows ×1.5 up to `max_unready`.
+    pub initial: Duration,
+    pub max_unready: Duration,
+    /// Steady interval once ready.
+    pub ready: Duration,
+    /// Timeout of one probe.
+    pub timeout: Duration,
+    /// Consecutive failures that flip a ready pod back to not ready.
+    pub failures_to_unready: u32,
+}
+
+impl Default for ProbeTimings {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max_unready: Duration::from_secs(1),
+            ready: Duration::from_secs(5),
+            timeout: Duration::from_secs(3),
+            failures_to_unready: 3,
+        }
+    }
+}
 
 /// The latest verdict of a pod's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]

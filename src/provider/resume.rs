@@ -52,7 +52,7 @@ pub(super) async fn dispatch_owed(p: &CocoonProvider, pod: &Pod, key: &str) {
                 let p = &*owner;
                 match op {
                     OwedOp::Hibernate => {
-                        if let Next::Requeue(after) = p.hibernate_or_owe(&pod, &key).await {
+                        if let Next::Requeue(after) = super::owed::hibernate_or_owe(p, &pod, &key).await {
                             p.requeue(&key, after);
                         }
                     }
@@ -101,7 +101,7 @@ async fn finish_interrupted_hibernate(p: &CocoonProvider, pod: &Pod, key: &str, 
         })
         .await;
     if settled.is_some() {
-        p.settle_vanished(pod, key, vm).await;
+        super::hibernate::settle_vanished(p, pod, key, vm).await;
     } else {
         super::publish::fail_op(
             p,

@@ -176,7 +176,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
         stream::iter(probed)
             .for_each_concurrent(FAN_OUT, |(k, uid)| {
                 let me = me.clone();
-                async move { me.start_probe(&k, &uid).await }
+                async move { super::probe_start::start_probe(&me, &k, &uid).await }
             })
             .await;
     });

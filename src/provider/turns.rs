@@ -1,7 +1,7 @@
 //! Turns of the node's bring-ups (`VK_MAX_CONCURRENT_BRING_UPS`): at most that many creates run
 //! their cocoon work (lookups, the clone or restore) at once; the others wait, first come first
 //! served. The wait is a queue, not a retry: the pod's operation stays in flight and starts its
-//! bring-up the moment a turn frees, so nothing sleeps and nothing polls. How long creates
+//! bring-up the moment a turn frees, with no timer and no polling in between. How long creates
 //! waited is `cocoon_vk_bring_up_wait_seconds`; how many wait now, `cocoon_vk_bring_ups_waiting`.
 
 use std::time::{Duration, Instant};

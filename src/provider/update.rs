@@ -12,12 +12,13 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
 use super::guest_os;
+use super::hibernate;
 use super::lifecycle;
+use super::owed;
 use crate::kubelet::{Next, ProviderError};
 use crate::model::{pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::RefusalKind;
-use crate::retry::Schedule;
 
 /// What an update asks of the provider: hibernate, wake, bring up a pod that never booted, or nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,14 +101,17 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if result.is_ok() {
         p.metrics.lifecycle("update", "ok", "");
     }
-    Ok(p.after_transition(&key, &uid, result))
+    Ok(owed::after_transition(p, &key, &uid, result))
 }
 
 /// `Err(kind)`: the transition failed (reported on the pod), and `kind` says what a retry can do.
 async fn run_transition(p: &CocoonProvider, pod: &Pod, key: &str, step: Transition) -> Result<(), RefusalKind> {
     match step {
         // Every hibernate failure is the host's or the runtime's: it may clear by itself.
-        Transition::Hibernate => p.hibernate(pod, key).await.then_some(()).ok_or(RefusalKind::RetryLater),
+        Transition::Hibernate => hibernate::hibernate(p, pod, key)
+            .await
+            .then_some(())
+            .ok_or(RefusalKind::RetryLater),
         Transition::Wake => super::wake::wake(p, pod, key).await,
         Transition::BringUp | Transition::Noop => Ok(()),
     }
@@ -151,82 +155,12 @@ pub(super) async fn requeue(p: &CocoonProvider, pod: &Pod) -> Result<Next, Provi
     }
     tracing::info!(pod = %key, ?step, "retrying the owed transition");
     let result = run_transition(p, &tracked.pod, &key, step).await;
-    Ok(p.after_transition(&key, &uid, result))
-}
-
-impl CocoonProvider {
-    /// Hibernates now, or owes a retry when that fails (resume after restart, CreatePod adoption):
-    /// what the pod controller should do next.
-    pub(super) async fn hibernate_or_owe(&self, pod: &Pod, key: &str) -> Next {
-        let uid = super::table::uid_of(pod);
-        let _op = self.state.lock_op(key).await;
-        let result = self
-            .hibernate(pod, key)
-            .await
-            .then_some(())
-            .ok_or(RefusalKind::RetryLater);
-        self.after_transition(key, &uid, result)
-    }
-
-    /// After a hibernate or wake: nothing owed once it worked; when it failed, the retry its
-    /// kind says (backoff, the slowest pace while an operator must act, none when only a
-    /// change of the pod can help), for the pod controller to schedule. The status is
-    /// republished either way.
-    fn after_transition(&self, key: &str, uid: &str, result: Result<(), RefusalKind>) -> Next {
-        let next = match result {
-            Ok(()) | Err(RefusalKind::Permanent) => {
-                self.state.settle_retry(key, uid);
-                Next::Done
-            }
-            Err(kind) => {
-                let schedule = self.retry_schedule(kind);
-                self.state.owe_retry(key, uid, schedule);
-                tracing::info!(pod = %key, ?kind, "hibernate/wake failed; retry owed");
-                Next::Requeue(schedule)
-            }
-        };
-        self.notify(key);
-        next
-    }
-
-    /// The schedule of a failed transition's retries (`DECISIONS.md` row 10): doubling from the
-    /// minimum to the cap, or at the cap when an operator must act.
-    fn retry_schedule(&self, kind: RefusalKind) -> Schedule {
-        op_retry_schedule(&self.cfg.timings, kind)
-    }
-}
-
-/// `max(min, min(prev·2, max))` exactly, no jitter: a failed transition is retried no sooner
-/// than the lifecycle's own delays (15 s, 30 s, 1 min, … 5 min), the way the operator expects
-/// it; failures of many pods are spread by when each failed. Waiting for an operator is
-/// re-checked at the slowest pace.
-fn op_retry_schedule(t: &super::Timings, kind: RefusalKind) -> Schedule {
-    match kind {
-        RefusalKind::NeedsOperator => Schedule::every(t.op_retry_max),
-        RefusalKind::RetryLater | RefusalKind::Permanent => Schedule::backoff(t.op_retry_min, t.op_retry_max).exact(),
-    }
+    Ok(owed::after_transition(p, &key, &uid, result))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_failed_transition_is_retried_at_15_s_doubling_to_5_min_never_sooner() {
-        let t = super::super::Timings::default();
-        let secs: Vec<u64> = op_retry_schedule(&t, RefusalKind::RetryLater)
-            .delays()
-            .take(8)
-            .map(|d| d.as_secs())
-            .collect();
-        assert_eq!(secs, [15, 30, 60, 120, 240, 300, 300, 300]);
-        let operator: Vec<u64> = op_retry_schedule(&t, RefusalKind::NeedsOperator)
-            .delays()
-            .take(2)
-            .map(|d| d.as_secs())
-            .collect();
-        assert_eq!(operator, [300, 300]);
-    }
 
     #[test]
     fn the_update_decision_table() {

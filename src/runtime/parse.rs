@@ -1,6 +1,7 @@
 //! Pure parsing of cocoon's JSON output (old and new shapes) and of the error texts on its stderr.
 
 use super::errors::RuntimeError;
+use crate::hypervisor::Hypervisor;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 
@@ -114,7 +115,7 @@ pub struct VmRecord {
     #[serde(default)]
     pub id: String,
     #[serde(default)]
-    pub hypervisor: String,
+    pub hypervisor: Hypervisor,
     #[serde(default)]
     pub state: VmState,
     #[serde(default, deserialize_with = "null_default")]
@@ -183,7 +184,7 @@ pub struct SnapshotRecord {
     #[serde(default, deserialize_with = "null_default")]
     pub image_blob_ids: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
-    pub hypervisor: String,
+    pub hypervisor: Hypervisor,
     #[serde(default)]
     pub cpu: i64,
     #[serde(default)]

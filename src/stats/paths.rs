@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::hypervisor::Hypervisor;
+
 /// The host's and cocoon's directories the daemon reads directly, bypassing the cocoon CLI.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPaths {
@@ -54,8 +56,8 @@ pub struct PathsArgs {
 }
 
 /// cocoon's directory name of a backend (`cloudhypervisor`, `firecracker`).
-pub fn backend_dir(hypervisor: &str) -> &'static str {
-    if hypervisor == "firecracker" {
+pub fn backend_dir(hypervisor: &Hypervisor) -> &'static str {
+    if *hypervisor == Hypervisor::Firecracker {
         "firecracker"
     } else {
         "cloudhypervisor"
@@ -104,15 +106,15 @@ impl HostPaths {
     }
 
     /// The VM's run directory.
-    pub fn vm_run_dir(&self, hypervisor: &str, vm_id: &str) -> PathBuf {
+    pub fn vm_run_dir(&self, hypervisor: &Hypervisor, vm_id: &str) -> PathBuf {
         self.run_dir.join(backend_dir(hypervisor)).join(id_component(vm_id))
     }
 
     /// The COW disk candidates, in cocoon's order: a cloud image's `overlay.qcow2` (not on
     /// firecracker), else the OCI boot's `cow.raw`.
-    pub fn cow_candidates(&self, hypervisor: &str, vm_id: &str) -> Vec<PathBuf> {
+    pub fn cow_candidates(&self, hypervisor: &Hypervisor, vm_id: &str) -> Vec<PathBuf> {
         let dir = self.vm_run_dir(hypervisor, vm_id);
-        if hypervisor == "firecracker" {
+        if *hypervisor == Hypervisor::Firecracker {
             vec![dir.join("cow.raw")]
         } else {
             vec![dir.join("overlay.qcow2"), dir.join("cow.raw")]
@@ -121,8 +123,8 @@ impl HostPaths {
 
     /// The hypervisor's log file (`cocoon vm logs` reads the same file):
     /// `<log dir>/<backend>/<id>/{cloud-hypervisor,firecracker}.log`.
-    pub fn vm_log_file(&self, hypervisor: &str, vm_id: &str) -> PathBuf {
-        let file = if hypervisor == "firecracker" {
+    pub fn vm_log_file(&self, hypervisor: &Hypervisor, vm_id: &str) -> PathBuf {
+        let file = if *hypervisor == Hypervisor::Firecracker {
             "firecracker.log"
         } else {
             "cloud-hypervisor.log"
@@ -157,13 +159,13 @@ mod tests {
     fn a_vm_id_that_is_a_path_never_leaves_cocoons_directories() {
         let d = HostPaths::default();
         for id in ["/tmp/x", "../../etc", "a/b", ".."] {
-            let run = d.vm_run_dir("cloud-hypervisor", id);
+            let run = d.vm_run_dir(&Hypervisor::CloudHypervisor, id);
             assert_eq!(
                 run,
                 PathBuf::from("/var/lib/cocoon/run/cloudhypervisor/-not-a-vm-id-"),
                 "{id}"
             );
-            let log = d.vm_log_file("firecracker", id);
+            let log = d.vm_log_file(&Hypervisor::Firecracker, id);
             assert!(
                 log.starts_with("/var/log/cocoon/firecracker/-not-a-vm-id-"),
                 "{id}: {log:?}"
@@ -185,14 +187,14 @@ mod tests {
         );
         assert_eq!(d.pid_file(42, "net/dev"), PathBuf::from("/proc/42/net/dev"));
         assert_eq!(
-            d.cow_candidates("cloud-hypervisor", "K7Q"),
+            d.cow_candidates(&Hypervisor::CloudHypervisor, "K7Q"),
             vec![
                 PathBuf::from("/var/lib/cocoon/run/cloudhypervisor/K7Q/overlay.qcow2"),
                 PathBuf::from("/var/lib/cocoon/run/cloudhypervisor/K7Q/cow.raw")
             ]
         );
         assert_eq!(
-            d.vm_log_file("firecracker", "K7Q"),
+            d.vm_log_file(&Hypervisor::Firecracker, "K7Q"),
             PathBuf::from("/var/log/cocoon/firecracker/K7Q/firecracker.log")
         );
         let t = HostPaths::from_lookup(|k| match k {
@@ -207,7 +209,7 @@ mod tests {
         assert_eq!(t.cpu_stat("A"), PathBuf::from("/t/cg/x.slice/vm-A.scope/cpu.stat"));
         assert_eq!(t.run_dir, PathBuf::from("/t/root/run"), "the run dir follows the root");
         assert_eq!(
-            t.vm_log_file("cloud-hypervisor", "A"),
+            t.vm_log_file(&Hypervisor::CloudHypervisor, "A"),
             PathBuf::from("/t/log/cloudhypervisor/A/cloud-hypervisor.log")
         );
     }

@@ -25,7 +25,7 @@ pub struct VmTarget {
     pub vm_id: String,
     pub vm_name: String,
     /// `cloud-hypervisor` or `firecracker`.
-    pub hypervisor: String,
+    pub hypervisor: crate::hypervisor::Hypervisor,
     /// The VMM's pid (0 while none runs).
     pub pid: i64,
     /// The first NIC's TAP device on the host.

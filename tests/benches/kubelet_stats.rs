@@ -64,7 +64,7 @@ fn build_tree(root: &Path, n: usize) -> (HostPaths, Vec<VmTarget>) {
             ),
         )
         .unwrap();
-        let run = paths.vm_run_dir("cloud-hypervisor", &id);
+        let run = paths.vm_run_dir(&vk_cocoon::hypervisor::Hypervisor::CloudHypervisor, &id);
         std::fs::create_dir_all(&run).unwrap();
         let cow = std::fs::File::create(run.join("cow.raw")).unwrap();
         cow.set_len(10 << 30).unwrap();

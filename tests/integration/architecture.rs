@@ -19,6 +19,7 @@ use syn::visit::Visit;
 const LAYERS: &[(&str, u8)] = &[
     ("settings", 0),
     ("host", 0),
+    ("hypervisor", 0),
     ("retry", 0),
     ("model", 1),
     ("runtime", 1),
@@ -52,7 +53,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("kubelet_api::streaming::spdy", &["session", "stream"]),
     ("peer", &["extents", "protocol"]),
     ("policy", &["compile_worker", "engine"]),
-    ("provider", &["config", "probe", "probe_scope"]),
     ("provider", &["failure", "ownership"]),
     ("provider::bring_up", &["execute", "restore"]),
 ];

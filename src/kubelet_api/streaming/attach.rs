@@ -40,7 +40,7 @@ pub async fn attach(
         Ok(t) => t,
         Err(refusal) => return refusal.into_response(),
     };
-    if target.vm.hypervisor == "firecracker" {
+    if target.vm.hypervisor == crate::hypervisor::Hypervisor::Firecracker {
         return plain(
             StatusCode::BAD_REQUEST,
             format!(

@@ -176,7 +176,7 @@ pub(in crate::provider) async fn hibernate_evidence(p: &CocoonProvider, vm: &str
     let (HibernateEvidence::Found(_), Some(woken)) = (&evidence, p.state.woken_from(vm)) else {
         return evidence;
     };
-    match p.saved_snapshot_id(vm).await {
+    match saved_snapshot_id(p, vm).await {
         Ok(Some(id)) if id == woken => {
             tracing::info!(vm, snapshot = %id, "the hibernate snapshot of this vm name was already woken here: not hibernated state");
             HibernateEvidence::None
@@ -184,6 +184,35 @@ pub(in crate::provider) async fn hibernate_evidence(p: &CocoonProvider, vm: &str
         Ok(_) => evidence,
         Err(error) => HibernateEvidence::Unavailable(format!("which guest {vm}:hibernate holds: {error}")),
     }
+}
+
+/// The snapshot id the hibernated guest lives in: the `:hibernate` tag's (with a registry),
+/// else the local snapshot's. `None` when there is none.
+pub(in crate::provider) async fn saved_snapshot_id(
+    p: &CocoonProvider,
+    name: &str,
+) -> Result<Option<String>, SavedSnapshotError> {
+    match &p.ports.registry {
+        Some(registry) => Ok(registry
+            .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
+            .await?
+            .map(|m| m.snapshot_id)),
+        None => match p.ports.runtime.snapshot_inspect(name).await {
+            Ok(s) => Ok(Some(s.id)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        },
+    }
+}
+
+/// Why the id of the saved (hibernated) guest's snapshot cannot be read: the registry's answer
+/// about the `:hibernate` tag, or cocoon's about the local snapshot. Either is inconclusive.
+#[derive(Debug, thiserror::Error)]
+pub(in crate::provider) enum SavedSnapshotError {
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
 }
 
 async fn recorded_evidence(p: &CocoonProvider, vm: &str) -> HibernateEvidence {

@@ -12,7 +12,7 @@ mod gather;
 mod restore;
 
 pub(super) use execute::{adopted_finish, translate};
-pub(super) use gather::{Ctx, bring_up_facts, hibernate_evidence};
+pub(super) use gather::{Ctx, SavedSnapshotError, bring_up_facts, hibernate_evidence, saved_snapshot_id};
 pub(super) use restore::{restore, restore_finish};
 
 use super::CocoonProvider;

@@ -198,7 +198,7 @@ pub(in crate::provider) async fn restore(
 /// on, so a tag that still holds that snapshot later (the operator does not drop it after a
 /// CocoonSet resume) is no hibernated state to restore a recreated pod from.
 async fn remember_woken(p: &CocoonProvider, vm: &str) {
-    match p.saved_snapshot_id(vm).await {
+    match super::saved_snapshot_id(p, vm).await {
         Ok(Some(id)) => p.state.set_woken_from(vm, Some(&id)),
         Ok(None) => {}
         Err(error) => {

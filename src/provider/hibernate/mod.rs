@@ -16,7 +16,7 @@ pub(super) use rules::{SavedGuest, saved_guest};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
-use super::bring_up::hibernate_evidence;
+use super::bring_up::{hibernate_evidence, saved_snapshot_id};
 use super::failure::Failure;
 use super::invariants;
 use super::lifecycle::LifecycleState;
@@ -61,159 +61,138 @@ struct Saga<'a> {
     done: Vec<Undo>,
 }
 
-impl CocoonProvider {
-    /// Hibernates the tracked pod's VM. Returns false when it failed (reported on the pod with
-    /// lifecycle `failed`; the caller owes a retry).
-    pub(super) async fn hibernate(&self, pod: &Pod, pkey: &str) -> bool {
-        let uid = super::table::uid_of(pod);
-        let Some(tracked) = self.state.tracked_as(pkey, &uid) else {
-            return true;
-        };
-        let spec = vm_spec::of_pod(pod);
-        if !spec.managed {
-            return true;
-        }
-        let Some(vm) = tracked.vm else { return true };
-        // No fixup or lease wait races the save.
-        self.state.stop_guest_work(pkey);
-        crate::provider::publish::set_lifecycle(self, pod, pkey, LifecycleState::Hibernating, "").await;
-        let mut saga = Saga {
-            p: self,
-            pod,
-            pkey,
-            name: tracked.vm_name,
-            vm,
-            done: Vec::new(),
-        };
+/// Hibernates the tracked pod's VM. Returns false when it failed (reported on the pod with
+/// lifecycle `failed`; the caller owes a retry).
+pub(super) async fn hibernate(p: &CocoonProvider, pod: &Pod, pkey: &str) -> bool {
+    let uid = super::table::uid_of(pod);
+    let Some(tracked) = p.state.tracked_as(pkey, &uid) else {
+        return true;
+    };
+    let spec = vm_spec::of_pod(pod);
+    if !spec.managed {
+        return true;
+    }
+    let Some(vm) = tracked.vm else { return true };
+    // No fixup or lease wait races the save.
+    p.state.stop_guest_work(pkey);
+    crate::provider::publish::set_lifecycle(p, pod, pkey, LifecycleState::Hibernating, "").await;
+    let mut saga = Saga {
+        p,
+        pod,
+        pkey,
+        name: tracked.vm_name,
+        vm,
+        done: Vec::new(),
+    };
 
-        match saga.check_vm().await {
-            Ok(Checked::Save) => {}
-            Ok(Checked::AlreadySaved) => {
-                if self.ports.registry.is_some() {
-                    saga.done.push(Undo::WithdrawTag);
-                }
-                return saga.remove().await;
+    match saga.check_vm().await {
+        Ok(Checked::Save) => {}
+        Ok(Checked::AlreadySaved) => {
+            if p.ports.registry.is_some() {
+                saga.done.push(Undo::WithdrawTag);
             }
-            Ok(Checked::Settled(ok)) => return ok,
-            Err(f) => return saga.abort(f, false).await,
+            return saga.remove().await;
         }
+        Ok(Checked::Settled(ok)) => return ok,
+        Err(f) => return saga.abort(f, false).await,
+    }
 
-        if invariants::nic_less_hibernate(&spec) {
-            if let Err(f) = nic::drop_nic(self, &saga.vm).await {
-                return saga.abort(f, true).await;
-            }
-            saga.done.push(Undo::GiveNicBack);
+    if invariants::nic_less_hibernate(&spec) {
+        if let Err(f) = nic::drop_nic(p, &saga.vm).await {
+            return saga.abort(f, true).await;
         }
+        saga.done.push(Undo::GiveNicBack);
+    }
 
-        let saved = crate::provider::transfer::save_snapshot(self, &saga.name, &saga.vm.id).await;
-        self.metrics.hibernate_step("snapshot", saved.is_ok());
-        if let Err(e) = saved {
-            let message = format!(
-                "snapshot save {} of vm {}: {e}; the VM keeps running",
-                saga.name, saga.vm.id
-            );
+    let saved = crate::provider::transfer::save_snapshot(p, &saga.name, &saga.vm.id).await;
+    p.metrics.hibernate_step("snapshot", saved.is_ok());
+    if let Err(e) = saved {
+        let message = format!(
+            "snapshot save {} of vm {}: {e}; the VM keeps running",
+            saga.name, saga.vm.id
+        );
+        return saga
+            .abort(Failure::transient("HibernateSnapshotFailed", message), true)
+            .await;
+    }
+
+    if let Some(registry) = &p.ports.registry {
+        let name = saga.name.as_str();
+        let pushed = crate::provider::transfer::push_snapshot(
+            p,
+            registry.as_ref(),
+            name,
+            name,
+            plan::HIBERNATE_SNAPSHOT_TAG,
+            PushLabels {
+                base_image: &spec.image,
+                owner: pkey,
+            },
+        )
+        .await;
+        p.metrics.hibernate_step("push", pushed.is_ok());
+        if let Err(e) = pushed {
+            let message = format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running");
             return saga
-                .abort(Failure::transient("HibernateSnapshotFailed", message), true)
+                .abort(Failure::transient("HibernatePushFailed", message), true)
                 .await;
         }
+        saga.done.push(Undo::WithdrawTag);
+    }
+    // The saved guest is new: it is hibernated state, whatever an earlier wake recorded.
+    p.state.set_woken_from(&saga.name, None);
 
-        if let Some(registry) = &self.ports.registry {
-            let name = saga.name.as_str();
-            let pushed = crate::provider::transfer::push_snapshot(
-                self,
-                registry.as_ref(),
-                name,
-                name,
-                plan::HIBERNATE_SNAPSHOT_TAG,
-                PushLabels {
-                    base_image: &spec.image,
-                    owner: pkey,
-                },
+    saga.remove().await
+}
+
+/// The VM is gone and its state saved: the pod stays, parked.
+async fn finish_hibernated(p: &CocoonProvider, pod: &Pod, pkey: &str, uid: &str) {
+    p.state.detach_vm(pkey, uid, true);
+    p.probes.forget(pkey, Some(uid));
+    crate::provider::publish::set_lifecycle(p, pod, pkey, LifecycleState::Hibernated, "").await;
+    let how = if p.ports.registry.is_some() {
+        "snapshot pushed to registry"
+    } else {
+        "snapshot saved locally (no registry pusher configured)"
+    };
+    p.ports.events.record(pod, false, "Hibernated", how.into());
+    tracing::info!(pod = %pkey, how, "hibernated");
+    p.notify(pkey);
+}
+
+/// The VM vanished before this hibernate could save it: hibernated if a snapshot holds its
+/// state, otherwise reported (nothing can be resumed).
+pub(super) async fn settle_vanished(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &str) -> bool {
+    let uid = super::table::uid_of(pod);
+    match saved_guest(hibernate_evidence(p, vm).await) {
+        SavedGuest::Saved => {
+            finish_hibernated(p, pod, pkey, &uid).await;
+            true
+        }
+        SavedGuest::Unknown(error) => {
+            crate::provider::publish::fail_op(
+                p,
+                pod,
+                pkey,
+                "HibernateEvidenceUnavailable",
+                OP,
+                &format!("vm {vm} is gone and its hibernate snapshot cannot be checked: {error}; retrying"),
             )
             .await;
-            self.metrics.hibernate_step("push", pushed.is_ok());
-            if let Err(e) = pushed {
-                let message = format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running");
-                return saga
-                    .abort(Failure::transient("HibernatePushFailed", message), true)
-                    .await;
-            }
-            saga.done.push(Undo::WithdrawTag);
+            false
         }
-        // The saved guest is new: it is hibernated state, whatever an earlier wake recorded.
-        self.state.set_woken_from(&saga.name, None);
-
-        saga.remove().await
-    }
-
-    /// The snapshot id the hibernated guest lives in: the `:hibernate` tag's (with a registry),
-    /// else the local snapshot's. `None` when there is none.
-    pub(in crate::provider) async fn saved_snapshot_id(
-        &self,
-        name: &str,
-    ) -> Result<Option<String>, rules::SavedSnapshotError> {
-        match &self.ports.registry {
-            Some(registry) => Ok(registry
-                .snapshot_meta(name, plan::HIBERNATE_SNAPSHOT_TAG)
-                .await?
-                .map(|m| m.snapshot_id)),
-            None => match self.ports.runtime.snapshot_inspect(name).await {
-                Ok(s) => Ok(Some(s.id)),
-                Err(e) if e.is_not_found() => Ok(None),
-                Err(e) => Err(e.into()),
-            },
-        }
-    }
-
-    /// The VM is gone and its state saved: the pod stays, parked.
-    async fn finish_hibernated(&self, pod: &Pod, pkey: &str, uid: &str) {
-        self.state.detach_vm(pkey, uid, true);
-        self.probes.forget(pkey, Some(uid));
-        crate::provider::publish::set_lifecycle(self, pod, pkey, LifecycleState::Hibernated, "").await;
-        let how = if self.ports.registry.is_some() {
-            "snapshot pushed to registry"
-        } else {
-            "snapshot saved locally (no registry pusher configured)"
-        };
-        self.ports.events.record(pod, false, "Hibernated", how.into());
-        tracing::info!(pod = %pkey, how, "hibernated");
-        self.notify(pkey);
-    }
-
-    /// The VM vanished before this hibernate could save it: hibernated if a snapshot holds its
-    /// state, otherwise reported (nothing can be resumed).
-    pub(super) async fn settle_vanished(&self, pod: &Pod, pkey: &str, vm: &str) -> bool {
-        let uid = super::table::uid_of(pod);
-        match saved_guest(hibernate_evidence(self, vm).await) {
-            SavedGuest::Saved => {
-                self.finish_hibernated(pod, pkey, &uid).await;
-                true
-            }
-            SavedGuest::Unknown(error) => {
-                crate::provider::publish::fail_op(
-                    self,
-                    pod,
-                    pkey,
-                    "HibernateEvidenceUnavailable",
-                    OP,
-                    &format!("vm {vm} is gone and its hibernate snapshot cannot be checked: {error}; retrying"),
-                )
-                .await;
-                false
-            }
-            SavedGuest::Absent => {
-                self.state.detach_vm(pkey, &uid, false);
-                crate::provider::publish::fail_op(
-                    self,
-                    pod,
-                    pkey,
-                    "HibernateVMVanished",
-                    OP,
-                    &format!("vm {vm} disappeared before its state was saved; no hibernate snapshot exists"),
-                )
-                .await;
-                true
-            }
+        SavedGuest::Absent => {
+            p.state.detach_vm(pkey, &uid, false);
+            crate::provider::publish::fail_op(
+                p,
+                pod,
+                pkey,
+                "HibernateVMVanished",
+                OP,
+                &format!("vm {vm} disappeared before its state was saved; no hibernate snapshot exists"),
+            )
+            .await;
+            true
         }
     }
 }
@@ -226,13 +205,13 @@ impl Saga<'_> {
         let current = match p.ports.runtime.inspect(&vm.id).await {
             Err(e) if e.is_vm_not_found() => {
                 return Ok(Checked::Settled(
-                    p.settle_vanished(self.pod, self.pkey, &self.name).await,
+                    settle_vanished(p, self.pod, self.pkey, &self.name).await,
                 ));
             }
             Ok(current) if !current.state.is_running() => current,
             _ => return Ok(Checked::Save),
         };
-        match rules::not_running(p.saved_snapshot_id(&self.name).await, &current.snapshot_ids) {
+        match rules::not_running(saved_snapshot_id(p, &self.name).await, &current.snapshot_ids) {
             NotRunning::RemoveSaved { snapshot } => {
                 tracing::info!(pod = %self.pkey, vm = %vm.id, %snapshot, "vm is not running and its own save is the hibernate snapshot: removing it");
                 Ok(Checked::AlreadySaved)
@@ -288,7 +267,7 @@ impl Saga<'_> {
             crate::provider::publish::clear_runtime(p, pod, pkey).await;
         }
         p.release_leases(&self.vm).await;
-        p.finish_hibernated(pod, pkey, &super::table::uid_of(pod)).await;
+        finish_hibernated(p, pod, pkey, &super::table::uid_of(pod)).await;
         true
     }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::policy::contract::bring_up::HibernateEvidence;
+use crate::provider::bring_up::SavedSnapshotError;
 
 /// Where a guest's saved state stands, from the hibernate evidence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,16 +37,6 @@ pub(super) enum NotRunning {
     StartThenSave,
     /// The hibernate snapshot cannot be checked: retry.
     Retry(SavedSnapshotError),
-}
-
-/// Why the id of the saved (hibernated) guest's snapshot cannot be read: the registry's answer
-/// about the `:hibernate` tag, or cocoon's about the local snapshot. Either is inconclusive.
-#[derive(Debug, thiserror::Error)]
-pub(in crate::provider) enum SavedSnapshotError {
-    #[error(transparent)]
-    Registry(#[from] crate::registry::RegistryError),
-    #[error(transparent)]
-    Runtime(#[from] crate::runtime::RuntimeError),
 }
 
 /// `saved_id` is the id of the snapshot under the hibernate tag (or the local one without a

@@ -21,8 +21,7 @@ pub mod vnc;
 use crate::settings::parser;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::Arc;
 
 use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -449,43 +448,6 @@ async fn register(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord) {
     crate::provider::publish::write_annotations(p, pod, pkey, &changes).await;
 }
 
-/// A macOS guest whose record shows no MAC yet: inspect it again, at most every
-/// `timings.mac_reinspect` per pod (`last` is the pod's probe's own clock), on a task of its
-/// own since the probe's target is synchronous. A MAC that appears is attached to the
-/// tracked VM, so the next probe looks up the guest's lease by it.
-pub(in crate::provider) fn reinspect_for_mac(
-    p: &CocoonProvider,
-    key: &str,
-    uid: &str,
-    name: &str,
-    last: &Mutex<Option<Instant>>,
-) {
-    let now = Instant::now();
-    {
-        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.is_some_and(|at| now.duration_since(at) < p.cfg.timings.mac_reinspect) {
-            return;
-        }
-        *last = Some(now);
-    }
-    let Some(owner) = p.me.upgrade() else { return };
-    let (key, uid, name) = (key.to_string(), uid.to_string(), name.to_string());
-    p.spawn(async move {
-        let p = owner;
-        match p.ports.macos.inspect(&name).await {
-            Ok(vm) if !vm.mac.is_empty() => {
-                if p.state.refresh_vm(&key, &uid, plan::record(&name, &vm)) {
-                    tracing::info!(pod = %key, vm = %name, mac = %vm.mac, "macOS guest's MAC known; its lease decides the address");
-                }
-            }
-            Ok(_) => tracing::debug!(pod = %key, vm = %name, "macOS guest shows no MAC yet; inspected again later"),
-            Err(e) => {
-                tracing::warn!(pod = %key, vm = %name, error = %e, "inspecting a macOS guest for its MAC failed; tried again later")
-            }
-        }
-    });
-}
-
 /// DeletePod of a managed macOS pod: `vm rm` (absent is done), then the leases and the port.
 pub(super) async fn delete(
     p: &CocoonProvider,
@@ -580,7 +542,7 @@ pub(super) async fn adopt_at_startup(p: &CocoonProvider, pods: &[&Arc<Pod>]) {
                     let record = plan::record(&name, &vm);
                     p.state.set_vm(&pkey, &uid, record.clone());
                     register(p, pod, &pkey, &record).await;
-                    p.start_probe(&pkey, &uid).await;
+                    crate::provider::probe_start::start_probe(p, &pkey, &uid).await;
                     tracing::info!(pod = %pkey, vm = %name, pid = vm.pid, "re-registered a running macOS vm");
                 }
                 Ok(_) => tracing::info!(pod = %pkey, vm = %name, "macOS vm is not running; CreatePod will start it"),

@@ -4,9 +4,11 @@
 //! one module, until the contract grows them (`src/provider/macos/README.md`).
 
 use crate::policy::contract::resource_translation::GuestResources;
-use crate::runtime::VmRecord;
 use crate::runtime::macos::MacVm;
-use crate::runtime::parse::Nic;
+
+// How the rest of the provider records and recognises a macOS VM lives below this folder
+// (the probe start needs it, and the macOS path reaches the probe start through the boot finish).
+pub use crate::provider::mac_guest::{HYPERVISOR, is_macos_vm, record, vm_id};
 
 /// The macOS defaults of cocoon-macos (and vk-cocoon): 4 vCPUs, 8192 MiB.
 pub const DEFAULT_CPUS: u32 = 4;
@@ -85,42 +87,6 @@ pub enum BadVncPassword {
         "COCOON_MACOS_VNC_PASSWORD contains the control character {0:?}; use printable characters only, or unset it to run macOS guests without VNC"
     )]
     ControlCharacter(char),
-}
-
-/// The VM id vk-cocoon publishes for a macOS guest.
-pub fn vm_id(name: &str) -> String {
-    format!("qemu-{name}")
-}
-
-pub const HYPERVISOR: &str = "qemu";
-
-/// Whether a tracked VM is a macOS guest (the CH event watcher, resume and orphan logic skip
-/// those).
-pub fn is_macos_vm(vm: &VmRecord) -> bool {
-    vm.hypervisor == HYPERVISOR
-}
-
-/// The provider's record of a macOS VM: id `qemu-NAME`, hypervisor `qemu`, and one NIC with the
-/// guest's MAC and no static address, so its IP comes from cocoon-net's lease and the lease is
-/// released on delete like any DHCP NIC's.
-pub fn record(name: &str, vm: &MacVm) -> VmRecord {
-    let mut r = VmRecord {
-        id: vm_id(name),
-        hypervisor: HYPERVISOR.into(),
-        state: crate::runtime::VmState::Running,
-        pid: vm.pid,
-        ..Default::default()
-    };
-    r.config.name = name.into();
-    r.config.image = vm.image.clone();
-    if !vm.mac.is_empty() {
-        r.network_configs = vec![Nic {
-            tap: vm.tap.clone(),
-            mac: vm.mac.clone(),
-            ..Default::default()
-        }];
-    }
-    r
 }
 
 /// Whether `pid` is a live process (signal 0 succeeds) that is not a zombie.

@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
+use crate::hypervisor::Hypervisor;
+
 /// One file of the snapshot in the config blob.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -39,8 +41,8 @@ pub struct SnapshotConfig {
     pub image_type: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub image_blob_ids: BTreeMap<String, Value>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub hypervisor: String,
+    #[serde(default, skip_serializing_if = "Hypervisor::is_unspecified")]
+    pub hypervisor: Hypervisor,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu: i64,
     #[serde(default, skip_serializing_if = "is_zero_u")]
@@ -101,7 +103,7 @@ impl SnapshotConfig {
                 .and_then(Value::as_object)
                 .map(|m| m.clone().into_iter().collect())
                 .unwrap_or_default(),
-            hypervisor: s("hypervisor"),
+            hypervisor: Hypervisor::from(s("hypervisor")),
             cpu: i("cpu"),
             memory: u("memory"),
             storage: u("storage"),
@@ -131,7 +133,7 @@ impl SnapshotConfig {
                 put("image", self.image.clone().into());
                 put("image_digest", self.image_digest.clone().into());
                 put("image_type", self.image_type.clone().into());
-                put("hypervisor", self.hypervisor.clone().into());
+                put("hypervisor", self.hypervisor.as_str().into());
                 put("cpu", self.cpu.into());
                 put("memory", self.memory.into());
                 put("storage", self.storage.into());

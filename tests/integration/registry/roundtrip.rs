@@ -121,7 +121,7 @@ async fn push_then_pull_round_trips_a_sparse_multi_file_snapshot_byte_for_byte()
     let cfg = r.snapshot_config("vk-ns-vm", "latest").await.unwrap().expect("config");
     assert_eq!(cfg.snapshot_id, id);
     assert_eq!(cfg.image, IMG);
-    assert_eq!(cfg.hypervisor, "cloud-hypervisor");
+    assert_eq!(cfg.hypervisor, vk_cocoon::hypervisor::Hypervisor::CloudHypervisor);
     assert_eq!(cfg.schema_version, "v1");
     assert!(
         cfg.files.contains_key("memory-ranges")

@@ -98,7 +98,7 @@ async fn old_list_text_and_fc_windows_validation() {
     let mut spec = run_spec("fc-vm");
     spec.backend = Backend::Firecracker;
     let vm = h.client.run(&spec).await.unwrap();
-    assert_eq!(vm.hypervisor, "firecracker");
+    assert_eq!(vm.hypervisor, vk_cocoon::hypervisor::Hypervisor::Firecracker);
     spec.windows = true;
     spec.name = Some("bad".into());
     let e = h.client.run(&spec).await.unwrap_err();

@@ -91,7 +91,7 @@ fn snapshot_meta_of(tar: &[u8]) -> Result<SnapshotMeta, String> {
             return Ok(SnapshotMeta {
                 snapshot_id: s("id"),
                 image: s("image"),
-                hypervisor: s("hypervisor"),
+                hypervisor: s("hypervisor").into(),
             });
         }
     }
