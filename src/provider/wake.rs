@@ -59,7 +59,7 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
         spec: spec.clone(),
     };
     let started = Instant::now();
-    let (vm, label) = match restore(p, &ctx, &options).await {
+    let (vm, label) = match restore(p, &ctx, &options, None).await {
         Ok(v) => v,
         Err(f) => return wake_failed(p, pod, pkey, f).await,
     };

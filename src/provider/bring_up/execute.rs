@@ -24,27 +24,59 @@ use crate::policy::contract::resource_translation::{self as translation, BootPat
 use crate::policy::slots::ResourceTranslation;
 use crate::runtime::{CloneSource, CpuPolicy, RunSpec, SnapshotRecord, VmRecord, VmState};
 
+/// `decided`: the translation policy's answer for the path `plan` boots by, decided in the
+/// bring-up decision's hop; each plan takes it at the step where it needs the cgroup flags, so a
+/// refusal still comes after the same cocoon calls as when it was asked there.
 pub(super) async fn execute(
     p: &CocoonProvider,
     ctx: &Ctx<'_>,
     existing: Option<VmRecord>,
     image_snapshot: Option<SnapshotRecord>,
     plan: Plan,
+    decided: Option<Decided>,
 ) -> Result<BroughtUp, BringUpError> {
     match plan {
         Plan::AdoptExisting(_) => adopt_existing(p, ctx, existing).await,
         Plan::AdoptUnmanaged(adoption) => Ok(adopt_unmanaged(&ctx.spec, &adoption)),
         Plan::RestoreFromHibernate(restore_plan) => {
-            return restore_from_hibernate(p, ctx, restore_plan)
+            return restore_from_hibernate(p, ctx, restore_plan, decided)
                 .await
                 .map_err(BringUpError::Restore);
         }
-        Plan::CloneFromDir(dir_plan) => clone_from_dir(p, ctx, dir_plan).await,
-        Plan::Fork(fork_plan) => fork(p, ctx, fork_plan).await,
-        Plan::Clone(clone_plan) => clone(p, ctx, clone_plan, image_snapshot).await,
-        Plan::Run(run_plan) => run(p, ctx, run_plan).await,
+        Plan::CloneFromDir(dir_plan) => clone_from_dir(p, ctx, dir_plan, decided).await,
+        Plan::Fork(fork_plan) => fork(p, ctx, fork_plan, decided).await,
+        Plan::Clone(clone_plan) => clone(p, ctx, clone_plan, image_snapshot, decided).await,
+        Plan::Run(run_plan) => run(p, ctx, run_plan, decided).await,
     }
     .map_err(BringUpError::Execute)
+}
+
+/// The path a plan boots by, which is the one fact of the translation's the plan decides: a
+/// restore, a clone from a directory, a fork and a clone all boot by `vm clone`, a run by
+/// `vm run`; an adoption boots nothing and asks no translation.
+pub(super) fn boot_path(plan: &Plan) -> Option<BootPath> {
+    match plan {
+        Plan::AdoptExisting(_) | Plan::AdoptUnmanaged(_) => None,
+        Plan::RestoreFromHibernate(_) | Plan::CloneFromDir(_) | Plan::Fork(_) | Plan::Clone(_) => Some(BootPath::Clone),
+        Plan::Run(_) => Some(BootPath::Run),
+    }
+}
+
+/// A translation decision and the path it was asked for.
+pub(in crate::provider) struct Decided {
+    pub path: BootPath,
+    pub decision: translation::Decision,
+}
+
+/// The translation policy's facts for the pod booting by `path`: nothing the bring-up step
+/// gathers or decides but the path.
+pub(super) fn translation_facts(ctx: &Ctx<'_>, path: BootPath) -> translation::Facts {
+    translation::Facts {
+        pod: ctx.facts.clone(),
+        spec: ctx.spec.clone(),
+        path,
+        resources: first_container_resources(ctx.pod),
+    }
 }
 
 async fn adopt_existing(p: &CocoonProvider, ctx: &Ctx<'_>, existing: Option<VmRecord>) -> Result<BroughtUp, Failure> {
@@ -89,6 +121,7 @@ async fn restore_from_hibernate(
     p: &CocoonProvider,
     ctx: &Ctx<'_>,
     restore_plan: RestorePlan,
+    decided: Option<Decided>,
 ) -> Result<BroughtUp, Failure> {
     let vm_name = ctx.spec.vm_name.as_str();
     if restore_plan.derived {
@@ -99,7 +132,7 @@ async fn restore_from_hibernate(
             format!("vm {vm_name} owns a hibernate snapshot: restoring it instead of booting fresh"),
         );
     }
-    let (vm, label) = restore(p, ctx, &restore_plan.options).await?;
+    let (vm, label) = restore(p, ctx, &restore_plan.options, decided).await?;
     tracing::info!(pod = %ctx.facts.key(), vm = %vm_name, source = %label, "restored from hibernate");
     Ok(BroughtUp {
         vm,
@@ -109,7 +142,12 @@ async fn restore_from_hibernate(
     })
 }
 
-async fn clone_from_dir(p: &CocoonProvider, ctx: &Ctx<'_>, plan: CloneFromDirPlan) -> Result<BroughtUp, Failure> {
+async fn clone_from_dir(
+    p: &CocoonProvider,
+    ctx: &Ctx<'_>,
+    plan: CloneFromDirPlan,
+    decided: Option<Decided>,
+) -> Result<BroughtUp, Failure> {
     let CloneFromDirPlan { options, dir } = plan;
     // Host invariant, whatever the policy chose: only a directory the node exports from.
     let dir = p
@@ -120,7 +158,7 @@ async fn clone_from_dir(p: &CocoonProvider, ctx: &Ctx<'_>, plan: CloneFromDirPla
         .display()
         .to_string();
     drop_own_fork(p, &options).await;
-    let cpu = translate(p, ctx, BootPath::Clone).await?.0;
+    let cpu = translate(p, ctx, BootPath::Clone, decided).await?.0;
     let spec = clone_spec(&options, CloneSource::Dir(dir.clone()), true, cpu)?;
     let result = p.ports.runtime.clone_vm(&spec).await;
     ProviderMetrics::count(&p.metrics.clone_from_dir, result.is_ok());
@@ -133,7 +171,12 @@ async fn clone_from_dir(p: &CocoonProvider, ctx: &Ctx<'_>, plan: CloneFromDirPla
     Ok(fresh(vm, BootOrigin::CloneFromDir, String::new()))
 }
 
-async fn fork(p: &CocoonProvider, ctx: &Ctx<'_>, plan: ForkPlan) -> Result<BroughtUp, Failure> {
+async fn fork(
+    p: &CocoonProvider,
+    ctx: &Ctx<'_>,
+    plan: ForkPlan,
+    decided: Option<Decided>,
+) -> Result<BroughtUp, Failure> {
     let ForkPlan {
         options,
         source_vm,
@@ -141,7 +184,7 @@ async fn fork(p: &CocoonProvider, ctx: &Ctx<'_>, plan: ForkPlan) -> Result<Broug
     } = plan;
     drop_own_fork(p, &options).await;
     ensure_fork_snapshot(p, &source_vm, &fork_snapshot).await?;
-    let cpu = translate(p, ctx, BootPath::Clone).await?.0;
+    let cpu = translate(p, ctx, BootPath::Clone, decided).await?.0;
     let spec = clone_spec(&options, CloneSource::Snapshot(fork_snapshot.clone()), false, cpu)?;
     let vm = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
         Failure::transient(
@@ -159,6 +202,7 @@ async fn clone(
     ctx: &Ctx<'_>,
     plan: ClonePlan,
     known: Option<SnapshotRecord>,
+    decided: Option<Decided>,
 ) -> Result<BroughtUp, Failure> {
     let ClonePlan {
         options,
@@ -175,7 +219,7 @@ async fn clone(
     plan::assert_backend(&local_snapshot, &snapshot.hypervisor, &expected_backend)
         .map_err(|m| Failure::permanent("SnapshotBackendMismatch", m))?;
     ensure_base_image(p, &snapshot).await?;
-    let cpu = translate(p, ctx, BootPath::Clone).await?.0;
+    let cpu = translate(p, ctx, BootPath::Clone, decided).await?.0;
     let pull = !snapshot.image.is_empty();
     let spec = clone_spec(&options, CloneSource::Snapshot(local_snapshot.clone()), pull, cpu)?;
     let vm = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
@@ -187,7 +231,7 @@ async fn clone(
     Ok(fresh(vm, BootOrigin::Clone, snapshot.image.clone()))
 }
 
-async fn run(p: &CocoonProvider, ctx: &Ctx<'_>, plan: RunPlan) -> Result<BroughtUp, Failure> {
+async fn run(p: &CocoonProvider, ctx: &Ctx<'_>, plan: RunPlan, decided: Option<Decided>) -> Result<BroughtUp, Failure> {
     let RunPlan {
         vm_name: name,
         image,
@@ -200,7 +244,7 @@ async fn run(p: &CocoonProvider, ctx: &Ctx<'_>, plan: RunPlan) -> Result<Brought
     let backend = plan::backend(&backend).map_err(|m| Failure::permanent("CreateBringUpFailed", m))?;
     drop_fork_of(p, &name).await;
     let local_image = ensure_run_image(p, &image, force_pull).await?;
-    let (cpu, guest) = translate(p, ctx, BootPath::Run).await?;
+    let (cpu, guest) = translate(p, ctx, BootPath::Run, decided).await?;
     let guest = guest.unwrap_or(GuestResources {
         vcpus: None,
         memory_bytes: None,
@@ -281,22 +325,23 @@ pub(in crate::provider) async fn adopted_finish(p: &CocoonProvider, pod: &Pod, s
     }
 }
 
-/// The translation policy: cgroup flags (every path) and guest resources (run path).
+/// The translation policy: cgroup flags (every path) and guest resources (run path). Its answer
+/// for `path` when it was `decided` already (in the bring-up decision's hop), else asked now.
 pub(in crate::provider) async fn translate(
     p: &CocoonProvider,
     ctx: &Ctx<'_>,
     path: BootPath,
+    decided: Option<Decided>,
 ) -> Result<(CpuPolicy, Option<GuestResources>), Failure> {
-    let facts = translation::Facts {
-        pod: ctx.facts.clone(),
-        spec: ctx.spec.clone(),
-        path,
-        resources: first_container_resources(ctx.pod),
+    let d = match decided {
+        Some(decided) if decided.path == path => decided.decision,
+        _ => {
+            let facts = translation_facts(ctx, path);
+            p.decide(move |pol| pol.decide::<ResourceTranslation>(&facts))
+                .await
+                .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?
+        }
     };
-    let d = p
-        .decide(move |pol| pol.decide::<ResourceTranslation>(&facts))
-        .await
-        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
     match d.outcome {
         translation::Outcome::Translated(t) => Ok((plan::cpu_policy(&t.cpu), t.guest)),
         translation::Outcome::Refuse(refusal) => Err(Failure::refused(refusal, d.message)),

@@ -1,6 +1,7 @@
 //! A bring-up (adopt the VM already here, else the path the policy picks) as a pipeline of typed
 //! steps: [`gather`] reads what this node has for the pod (I/O), [`decide`] asks the bring-up
-//! policy (pure, sandboxed), [`execute`] carries out the plan it chose (I/O). Each step fails with
+//! policy (pure, sandboxed; a create asks the translation policy for the plan's boot path in the
+//! same hop), [`execute`] carries out the plan it chose (I/O). Each step fails with
 //! its own [`BringUpError`] case, so the caller knows whether a failed bring-up was a restore (a
 //! failed wake) without a flag threaded through every step. [`restore`] is the one restore of a
 //! hibernated guest, shared by CreatePod and the UpdatePod wake.
@@ -20,7 +21,8 @@ use super::failure::Failure;
 use super::guest::Finish;
 use super::plan;
 use crate::policy::contract::bring_up::{Decision, Facts, Outcome};
-use crate::policy::slots::BringUp;
+use crate::policy::contract::resource_translation::BootPath;
+use crate::policy::slots::{BringUp, ResourceTranslation};
 use crate::runtime::VmRecord;
 use gather::Lookup;
 
@@ -95,7 +97,7 @@ async fn attempt(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<Br
         gathered.evidence,
         local_snapshots,
     );
-    let decision = decide(p, facts, &ctx.facts.key(), "bring-up decision")
+    let (decision, translation) = decide_with_translation(p, ctx, facts)
         .await
         .map_err(BringUpError::Decide)?;
     let plan = match decision.outcome {
@@ -104,7 +106,42 @@ async fn attempt(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<Br
         }
         Outcome::Proceed(plan) => plan,
     };
-    execute::execute(p, ctx, gathered.existing, gathered.image_snapshot, plan).await
+    execute::execute(p, ctx, gathered.existing, gathered.image_snapshot, plan, translation).await
+}
+
+/// The bring-up decision and, when its plan boots, the translation decision for the path it
+/// boots by, in one hop to the blocking pool: a hop costs a thread wake-up (hundreds of
+/// microseconds on a loaded machine), the second decision a few. The translation's facts are
+/// the pod's and the path the plan picks (see [`execute::boot_path`]), so nothing between the
+/// two decisions is missing; the execute step still takes its answer where it used to ask.
+async fn decide_with_translation(
+    p: &CocoonProvider,
+    ctx: &Ctx<'_>,
+    facts: Facts,
+) -> Result<(Decision, Option<execute::Decided>), Failure> {
+    let key = ctx.facts.key();
+    let (uid, vm_name) = (facts.pod.uid.clone(), facts.spec.vm_name.clone());
+    // Its path is the plan's, set once the plan is known.
+    let mut translation_facts = execute::translation_facts(ctx, BootPath::Clone);
+    let (decision, translation) = p
+        .decide(move |pol| {
+            let decision = pol.decide::<BringUp>(&facts);
+            let translation = match &decision.outcome {
+                Outcome::Proceed(plan) => execute::boot_path(plan).map(|path| {
+                    translation_facts.path = path;
+                    execute::Decided {
+                        path,
+                        decision: pol.decide::<ResourceTranslation>(&translation_facts),
+                    }
+                }),
+                Outcome::Refuse(_) => None,
+            };
+            (decision, translation)
+        })
+        .await
+        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+    let decision = settle(p, decision, &key, &uid, &vm_name, "bring-up decision")?;
+    Ok((decision, translation))
 }
 
 /// Asks the bring-up policy (off the async workers), counts its hibernate-evidence verdict and
@@ -117,12 +154,25 @@ pub(super) async fn decide(p: &CocoonProvider, facts: Facts, key: &str, what: &s
         .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await
         .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+    settle(p, decision, key, &uid, &vm_name, what)
+}
+
+/// What follows every bring-up decision: its evidence verdict counted, the decision logged
+/// under `what`, and the VM name taken for a plan that proceeds.
+fn settle(
+    p: &CocoonProvider,
+    decision: Decision,
+    key: &str,
+    uid: &str,
+    vm_name: &str,
+    what: &str,
+) -> Result<Decision, Failure> {
     if let Some(verdict) = plan::evidence_verdict(&decision.outcome) {
         p.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
     }
     tracing::info!(pod = %key, reason = %decision.reason, message = %decision.message, "{what}");
     if matches!(decision.outcome, Outcome::Proceed(_)) {
-        super::ownership::take_name(p, key, &uid, &vm_name)?;
+        super::ownership::take_name(p, key, uid, vm_name)?;
     }
     Ok(decision)
 }

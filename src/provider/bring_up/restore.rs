@@ -10,7 +10,7 @@ use super::super::failure::Failure;
 use super::super::guest::Finish;
 use super::super::invariants;
 use super::super::plan;
-use super::execute::translate;
+use super::execute::{Decided, translate};
 use super::gather::Ctx;
 use crate::model::VmSpec;
 use crate::policy::contract::bring_up::CloneOptions;
@@ -152,6 +152,7 @@ pub(in crate::provider) async fn restore(
     p: &CocoonProvider,
     ctx: &Ctx<'_>,
     options: &CloneOptions,
+    decided: Option<Decided>,
 ) -> Result<(VmRecord, String), Failure> {
     let vm = ctx.spec.vm_name.as_str();
     let source = wake_source(p, vm).await?;
@@ -164,7 +165,7 @@ pub(in crate::provider) async fn restore(
         );
     }
     ensure_base_image(p, &source.record).await?;
-    let cpu = translate(p, ctx, BootPath::Clone).await?.0;
+    let cpu = translate(p, ctx, BootPath::Clone, decided).await?.0;
     let nics = invariants::nic_less_hibernate(&ctx.spec).then_some(1);
     let clone_source = match &source.staged {
         Some(_) => CloneSource::Dir(source.snapshot.clone()),

@@ -277,7 +277,7 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
                 facts,
                 spec: spec.clone(),
             };
-            let (_, guest) = super::bring_up::translate(p, &ctx, BootPath::Run).await?;
+            let (_, guest) = super::bring_up::translate(p, &ctx, BootPath::Run, None).await?;
             let sizes = plan::sizes(guest.as_ref(), image.virtual_size);
             let vnc = claim_vnc(p, name, password, None)?;
             let run = MacRunSpec {
