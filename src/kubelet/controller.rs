@@ -227,10 +227,10 @@ impl<P: Provider> PodController<P> {
         match action {
             Action::Record {
                 pod,
-                warning,
+                type_,
                 reason,
                 note,
-            } => self.events.record(&pod, warning, &reason, "Sync", note),
+            } => self.events.record(&pod, type_, reason, "Sync", note),
             Action::RetryAfter { .. } | Action::RequeueAfter { .. } | Action::Run { .. }
                 if draining && !reports(&action) =>
             {
@@ -380,7 +380,7 @@ async fn run_op<P: Provider>(
 ) -> OpOutcome {
     let (key, uid) = (PodKey::of(pod), Uid::of(pod));
     let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
-    let rejected = |r: &Rejection| ProviderPodStatus::failed(&r.reason, &r.message);
+    let rejected = |r: &Rejection| ProviderPodStatus::failed(r.reason.as_str(), &r.message);
     match op {
         OpKind::Create => map_provider(provider.create_pod(pod).await),
         OpKind::Update => map_provider(provider.update_pod(pod).await),

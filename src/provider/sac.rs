@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use crate::kubelet::EventReason;
 use crate::policy::contract::guest_fixup::ConsoleAddress;
 use crate::retry::Schedule;
 
@@ -85,12 +86,12 @@ pub enum SacError {
 
 impl SacError {
     /// The Warning Event reason of the step.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> EventReason {
         match self {
-            Self::Dial { .. } => "PostCloneSACDialFailed",
-            Self::Enum { .. } => "PostCloneSACEnumFailed",
-            Self::Set { .. } => "PostCloneSACSetFailed",
-            Self::Verify { .. } => "PostCloneSACVerifyFailed",
+            Self::Dial { .. } => EventReason::PostCloneSacDialFailed,
+            Self::Enum { .. } => EventReason::PostCloneSacEnumFailed,
+            Self::Set { .. } => EventReason::PostCloneSacSetFailed,
+            Self::Verify { .. } => EventReason::PostCloneSacVerifyFailed,
         }
     }
 }

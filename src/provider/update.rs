@@ -57,9 +57,12 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if let Err(f) = p.admission(&facts, AdmissionContext::Update).await? {
         p.metrics
             .lifecycle("update", "failed", super::create::admission_label(&f));
-        p.ports
-            .events
-            .record(pod, true, f.reason, format!("update: {}", f.message));
+        p.ports.events.record(
+            pod,
+            crate::kubelet::EventType::Warning,
+            f.reason,
+            format!("update: {}", f.message),
+        );
         return Err(f.to_provider_error());
     }
     if p.state.resume_claimed(&key) {

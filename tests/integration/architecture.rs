@@ -53,7 +53,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("peer", &["extents", "protocol"]),
     ("policy", &["compile_worker", "engine"]),
     ("provider", &["config", "probe", "probe_scope"]),
-    ("provider", &["failure", "ownership"]),
     ("provider::bring_up", &["execute", "restore"]),
 ];
 

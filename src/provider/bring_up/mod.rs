@@ -19,6 +19,7 @@ use super::CocoonProvider;
 use super::failure::Failure;
 use super::guest::Finish;
 use super::plan;
+use crate::kubelet::EventReason;
 use crate::policy::contract::bring_up::{Decision, Facts, Outcome};
 use crate::policy::slots::BringUp;
 use crate::runtime::VmRecord;
@@ -116,7 +117,7 @@ pub(super) async fn decide(p: &CocoonProvider, facts: Facts, key: &str, what: &s
     let decision = p
         .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await
-        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+        .map_err(|e| Failure::transient(EventReason::PolicyUnavailable, e.to_string()))?;
     if let Some(verdict) = plan::evidence_verdict(&decision.outcome) {
         p.metrics.hibernate_evidence.with_label_values(&[verdict]).inc();
     }

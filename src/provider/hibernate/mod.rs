@@ -113,7 +113,10 @@ impl CocoonProvider {
                 saga.name, saga.vm.id
             );
             return saga
-                .abort(Failure::transient("HibernateSnapshotFailed", message), true)
+                .abort(
+                    Failure::transient(crate::kubelet::EventReason::HibernateSnapshotFailed, message),
+                    true,
+                )
                 .await;
         }
 
@@ -135,7 +138,10 @@ impl CocoonProvider {
             if let Err(e) = pushed {
                 let message = format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running");
                 return saga
-                    .abort(Failure::transient("HibernatePushFailed", message), true)
+                    .abort(
+                        Failure::transient(crate::kubelet::EventReason::HibernatePushFailed, message),
+                        true,
+                    )
                     .await;
             }
             saga.done.push(Undo::WithdrawTag);
@@ -175,7 +181,12 @@ impl CocoonProvider {
         } else {
             "snapshot saved locally (no registry pusher configured)"
         };
-        self.ports.events.record(pod, false, "Hibernated", how.into());
+        self.ports.events.record(
+            pod,
+            crate::kubelet::EventType::Normal,
+            crate::kubelet::EventReason::Hibernated,
+            how.into(),
+        );
         tracing::info!(pod = %pkey, how, "hibernated");
         self.notify(pkey);
     }
@@ -194,7 +205,7 @@ impl CocoonProvider {
                     self,
                     pod,
                     pkey,
-                    "HibernateEvidenceUnavailable",
+                    crate::kubelet::EventReason::HibernateEvidenceUnavailable,
                     OP,
                     &format!("vm {vm} is gone and its hibernate snapshot cannot be checked: {error}; retrying"),
                 )
@@ -207,7 +218,7 @@ impl CocoonProvider {
                     self,
                     pod,
                     pkey,
-                    "HibernateVMVanished",
+                    crate::kubelet::EventReason::HibernateVmVanished,
                     OP,
                     &format!("vm {vm} disappeared before its state was saved; no hibernate snapshot exists"),
                 )
@@ -240,12 +251,12 @@ impl Saga<'_> {
             NotRunning::StartThenSave => match p.ports.runtime.start(&vm.id).await {
                 Ok(()) => Ok(Checked::Save),
                 Err(e) => Err(Failure::transient(
-                    "ResumeStartFailed",
+                    crate::kubelet::EventReason::ResumeStartFailed,
                     format!("start stopped vm {} to save it: {e}", vm.id),
                 )),
             },
             NotRunning::Retry(error) => Err(Failure::transient(
-                "HibernateEvidenceUnavailable",
+                crate::kubelet::EventReason::HibernateEvidenceUnavailable,
                 format!(
                     "vm {} is {} and its hibernate snapshot cannot be checked: {error}; retrying",
                     vm.id,
@@ -278,7 +289,10 @@ impl Saga<'_> {
                     };
                     let message = format!("remove vm {} after saving it: {e}; {kept}", self.vm.id);
                     return self
-                        .abort(Failure::transient("HibernateRemoveFailed", message), running)
+                        .abort(
+                            Failure::transient(crate::kubelet::EventReason::HibernateRemoveFailed, message),
+                            running,
+                        )
                         .await;
                 }
             }
