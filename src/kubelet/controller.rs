@@ -401,12 +401,12 @@ async fn run_op<P: Provider>(
                 (Ok(None), None) => return OpOutcome::Done,
             };
             // Nothing new: a write would only echo through the watch (an update per patch).
-            if written.unchanged(&key, &uid, pod, &status) {
+            if written.unchanged(key.as_str(), uid.as_str(), pod, &status) {
                 return OpOutcome::Done;
             }
             match publish(&pods, pod, &status).await {
                 Ok(()) => {
-                    written.record(&key, &uid, &status);
+                    written.record(key.as_str(), uid.as_str(), &status);
                     OpOutcome::Done
                 }
                 Err(outcome) => outcome,
@@ -431,7 +431,7 @@ async fn run_op<P: Provider>(
             };
             match pods.delete(&pod.name_any(), &params).await {
                 Ok(_) => {
-                    written.forget(&key);
+                    written.forget(key.as_str());
                     OpOutcome::Done
                 }
                 Err(e) if superseded(&e).is_some() => OpOutcome::Superseded,

@@ -228,7 +228,7 @@ impl PodState {
                             e.object_gone = true;
                             e.next = None;
                         }
-                        self.drive(&key, &mut actions);
+                        self.drive(key.as_str(), &mut actions);
                     }
                 }
             }
@@ -244,7 +244,7 @@ impl PodState {
                         e.next = None;
                     }
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::Finished {
                 key,
@@ -253,8 +253,8 @@ impl PodState {
                 fingerprint,
                 outcome,
             } => {
-                self.finished(&key, &uid, op, fingerprint, outcome, &mut actions);
-                self.drive(&key, &mut actions);
+                self.finished(key.as_str(), uid.as_str(), op, fingerprint, outcome, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::RetryDue { key, uid } => {
                 if let Some(e) = self.entries.get_mut(&key)
@@ -262,7 +262,7 @@ impl PodState {
                 {
                     e.retry_pending = None;
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::Notify { key } => {
                 if let Some(e) = self.entries.get_mut(&key)
@@ -270,7 +270,7 @@ impl PodState {
                 {
                     e.status_dirty = true;
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::Requeue { key, after } => {
                 if self.entries.get(&key).is_some_and(|e| !e.deleting) {
@@ -279,10 +279,10 @@ impl PodState {
                             let e = self.entries.get_mut(&key).expect("checked");
                             e.requeue.get_or_insert_with(Requeue::now).due = true;
                         }
-                        Some(schedule) => self.arm_requeue(&key, schedule, &mut actions),
+                        Some(schedule) => self.arm_requeue(key.as_str(), schedule, &mut actions),
                     }
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::RequeueDue { key, uid, token } => {
                 if let Some(e) = self.entries.get_mut(&key)
@@ -291,7 +291,7 @@ impl PodState {
                 {
                     r.due = true;
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
         }
         actions
@@ -322,7 +322,7 @@ impl PodState {
                 e.next = Some(pod);
             }
         }
-        self.drive(&key, actions);
+        self.drive(key.as_str(), actions);
     }
 
     fn finished(&mut self, key: &str, uid: &str, op: OpKind, fp: u64, outcome: OpOutcome, actions: &mut Vec<Action>) {
