@@ -329,6 +329,7 @@ async fn set_console_addresses(
         Some(a) => Err(super::sac::SacError::Set {
             command: format!("NIC {}", a.nic),
             detail: format!("the VM has {nics} NICs: the guest-fixup policy named one it does not have"),
+            cause: None,
         }),
         None => super::sac::set_addresses(&console, nics, &fixup.console_addresses, &p.cfg.timings.sac).await,
     };

@@ -292,7 +292,7 @@ impl CocoonProvider {
         match self.ports.leases.lookup(mac) {
             Ok(ip) => ip,
             Err(LeaseError::NoLease) => String::new(),
-            Err(e @ LeaseError::Unreadable(_)) => {
+            Err(e @ LeaseError::Unreadable { .. }) => {
                 tracing::warn!(vm = %vm.id, error = %e, "cocoon-net lease file unreadable");
                 String::new()
             }

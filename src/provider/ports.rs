@@ -95,8 +95,13 @@ pub trait SnapshotRegistry: Send + Sync {
 pub enum LeaseError {
     #[error("no cocoon-net lease for the requested MAC")]
     NoLease,
-    #[error("reading the cocoon-net lease file: {0}")]
-    Unreadable(String),
+    /// The file could not be read or parsed: the io or JSON error is kept as the source.
+    #[error("reading the cocoon-net lease file: {}: {cause}", path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        #[source]
+        cause: crate::registry::errors::Cause,
+    },
 }
 
 /// IP by MAC from cocoon-net's lease file.
