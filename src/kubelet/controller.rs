@@ -227,10 +227,10 @@ impl<P: Provider> PodController<P> {
         match action {
             Action::Record {
                 pod,
-                warning,
+                type_,
                 reason,
                 note,
-            } => self.events.record(&pod, warning, &reason, "Sync", note),
+            } => self.events.record(&pod, type_, reason, "Sync", note),
             Action::RetryAfter { .. } | Action::RequeueAfter { .. } | Action::Run { .. }
                 if draining && !reports(&action) =>
             {
@@ -380,7 +380,7 @@ async fn run_op<P: Provider>(
 ) -> OpOutcome {
     let (key, uid) = (PodKey::of(pod), Uid::of(pod));
     let pods: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
-    let rejected = |r: &Rejection| ProviderPodStatus::failed(&r.reason, &r.message);
+    let rejected = |r: &Rejection| ProviderPodStatus::failed(r.reason.as_str(), &r.message);
     match op {
         OpKind::Create => map_provider(provider.create_pod(pod).await),
         OpKind::Update => map_provider(provider.update_pod(pod).await),
@@ -401,12 +401,12 @@ async fn run_op<P: Provider>(
                 (Ok(None), None) => return OpOutcome::Done,
             };
             // Nothing new: a write would only echo through the watch (an update per patch).
-            if written.unchanged(&key, &uid, pod, &status) {
+            if written.unchanged(key.as_str(), uid.as_str(), pod, &status) {
                 return OpOutcome::Done;
             }
             match publish(&pods, pod, &status).await {
                 Ok(()) => {
-                    written.record(&key, &uid, &status);
+                    written.record(key.as_str(), uid.as_str(), &status);
                     OpOutcome::Done
                 }
                 Err(outcome) => outcome,
@@ -431,7 +431,7 @@ async fn run_op<P: Provider>(
             };
             match pods.delete(&pod.name_any(), &params).await {
                 Ok(_) => {
-                    written.forget(&key);
+                    written.forget(key.as_str());
                     OpOutcome::Done
                 }
                 Err(e) if superseded(&e).is_some() => OpOutcome::Superseded,

@@ -4,7 +4,9 @@
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Client;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
+
+pub use super::reasons::{EventReason, EventType};
 use tokio_util::task::TaskTracker;
 
 /// The reporting component of every event.
@@ -41,16 +43,26 @@ impl EventSink {
     }
 
     /// Publishes in the background.
-    pub fn record(&self, pod: &Pod, warning: bool, reason: &str, action: &str, note: String) {
-        self.record_on(pod.object_ref(&()), warning, reason, action, note);
+    pub fn record(&self, pod: &Pod, type_: EventType, reason: EventReason, action: &str, note: String) {
+        self.record_on(pod.object_ref(&()), type_, reason, action, note);
     }
 
     /// Publishes an Event about any object (the Node, for policy reloads) in the background.
-    pub fn record_on(&self, reference: ObjectReference, warning: bool, reason: &str, action: &str, note: String) {
+    pub fn record_on(
+        &self,
+        reference: ObjectReference,
+        type_: EventType,
+        reason: EventReason,
+        action: &str,
+        note: String,
+    ) {
         let recorder = self.recorder.clone();
         let event = Event {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
-            reason: reason.into(),
+            type_: match type_ {
+                EventType::Normal => KubeEventType::Normal,
+                EventType::Warning => KubeEventType::Warning,
+            },
+            reason: reason.as_str().into(),
             note: Some(note),
             action: action.into(),
             secondary: None,

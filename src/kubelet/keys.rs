@@ -1,10 +1,11 @@
 //! The two keys every per-pod table uses: the pod's `namespace/name` and its incarnation (uid).
 //! Both are cheap to clone (a shared `str`) and borrow as `&str`, so a table keyed by them is
-//! looked up with the plain text a caller has.
+//! looked up with the plain text a caller has. Neither derefs to `str`: a key is not text to
+//! slice or search, so the text is taken explicitly (`as_str`), where a signature still asks
+//! for a `&str`.
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::ops::Deref;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -18,13 +19,6 @@ macro_rules! shared_str_key {
 
         impl $name {
             pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl Deref for $name {
-            type Target = str;
-            fn deref(&self) -> &str {
                 &self.0
             }
         }

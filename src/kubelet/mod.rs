@@ -28,6 +28,7 @@ pub mod policy_status;
 pub mod preflight;
 pub mod provider;
 pub mod quantity;
+pub mod reasons;
 pub mod registration;
 pub mod serving_cert;
 pub mod status;
@@ -37,6 +38,7 @@ pub use config::{ConfigError, KubeletConfig, Timings};
 pub use controller::{Notifier, Stopping};
 pub use keys::{PodKey, Uid};
 pub use provider::{AgentState, Next, PodPhase, Provider, ProviderError, ProviderPodStatus};
+pub use reasons::{EventReason, EventType};
 
 use controller::PodController;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};

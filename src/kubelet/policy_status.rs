@@ -13,6 +13,7 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use super::events::EventSink;
+use super::reasons::{EventReason, EventType};
 use super::registration::{self, NodeIdentity};
 use crate::policy::status::{PolicyStatus, ReloadOutcome, ReloadResult, StatusBoard};
 
@@ -22,8 +23,6 @@ pub const ANNOTATION_PREFIX: &str = "policy.cocoonstack.io/";
 pub const CONDITION: &str = "PolicyReady";
 pub const REASON_LOADED: &str = "PoliciesLoaded";
 pub const REASON_REFUSED: &str = "PolicyReloadRefused";
-pub const EVENT_ACCEPTED: &str = "PolicyLoaded";
-pub const EVENT_REFUSED: &str = "PolicyRefused";
 
 /// The annotations naming each slot's serving component.
 pub fn annotations(status: &PolicyStatus) -> BTreeMap<String, String> {
@@ -79,19 +78,19 @@ pub fn condition(status: &PolicyStatus, now: &Time, previous: Option<&[NodeCondi
 }
 
 /// The Event for one load: (warning, reason, note).
-pub fn event(outcome: &ReloadOutcome) -> (bool, &'static str, String) {
+pub fn event(outcome: &ReloadOutcome) -> (EventType, EventReason, String) {
     match &outcome.result {
         ReloadResult::Accepted { digest, contract } => (
-            false,
-            EVENT_ACCEPTED,
+            EventType::Normal,
+            EventReason::PolicyLoaded,
             format!(
                 "slot {} now runs {digest} from {} ({contract})",
                 outcome.slot, outcome.source
             ),
         ),
         ReloadResult::Refused { reason, message, kept } => (
-            true,
-            EVENT_REFUSED,
+            EventType::Warning,
+            EventReason::PolicyRefused,
             format!(
                 "slot {}: new version from {} refused ({reason}): {message}; {kept} keeps serving",
                 outcome.slot, outcome.source
@@ -127,8 +126,8 @@ pub async fn publish(
                 }
             }
             Some(outcome) = async { match outcomes.as_mut() { Some(rx) => rx.recv().await, None => None } } => {
-                let (warning, reason, note) = event(&outcome);
-                events.record_on(node.clone(), warning, reason, "PolicyReload", note);
+                let (type_, reason, note) = event(&outcome);
+                events.record_on(node.clone(), type_, reason, "PolicyReload", note);
             }
         }
     }
@@ -230,9 +229,9 @@ mod tests {
             Some(std::slice::from_ref(&bad)),
         );
         assert_eq!(again.last_transition_time, Some(t1), "a heartbeat is not");
-        let (warning, reason, note) = event(&refused.refused[&Slot::BringUp]);
+        let (type_, reason, note) = event(&refused.refused[&Slot::BringUp]);
         assert!(
-            warning && reason == EVENT_REFUSED && note.contains("refused (fetch)"),
+            type_ == EventType::Warning && reason.as_str() == "PolicyRefused" && note.contains("refused (fetch)"),
             "{note}"
         );
     }

@@ -6,6 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::future::Future;
 use std::sync::Arc;
 
+use super::reasons::EventReason;
+
 /// How a provider operation failed; decides what the pod controller does next.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProviderError {
@@ -15,7 +17,7 @@ pub enum ProviderError {
     /// The pod can never run here as it is (bad annotations, CPU-class mismatch, ...). Not retried;
     /// the pod is published as Failed with this reason and message.
     #[error("rejected ({reason}): {message}")]
-    Rejected { reason: String, message: String },
+    Rejected { reason: EventReason, message: String },
     /// Anything that may work later (runtime or registry unavailable, ...). Retried with backoff.
     #[error("transient: {0}")]
     Transient(String),
@@ -23,7 +25,7 @@ pub enum ProviderError {
     /// as it is with a Warning Event of this reason, and tried again at the slowest retry pace,
     /// or at once when the pod changes.
     #[error("needs an operator ({reason}): {message}")]
-    NeedsOperator { reason: String, message: String },
+    NeedsOperator { reason: EventReason, message: String },
 }
 
 impl ProviderError {

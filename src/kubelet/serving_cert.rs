@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::events::EventSink;
+use super::reasons::{EventReason, EventType};
 use super::registration::{self, NodeIdentity};
 
 /// Where the cluster-signed serving certificate stands, for the Node (a condition and Events):
@@ -37,35 +38,36 @@ pub enum ServingCertStatus {
 }
 
 pub const CONDITION: &str = "KubeletServingCertificate";
-pub const REASON_PENDING: &str = "CSRPending";
-pub const REASON_ISSUED: &str = "CertificateIssued";
-pub const REASON_REFUSED: &str = "CSRRefused";
+// The condition's reasons are its Events' reasons: one spelling, in [`EventReason`].
+pub const REASON_PENDING: &str = EventReason::CsrPending.as_str();
+pub const REASON_ISSUED: &str = EventReason::CertificateIssued.as_str();
+pub const REASON_REFUSED: &str = EventReason::CsrRefused.as_str();
 
 /// What a status says: (condition status, reason, message).
-fn describe(status: &ServingCertStatus) -> (&'static str, &'static str, String) {
+fn describe(status: &ServingCertStatus) -> (&'static str, EventReason, String) {
     match status {
         ServingCertStatus::Pending { csr, serving: false } => (
             "False",
-            REASON_PENDING,
+            EventReason::CsrPending,
             format!(
                 "the kubelet API (logs, exec, port-forward, stats) waits for its serving certificate: CertificateSigningRequest {csr} (signer kubernetes.io/kubelet-serving) is not approved; approve it with `kubectl certificate approve {csr}`"
             ),
         ),
         ServingCertStatus::Pending { csr, serving: true } => (
             "True",
-            REASON_PENDING,
+            EventReason::CsrPending,
             format!(
                 "the current certificate serves until it expires; its renewal, CertificateSigningRequest {csr}, is not approved: approve it with `kubectl certificate approve {csr}`"
             ),
         ),
         ServingCertStatus::Issued { csr: Some(csr) } => (
             "True",
-            REASON_ISSUED,
+            EventReason::CertificateIssued,
             format!("the kubelet API serves the certificate the cluster signed for CertificateSigningRequest {csr}"),
         ),
         ServingCertStatus::Issued { csr: None } => (
             "True",
-            REASON_ISSUED,
+            EventReason::CertificateIssued,
             "the kubelet API serves the cluster-signed certificate stored by an earlier run".to_string(),
         ),
         ServingCertStatus::Refused {
@@ -76,7 +78,7 @@ fn describe(status: &ServingCertStatus) -> (&'static str, &'static str, String) 
             serving,
         } => (
             if *serving { "True" } else { "False" },
-            REASON_REFUSED,
+            EventReason::CsrRefused,
             format!(
                 "CertificateSigningRequest {csr} was {verdict} ({reason}: {message}); a new one is requested after a while — approve that one, or set VK_TLS_CERT/VK_TLS_KEY"
             ),
@@ -95,7 +97,7 @@ pub fn condition(status: &ServingCertStatus, now: &Time, previous: Option<&[Node
     NodeCondition {
         type_: CONDITION.into(),
         status: state.into(),
-        reason: Some(reason.into()),
+        reason: Some(reason.as_str().into()),
         message: Some(message),
         last_heartbeat_time: Some(now.clone()),
         last_transition_time: Some(transition),
@@ -104,12 +106,14 @@ pub fn condition(status: &ServingCertStatus, now: &Time, previous: Option<&[Node
 
 /// The Event for a change to `status`: (warning, reason, note). A reused stored certificate
 /// is no news (`None`).
-pub fn event(status: &ServingCertStatus) -> Option<(bool, &'static str, String)> {
+pub fn event(status: &ServingCertStatus) -> Option<(EventType, EventReason, String)> {
     let (_, reason, note) = describe(status);
     match status {
         ServingCertStatus::Issued { csr: None } => None,
-        ServingCertStatus::Issued { .. } => Some((false, reason, note)),
-        ServingCertStatus::Pending { .. } | ServingCertStatus::Refused { .. } => Some((true, reason, note)),
+        ServingCertStatus::Issued { .. } => Some((EventType::Normal, reason, note)),
+        ServingCertStatus::Pending { .. } | ServingCertStatus::Refused { .. } => {
+            Some((EventType::Warning, reason, note))
+        }
     }
 }
 
@@ -138,8 +142,8 @@ pub async fn publish(
                 if let Err(error) = registration::patch_status(&nodes, &identity, previous.as_ref()).await {
                     tracing::warn!(%error, "publishing the serving certificate's status on the Node failed; the next status refresh retries");
                 }
-                if let Some((warning, reason, note)) = event(&status) {
-                    events.record_on(node.clone(), warning, reason, "ServingCertificate", note);
+                if let Some((type_, reason, note)) = event(&status) {
+                    events.record_on(node.clone(), type_, reason, "ServingCertificate", note);
                 }
             }
         }
@@ -170,8 +174,12 @@ mod tests {
                 .unwrap()
                 .contains("`kubectl certificate approve csr-abc12`")
         );
-        let (warning, reason, note) = event(&pending).unwrap();
-        assert!(warning && reason == REASON_PENDING && note.contains("kubectl certificate approve csr-abc12"));
+        let (type_, reason, note) = event(&pending).unwrap();
+        assert!(
+            type_ == EventType::Warning
+                && reason.as_str() == "CSRPending"
+                && note.contains("kubectl certificate approve csr-abc12")
+        );
 
         // The same status later keeps its transition time; the issued one starts a new one.
         let again = condition(&pending, &t1, Some(std::slice::from_ref(&c)));
@@ -185,7 +193,10 @@ mod tests {
             ("True", Some(REASON_ISSUED))
         );
         assert_eq!(done.last_transition_time, Some(t1));
-        assert_eq!(event(&issued).map(|e| (e.0, e.1)), Some((false, REASON_ISSUED)));
+        assert_eq!(
+            event(&issued).map(|e| (e.0, e.1.as_str())),
+            Some((EventType::Normal, "CertificateIssued"))
+        );
         assert_eq!(event(&ServingCertStatus::Issued { csr: None }), None);
     }
 

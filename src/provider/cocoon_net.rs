@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::plan::NetworkMode;
 use super::ports::{LeaseError, LeaseReleaser, LeaseSource, ReleaseError};
+use crate::registry::errors::Cause;
 
 pub const DEFAULT_LEASES_PATH: &str = "/var/lib/cocoon/net/leases.json";
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/cocoon-net/control.sock";
@@ -90,9 +91,15 @@ impl LeaseFile {
         }
     }
 
+    fn unreadable(&self, e: impl std::error::Error + Send + Sync + 'static) -> LeaseError {
+        LeaseError::Unreadable {
+            path: self.path.clone(),
+            cause: Cause::new(e),
+        }
+    }
+
     fn leases(&self) -> Result<Vec<Lease>, LeaseError> {
-        let meta = std::fs::metadata(&self.path)
-            .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
+        let meta = std::fs::metadata(&self.path).map_err(|e| self.unreadable(e))?;
         let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let mut cache = self.cache.lock().expect("lease cache lock");
         if let Some((m, s, leases)) = cache.as_ref()
@@ -101,10 +108,9 @@ impl LeaseFile {
         {
             return Ok(leases.clone());
         }
-        let text = std::fs::read_to_string(&self.path)
-            .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?;
+        let text = std::fs::read_to_string(&self.path).map_err(|e| self.unreadable(e))?;
         let leases: Vec<Lease> = parse_leases(&text)
-            .map_err(|e| LeaseError::Unreadable(format!("{}: {e}", self.path.display())))?
+            .map_err(|e| self.unreadable(e))?
             .into_iter()
             .map(|(mac, ip, expiry)| Lease { mac, ip, expiry })
             .collect();
@@ -226,6 +232,38 @@ mod tests {
         );
     }
 
+    /// An unreadable or malformed lease file: the message names the file and the error as
+    /// before, and the io or JSON error itself is reachable down the source chain.
+    #[test]
+    fn an_unreadable_lease_file_keeps_its_io_or_json_error_as_the_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let e = LeaseFile::new(&missing).lookup("x").unwrap_err();
+        let io = std::fs::metadata(&missing).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("reading the cocoon-net lease file: {}: {io}", missing.display())
+        );
+        assert_eq!(e.source().map(|s| s.to_string()), Some(io.to_string()));
+
+        let bad = dir.path().join("leases.json");
+        std::fs::write(&bad, "{not json").unwrap();
+        let e = LeaseFile::new(&bad).lookup("x").unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!(
+                "reading the cocoon-net lease file: {}: lease file is not a JSON array of leases: ",
+                bad.display()
+            )),
+            "{e}"
+        );
+        let json = e
+            .source()
+            .and_then(|s| s.source())
+            .expect("the JSON error under the cause");
+        assert!(json.downcast_ref::<serde_json::Error>().is_some(), "{json:?}");
+    }
+
     #[test]
     fn lookup_is_case_insensitive_and_skips_expired_and_malformed_rows() {
         let dir = tempfile::tempdir().unwrap();
@@ -252,7 +290,7 @@ mod tests {
         assert_eq!(leases.lookup("02:8a:04:5e:11:7c"), Err(LeaseError::NoLease));
         assert!(matches!(
             LeaseFile::new(dir.path().join("missing")).lookup("x"),
-            Err(LeaseError::Unreadable(_))
+            Err(LeaseError::Unreadable { .. })
         ));
     }
 

@@ -20,7 +20,7 @@ use super::hibernate::{SavedGuest, saved_guest};
 use super::invariants;
 use super::lifecycle::LifecycleState;
 use super::ownership;
-use crate::kubelet::{Next, ProviderError};
+use crate::kubelet::{EventReason, Next, ProviderError};
 use crate::model::vm_spec::VmSpecError;
 use crate::model::{RuntimeAnnotations, VmSpec, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
@@ -42,21 +42,23 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         Err(e) => {
             let (reason, result, label, message) = match &e {
                 VmSpecError::MissingVmName => (
-                    "MissingVMName",
+                    EventReason::MissingVmName,
                     "skipped",
                     "missing_vmname",
                     format!("pod {key} missing vm.cocoonstack.io/name annotation ({e})"),
                 ),
-                _ => ("InvalidVMSpec", "failed", "invalid_vm_spec", format!("pod {key}: {e}")),
+                _ => (
+                    EventReason::InvalidVmSpec,
+                    "failed",
+                    "invalid_vm_spec",
+                    format!("pod {key}: {e}"),
+                ),
             };
             p.metrics.lifecycle("create", result, label);
             p.state.track(&key, pod, "");
             super::publish::report_failure(p, pod, &key, reason, "create", &message).await;
             p.state.untrack(&key, &uid);
-            return Err(ProviderError::Rejected {
-                reason: reason.into(),
-                message,
-            });
+            return Err(ProviderError::Rejected { reason, message });
         }
     };
     // The guest's OS, chosen once: where its path differs from the cocoon bring-up.
@@ -155,7 +157,7 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
 /// The `reason` label of a CPU-class rejection: a mismatch, or the admission policy that
 /// failed (its fail-safe rejection is not a mismatch).
 pub(super) fn admission_label(f: &Failure) -> &'static str {
-    if f.reason == super::failure::event_reason(crate::policy::contract::types::EventReason::SnapshotCpuClassMismatch) {
+    if f.reason == EventReason::SnapshotCpuClassMismatch {
         "snapshot_cpu_class_mismatch"
     } else {
         "admission_policy_failed"
@@ -218,7 +220,7 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
         }
         SavedGuest::Unknown(error) => {
             let f = Failure::transient(
-                "HibernateEvidenceUnavailable",
+                EventReason::HibernateEvidenceUnavailable,
                 format!("hibernate evidence for {vm}: {error}; retrying"),
             );
             fail_create(p, key, pod, false, f).await
@@ -227,7 +229,7 @@ async fn stay_hibernated(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec
             let message = format!(
                 "vm {vm}: hibernate requested but no VM runs here and no hibernate snapshot exists, so there is nothing to resume; clear vm.cocoonstack.io/hibernate to boot it"
             );
-            super::publish::fail_op(p, pod, key, "HibernateSnapshotMissing", "create", &message).await;
+            super::publish::fail_op(p, pod, key, EventReason::HibernateSnapshotMissing, "create", &message).await;
             p.notify(key);
             Ok(())
         }

@@ -11,7 +11,7 @@ use super::CocoonProvider;
 use super::failed_ops::{keep, kept};
 use super::guest_os;
 use super::plan;
-use crate::kubelet::ProviderError;
+use crate::kubelet::{EventReason, ProviderError};
 use crate::model::{PodFacts, pod_facts, vm_spec};
 use crate::policy::contract::snapshot_before_destroy::{Facts, Outcome};
 use crate::policy::slots::SnapshotBeforeDestroy;
@@ -199,7 +199,7 @@ fn kept_after(
     );
     keep(p, pod, key, vm_id, &message, "the delete waits for an operator");
     ProviderError::NeedsOperator {
-        reason: "DeleteKeptVM".into(),
+        reason: EventReason::DeleteKeptVm,
         message,
     }
 }

@@ -13,6 +13,7 @@ use super::failure::Failure;
 use super::plan::{self, ArtifactKind, BaseImage};
 use super::ports::CloudImageResult;
 use super::table::{Interrupted, SHARED_WORK_DEADLINE, SharedWork};
+use crate::kubelet::EventReason;
 use crate::runtime::SnapshotRecord;
 use crate::runtime::macos::record::MacImage;
 
@@ -31,7 +32,7 @@ async fn shared<T, F, Fut>(
     p: &CocoonProvider,
     flights: &SharedWork<Result<T, Failure>>,
     key: &str,
-    reason: &'static str,
+    reason: EventReason,
     work: F,
 ) -> Result<T, Failure>
 where
@@ -50,9 +51,13 @@ where
 pub(super) async fn ensure_fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(), Failure> {
     let (source, fork) = (source.to_string(), fork.to_string());
     let key = format!("fork:{fork}");
-    shared(p, &p.flights.forks, &key, "ForkSnapshotFailed", move |p| async move {
-        fork_snapshot(&p, &source, &fork).await
-    })
+    shared(
+        p,
+        &p.flights.forks,
+        &key,
+        EventReason::ForkSnapshotFailed,
+        move |p| async move { fork_snapshot(&p, &source, &fork).await },
+    )
     .await
 }
 
@@ -62,7 +67,7 @@ async fn fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(
         Err(e) if e.is_not_found() => {}
         Err(e) => {
             return Err(Failure::transient(
-                "ForkSnapshotFailed",
+                EventReason::ForkSnapshotFailed,
                 format!("inspect fork snapshot {fork}: {e}"),
             ));
         }
@@ -72,11 +77,14 @@ async fn fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(
         None => p.ports.runtime.inspect(source).await.map_err(|e| {
             if e.is_not_found() {
                 Failure::transient(
-                    "ForkSourceMissing",
+                    EventReason::ForkSourceMissing,
                     format!("fork source vm {source} does not exist on this node: {e}"),
                 )
             } else {
-                Failure::transient("ForkSnapshotFailed", format!("inspect fork source vm {source}: {e}"))
+                Failure::transient(
+                    EventReason::ForkSnapshotFailed,
+                    format!("inspect fork source vm {source}: {e}"),
+                )
             }
         })?,
     };
@@ -84,7 +92,7 @@ async fn fork_snapshot(p: &CocoonProvider, source: &str, fork: &str) -> Result<(
         .await
         .map_err(|e| {
             Failure::transient(
-                "ForkSnapshotFailed",
+                EventReason::ForkSnapshotFailed,
                 format!("snapshot fork source vm {source} ({}) as {fork}: {e}", source_vm.id),
             )
         })
@@ -103,7 +111,7 @@ pub(super) async fn ensure_snapshot(
         p,
         &p.flights.snapshots,
         &key,
-        "SnapshotPullFailed",
+        EventReason::SnapshotPullFailed,
         move |p| async move { local_or_pulled(&p, &local, &repo, &tag).await },
     )
     .await
@@ -115,14 +123,14 @@ async fn local_or_pulled(p: &CocoonProvider, local: &str, repo: &str, tag: &str)
         Err(e) if e.is_not_found() => {}
         Err(e) => {
             return Err(Failure::transient(
-                "SnapshotInspectFailed",
+                EventReason::SnapshotInspectFailed,
                 format!("inspect snapshot {local}: {e}"),
             ));
         }
     }
     let Some(registry) = &p.ports.registry else {
         return Err(Failure::transient(
-            "SnapshotUnavailable",
+            EventReason::SnapshotUnavailable,
             format!("snapshot {local} is not on this node and no registry is configured (set OCI_REGISTRY)"),
         ));
     };
@@ -130,14 +138,14 @@ async fn local_or_pulled(p: &CocoonProvider, local: &str, repo: &str, tag: &str)
         .await
         .map_err(|e| {
             Failure::transfer(
-                "SnapshotPullFailed",
+                EventReason::SnapshotPullFailed,
                 format!("pull snapshot {repo}:{tag} into {local}: {e}"),
                 &e,
             )
         })?;
     p.ports.runtime.snapshot_inspect(local).await.map_err(|e| {
         Failure::transient(
-            "SnapshotInspectFailed",
+            EventReason::SnapshotInspectFailed,
             format!("inspect snapshot {local} after the pull: {e}"),
         )
     })
@@ -174,9 +182,13 @@ pub(super) async fn ensure_run_image(p: &CocoonProvider, reference: &str, force:
     }
     let key = format!("image:{}{reference}", if force { "force " } else { "" });
     let reference = reference.to_string();
-    shared(p, &p.flights.images, &key, "ImagePullFailed", move |p| async move {
-        runnable_image(&p, &reference, force).await
-    })
+    shared(
+        p,
+        &p.flights.images,
+        &key,
+        EventReason::ImagePullFailed,
+        move |p| async move { runnable_image(&p, &reference, force).await },
+    )
     .await
 }
 
@@ -187,7 +199,14 @@ pub(super) async fn ensure_macos_image(
     work: impl FnOnce(Arc<CocoonProvider>) -> futures::future::BoxFuture<'static, Result<MacImage, Failure>>,
 ) -> Result<MacImage, Failure> {
     let key = format!("macos-image:{image}");
-    shared(p, &p.flights.macos_images, &key, "MacOSImagePullFailed", work).await
+    shared(
+        p,
+        &p.flights.macos_images,
+        &key,
+        EventReason::MacOsImagePullFailed,
+        work,
+    )
+    .await
 }
 
 async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Result<String, Failure> {
@@ -197,7 +216,7 @@ async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Res
             .image_pull(reference, force)
             .await
             .map(|()| reference.to_string())
-            .map_err(|e| Failure::transient("ImagePullFailed", format!("pull image {reference}: {e}")))
+            .map_err(|e| Failure::transient(EventReason::ImagePullFailed, format!("pull image {reference}: {e}")))
     };
     let Some(registry) = p.ports.registry.as_ref().filter(|_| !plan::is_http(reference)) else {
         return pull().await;
@@ -206,7 +225,7 @@ async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Res
     match registry.manifest(repo, tag).await {
         Ok(Some(artifact)) => match plan::artifact_kind(&artifact.artifact_type) {
             ArtifactKind::Snapshot => Err(Failure::permanent(
-                "SnapshotAsImage",
+                EventReason::SnapshotAsImage,
                 format!("image {reference} is a snapshot artifact; use mode=clone instead of mode=run"),
             )),
             ArtifactKind::CloudImage => {
@@ -214,7 +233,7 @@ async fn runnable_image(p: &CocoonProvider, reference: &str, force: bool) -> Res
                     Ok(CloudImageResult::Imported(name)) => Ok(name),
                     Ok(CloudImageResult::NotACloudImage) => pull().await,
                     Err(e) => Err(Failure::transfer(
-                        "CloudImageImportFailed",
+                        EventReason::CloudImageImportFailed,
                         format!("import cloud image {reference}: {e}"),
                         &e,
                     )),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::CocoonProvider;
 use super::gone::Eviction;
 use super::ports::PatchOutcome;
-use crate::kubelet::ProviderPodStatus;
+use crate::kubelet::{EventType, ProviderPodStatus};
 use crate::retry::Schedule;
 
 /// Delete attempts before the eviction is handed to the background (`evict_backoff` apart).
@@ -19,7 +19,7 @@ pub(super) async fn evict(p: &CocoonProvider, key: &str, uid: &str, why: Evictio
     let Some(tracked) = p.state.tracked_as(key, uid) else {
         return false;
     };
-    tracing::warn!(pod = %key, reason = why.reason, message = %why.message, "evicting the pod");
+    tracing::warn!(pod = %key, reason = why.reason.as_str(), message = %why.message, "evicting the pod");
     // The VM is gone (or was just removed): the delete this eviction triggers must not act
     // on it again, whichever of the two runs first.
     p.state.detach_vm(key, uid, false);
@@ -54,14 +54,14 @@ pub(super) async fn evict(p: &CocoonProvider, key: &str, uid: &str, why: Evictio
 fn evicted(p: &CocoonProvider, pod: &k8s_openapi::api::core::v1::Pod, key: &str, uid: &str, why: Eviction) {
     p.ports.events.record(
         pod,
-        true,
+        EventType::Warning,
         why.reason,
         super::lifecycle::truncate(&format!("evicted: {}", why.message), super::lifecycle::MAX_EVENT_NOTE),
     );
     p.probes.forget(key, Some(uid));
     p.state.stop_guest_work(key);
     p.state
-        .evicted(key, uid, ProviderPodStatus::failed(why.reason, &why.message));
+        .evicted(key, uid, ProviderPodStatus::failed(why.reason.as_str(), &why.message));
     p.notify(key);
 }
 

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::failure::Failure;
 use super::{CocoonProvider, lifecycle, table};
-use crate::kubelet::ProviderError;
+use crate::kubelet::{EventReason, EventType, ProviderError};
 
 /// A create that failed with `f`: Warning Event and lifecycle `failed`, the incarnation
 /// untracked (the retry is a fresh create).
@@ -36,8 +36,8 @@ pub(super) fn keep(p: &CocoonProvider, pod: &Pod, key: &str, vm_id: &str, messag
     p.metrics.lifecycle("delete", "failed", "");
     p.ports.events.record(
         pod,
-        true,
-        "DeleteKeptVM",
+        EventType::Warning,
+        EventReason::DeleteKeptVm,
         lifecycle::truncate(
             &format!("delete: {message}; the VM is kept and {then}"),
             lifecycle::MAX_EVENT_NOTE,

@@ -2,20 +2,20 @@
 //! can do (the refusal kinds of the policy contract: the kubelet retries `RetryLater` with
 //! backoff, re-checks `NeedsOperator` at its slowest pace, and publishes `Permanent` as Failed).
 
-use crate::kubelet::ProviderError;
-use crate::policy::contract::types::{EventReason, Refusal, RefusalKind};
+use crate::kubelet::{EventReason, ProviderError};
+use crate::policy::contract::types::{EventReason as ContractReason, Refusal, RefusalKind};
 
 /// The message is any error's text (`Display`): the typed error a step failed with becomes the
 /// pod's message as it reads.
 #[derive(Debug, Clone)]
 pub(super) struct Failure {
-    pub reason: &'static str,
+    pub reason: EventReason,
     pub message: String,
     pub kind: RefusalKind,
 }
 
 impl Failure {
-    pub fn transient(reason: &'static str, message: impl std::fmt::Display) -> Self {
+    pub fn transient(reason: EventReason, message: impl std::fmt::Display) -> Self {
         Self {
             reason,
             message: message.to_string(),
@@ -27,7 +27,7 @@ impl Failure {
     /// not in the shape it declares, a name outside the grammar) — then the same pull can only
     /// fail again, and the pod waits for an operator to re-push it or fix the reference.
     pub fn transfer(
-        reason: &'static str,
+        reason: EventReason,
         message: impl std::fmt::Display,
         error: &super::transfer::TransferError,
     ) -> Self {
@@ -42,7 +42,7 @@ impl Failure {
         }
     }
 
-    pub fn permanent(reason: &'static str, message: impl std::fmt::Display) -> Self {
+    pub fn permanent(reason: EventReason, message: impl std::fmt::Display) -> Self {
         Self {
             reason,
             message: message.to_string(),
@@ -53,7 +53,7 @@ impl Failure {
     /// A policy's refusal: its kind, its Event reason, its message.
     pub fn refused(refusal: Refusal, message: String) -> Self {
         Self {
-            reason: event_reason(refusal.event),
+            reason: refusal.event.into(),
             message,
             kind: refusal.kind,
         }
@@ -63,37 +63,39 @@ impl Failure {
         match self.kind {
             RefusalKind::RetryLater => ProviderError::Transient(format!("{}: {}", self.reason, self.message)),
             RefusalKind::NeedsOperator => ProviderError::NeedsOperator {
-                reason: self.reason.into(),
+                reason: self.reason,
                 message: self.message.clone(),
             },
             RefusalKind::Permanent => ProviderError::Rejected {
-                reason: self.reason.into(),
+                reason: self.reason,
                 message: self.message.clone(),
             },
         }
     }
 }
 
-/// The Kubernetes Event reason of each case of the contract's `event-reason` (the names its
-/// WIT documents).
-pub fn event_reason(event: EventReason) -> &'static str {
-    match event {
-        EventReason::CreateBringUpFailed => "CreateBringUpFailed",
-        EventReason::InvalidVmSpec => "InvalidVMSpec",
-        EventReason::HibernateEvidenceUnavailable => "HibernateEvidenceUnavailable",
-        EventReason::HibernateImageConflict => "HibernateImageConflict",
-        EventReason::HibernateSourceConflict => "HibernateSourceConflict",
-        EventReason::HibernateSnapshotMissing => "HibernateSnapshotMissing",
-        EventReason::SnapshotBackendMismatch => "SnapshotBackendMismatch",
-        EventReason::SnapshotUnavailable => "SnapshotUnavailable",
-        EventReason::SnapshotCpuClassMismatch => "SnapshotCPUClassMismatch",
-        EventReason::ResourceTranslationRefused => "ResourceTranslationRefused",
-        EventReason::PostCloneRefused => "PostCloneRefused",
-        EventReason::BringUpPolicyFailed => "BringUpPolicyFailed",
-        EventReason::CpuClassAdmissionPolicyFailed => "CPUClassAdmissionPolicyFailed",
-        EventReason::ResourceTranslationPolicyFailed => "ResourceTranslationPolicyFailed",
-        EventReason::PostClonePolicyFailed => "PostClonePolicyFailed",
-        EventReason::VmOwnedByAnotherPod => super::ownership::VM_OWNED_BY_ANOTHER_POD,
+/// A policy's refusal reason becomes the host's reason of the same name (the contract's WIT
+/// documents each string): the host carries the policy's choice, it never picks another.
+impl From<ContractReason> for EventReason {
+    fn from(event: ContractReason) -> Self {
+        match event {
+            ContractReason::CreateBringUpFailed => Self::CreateBringUpFailed,
+            ContractReason::InvalidVmSpec => Self::InvalidVmSpec,
+            ContractReason::HibernateEvidenceUnavailable => Self::HibernateEvidenceUnavailable,
+            ContractReason::HibernateImageConflict => Self::HibernateImageConflict,
+            ContractReason::HibernateSourceConflict => Self::HibernateSourceConflict,
+            ContractReason::HibernateSnapshotMissing => Self::HibernateSnapshotMissing,
+            ContractReason::SnapshotBackendMismatch => Self::SnapshotBackendMismatch,
+            ContractReason::SnapshotUnavailable => Self::SnapshotUnavailable,
+            ContractReason::SnapshotCpuClassMismatch => Self::SnapshotCpuClassMismatch,
+            ContractReason::ResourceTranslationRefused => Self::ResourceTranslationRefused,
+            ContractReason::PostCloneRefused => Self::PostCloneRefused,
+            ContractReason::BringUpPolicyFailed => Self::BringUpPolicyFailed,
+            ContractReason::CpuClassAdmissionPolicyFailed => Self::CpuClassAdmissionPolicyFailed,
+            ContractReason::ResourceTranslationPolicyFailed => Self::ResourceTranslationPolicyFailed,
+            ContractReason::PostClonePolicyFailed => Self::PostClonePolicyFailed,
+            ContractReason::VmOwnedByAnotherPod => Self::VmOwnedByAnotherPod,
+        }
     }
 }
 
@@ -105,7 +107,7 @@ mod tests {
     fn each_kind_becomes_its_own_provider_error() {
         let refusal = |kind| Refusal {
             kind,
-            event: EventReason::HibernateImageConflict,
+            event: ContractReason::HibernateImageConflict,
         };
         let f = Failure::refused(refusal(RefusalKind::RetryLater), "m".into());
         assert!(matches!(f.to_provider_error(), ProviderError::Transient(e) if e == "HibernateImageConflict: m"));
@@ -113,7 +115,7 @@ mod tests {
         assert_eq!(
             f.to_provider_error(),
             ProviderError::NeedsOperator {
-                reason: "HibernateImageConflict".into(),
+                reason: EventReason::HibernateImageConflict,
                 message: "m".into()
             }
         );

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::kubelet::EventReason;
 use crate::runtime::{EventKind, VmEvent, VmState};
 
 /// A `DELETED` event, or a `MODIFIED` one whose VM is no longer running.
@@ -28,32 +29,32 @@ pub enum Inspected {
 /// Why a pod is evicted, as its Event reason and the terminated container's message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Eviction {
-    pub reason: &'static str,
+    pub reason: EventReason,
     pub message: String,
 }
 
 impl Eviction {
     pub fn vm_gone() -> Self {
         Self {
-            reason: "VMGone",
+            reason: EventReason::VmGone,
             message: "vm no longer exists".into(),
         }
     }
     pub fn restart_cooldown() -> Self {
         Self {
-            reason: "RestartCooldown",
+            reason: EventReason::RestartCooldown,
             message: "restart cooldown not elapsed".into(),
         }
     }
     pub fn inspect_timeout() -> Self {
         Self {
-            reason: "VMInspectTimeout",
+            reason: EventReason::VmInspectTimeout,
             message: "vm inspect did not resolve within budget".into(),
         }
     }
     pub fn restart_failed(error: &str) -> Self {
         Self {
-            reason: "RestartFailed",
+            reason: EventReason::RestartFailed,
             message: error.to_string(),
         }
     }

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::CocoonProvider;
 use super::lifecycle::{self, LifecycleState};
 use super::metrics::ProviderMetrics;
+use crate::kubelet::{EventReason, EventType};
 use crate::model::annotations as key;
 use crate::model::{pod_facts, vm_spec};
 use crate::policy::contract::guest_fixup::{BootOrigin, Facts, Fixup, Nic, Outcome};
@@ -176,7 +177,15 @@ async fn fixup(
         let decision = match p.decide(move |p| p.decide::<GuestFixup>(&facts)).await {
             Ok(d) => d,
             Err(e) => {
-                super::publish::fail_op(p, pod, pkey, "PostClonePolicyUnavailable", op, &e.to_string()).await;
+                super::publish::fail_op(
+                    p,
+                    pod,
+                    pkey,
+                    EventReason::PostClonePolicyUnavailable,
+                    op,
+                    &e.to_string(),
+                )
+                .await;
                 return Fixed::Failed;
             }
         };
@@ -232,8 +241,8 @@ async fn run_fixup(
     if !failed {
         p.ports.events.record(
             pod,
-            false,
-            "PostCloneSucceeded",
+            EventType::Normal,
+            EventReason::PostCloneSucceeded,
             format!("kind={} attempts={attempts}", kind_label(fixup.kind)),
         );
     }
@@ -289,8 +298,8 @@ async fn exec_fixup(
                 tracing::warn!(pod = %pkey, vm = %vm.id, attempt, %error, "guest fixup attempt failed");
                 p.ports.events.record(
                     pod,
-                    true,
-                    "PostCloneExecAttemptFailed",
+                    EventType::Warning,
+                    EventReason::PostCloneExecAttemptFailed,
                     lifecycle::truncate(&format!("attempt {attempt}: {error}"), lifecycle::MAX_EVENT_NOTE),
                 );
                 errors.push(format!("attempt {attempt}: {error}"));
@@ -320,6 +329,7 @@ async fn set_console_addresses(
         Some(a) => Err(super::sac::SacError::Set {
             command: format!("NIC {}", a.nic),
             detail: format!("the VM has {nics} NICs: the guest-fixup policy named one it does not have"),
+            cause: None,
         }),
         None => super::sac::set_addresses(&console, nics, &fixup.console_addresses, &p.cfg.timings.sac).await,
     };
@@ -334,7 +344,7 @@ async fn set_console_addresses(
             p.metrics.wake_ended(wake, false);
             p.ports.events.record(
                 pod,
-                true,
+                EventType::Warning,
                 e.reason(),
                 lifecycle::truncate(&e.to_string(), lifecycle::MAX_EVENT_NOTE),
             );
@@ -343,7 +353,7 @@ async fn set_console_addresses(
                 "setting the static addresses of vm {} through its serial console: {e}; set them by hand at the SAC> prompt (kubectl attach) and recreate the pod",
                 vm.id
             );
-            super::publish::fail_op(p, pod, pkey, "WindowsStaticIPFailed", op, &message).await;
+            super::publish::fail_op(p, pod, pkey, EventReason::WindowsStaticIpFailed, op, &message).await;
             p.notify(pkey);
             Fixed::Failed
         }
@@ -387,7 +397,7 @@ async fn fixup_exhausted(
         p.cfg.timings.fixup_budget,
         key::POST_CLONE_HINT
     );
-    super::publish::fail_op(p, pod, pkey, "PostCloneExecExhausted", op, &message).await;
+    super::publish::fail_op(p, pod, pkey, EventReason::PostCloneExecExhausted, op, &message).await;
     p.notify(pkey);
     Fixed::Failed
 }
@@ -475,9 +485,9 @@ async fn ready_after_lease(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRec
             p.metrics.wake_ip_wait.with_label_values(&["timeout"]).inc();
             p.metrics.wake_ended(wake, false);
             let reason = if wake {
-                "WakeIPWaitTimeout"
+                EventReason::WakeIpWaitTimeout
             } else {
-                "PostCloneIPWaitTimeout"
+                EventReason::PostCloneIpWaitTimeout
             };
             super::publish::fail_op(p, &tracked.pod, pkey, reason, what, &message).await;
             p.notify(pkey);

@@ -299,7 +299,7 @@ impl CocoonProvider {
         match self.ports.leases.lookup(mac) {
             Ok(ip) => ip,
             Err(LeaseError::NoLease) => String::new(),
-            Err(e @ LeaseError::Unreadable(_)) => {
+            Err(e @ LeaseError::Unreadable { .. }) => {
                 tracing::warn!(vm = %vm.id, error = %e, "cocoon-net lease file unreadable");
                 String::new()
             }
@@ -372,17 +372,17 @@ impl Provider for CocoonProvider {
     }
 
     fn observed(&self, pod: &Arc<Pod>) {
-        self.state.share_echo(&crate::kubelet::pods::pod_key(pod), pod);
+        self.state.share_echo(crate::kubelet::pods::pod_key(pod).as_str(), pod);
     }
 
     async fn pod_status(&self, pod: &Arc<Pod>) -> Result<Option<ProviderPodStatus>, ProviderError> {
         let key = crate::kubelet::pods::pod_key(pod);
         let uid = table::uid_of(pod);
-        if let Some(terminal) = self.state.terminal_status(&key, &uid) {
+        if let Some(terminal) = self.state.terminal_status(key.as_str(), &uid) {
             return Ok(Some(terminal));
         }
-        match self.state.tracked(&key) {
-            Some(t) if t.uid == uid => Ok(self.status_of(&key, false)),
+        match self.state.tracked(key.as_str()) {
+            Some(t) if t.uid == uid => Ok(self.status_of(key.as_str(), false)),
             _ => Ok(None),
         }
     }

@@ -19,16 +19,14 @@ use super::CocoonProvider;
 use super::failure::Failure;
 use super::plan;
 use super::table::{Holder, NameClaim};
+use crate::kubelet::EventReason;
 use crate::model::VmSpec;
 use crate::policy::contract::types::{self as contract, BootMode, RefusalKind};
-
-/// The Event reason of every refusal of another pod's VM.
-pub(super) const VM_OWNED_BY_ANOTHER_POD: &str = "VMOwnedByAnotherPod";
 
 fn refusal(message: String) -> Failure {
     // The other pod may go (then the name is free): re-checked at the operator's pace.
     Failure {
-        reason: VM_OWNED_BY_ANOTHER_POD,
+        reason: EventReason::VmOwnedByAnotherPod,
         message,
         kind: RefusalKind::NeedsOperator,
     }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::kubelet::ProviderPodStatus;
+use crate::kubelet::{EventReason, EventType, ProviderPodStatus};
 use crate::registry::{CloudImageSource, Progress, PullReport, PushLabels, PushReport, RegistryError, SnapshotSource};
 
 /// A manifest's identity: artifact type and annotations.
@@ -95,8 +95,13 @@ pub trait SnapshotRegistry: Send + Sync {
 pub enum LeaseError {
     #[error("no cocoon-net lease for the requested MAC")]
     NoLease,
-    #[error("reading the cocoon-net lease file: {0}")]
-    Unreadable(String),
+    /// The file could not be read or parsed: the io or JSON error is kept as the source.
+    #[error("reading the cocoon-net lease file: {}: {cause}", path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        #[source]
+        cause: crate::registry::errors::Cause,
+    },
 }
 
 /// IP by MAC from cocoon-net's lease file.
@@ -164,7 +169,7 @@ pub trait PodPatcher: Send + Sync {
 
 /// Kubernetes Events about a pod.
 pub trait EventRecorder: Send + Sync {
-    fn record(&self, pod: &Pod, warning: bool, reason: &str, note: String);
+    fn record(&self, pod: &Pod, type_: EventType, reason: EventReason, note: String);
 }
 
 /// Notifies the virtual node that a pod's status changed.
@@ -267,7 +272,7 @@ impl PodPatcher for KubePodPatcher {
 }
 
 impl EventRecorder for crate::kubelet::events::EventSink {
-    fn record(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
-        crate::kubelet::events::EventSink::record(self, pod, warning, reason, "Sync", note);
+    fn record(&self, pod: &Pod, type_: EventType, reason: EventReason, note: String) {
+        crate::kubelet::events::EventSink::record(self, pod, type_, reason, "Sync", note);
     }
 }

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::CocoonProvider;
 use super::lifecycle::{self, Intent, LifecycleState};
 use super::ports::PatchOutcome;
+use crate::kubelet::{EventReason, EventType};
 use crate::model::annotations as key;
 use crate::retry::Schedule;
 
@@ -86,7 +87,7 @@ fn patch_schedule(p: &CocoonProvider) -> Schedule {
 }
 
 /// A failed operation: counted `{op, failed, ""}`, then [`report_failure`].
-pub(super) async fn fail_op(p: &CocoonProvider, pod: &Pod, pkey: &str, reason: &str, op: &str, message: &str) {
+pub(super) async fn fail_op(p: &CocoonProvider, pod: &Pod, pkey: &str, reason: EventReason, op: &str, message: &str) {
     p.metrics.lifecycle(op, "failed", "");
     report_failure(p, pod, pkey, reason, op, message).await;
 }
@@ -94,11 +95,18 @@ pub(super) async fn fail_op(p: &CocoonProvider, pod: &Pod, pkey: &str, reason: &
 /// A failed operation the caller counted itself (once, under its own reason): Warning Event
 /// `reason` ("<op>: <message>", ≤512 bytes) and lifecycle `failed` with the message (≤4096
 /// bytes).
-pub(super) async fn report_failure(p: &CocoonProvider, pod: &Pod, pkey: &str, reason: &str, op: &str, message: &str) {
+pub(super) async fn report_failure(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    reason: EventReason,
+    op: &str,
+    message: &str,
+) {
     tracing::warn!(pod = %pkey, %reason, %op, %message, "operation failed");
     p.ports.events.record(
         pod,
-        true,
+        EventType::Warning,
         reason,
         lifecycle::truncate(&format!("{op}: {message}"), lifecycle::MAX_EVENT_NOTE),
     );

@@ -12,7 +12,7 @@ use super::CocoonProvider;
 use super::bring_up::hibernate_evidence;
 use super::guest::Finish;
 use super::reconcile::{OwedOp, owed_for};
-use crate::kubelet::Next;
+use crate::kubelet::{EventReason, EventType, Next};
 use crate::model::{VmSpec, vm_spec};
 use crate::policy::contract::bring_up::HibernateEvidence;
 use crate::retry::Schedule;
@@ -32,9 +32,12 @@ pub(super) async fn dispatch_owed(p: &CocoonProvider, pod: &Pod, key: &str) {
         return;
     }
     p.metrics.startup_resume.with_label_values(&[op.label()]).inc();
-    p.ports
-        .events
-        .record(pod, false, "ResumedAfterRestart", format!("op={}", op.label()));
+    p.ports.events.record(
+        pod,
+        EventType::Normal,
+        EventReason::ResumedAfterRestart,
+        format!("op={}", op.label()),
+    );
     tracing::info!(pod = %key, op = op.label(), "resuming work owed after a restart");
     match (op, tracked.vm) {
         (OwedOp::PostClone, Some(vm)) => {
@@ -107,7 +110,7 @@ async fn finish_interrupted_hibernate(p: &CocoonProvider, pod: &Pod, key: &str, 
             p,
             pod,
             key,
-            "ResumeHibernateFailed",
+            EventReason::ResumeHibernateFailed,
             "reconcile",
             &format!("the hibernate snapshot of vm {vm} could not be checked within the budget"),
         )
@@ -135,7 +138,7 @@ async fn classify_drop_nic(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSp
                 "could not tell whether vm {} was restored or freshly cloned: its hibernate evidence stayed unavailable",
                 spec.vm_name
             );
-            super::publish::fail_op(p, pod, key, "ResumeClassifyFailed", "reconcile", &message).await;
+            super::publish::fail_op(p, pod, key, EventReason::ResumeClassifyFailed, "reconcile", &message).await;
         }
     }
 }

@@ -18,7 +18,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use crate::kubelet::EventReason;
 use crate::policy::contract::guest_fixup::ConsoleAddress;
+use crate::registry::errors::Cause;
 use crate::retry::Schedule;
 
 const PROMPT: &str = "SAC>";
@@ -53,6 +55,9 @@ impl Default for SacTimings {
 /// Why one console command got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsoleError {
+    /// The console's socket did not accept (the VM is not up yet, or has no console).
+    #[error("{0}")]
+    Connect(#[source] std::io::Error),
     #[error("writing to the console: {0}")]
     Write(#[source] std::io::Error),
     #[error(transparent)]
@@ -69,28 +74,36 @@ pub enum ConsoleError {
 /// Which step failed; each is its own Warning Event reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SacError {
-    #[error("the serial console {path} did not answer with SAC> within {budget:?}: {detail}")]
+    /// The last try's error (connecting, or the prompt's answer) is the source.
+    #[error("the serial console {path} did not answer with SAC> within {budget:?}: {cause}")]
     Dial {
         path: String,
         budget: Duration,
-        detail: String,
+        #[source]
+        cause: Cause,
     },
     #[error("SAC listed {found} network interfaces after {tries} tries, the VM has {wanted}")]
     Enum { found: usize, wanted: usize, tries: u32 },
+    /// `detail` says why in words; `cause` keeps the console's error when one failed.
     #[error("SAC did not take `{command}`: {detail}")]
-    Set { command: String, detail: String },
+    Set {
+        command: String,
+        detail: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     #[error("net {net} did not show {ip} after {tries} listings")]
     Verify { net: u32, ip: String, tries: u32 },
 }
 
 impl SacError {
     /// The Warning Event reason of the step.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> EventReason {
         match self {
-            Self::Dial { .. } => "PostCloneSACDialFailed",
-            Self::Enum { .. } => "PostCloneSACEnumFailed",
-            Self::Set { .. } => "PostCloneSACSetFailed",
-            Self::Verify { .. } => "PostCloneSACVerifyFailed",
+            Self::Dial { .. } => EventReason::PostCloneSacDialFailed,
+            Self::Enum { .. } => EventReason::PostCloneSacEnumFailed,
+            Self::Set { .. } => EventReason::PostCloneSacSetFailed,
+            Self::Verify { .. } => EventReason::PostCloneSacVerifyFailed,
         }
     }
 }
@@ -147,22 +160,22 @@ impl Console {
             .within(t.dial_budget)
             .retry(
                 || async move {
-                    let stream = UnixStream::connect(path).await.map_err(|e| e.to_string())?;
+                    let stream = UnixStream::connect(path).await.map_err(ConsoleError::Connect)?;
                     let mut console = Console {
                         stream,
                         reply_timeout: t.reply_timeout,
                     };
-                    console.command("").await.map_err(|e| e.to_string())?;
+                    console.command("").await?;
                     Ok(console)
                 },
-                |_| true,
+                |_: &ConsoleError| true,
                 |_, _| {},
             )
             .await
             .map_err(|last| SacError::Dial {
                 path: path.display().to_string(),
                 budget: t.dial_budget,
-                detail: last,
+                cause: Cause::new(last),
             })
     }
 
@@ -231,12 +244,14 @@ pub async fn set_addresses(
         let net = *listed.get(a.nic as usize).ok_or_else(|| SacError::Set {
             command: format!("NIC {}", a.nic),
             detail: format!("the VM has {} NICs", listed.len()),
+            cause: None,
         })?;
         let command = format!("i {net} {} {} {}", a.ip, dotted_mask(a.prefix), a.gateway);
         let command = command.trim_end().to_string();
         console.command(&command).await.map_err(|e| SacError::Set {
             command: command.clone(),
             detail: e.to_string(),
+            cause: Some(Cause::new(e)),
         })?;
         set.push((net, a.ip.clone()));
     }
@@ -278,6 +293,37 @@ mod tests {
         assert!(!has_ip(LISTING, 7, "10.88.0.6"), "the whole address, not a prefix");
         assert!(nets("SAC>").is_empty());
         assert!(nets("Net: x, Ip=1.2.3.4").is_empty());
+    }
+
+    /// A console that never answers: the Dial error reads as before (the last try's error after
+    /// the budget) and keeps that error, down to the io error of the connect, as its source.
+    #[tokio::test]
+    async fn a_console_that_is_not_there_keeps_the_connect_error_as_the_source() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.sock");
+        let t = SacTimings {
+            interval: Duration::from_millis(1),
+            dial_budget: Duration::from_millis(5),
+            ..SacTimings::default()
+        };
+        let e = set_addresses(&path, 1, &[], &t).await.unwrap_err();
+        assert_eq!(e.reason(), EventReason::PostCloneSacDialFailed);
+        let io = std::fs::metadata(&path).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the serial console {} did not answer with SAC> within {:?}: {io}",
+                path.display(),
+                t.dial_budget
+            )
+        );
+        let connect = e
+            .source()
+            .and_then(|s| s.source())
+            .expect("the connect error under the cause");
+        let connect = connect.downcast_ref::<std::io::Error>().expect("an io error");
+        assert_eq!(connect.kind(), std::io::ErrorKind::NotFound);
     }
 
     #[test]

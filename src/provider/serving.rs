@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::CocoonProvider;
+use crate::kubelet::{EventReason, EventType};
 use crate::kubelet_api::source::{GuestAddress, PodSource, PodVm};
 use crate::runtime::VmRecord;
 use crate::stats::{VmTarget, VmTargets};
@@ -77,8 +78,8 @@ fn own_vm(p: &CocoonProvider, key: &str, pod: &Pod, vm: VmRecord, why: &str) -> 
             tracing::warn!(pod = %key, vm = %vm.id, %other, %why, "refused: the pod's VM record reaches another pod's vm");
             p.ports.events.record(
                 pod,
-                true,
-                super::ownership::VM_OWNED_BY_ANOTHER_POD,
+                EventType::Warning,
+                EventReason::VmOwnedByAnotherPod,
                 format!(
                     "{why}: the pre-assigned vm.cocoonstack.io/id {:?} / ip {ip:?} reach vm {other}, which another pod holds; refused",
                     vm.id

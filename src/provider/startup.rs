@@ -201,7 +201,7 @@ async fn admit_live_pods(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), Pr
     let verdicts = p.admissions(live, AdmissionContext::StartupReconcile).await?;
     match verdicts.into_iter().find_map(Result::err) {
         Some(f) => Err(ProviderError::Rejected {
-            reason: f.reason.into(),
+            reason: f.reason,
             message: format!("startup compatibility check: {}", f.message),
         }),
         None => Ok(()),

@@ -58,9 +58,12 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     if let Err(f) = p.admission(&facts, AdmissionContext::Update).await? {
         p.metrics
             .lifecycle("update", "failed", super::create::admission_label(&f));
-        p.ports
-            .events
-            .record(pod, true, f.reason, format!("update: {}", f.message));
+        p.ports.events.record(
+            pod,
+            crate::kubelet::EventType::Warning,
+            f.reason,
+            format!("update: {}", f.message),
+        );
         return Err(f.to_provider_error());
     }
     if p.state.resume_claimed(&key) {
@@ -135,13 +138,13 @@ async fn republish_if_generation_rose(p: &CocoonProvider, pod: &Pod, key: &str) 
 /// while an operation of the pod (a resumed hibernate) holds its lock.
 pub(super) async fn requeue(p: &CocoonProvider, pod: &Pod) -> Result<Next, ProviderError> {
     let (key, uid) = (crate::kubelet::PodKey::of(pod), super::table::uid_of(pod));
-    let Some(owed) = p.state.owed_retry_of(&key, &uid) else {
+    let Some(owed) = p.state.owed_retry_of(key.as_str(), &uid) else {
         return Ok(Next::Done);
     };
-    let Some(_op) = p.state.try_lock_op(&key) else {
+    let Some(_op) = p.state.try_lock_op(key.as_str()) else {
         return Ok(Next::Requeue(owed.schedule));
     };
-    let Some(tracked) = p.state.tracked_as(&key, &uid) else {
+    let Some(tracked) = p.state.tracked_as(key.as_str(), &uid) else {
         return Ok(Next::Done);
     };
     let step = owed_step(
@@ -150,12 +153,12 @@ pub(super) async fn requeue(p: &CocoonProvider, pod: &Pod) -> Result<Next, Provi
         tracked.hibernated,
     );
     if !matches!(step, Transition::Hibernate | Transition::Wake) {
-        p.state.settle_retry(&key, &uid);
+        p.state.settle_retry(key.as_str(), &uid);
         return Ok(Next::Done);
     }
     tracing::info!(pod = %key, ?step, "retrying the owed transition");
-    let result = run_transition(p, &tracked.pod, &key, step).await;
-    Ok(owed::after_transition(p, &key, &uid, result))
+    let result = run_transition(p, &tracked.pod, key.as_str(), step).await;
+    Ok(owed::after_transition(p, key.as_str(), &uid, result))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use super::bring_up::{self, Ctx, bring_up_facts, hibernate_evidence, restore, re
 use super::failure::Failure;
 use super::invariants;
 use super::lifecycle::LifecycleState;
+use crate::kubelet::{EventReason, EventType};
 use crate::model::{pod_facts, vm_spec};
 use crate::policy::contract::bring_up::{Outcome, Plan};
 use crate::policy::contract::types::RefusalKind;
@@ -46,7 +47,7 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
                 "the bring-up policy answered {plan:?} for waking vm {}; only a restore from its hibernate snapshot can wake a hibernated guest",
                 spec.vm_name
             );
-            return wake_failed(p, pod, pkey, Failure::transient("WakeRefused", message)).await;
+            return wake_failed(p, pod, pkey, Failure::transient(EventReason::WakeRefused, message)).await;
         }
         Outcome::Refuse(refusal) => {
             return wake_failed(p, pod, pkey, Failure::refused(refusal, decision.message)).await;
@@ -75,9 +76,12 @@ pub(super) async fn wake(p: &CocoonProvider, pod: &Pod, pkey: &str) -> Result<()
     let ip = p.resolve_ip(&vm);
     super::publish::write_runtime(p, pod, pkey, &vm.id, &ip).await;
     tracing::info!(pod = %pkey, vm = %spec.vm_name, id = %vm.id, %ip, source = %label, "guest woken");
-    p.ports
-        .events
-        .record(pod, false, "Woken", format!("cloned from {label}"));
+    p.ports.events.record(
+        pod,
+        EventType::Normal,
+        EventReason::Woken,
+        format!("cloned from {label}"),
+    );
     super::guest::finish_boot(p, pod, pkey, &vm, restore_finish(&spec), true).await;
     Ok(())
 }

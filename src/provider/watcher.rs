@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CocoonProvider;
 use super::gone::{self, Action, Eviction, Inspected, Recheck};
+use crate::kubelet::{EventReason, EventType};
 use crate::retry::Schedule;
 use crate::runtime::{VmRecord, WatchItem};
 
@@ -136,8 +137,8 @@ async fn on_vm_gone(p: &CocoonProvider, key: &str, tracked: &super::table::Track
                     }
                     p.ports.events.record(
                         &tracked.pod,
-                        true,
-                        "VMRestarted",
+                        EventType::Warning,
+                        EventReason::VmRestarted,
                         format!("vm {} stopped and was started again in place", vm.id),
                     );
                     p.notify(key);
@@ -157,7 +158,7 @@ async fn remove_then_evict(p: &CocoonProvider, key: &str, uid: &str, vm: &VmReco
             true
         }
         Err(error) => {
-            tracing::warn!(pod = %key, vm = %vm.id, %error, reason = why.reason, "removing the vm failed; the pod is kept");
+            tracing::warn!(pod = %key, vm = %vm.id, %error, reason = why.reason.as_str(), "removing the vm failed; the pod is kept");
             false
         }
     }

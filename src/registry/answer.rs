@@ -8,26 +8,21 @@
 use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 
+use super::errors::Cause;
+
 /// The most of an error answer kept for the message: enough for a registry's JSON error, short
 /// enough for an Event.
 pub(crate) const ERROR_TEXT_BYTES: usize = 2048;
 
 /// Why an answer could not be read whole.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum AnswerError {
     /// The answer is longer than the limit (it was not read further).
+    #[error("the answer is longer than the {} read", size_text(*limit))]
     TooLarge { limit: usize },
-    /// The connection failed while the body came.
-    Transport(String),
-}
-
-impl std::fmt::Display for AnswerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AnswerError::TooLarge { limit } => write!(f, "the answer is longer than the {} read", size_text(*limit)),
-            AnswerError::Transport(e) => write!(f, "the answer broke off: {e}"),
-        }
-    }
+    /// The connection failed while the body came: the HTTP client's error, kept as the source.
+    #[error("the answer broke off: {0}")]
+    Transport(#[source] Cause),
 }
 
 /// `4 MiB`, `1 KiB`, `12 bytes`: a limit as an operator reads it.
@@ -52,7 +47,7 @@ pub(crate) async fn read_whole(mut resp: reqwest::Response, limit: usize) -> Res
         return Err(AnswerError::TooLarge { limit });
     }
     let mut body = BytesMut::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| AnswerError::Transport(e.to_string()))? {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| AnswerError::Transport(Cause::new(e)))? {
         if body.len() + chunk.len() > limit {
             return Err(AnswerError::TooLarge { limit });
         }

@@ -274,7 +274,9 @@ impl AuthedHttp {
             }
             answer::read_whole(resp, MAX_TOKEN_ANSWER).await.map_err(|e| match e {
                 AnswerError::TooLarge { .. } => HttpError::Denied(format!("the token server {realm}: {e}"), None),
-                AnswerError::Transport(_) => HttpError::Transport(format!("token answer from {realm}: {e}"), None),
+                AnswerError::Transport(ref cause) => {
+                    HttpError::Transport(format!("token answer from {realm}: {e}"), Some(cause.clone()))
+                }
             })
         };
         let body = tokio::time::timeout(self.answer_deadline, exchange)

@@ -66,11 +66,11 @@ impl Registry {
         let config = self.fetch_snapshot_config(repo, tag, &resolved.manifest).await?;
         let files = match manifest::snapshot_plan(&resolved.manifest, &config) {
             Ok(plans) => content_of(&plans),
-            Err(PlanError::Invalid(detail)) => {
+            Err(PlanError::Invalid { detail, cause }) => {
                 return Err(RegistryError::InvalidArtifact {
                     artifact,
                     detail,
-                    cause: None,
+                    cause,
                 });
             }
             Err(PlanError::MediaType { title, media_type }) => {

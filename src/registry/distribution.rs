@@ -180,7 +180,10 @@ impl Registry {
                         detail: format!("the manifest: {e}; a manifest this large is not read"),
                         cause: None,
                     },
-                    AnswerError::Transport(_) => self.unavailable(op, &artifact, e),
+                    AnswerError::Transport(ref cause) => {
+                        let cause = Some(cause.clone());
+                        self.unavailable_by(op, &artifact, e, cause)
+                    }
                 })?;
             Ok(Some(ManifestBytes { bytes, digest_header }))
         };

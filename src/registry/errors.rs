@@ -15,6 +15,8 @@ pub enum ConfigError {
 
 /// The error a [`RegistryError`] comes from (a connection's, a file's, a task's), kept as its
 /// `source`: the message already says it in words (`detail`), the chain keeps the error itself.
+/// Other typed errors that must stay `Clone` keep their sources with it too (the lease file's,
+/// the serial console's, a snapshot plan's).
 /// Behind an `Arc` because a `RegistryError` is `Clone`; two causes are equal when they read the same.
 #[derive(Debug, Clone)]
 pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);

@@ -105,10 +105,10 @@ impl Registry {
         };
         let cfg = self.fetch_snapshot_config(repo, tag, &resolved.manifest).await?;
         let files = manifest::snapshot_plan(&resolved.manifest, &cfg).map_err(|e| match e {
-            PlanError::Invalid(detail) => RegistryError::InvalidArtifact {
+            PlanError::Invalid { detail, cause } => RegistryError::InvalidArtifact {
                 artifact: artifact.clone(),
                 detail,
-                cause: None,
+                cause,
             },
             PlanError::MediaType { title, media_type } => RegistryError::UnsupportedMediaType {
                 artifact: artifact.clone(),

@@ -53,7 +53,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("kubelet_api::streaming::spdy", &["session", "stream"]),
     ("peer", &["extents", "protocol"]),
     ("policy", &["compile_worker", "engine"]),
-    ("provider", &["failure", "ownership"]),
     ("provider::bring_up", &["execute", "restore"]),
 ];
 

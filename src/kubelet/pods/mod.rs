@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use super::keys::{PodKey, Uid};
+use super::reasons::{EventReason, EventType};
 use crate::retry::Schedule;
 use entry::{Entry, Requeue};
 
@@ -62,7 +63,7 @@ pub enum OpOutcome {
     },
     /// The provider refused for good (never retried).
     Rejected {
-        reason: String,
+        reason: EventReason,
         message: String,
     },
     /// May work later: retried with backoff.
@@ -72,7 +73,7 @@ pub enum OpOutcome {
     /// Waits for an operator: a Warning Event of `reason`, re-run after `retry_max` or when the
     /// pod changes.
     AwaitingOperator {
-        reason: String,
+        reason: EventReason,
         message: String,
     },
     /// The apiserver says this incarnation is gone (404/409/422 on a uid-conditioned write).
@@ -113,7 +114,7 @@ pub enum Input {
 /// A rejection remembered for status publication.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
-    pub reason: String,
+    pub reason: EventReason,
     pub message: String,
 }
 
@@ -139,8 +140,8 @@ pub enum Action {
     /// Emit a Kubernetes Event on the pod.
     Record {
         pod: Arc<Pod>,
-        warning: bool,
-        reason: String,
+        type_: EventType,
+        reason: EventReason,
         note: String,
     },
 }
@@ -227,7 +228,7 @@ impl PodState {
                             e.object_gone = true;
                             e.next = None;
                         }
-                        self.drive(&key, &mut actions);
+                        self.drive(key.as_str(), &mut actions);
                     }
                 }
             }
@@ -243,7 +244,7 @@ impl PodState {
                         e.next = None;
                     }
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::Finished {
                 key,
@@ -252,8 +253,8 @@ impl PodState {
                 fingerprint,
                 outcome,
             } => {
-                self.finished(&key, &uid, op, fingerprint, outcome, &mut actions);
-                self.drive(&key, &mut actions);
+                self.finished(key.as_str(), uid.as_str(), op, fingerprint, outcome, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::RetryDue { key, uid } => {
                 if let Some(e) = self.entries.get_mut(&key)
@@ -261,7 +262,7 @@ impl PodState {
                 {
                     e.retry_pending = None;
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::Notify { key } => {
                 if let Some(e) = self.entries.get_mut(&key)
@@ -269,7 +270,7 @@ impl PodState {
                 {
                     e.status_dirty = true;
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::Requeue { key, after } => {
                 if self.entries.get(&key).is_some_and(|e| !e.deleting) {
@@ -278,10 +279,10 @@ impl PodState {
                             let e = self.entries.get_mut(&key).expect("checked");
                             e.requeue.get_or_insert_with(Requeue::now).due = true;
                         }
-                        Some(schedule) => self.arm_requeue(&key, schedule, &mut actions),
+                        Some(schedule) => self.arm_requeue(key.as_str(), schedule, &mut actions),
                     }
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
             Input::RequeueDue { key, uid, token } => {
                 if let Some(e) = self.entries.get_mut(&key)
@@ -290,7 +291,7 @@ impl PodState {
                 {
                     r.due = true;
                 }
-                self.drive(&key, &mut actions);
+                self.drive(key.as_str(), &mut actions);
             }
         }
         actions
@@ -321,7 +322,7 @@ impl PodState {
                 e.next = Some(pod);
             }
         }
-        self.drive(&key, actions);
+        self.drive(key.as_str(), actions);
     }
 
     fn finished(&mut self, key: &str, uid: &str, op: OpKind, fp: u64, outcome: OpOutcome, actions: &mut Vec<Action>) {
@@ -375,8 +376,8 @@ impl PodState {
                 }
                 actions.push(Action::Record {
                     pod: e.pod.clone(),
-                    warning: true,
-                    reason: reason.clone(),
+                    type_: EventType::Warning,
+                    reason,
                     note: message.clone(),
                 });
                 e.rejected = Some(Rejection { reason, message });
@@ -417,7 +418,14 @@ impl PodState {
 
     /// Records what the operator must do (on the first wait and every doubling of the count,
     /// like a retry) and re-runs the operation after `retry_max`.
-    fn await_operator(&mut self, key: &str, op: OpKind, reason: String, message: String, actions: &mut Vec<Action>) {
+    fn await_operator(
+        &mut self,
+        key: &str,
+        op: OpKind,
+        reason: EventReason,
+        message: String,
+        actions: &mut Vec<Action>,
+    ) {
         let Some(e) = self.entries.get_mut(key) else { return };
         e.failures += 1;
         e.retry_pending = Some(op);
@@ -426,7 +434,7 @@ impl PodState {
         if e.failures == 1 || e.failures.is_power_of_two() {
             actions.push(Action::Record {
                 pod: e.pod.clone(),
-                warning: true,
+                type_: EventType::Warning,
                 reason,
                 note: format!(
                     "{message} (waiting for an operator; re-checked every {delay:?} and on any change of the pod)"
@@ -453,17 +461,17 @@ impl PodState {
             .unwrap_or(self.config.retry_max);
         if e.failures == 1 || e.failures.is_power_of_two() {
             let reason = match op {
-                OpKind::Create => "ProviderCreateFailed",
-                OpKind::Update => "ProviderUpdateFailed",
-                OpKind::Delete => "ProviderDeleteFailed",
-                OpKind::Finalize => "PodDeleteFailed",
-                OpKind::PublishStatus => "PodStatusUpdateFailed",
-                OpKind::Requeue => "ProviderRequeueFailed",
+                OpKind::Create => EventReason::ProviderCreateFailed,
+                OpKind::Update => EventReason::ProviderUpdateFailed,
+                OpKind::Delete => EventReason::ProviderDeleteFailed,
+                OpKind::Finalize => EventReason::PodDeleteFailed,
+                OpKind::PublishStatus => EventReason::PodStatusUpdateFailed,
+                OpKind::Requeue => EventReason::ProviderRequeueFailed,
             };
             actions.push(Action::Record {
                 pod: e.pod.clone(),
-                warning: true,
-                reason: reason.into(),
+                type_: EventType::Warning,
+                reason,
                 note: format!("{error} (attempt {}, retrying in {delay:?})", e.failures),
             });
         }

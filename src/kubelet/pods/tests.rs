@@ -1,4 +1,5 @@
 use super::*;
+use crate::kubelet::reasons::{EventReason, EventType};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -171,7 +172,7 @@ fn an_operation_awaiting_an_operator_reruns_at_the_slowest_pace_or_when_the_pod_
     let p = pod("a", "u1");
     s.on_event(Input::Applied(p.clone()));
     let waiting = || OpOutcome::AwaitingOperator {
-        reason: "HibernateImageConflict".into(),
+        reason: EventReason::HibernateImageConflict,
         message: "delete the tag".into(),
     };
     let acts = finish(&mut s, &p, OpKind::Create, waiting());
@@ -182,7 +183,7 @@ fn an_operation_awaiting_an_operator_reruns_at_the_slowest_pace_or_when_the_pod_
     }));
     assert!(
         acts.iter()
-            .any(|a| matches!(a, Action::Record { reason, warning: true, .. } if reason == "HibernateImageConflict"))
+            .any(|a| matches!(a, Action::Record { reason, type_: EventType::Warning, .. } if reason.as_str() == "HibernateImageConflict"))
     );
     assert!(runs(&acts).is_empty(), "not retried before the delay");
     // An unrelated re-delivery of the same pod does not hurry it.
@@ -205,7 +206,7 @@ fn a_pod_waiting_for_an_operator_still_publishes_its_status() {
     let asked = annotated(&p, "hibernate");
     s.on_event(Input::Applied(asked.clone()));
     let waiting = OpOutcome::AwaitingOperator {
-        reason: "HibernateUnsupported".into(),
+        reason: EventReason::HibernateUnsupported,
         message: "clear the annotation".into(),
     };
     let acts = finish(&mut s, &asked, OpKind::Update, waiting);
@@ -301,7 +302,7 @@ fn transient_failures_retry_with_backoff() {
     );
     assert!(
         acts.iter()
-            .any(|a| matches!(a, Action::Record { reason, .. } if reason == "ProviderCreateFailed"))
+            .any(|a| matches!(a, Action::Record { reason, .. } if reason.as_str() == "ProviderCreateFailed"))
     );
     assert!(
         s.on_event(Input::Applied(p.clone())).is_empty(),
@@ -347,7 +348,7 @@ fn a_delete_does_not_wait_for_the_backoff_or_the_operator_wait_of_the_operation_
             error: "runtime down".into(),
         },
         OpOutcome::AwaitingOperator {
-            reason: "HibernateUnsupported".into(),
+            reason: EventReason::HibernateUnsupported,
             message: "clear the annotation".into(),
         },
     ] {
@@ -446,7 +447,7 @@ fn a_requeue_runs_the_hook_after_its_schedule_and_backs_off_while_asked_again() 
     assert!(retry_delay(&acts).is_some());
     assert!(
         acts.iter()
-            .any(|a| matches!(a, Action::Record { reason, .. } if reason == "ProviderRequeueFailed"))
+            .any(|a| matches!(a, Action::Record { reason, .. } if reason.as_str() == "ProviderRequeueFailed"))
     );
     assert_eq!(
         runs(&s.on_event(Input::RetryDue {
@@ -504,7 +505,7 @@ fn rejection_publishes_failed_once_and_is_not_retried() {
         &p,
         OpKind::Create,
         OpOutcome::Rejected {
-            reason: "SnapshotCPUClassMismatch".into(),
+            reason: EventReason::SnapshotCpuClassMismatch,
             message: "m".into(),
         },
     );
@@ -516,10 +517,7 @@ fn rejection_publishes_failed_once_and_is_not_retried() {
         } => rejection.clone(),
         _ => None,
     });
-    assert_eq!(
-        rejection.map(|r| r.reason),
-        Some("SnapshotCPUClassMismatch".to_string())
-    );
+    assert_eq!(rejection.map(|r| r.reason.as_str()), Some("SnapshotCPUClassMismatch"));
     finish(&mut s, &p, OpKind::PublishStatus, OpOutcome::Done);
     assert!(
         s.on_event(Input::Applied(annotated(&p, "x"))).is_empty(),

@@ -14,6 +14,7 @@ use super::super::plan;
 use super::super::reconcile::{self, OwedOp};
 use super::gather::{Ctx, hibernate_evidence};
 use super::{BringUpError, BroughtUp, restore};
+use crate::kubelet::{EventReason, EventType};
 use crate::model::{VmSpec, first_container_resources};
 use crate::policy::contract::bring_up::{
     CloneFromDirPlan, CloneOptions, ClonePlan, ForkPlan, HibernateEvidence, Plan, RestorePlan, RunPlan,
@@ -82,7 +83,7 @@ pub(super) fn translation_facts(ctx: &Ctx<'_>, path: BootPath) -> translation::F
 async fn adopt_existing(p: &CocoonProvider, ctx: &Ctx<'_>, existing: Option<VmRecord>) -> Result<BroughtUp, Failure> {
     let vm = existing.ok_or_else(|| {
         Failure::transient(
-            "CreateBringUpFailed",
+            EventReason::CreateBringUpFailed,
             format!("bring-up policy adopts vm {} but none exists here", ctx.spec.vm_name),
         )
     })?;
@@ -127,8 +128,8 @@ async fn restore_from_hibernate(
     if restore_plan.derived {
         p.ports.events.record(
             ctx.pod,
-            true,
-            "HibernateSnapshotExists",
+            EventType::Warning,
+            EventReason::HibernateSnapshotExists,
             format!("vm {vm_name} owns a hibernate snapshot: restoring it instead of booting fresh"),
         );
     }
@@ -154,7 +155,7 @@ async fn clone_from_dir(
         .cfg
         .clone_roots
         .admit(&dir)
-        .map_err(|m| Failure::permanent("InvalidVMSpec", m))?
+        .map_err(|m| Failure::permanent(EventReason::InvalidVmSpec, m))?
         .display()
         .to_string();
     drop_own_fork(p, &options).await;
@@ -164,7 +165,7 @@ async fn clone_from_dir(
     ProviderMetrics::count(&p.metrics.clone_from_dir, result.is_ok());
     let vm = result.map_err(|e| {
         Failure::transient(
-            "CloneFailed",
+            EventReason::CloneFailed,
             format!("clone vm {} --from-dir {dir}: {e}", ctx.spec.vm_name),
         )
     })?;
@@ -188,7 +189,7 @@ async fn fork(
     let spec = clone_spec(&options, CloneSource::Snapshot(fork_snapshot.clone()), false, cpu)?;
     let vm = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
         Failure::transient(
-            "CloneFailed",
+            EventReason::CloneFailed,
             format!("fork vm {} from {fork_snapshot}: {e}", ctx.spec.vm_name),
         )
     })?;
@@ -217,14 +218,14 @@ async fn clone(
         None => ensure_snapshot(p, &local_snapshot, &repository, &tag).await?,
     };
     plan::assert_backend(&local_snapshot, &snapshot.hypervisor, &expected_backend)
-        .map_err(|m| Failure::permanent("SnapshotBackendMismatch", m))?;
+        .map_err(|m| Failure::permanent(EventReason::SnapshotBackendMismatch, m))?;
     ensure_base_image(p, &snapshot).await?;
     let cpu = translate(p, ctx, BootPath::Clone, decided).await?.0;
     let pull = !snapshot.image.is_empty();
     let spec = clone_spec(&options, CloneSource::Snapshot(local_snapshot.clone()), pull, cpu)?;
     let vm = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
         Failure::transient(
-            "CloneFailed",
+            EventReason::CloneFailed,
             format!("clone vm {} from snapshot {local_snapshot}: {e}", ctx.spec.vm_name),
         )
     })?;
@@ -241,7 +242,7 @@ async fn run(p: &CocoonProvider, ctx: &Ctx<'_>, plan: RunPlan, decided: Option<D
         windows,
         no_direct_io,
     } = plan;
-    let backend = plan::backend(&backend).map_err(|m| Failure::permanent("CreateBringUpFailed", m))?;
+    let backend = plan::backend(&backend).map_err(|m| Failure::permanent(EventReason::CreateBringUpFailed, m))?;
     drop_fork_of(p, &name).await;
     let local_image = ensure_run_image(p, &image, force_pull).await?;
     let (cpu, guest) = translate(p, ctx, BootPath::Run, decided).await?;
@@ -263,12 +264,10 @@ async fn run(p: &CocoonProvider, ctx: &Ctx<'_>, plan: RunPlan, decided: Option<D
         no_direct_io,
         image: local_image,
     };
-    let vm = p
-        .ports
-        .runtime
-        .run(&run)
-        .await
-        .map_err(|e| Failure::transient("RunFailed", format!("run vm {name} from image {image}: {e}")))?;
+    let vm =
+        p.ports.runtime.run(&run).await.map_err(|e| {
+            Failure::transient(EventReason::RunFailed, format!("run vm {name} from image {image}: {e}"))
+        })?;
     // The guest-fixup policy is asked after a run too: a Windows guest's static addresses are set
     // at its console.
     Ok(BroughtUp {
@@ -299,7 +298,8 @@ fn clone_spec(
     pull: bool,
     cpu: CpuPolicy,
 ) -> Result<crate::runtime::CloneSpec, Failure> {
-    plan::clone_spec(options, source, pull, cpu, None).map_err(|m| Failure::permanent("CreateBringUpFailed", m))
+    plan::clone_spec(options, source, pull, cpu, None)
+        .map_err(|m| Failure::permanent(EventReason::CreateBringUpFailed, m))
 }
 
 /// What an adopted VM still needs, from the markers its pod carries (the owed-work rule a restart
@@ -339,7 +339,7 @@ pub(in crate::provider) async fn translate(
             let facts = translation_facts(ctx, path);
             p.decide(move |pol| pol.decide::<ResourceTranslation>(&facts))
                 .await
-                .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?
+                .map_err(|e| Failure::transient(EventReason::PolicyUnavailable, e.to_string()))?
         }
     };
     match d.outcome {

@@ -10,6 +10,7 @@ use super::super::failure::Failure;
 use super::super::known::SnapshotFact;
 use super::super::plan;
 use super::super::reconcile::{self, InspectVerdict, StaleStep};
+use crate::kubelet::EventReason;
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec};
 use crate::policy::contract::bring_up::{self, HibernateEvidence, LocalSnapshot};
 use crate::policy::contract::types::BootMode;
@@ -87,7 +88,7 @@ async fn existing_vm(p: &CocoonProvider, spec: &VmSpec, lookup: Lookup) -> Resul
         Ok(vm) => Ok(Some(vm)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(Failure::transient(
-            "VMInspectFailed",
+            EventReason::VmInspectFailed,
             format!("checking whether vm {name} already exists: {e}"),
         )),
     }
@@ -124,7 +125,7 @@ async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecor
         Err(e) if e.is_not_found() => return Ok(None),
         Err(e) => {
             return Err(Failure::transient(
-                "StaleCreateFailed",
+                EventReason::StaleCreateFailed,
                 format!("inspect interrupted create {}: {e}", vm.id),
             ));
         }
@@ -135,14 +136,14 @@ async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecor
         InspectVerdict::Orphan => {
             p.ports.runtime.remove(&current.id).await.map_err(|e| {
                 Failure::transient(
-                    "StaleCreateFailed",
+                    EventReason::StaleCreateFailed,
                     format!("remove the dead record {} of an interrupted create: {e}", current.id),
                 )
             })?;
             Ok(None)
         }
         InspectVerdict::Watch => Err(Failure::transient(
-            "VMStillCreating",
+            EventReason::VmStillCreating,
             format!(
                 "vm {} ({}) is still being created; retrying",
                 current.name(),
@@ -156,14 +157,17 @@ async fn settle_stale(p: &CocoonProvider, vm: VmRecord) -> Result<Option<VmRecor
 fn still_creating_or_failed(vm: &VmRecord, outcome: &Result<StaleCreateOutcome, RuntimeError>) -> Failure {
     match outcome {
         Ok(other) => Failure::transient(
-            "VMStillCreating",
+            EventReason::VmStillCreating,
             format!(
                 "vm {} ({}) is still being created ({other:?}); retrying",
                 vm.name(),
                 vm.id
             ),
         ),
-        Err(e) => Failure::transient("StaleCreateFailed", format!("reconcile-stale-create {}: {e}", vm.id)),
+        Err(e) => Failure::transient(
+            EventReason::StaleCreateFailed,
+            format!("reconcile-stale-create {}: {e}", vm.id),
+        ),
     }
 }
 

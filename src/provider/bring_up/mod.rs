@@ -20,6 +20,7 @@ use super::CocoonProvider;
 use super::failure::Failure;
 use super::guest::Finish;
 use super::plan;
+use crate::kubelet::EventReason;
 use crate::policy::contract::bring_up::{Decision, Facts, Outcome};
 use crate::policy::contract::resource_translation::BootPath;
 use crate::policy::slots::{BringUp, ResourceTranslation};
@@ -139,7 +140,7 @@ async fn decide_with_translation(
             (decision, translation)
         })
         .await
-        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+        .map_err(|e| Failure::transient(EventReason::PolicyUnavailable, e.to_string()))?;
     let decision = settle(p, decision, &key, &uid, &vm_name, "bring-up decision")?;
     Ok((decision, translation))
 }
@@ -153,7 +154,7 @@ pub(super) async fn decide(p: &CocoonProvider, facts: Facts, key: &str, what: &s
     let decision = p
         .decide(move |pol| pol.decide::<BringUp>(&facts))
         .await
-        .map_err(|e| Failure::transient("PolicyUnavailable", e.to_string()))?;
+        .map_err(|e| Failure::transient(EventReason::PolicyUnavailable, e.to_string()))?;
     settle(p, decision, key, &uid, &vm_name, what)
 }
 

@@ -12,6 +12,7 @@ use super::super::invariants;
 use super::super::plan;
 use super::execute::{Decided, translate};
 use super::gather::Ctx;
+use crate::kubelet::{EventReason, EventType};
 use crate::model::VmSpec;
 use crate::policy::contract::bring_up::CloneOptions;
 use crate::policy::contract::guest_fixup::BootOrigin;
@@ -78,7 +79,7 @@ async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSource, Failure
                 Err(e) => {
                     p.metrics.snapshot_verify.with_label_values(&["error"]).inc();
                     return Err(Failure::transient(
-                        "WakeVerifyFailed",
+                        EventReason::WakeVerifyFailed,
                         format!(
                             "verify local snapshot {vm} against {vm}:hibernate: {e} (an unverified copy is never restored; the wake retries)"
                         ),
@@ -89,20 +90,20 @@ async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSource, Failure
         Err(e) if e.is_not_found() => {}
         Err(e) => {
             return Err(Failure::transient(
-                "WakeSourceFailed",
+                EventReason::WakeSourceFailed,
                 format!("inspect local snapshot {vm}: {e}"),
             ));
         }
     }
     let Some(registry) = &p.ports.registry else {
         return Err(Failure::transient(
-            "WakeSourceMissing",
+            EventReason::WakeSourceMissing,
             format!("wake {vm}: no local snapshot and no registry configured"),
         ));
     };
     if tag_absent {
         return Err(Failure::transient(
-            "WakeSourceMissing",
+            EventReason::WakeSourceMissing,
             format!("wake {vm}: the {vm}:hibernate tag is gone, so there is no guest state to restore"),
         ));
     }
@@ -128,13 +129,19 @@ async fn wake_source(p: &CocoonProvider, vm: &str) -> Result<WakeSource, Failure
     let import = plan::hibernate_import_name(vm);
     crate::provider::transfer::pull_snapshot(p, registry.as_ref(), vm, plan::HIBERNATE_SNAPSHOT_TAG, &import)
         .await
-        .map_err(|e| Failure::transfer("WakePullFailed", format!("pull {vm}:hibernate into {import}: {e}"), &e))?;
-    let record = p
-        .ports
-        .runtime
-        .snapshot_inspect(&import)
-        .await
-        .map_err(|e| Failure::transient("WakePullFailed", format!("inspect pulled snapshot {import}: {e}")))?;
+        .map_err(|e| {
+            Failure::transfer(
+                EventReason::WakePullFailed,
+                format!("pull {vm}:hibernate into {import}: {e}"),
+                &e,
+            )
+        })?;
+    let record = p.ports.runtime.snapshot_inspect(&import).await.map_err(|e| {
+        Failure::transient(
+            EventReason::WakePullFailed,
+            format!("inspect pulled snapshot {import}: {e}"),
+        )
+    })?;
     Ok(WakeSource {
         snapshot: import,
         record,
@@ -159,8 +166,8 @@ pub(in crate::provider) async fn restore(
     if let Some(why) = &source.peer_failure {
         p.ports.events.record(
             ctx.pod,
-            true,
-            "PeerRestoreFailed",
+            EventType::Warning,
+            EventReason::PeerRestoreFailed,
             format!("{why}; restoring from the registry instead"),
         );
     }
@@ -172,10 +179,10 @@ pub(in crate::provider) async fn restore(
         None => CloneSource::Snapshot(source.snapshot.clone()),
     };
     let spec = plan::clone_spec(options, clone_source, !source.record.image.is_empty(), cpu, nics)
-        .map_err(|m| Failure::permanent("WakeRefused", m))?;
+        .map_err(|m| Failure::permanent(EventReason::WakeRefused, m))?;
     let result = p.ports.runtime.clone_vm(&spec).await.map_err(|e| {
         Failure::transient(
-            "WakeCloneFailed",
+            EventReason::WakeCloneFailed,
             format!("restore vm {vm} from hibernate snapshot {}: {e}", source.snapshot),
         )
     });

@@ -112,7 +112,10 @@ pub(super) async fn hibernate(p: &CocoonProvider, pod: &Pod, pkey: &str) -> bool
             saga.name, saga.vm.id
         );
         return saga
-            .abort(Failure::transient("HibernateSnapshotFailed", message), true)
+            .abort(
+                Failure::transient(crate::kubelet::EventReason::HibernateSnapshotFailed, message),
+                true,
+            )
             .await;
     }
 
@@ -134,7 +137,10 @@ pub(super) async fn hibernate(p: &CocoonProvider, pod: &Pod, pkey: &str) -> bool
         if let Err(e) = pushed {
             let message = format!("push snapshot {name} to {name}:hibernate: {e}; the VM keeps running");
             return saga
-                .abort(Failure::transient("HibernatePushFailed", message), true)
+                .abort(
+                    Failure::transient(crate::kubelet::EventReason::HibernatePushFailed, message),
+                    true,
+                )
                 .await;
         }
         saga.done.push(Undo::WithdrawTag);
@@ -155,7 +161,12 @@ async fn finish_hibernated(p: &CocoonProvider, pod: &Pod, pkey: &str, uid: &str)
     } else {
         "snapshot saved locally (no registry pusher configured)"
     };
-    p.ports.events.record(pod, false, "Hibernated", how.into());
+    p.ports.events.record(
+        pod,
+        crate::kubelet::EventType::Normal,
+        crate::kubelet::EventReason::Hibernated,
+        how.into(),
+    );
     tracing::info!(pod = %pkey, how, "hibernated");
     p.notify(pkey);
 }
@@ -174,7 +185,7 @@ pub(super) async fn settle_vanished(p: &CocoonProvider, pod: &Pod, pkey: &str, v
                 p,
                 pod,
                 pkey,
-                "HibernateEvidenceUnavailable",
+                crate::kubelet::EventReason::HibernateEvidenceUnavailable,
                 OP,
                 &format!("vm {vm} is gone and its hibernate snapshot cannot be checked: {error}; retrying"),
             )
@@ -187,7 +198,7 @@ pub(super) async fn settle_vanished(p: &CocoonProvider, pod: &Pod, pkey: &str, v
                 p,
                 pod,
                 pkey,
-                "HibernateVMVanished",
+                crate::kubelet::EventReason::HibernateVmVanished,
                 OP,
                 &format!("vm {vm} disappeared before its state was saved; no hibernate snapshot exists"),
             )
@@ -219,12 +230,12 @@ impl Saga<'_> {
             NotRunning::StartThenSave => match p.ports.runtime.start(&vm.id).await {
                 Ok(()) => Ok(Checked::Save),
                 Err(e) => Err(Failure::transient(
-                    "ResumeStartFailed",
+                    crate::kubelet::EventReason::ResumeStartFailed,
                     format!("start stopped vm {} to save it: {e}", vm.id),
                 )),
             },
             NotRunning::Retry(error) => Err(Failure::transient(
-                "HibernateEvidenceUnavailable",
+                crate::kubelet::EventReason::HibernateEvidenceUnavailable,
                 format!(
                     "vm {} is {} and its hibernate snapshot cannot be checked: {error}; retrying",
                     vm.id,
@@ -257,7 +268,10 @@ impl Saga<'_> {
                     };
                     let message = format!("remove vm {} after saving it: {e}; {kept}", self.vm.id);
                     return self
-                        .abort(Failure::transient("HibernateRemoveFailed", message), running)
+                        .abort(
+                            Failure::transient(crate::kubelet::EventReason::HibernateRemoveFailed, message),
+                            running,
+                        )
                         .await;
                 }
             }

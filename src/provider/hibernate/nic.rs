@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::super::CocoonProvider;
 use super::super::failure::Failure;
 use super::super::plan::{LeaseStep, ipconfig};
+use crate::kubelet::EventReason;
 use crate::runtime::VmRecord;
 
 /// CH + Windows: release the guest's DHCP lease, then hot-remove its NIC.
@@ -32,7 +33,7 @@ pub(super) async fn drop_nic(p: &CocoonProvider, vm: &VmRecord) -> Result<(), Fa
             p.metrics.hibernate_step("netresize", false);
             renew_detached(p, vm);
             Err(Failure::transient(
-                "HibernateNetResizeFailed",
+                EventReason::HibernateNetResizeFailed,
                 format!("drop the NIC of vm {}: {e}; the VM keeps running", vm.id),
             ))
         }

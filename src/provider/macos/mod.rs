@@ -30,7 +30,7 @@ use super::CocoonProvider;
 use super::failure::Failure;
 use super::guest::Finish;
 use super::lifecycle::{Intent, LifecycleState};
-use crate::kubelet::{Next, ProviderError};
+use crate::kubelet::{EventReason, Next, ProviderError};
 use crate::model::annotations as key;
 use crate::model::{PodFacts, RuntimeAnnotations, VmSpec, vm_spec};
 use crate::policy::contract::bring_up;
@@ -144,7 +144,7 @@ fn parse_ports(text: &str) -> Result<RangeInclusive<u16>, NotAVncPortRange> {
     Ok(a..=b)
 }
 
-fn needs_operator(reason: &'static str, message: String) -> Failure {
+fn needs_operator(reason: EventReason, message: String) -> Failure {
     Failure {
         reason,
         message,
@@ -162,7 +162,7 @@ pub(super) async fn create(
 ) -> Result<Next, ProviderError> {
     if spec.hibernate {
         let f = Failure::permanent(
-            "HibernateUnsupported",
+            EventReason::HibernateUnsupported,
             format!(
                 "macOS guest {} does not support hibernate (cocoon-macos keeps offline disk snapshots only): clear vm.cocoonstack.io/hibernate to boot it",
                 spec.vm_name
@@ -217,7 +217,7 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
         .macos
         .vnc_password
         .clone()
-        .map_err(|m| needs_operator("MacOSVNCPasswordInvalid", format!("vm {name}: {m}")))?;
+        .map_err(|m| needs_operator(EventReason::MacOsVncPasswordInvalid, format!("vm {name}: {m}")))?;
     // This node already runs a VM of that name (a duplicate pod, or one adopted at restart),
     // else cocoon-macos may hold a record of it (live or stopped).
     let tracked = p.state.vm_by_name(name).filter(plan::is_macos_vm);
@@ -228,7 +228,7 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
             Err(e) if e.is_not_found() => None,
             Err(e) => {
                 return Err(Failure::transient(
-                    "MacOSInspectFailed",
+                    EventReason::MacOsInspectFailed,
                     format!("checking whether macOS vm {name} already exists: {e}"),
                 ));
             }
@@ -256,7 +256,7 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
             if let Err(e) = p.ports.macos.start(name, &vnc).await {
                 p.vnc.release(name);
                 return Err(Failure::transient(
-                    "MacOSStartFailed",
+                    EventReason::MacOsStartFailed,
                     format!("start macOS vm {name}: {e}"),
                 ));
             }
@@ -265,7 +265,7 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
         plan::Step::RunNew => {
             let Some(reference) = image else {
                 return Err(Failure::transient(
-                    "CreateBringUpFailed",
+                    EventReason::CreateBringUpFailed,
                     format!(
                         "the bring-up policy adopts macOS vm {name} but none exists here (it may have just been removed); retried"
                     ),
@@ -294,7 +294,7 @@ async fn bring_up(p: &CocoonProvider, pod: &Pod, spec: &VmSpec, facts: PodFacts)
             if let Err(e) = p.ports.macos.run(&run).await {
                 p.vnc.release(name);
                 return Err(Failure::transient(
-                    "MacOSRunFailed",
+                    EventReason::MacOsRunFailed,
                     format!("run macOS vm {name} from image {reference}: {e}"),
                 ));
             }
@@ -339,7 +339,7 @@ async fn decide(
         bring_up::Outcome::Refuse(refusal) => Err(Failure::refused(refusal, decision.message)),
         bring_up::Outcome::Proceed(bring_up::Plan::AdoptExisting(_)) => Ok(Decided::Adopt),
         bring_up::Outcome::Proceed(bring_up::Plan::Run(run)) if exists => Err(Failure::transient(
-            "CreateBringUpFailed",
+            EventReason::CreateBringUpFailed,
             format!(
                 "the bring-up policy runs macOS vm {name} from {} but a VM of that name exists here: it must adopt it (reason {:?})",
                 run.image, decision.reason
@@ -347,7 +347,7 @@ async fn decide(
         )),
         bring_up::Outcome::Proceed(bring_up::Plan::Run(run)) => Ok(Decided::Run(run.image)),
         bring_up::Outcome::Proceed(_) => Err(Failure::permanent(
-            "CreateBringUpFailed",
+            EventReason::CreateBringUpFailed,
             format!(
                 "the bring-up policy chose {:?} for macOS vm {name}: only adopt-existing, run or a refusal apply to cocoon-macos guests (a bring-up policy must handle os=macos)",
                 decision.reason
@@ -364,7 +364,7 @@ async fn reinspect(p: &CocoonProvider, name: &str) -> Result<VmRecord, Failure> 
         .map(|vm: MacVm| plan::record(name, &vm))
         .map_err(|e| {
             Failure::transient(
-                "MacOSInspectFailed",
+                EventReason::MacOsInspectFailed,
                 format!("inspect macOS vm {name} after its launch: {e}"),
             )
         })
@@ -382,7 +382,7 @@ fn claim_vnc(
     let port = p
         .vnc
         .claim(name, preferred)
-        .map_err(|e| Failure::transient("MacOSVNCPortsExhausted", format!("vm {name}: {e}")))?;
+        .map_err(|e| Failure::transient(EventReason::MacOsVncPortsExhausted, format!("vm {name}: {e}")))?;
     Ok(Some(Vnc {
         display: port - VNC_BASE_PORT,
         password,
@@ -405,20 +405,21 @@ async fn image_present(p: &CocoonProvider, image: &str) -> Result<MacImage, Fail
         Err(e) if e.is_not_found() => {}
         Err(e) => {
             return Err(Failure::transient(
-                "MacOSImageInspectFailed",
+                EventReason::MacOsImageInspectFailed,
                 format!("inspect macOS image {image}: {e}"),
             ));
         }
     }
     tracing::info!(%image, "pulling macOS image");
-    p.ports
-        .macos
-        .image_pull(image)
-        .await
-        .map_err(|e| Failure::transient("MacOSImagePullFailed", format!("pull macOS image {image}: {e}")))?;
+    p.ports.macos.image_pull(image).await.map_err(|e| {
+        Failure::transient(
+            EventReason::MacOsImagePullFailed,
+            format!("pull macOS image {image}: {e}"),
+        )
+    })?;
     p.ports.macos.image_inspect(image).await.map_err(|e| {
         Failure::transient(
-            "MacOSImagePullFailed",
+            EventReason::MacOsImagePullFailed,
             format!("macOS image {image} is still not there after its pull: {e}"),
         )
     })
@@ -500,10 +501,10 @@ pub(super) async fn update(p: &CocoonProvider, pod: &Pod, pkey: &str, spec: &VmS
         "macOS guest {} does not support hibernate (cocoon-macos keeps offline disk snapshots only); the guest keeps running, but its lifecycle is failed and the pod Not Ready until it is recreated: clear vm.cocoonstack.io/hibernate",
         spec.vm_name
     );
-    crate::provider::publish::fail_op(p, pod, pkey, "HibernateUnsupported", "update", &message).await;
+    crate::provider::publish::fail_op(p, pod, pkey, EventReason::HibernateUnsupported, "update", &message).await;
     p.notify(pkey);
     Err(ProviderError::NeedsOperator {
-        reason: "HibernateUnsupported".into(),
+        reason: EventReason::HibernateUnsupported,
         message,
     })
 }

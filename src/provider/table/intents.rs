@@ -18,7 +18,11 @@ impl Table {
             intent.generation = intent.generation.max(g);
         }
         let tracked_uid = e.claim.as_ref().map(|c| c.uid.clone());
-        let admitted = lifecycle::admit(e.intent.as_ref().map(|i| &i.intent), tracked_uid.as_deref(), &intent);
+        let admitted = lifecycle::admit(
+            e.intent.as_ref().map(|i| &i.intent),
+            tracked_uid.as_ref().map(crate::kubelet::Uid::as_str),
+            &intent,
+        );
         if let Err(dropped) = admitted {
             s.prune(key);
             return Err(dropped);

@@ -84,7 +84,7 @@ impl Inner {
             Some(h) if h.key() == key => NameClaim::Own,
             Some(h) => NameClaim::Other {
                 holder: h.clone(),
-                live: self.live(&h.key()),
+                live: self.live(h.key().as_str()),
             },
         }
     }
@@ -140,7 +140,11 @@ impl Inner {
             return;
         };
         let vm = vm.clone();
-        if self.vms.get(&vm).is_some_and(|r| r.owner.as_deref() == Some(key)) {
+        if self
+            .vms
+            .get(&vm)
+            .is_some_and(|r| r.owner.as_ref().map(PodKey::as_str) == Some(key))
+        {
             self.vms.remove(&vm);
         }
     }
@@ -176,7 +180,7 @@ pub struct OpGuard<'a> {
 impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
         self.guard.take();
-        self.table.lock().prune(&self.key);
+        self.table.lock().prune(self.key.as_str());
     }
 }
 
@@ -193,8 +197,8 @@ impl Table {
         let uid = Uid::of(pod);
         let mut s = self.lock();
         let e = s.entry(key);
-        let phase = e.claim_of(&uid).map(|c| c.phase.clone()).unwrap_or(Phase::NoVm);
-        if e.intent.as_ref().is_some_and(|i| i.intent.uid != *uid) {
+        let phase = e.claim_of(uid.as_str()).map(|c| c.phase.clone()).unwrap_or(Phase::NoVm);
+        if e.intent.as_ref().is_some_and(|i| i.intent.uid != uid.as_str()) {
             e.intent = None;
         }
         if e.terminal.as_ref().is_some_and(|t| t.uid != uid) {
@@ -228,7 +232,7 @@ impl Table {
             .as_ref()
             .filter(|stored| uid == stored.intent.uid.as_str())
             .map(|stored| stored.intent.annotations());
-        if let Some(c) = e.claim_of_mut(&uid) {
+        if let Some(c) = e.claim_of_mut(uid.as_str()) {
             let version = pod.metadata.resource_version.as_ref();
             if version.is_none() || version != c.pod.metadata.resource_version.as_ref() {
                 c.pod = with_own_write(pod, own_write);
@@ -245,7 +249,7 @@ impl Table {
     pub fn share_echo(&self, key: &str, pod: &Arc<Pod>) -> bool {
         let uid = Uid::of(pod);
         let mut s = self.lock();
-        let Some(c) = s.pods.get_mut(key).and_then(|e| e.claim_of_mut(&uid)) else {
+        let Some(c) = s.pods.get_mut(key).and_then(|e| e.claim_of_mut(uid.as_str())) else {
             return false;
         };
         let same_view = Arc::ptr_eq(&c.pod, pod) || same_for_provider(&c.pod, pod);
@@ -416,7 +420,7 @@ impl Table {
     pub fn holder_of(&self, name: &str) -> Option<(Holder, bool)> {
         let s = self.lock();
         let h = s.holders.get(name)?.clone();
-        let live = s.live(&h.key());
+        let live = s.live(h.key().as_str());
         Some((h, live))
     }
 
@@ -518,7 +522,7 @@ impl Table {
                 Phase::Running { vm } => s.vms.get(vm).map(|r| &r.record),
                 _ => None,
             };
-            f(key, claim, vm);
+            f(key.as_str(), claim, vm);
         }
     }
 
@@ -620,7 +624,7 @@ impl Table {
             })
             .collect();
         for k in expired {
-            s.prune(&k);
+            s.prune(k.as_str());
         }
         s.entry(key).terminal = Some(Terminal {
             uid: Uid::from(uid),

@@ -120,7 +120,7 @@ mod tests {
             Some(now),
             "a refresh of the same VM"
         );
-        assert_eq!(t.get("vm-a").unwrap().owner.as_deref(), Some("ns/p"));
+        assert_eq!(t.get("vm-a").unwrap().owner.as_ref().map(PodKey::as_str), Some("ns/p"));
         t.put("vm-a", vm("id2"), None);
         assert!(t.get("vm-a").unwrap().last_restart.is_none(), "another VM of the name");
         assert!(t.by_id_mut("id1").is_none());

@@ -3,6 +3,7 @@
 //! refused here, before a byte is downloaded).
 
 use super::*;
+use crate::registry::errors::Cause;
 use crate::registry::media::{self, ArtifactKind, LayerEncoding};
 use std::collections::BTreeMap;
 
@@ -40,7 +41,7 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         ArtifactKind::SnapshotV1 => false,
         ArtifactKind::SnapshotV2 => true,
         k => {
-            return Err(PlanError::Invalid(format!(
+            return Err(PlanError::invalid(format!(
                 "the artifact is a {} artifact, not a snapshot",
                 k.name()
             )));
@@ -50,10 +51,10 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
     let mut by_title: BTreeMap<String, Vec<&OciDescriptor>> = BTreeMap::new();
     for l in &m.layers {
         let title = title(l)
-            .ok_or_else(|| PlanError::Invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE)))?
+            .ok_or_else(|| PlanError::invalid(format!("layer {} has no {} annotation", l.digest, media::ANN_TITLE)))?
             .to_string();
         if title.contains('/') || title == "." || title == ".." || title == "snapshot.json" {
-            return Err(PlanError::Invalid(format!(
+            return Err(PlanError::invalid(format!(
                 "layer title {title:?} is not a bare snapshot file name"
             )));
         }
@@ -64,12 +65,12 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         let chunked =
             annotation(l, media::ANN_CHUNK_INDEX).is_some() || annotation(l, media::ANN_CHUNK_COUNT).is_some();
         if !v2 && (enc == LayerEncoding::Zstd || chunked) {
-            return Err(PlanError::Invalid(format!(
+            return Err(PlanError::invalid(format!(
                 "layer {title:?} is zstd-compressed or chunked, which a v1 snapshot artifact may not be"
             )));
         }
         if l.size < 0 {
-            return Err(PlanError::Invalid(format!("layer {title:?} has a negative size")));
+            return Err(PlanError::invalid(format!("layer {title:?} has a negative size")));
         }
         if !by_title.contains_key(&title) {
             order.push(title.clone());
@@ -81,7 +82,7 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         let layers = &by_title[&title];
         let info = cfg.files.get(&title).cloned().unwrap_or_default();
         if !v2 && layers.len() > 1 {
-            return Err(PlanError::Invalid(format!(
+            return Err(PlanError::invalid(format!(
                 "file {title:?} has {} layers in a v1 snapshot artifact",
                 layers.len()
             )));
@@ -96,7 +97,7 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
             ls
         } else {
             if info.chunks.len() != layers.len() {
-                return Err(PlanError::Invalid(format!(
+                return Err(PlanError::invalid(format!(
                     "file {title:?}: the config lists {} chunks but the manifest has {} layers",
                     info.chunks.len(),
                     layers.len()
@@ -106,7 +107,7 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
                 .iter()
                 .map(|d| {
                     layers.iter().copied().find(|l| &l.digest == d).ok_or_else(|| {
-                        PlanError::Invalid(format!(
+                        PlanError::invalid(format!(
                             "file {title:?}: chunk {d} of the config is not a layer of the manifest"
                         ))
                     })
@@ -125,14 +126,14 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         let size = match info.size {
             Some(s) => {
                 if !any_zstd && s != parts.iter().map(|p| p.size).sum::<u64>() {
-                    return Err(PlanError::Invalid(format!(
+                    return Err(PlanError::invalid(format!(
                         "file {title:?}: the config size {s} differs from the layers' sizes"
                     )));
                 }
                 s
             }
             None if any_zstd => {
-                return Err(PlanError::Invalid(format!(
+                return Err(PlanError::invalid(format!(
                     "file {title:?} is compressed but the config carries no uncompressed size"
                 )));
             }
@@ -140,8 +141,10 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         };
         let sparse_map = info.sparse_map.clone().filter(|s| !s.is_empty());
         if let Some(map) = &sparse_map {
-            check_sparse_map(map, info.sparse_size, size)
-                .map_err(|why| PlanError::Invalid(format!("file {title:?}: its sparse map {why}")))?;
+            check_sparse_map(map, info.sparse_size, size).map_err(|why| PlanError::Invalid {
+                detail: format!("file {title:?}: its sparse map {why}"),
+                cause: Some(Cause::new(why)),
+            })?;
         }
         plans.push(FilePlan {
             mode: file_mode(&title, info.mode)?,
@@ -153,7 +156,7 @@ pub fn snapshot_plan(m: &OciImageManifest, cfg: &SnapshotConfig) -> Result<Vec<F
         });
     }
     if plans.is_empty() {
-        return Err(PlanError::Invalid("the snapshot artifact has no layers".into()));
+        return Err(PlanError::invalid("the snapshot artifact has no layers"));
     }
     Ok(plans)
 }
@@ -165,7 +168,7 @@ fn file_mode(title: &str, mode: u32) -> Result<u32, PlanError> {
     match mode {
         0 => Ok(0o640),
         m if m & !0o777 == 0 => Ok(m),
-        m => Err(PlanError::Invalid(format!(
+        m => Err(PlanError::invalid(format!(
             "file {title:?} has mode {m:#o}; a snapshot file's mode is permission bits only (at most 0777: no setuid, setgid or sticky bit)"
         ))),
     }
@@ -233,8 +236,26 @@ enum SparseMapError {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanError {
-    Invalid(String),
-    MediaType { title: String, media_type: String },
+    /// `detail` says what is wrong in words; `cause` keeps the error it comes from, when one
+    /// does (a sparse map that is not JSON: the parser's error).
+    Invalid {
+        detail: String,
+        cause: Option<Cause>,
+    },
+    MediaType {
+        title: String,
+        media_type: String,
+    },
+}
+
+impl PlanError {
+    /// A manifest or config that breaks a rule of its own (no error underneath).
+    fn invalid(detail: impl Into<String>) -> Self {
+        Self::Invalid {
+            detail: detail.into(),
+            cause: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +317,37 @@ mod tests {
         assert_eq!((p[1].title.as_str(), p[1].mode, p[1].size), ("cocoon.json", 0o640, 3));
     }
 
+    /// A sparse map that is not JSON: the message says so in words as before, and the parser's
+    /// error is reachable down the source chain (the registry error keeps it as its cause).
+    #[test]
+    fn a_sparse_map_that_is_not_json_keeps_the_parser_error_as_its_source() {
+        let m = manifest(
+            media::SNAPSHOT_V1,
+            vec![layer("cow.raw", media::DISK_RAW, "sha256:a", 10, &[])],
+        );
+        let mut cfg = SnapshotConfig::default();
+        cfg.files.insert(
+            "cow.raw".into(),
+            FileInfo {
+                mode: 0o600,
+                sparse_map: Some("[{o:0}".into()),
+                sparse_size: Some(4096),
+                ..Default::default()
+            },
+        );
+        let Err(PlanError::Invalid { detail, cause }) = snapshot_plan(&m, &cfg) else {
+            panic!("a broken sparse map is invalid");
+        };
+        assert!(
+            detail.starts_with("file \"cow.raw\": its sparse map is not a JSON list"),
+            "{detail}"
+        );
+        let cause = cause.expect("the sparse map's error is kept");
+        let parser = std::error::Error::source(&cause).expect("the JSON error under it");
+        assert!(parser.downcast_ref::<serde_json::Error>().is_some(), "{parser:?}");
+        assert!(detail.ends_with(&parser.to_string()), "{detail} / {parser}");
+    }
+
     #[test]
     fn v1_refuses_zstd_chunks_unknown_types_and_missing_titles() {
         let m = manifest(
@@ -303,7 +355,7 @@ mod tests {
             vec![layer("mem", "application/octet-stream+zstd", "sha256:a", 1, &[])],
         );
         assert!(
-            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("v1"))
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid { detail: e, .. }) if e.contains("v1"))
         );
         let m = manifest(
             media::SNAPSHOT_V1,
@@ -317,7 +369,7 @@ mod tests {
         );
         assert!(matches!(
             snapshot_plan(&m, &SnapshotConfig::default()),
-            Err(PlanError::Invalid(_))
+            Err(PlanError::Invalid { .. })
         ));
         let m = manifest(
             media::SNAPSHOT_V1,
@@ -342,7 +394,7 @@ mod tests {
         );
         m.layers[0].annotations = None;
         assert!(
-            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("title"))
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid { detail: e, .. }) if e.contains("title"))
         );
         let m = manifest(
             media::SNAPSHOT_V1,
@@ -354,7 +406,7 @@ mod tests {
             vec![layer("disk", media::DISK_QCOW2, "sha256:a", 1, &[])],
         );
         assert!(
-            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid(e)) if e.contains("cloud-image"))
+            matches!(snapshot_plan(&m, &SnapshotConfig::default()), Err(PlanError::Invalid { detail: e, .. }) if e.contains("cloud-image"))
         );
     }
 
@@ -365,7 +417,7 @@ mod tests {
         assert_eq!(file_mode("f", 0o777), Ok(0o777));
         for m in [0o4755, 0o2755, 0o1777, 0o100640, 0o1000] {
             assert!(
-                matches!(file_mode("f", m), Err(PlanError::Invalid(e)) if e.contains("permission bits")),
+                matches!(file_mode("f", m), Err(PlanError::Invalid { detail: e, .. }) if e.contains("permission bits")),
                 "{m:o}"
             );
         }

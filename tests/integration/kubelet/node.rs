@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use vk_cocoon::kubelet::{KubeletError, ProviderError, VirtualNode, measure_host, node};
+use vk_cocoon::kubelet::{EventReason, KubeletError, ProviderError, VirtualNode, measure_host, node};
 
 fn q(node: &Node, field: &str, key: &str) -> String {
     let st = node.status.as_ref().expect("status");
@@ -237,7 +237,7 @@ async fn startup_reconcile_sees_this_nodes_pods_and_an_error_is_fatal() {
 
     let provider = Arc::new(RecordingProvider::default());
     *provider.reconcile_error.lock().unwrap() = Some(ProviderError::Rejected {
-        reason: "SnapshotCPUClassMismatch".into(),
+        reason: EventReason::SnapshotCpuClassMismatch,
         message: "pod default/mine-1 wants spr".into(),
     });
     let running = start_node(&server, config(&[]), provider.clone());

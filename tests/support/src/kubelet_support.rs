@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use vk_cocoon::kubelet::{
-    AgentState, HostResources, KubeletConfig, Next, PodPhase, Provider, ProviderError, ProviderPodStatus, Timings,
-    VirtualNode,
+    AgentState, EventReason, HostResources, KubeletConfig, Next, PodPhase, Provider, ProviderError, ProviderPodStatus,
+    Timings, VirtualNode,
 };
 
 pub const NODE: &str = "vk-test";
@@ -87,7 +87,7 @@ impl Provider for RecordingProvider {
         self.record("create", pod);
         if self.reject_name.lock().unwrap().as_deref() == Some(pod.name_any().as_str()) {
             return Err(ProviderError::Rejected {
-                reason: "SnapshotCPUClassMismatch".into(),
+                reason: EventReason::SnapshotCpuClassMismatch,
                 message: "pod wants class spr, node is icx".into(),
             });
         }
