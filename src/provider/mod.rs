@@ -41,6 +41,7 @@ pub mod gone;
 mod guest;
 mod guest_os;
 mod hibernate;
+mod inline_decision;
 mod invariants;
 mod known;
 pub mod lifecycle;
@@ -270,14 +271,27 @@ impl CocoonProvider {
         }
     }
 
-    /// Runs a synchronous policy decision off the async workers, on the blocking pool: a policy
-    /// that spins until its deadline stalls no other task.
-    ///
-    /// Not `block_in_place`, though it spares a thread wake-up per decision: a task inside it
-    /// keeps running on its thread when the runtime shuts down, and makes its next cocoon call
-    /// after the daemon was stopped (the crash harness caught a `vm inspect` issued after the
-    /// kill). Here the decision's task is dropped at its await like every other task.
+    /// Runs a synchronous policy decision without holding up the async workers' other tasks:
+    /// on this task's thread on the daemon's multi-thread runtime (no thread wake-up, see
+    /// [`inline_decision`]), on the blocking pool on a current-thread runtime (some tests),
+    /// which cannot hand its other tasks over.
     async fn decide<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Policies) -> T + Send + 'static,
+    ) -> Result<T, ProviderError> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if Handle::current().runtime_flavor() != RuntimeFlavor::MultiThread {
+            return self.decide_apart(f).await;
+        }
+        inline_decision::on_this_thread(|| f(&self.policies))
+            .await
+            .map_err(|_| ProviderError::Transient("policy decision task failed: it panicked".into()))
+    }
+
+    /// Runs a synchronous policy decision on the blocking pool: for batches of decisions that
+    /// should run beside each other (one per CPU), which [`Self::decide`] would run one after
+    /// another on the calling thread.
+    async fn decide_apart<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Policies) -> T + Send + 'static,
     ) -> Result<T, ProviderError> {
@@ -441,7 +455,7 @@ impl CocoonProvider {
             if facts.is_empty() {
                 break;
             }
-            running.push(self.decide(move |p| {
+            running.push(self.decide_apart(move |p| {
                 facts
                     .iter()
                     .map(|f| p.decide::<CpuClassAdmission>(f))

@@ -203,8 +203,9 @@ async fn a_bring_up_policy_built_at_0_1_0_serves_create_pod_as_before() {
 }
 
 /// A hostile admission policy that spins until its deadline holds up only its own pod: the
-/// decision runs off the async workers, so a node with a single worker still runs its other
-/// tasks meanwhile (its lease renewals, its other pods). The create fails safe.
+/// decision runs on its task's thread after the worker hands its other tasks to another thread,
+/// so a node with a single worker still runs them meanwhile (its lease renewals, its other
+/// pods). The create fails safe.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_policy_spinning_to_its_deadline_stalls_no_other_task() {
     use std::sync::atomic::{AtomicU64, Ordering};
