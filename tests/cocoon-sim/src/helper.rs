@@ -189,6 +189,18 @@ impl Sim {
         Control::update(&self.store(), |c| c.faults.clear())
     }
 
+    /// Fault rules of `verb` with uses left. An invocation logs its call before it takes its
+    /// fault, so a test that needs one inside its fault (hanging in a delay, say) waits for the
+    /// use to be gone, not for the call: a process killed between the two leaves the fault
+    /// armed for the next caller.
+    pub fn armed_faults(&self, verb: &str) -> std::io::Result<usize> {
+        Ok(Control::load(&self.store())?
+            .faults
+            .iter()
+            .filter(|f| f.verb == verb)
+            .count())
+    }
+
     /// What `vm exec` answers for matching commands (first match wins; default: exit 0, stdin echoed with `-i`).
     pub fn on_exec(&self, rule: ExecRule) -> std::io::Result<()> {
         Control::update(&self.store(), |c| c.exec.push(rule))

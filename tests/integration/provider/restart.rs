@@ -254,7 +254,12 @@ async fn a_guest_fixup_cut_by_a_restart_resumes_and_a_failed_one_stays_parked() 
         annotation(&env, "fix-0", "vm.cocoonstack.io/post-clone-state").as_deref() == Some("running")
     })
     .await;
-    eventually(20, "its vm exec started", || !calls(&env, "vm exec").is_empty()).await;
+    // Its exec took the delay (not only logged its call: one killed before taking it would
+    // leave the delay to the restarted daemon's exec).
+    eventually(20, "its vm exec hanging", || {
+        env.sim.armed_faults("vm exec").unwrap() == 0
+    })
+    .await;
     d.kill().await;
     assert_eq!(lifecycle(&env, "fix-0").as_deref(), Some("creating"));
 
@@ -701,7 +706,12 @@ async fn windows_clone_cut_before_its_fixup() -> (Env, usize, usize) {
         ("vm.cocoonstack.io/backend", "cloud-hypervisor"),
     ];
     create(&env, &managed("win-0", "vm-win", &windows)).await;
-    eventually(30, "the fixup started", || !calls(&env, "vm exec").is_empty()).await;
+    // Its exec took the delay (not only logged its call: one killed before taking it would
+    // leave the delay to the restarted daemon's exec).
+    eventually(30, "the fixup's exec hanging", || {
+        env.sim.armed_faults("vm exec").unwrap() == 0
+    })
+    .await;
     d.kill().await;
     env.sim.kill_all("vm exec").unwrap();
     // The state a kill between the runtime annotations and the fixup marker's write leaves.

@@ -351,7 +351,12 @@ async fn a_done_marker_written_before_the_console_pass_still_gets_the_pass_after
         ),
     )
     .await;
-    eventually(60, "the reset started", || !calls(&env, "vm exec").is_empty()).await;
+    // The reset's exec took the delay (not only logged its call: one killed before taking it
+    // would leave the delay to the restarted daemon's exec).
+    eventually(60, "the reset hanging", || {
+        env.sim.armed_faults("vm exec").unwrap() == 0
+    })
+    .await;
     d.kill().await;
     env.sim.kill_all("vm exec").unwrap();
     // As the Go daemon left it: `done` written once the reset ran, before its console pass.

@@ -15,13 +15,20 @@ const OWNED: &str = "VMOwnedByAnotherPod";
 
 /// The victim: `default/web-0` with VM `vm-web`, up.
 async fn victim(env: &Env) -> vk_cocoon::runtime::VmRecord {
-    seed_snapshot(env, "base", "ghcr.io/x/base:1").await;
     create(env, &managed("web-0", "vm-web", &[(IMAGE, "base")])).await;
     eventually(60, "web-0 ready", || {
         lifecycle(env, "web-0").as_deref() == Some("ready") && ready(env, "web-0")
     })
     .await;
     vm_named(env, "vm-web").await.expect("the victim's VM")
+}
+
+/// The daemon, started once the victim's `base` snapshot is seeded. Seeding boots a throwaway
+/// VM behind the daemon's back, and a daemon whose startup reconcile lists that VM destroys
+/// it as an orphan (the default policy), before its snapshot is saved.
+async fn start_seeded(env: &Env) -> Daemon {
+    seed_snapshot(env, "base", "ghcr.io/x/base:1").await;
+    start(env, Options::default())
 }
 
 /// The victim hibernates its guest, as the operator asks it to.
@@ -100,7 +107,7 @@ async fn untouched(env: &Env, id: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_naming_another_pods_vm_is_refused_and_deleting_it_leaves_that_vm() {
     let env = env(false).await;
-    let d = start(&env, Options::default());
+    let d = start_seeded(&env).await;
     let vm = victim(&env).await;
     // Another tenant, and a pod of the victim's own namespace: the VM is the victim pod's.
     create(
@@ -138,7 +145,7 @@ async fn a_pod_naming_another_pods_vm_is_refused_and_deleting_it_leaves_that_vm(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fork_crosses_no_namespace_but_sub_agents_fork_their_main_agent() {
     let env = env(false).await;
-    let d = start(&env, Options::default());
+    let d = start_seeded(&env).await;
     let vm = victim(&env).await;
     create(
         &env,
@@ -174,7 +181,7 @@ async fn a_fork_crosses_no_namespace_but_sub_agents_fork_their_main_agent() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unmanaged_pod_cannot_pre_assign_another_pods_vm_by_id_prefix_name_or_address() {
     let env = env(false).await;
-    let d = start(&env, Options::default());
+    let d = start_seeded(&env).await;
     let vm = victim(&env).await;
     let ip = vm.primary_ip().unwrap().to_string();
     let cases = [
@@ -229,7 +236,7 @@ async fn an_unmanaged_pod_cannot_pre_assign_another_pods_vm_by_id_prefix_name_or
 #[tokio::test(flavor = "multi_thread")]
 async fn who_holds_a_vm_survives_a_restart_and_a_copied_id_claims_nothing() {
     let env = env(false).await;
-    let d = start(&env, Options::default());
+    let d = start_seeded(&env).await;
     let vm = victim(&env).await;
     d.kill().await;
     // While the node is down a tenant copies the victim's runtime annotations onto pods of its
@@ -276,7 +283,7 @@ async fn who_holds_a_vm_survives_a_restart_and_a_copied_id_claims_nothing() {
 async fn another_namespaces_hibernated_guest_is_neither_cloned_nor_restored() {
     // Registry-less: the hibernated guest is the local snapshot named after its VM.
     let env = env(false).await;
-    let d = start(&env, Options::default());
+    let d = start_seeded(&env).await;
     victim(&env).await;
     hibernate_victim(&env).await;
     assert!(
@@ -315,7 +322,7 @@ async fn another_namespaces_hibernated_guest_is_neither_cloned_nor_restored() {
 #[tokio::test(flavor = "multi_thread")]
 async fn another_namespaces_pushed_guest_is_not_restored_on_a_node_that_never_held_it() {
     let env = env_with_oci().await;
-    let d = start(&env, Options::default());
+    let d = start_seeded(&env).await;
     victim(&env).await;
     hibernate_victim(&env).await;
     let oci = env.oci.as_ref().unwrap();
