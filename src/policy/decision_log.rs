@@ -16,6 +16,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -209,7 +210,9 @@ impl DecisionLog {
     /// Writes one record now, on the caller's thread (tools and tests; decisions go through
     /// the queue). Logging never fails a caller: errors are reported by tracing.
     pub fn write(&self, record: &DecisionRecord) {
-        self.sink.write_lines(&[line_of(record)]);
+        let mut lines = Lines::default();
+        lines.push(record);
+        self.sink.write_lines(&lines);
     }
 
     /// Waits until every record queued so far is written, for at most [`FLUSH_WAIT`] (a stalled
@@ -274,15 +277,17 @@ impl Drop for DecisionLog {
 }
 
 /// The writer thread: takes what is queued (up to [`BATCH_LINES`] at a time), builds the lines
-/// and writes them together, then answers the flushes that were among them.
+/// into one buffer (kept from batch to batch) and writes them together, then answers the flushes
+/// that were among them.
 fn write_jobs(sink: &Sink, jobs: &Receiver<Job>) {
+    let mut lines = Lines::default();
     while let Ok(first) = jobs.recv() {
-        let mut lines = Vec::new();
+        lines.clear();
         let mut flushes = Vec::new();
         let mut next = Some(first);
         while let Some(job) = next {
             match job {
-                Job::Record(build) => lines.push(line_of(&build())),
+                Job::Record(build) => lines.push(&build()),
                 Job::Flush(done) => flushes.push(done),
             }
             next = if lines.len() < BATCH_LINES {
@@ -303,10 +308,44 @@ fn record_id(epoch: &str, sequence: u64) -> String {
     format!("{epoch}-{sequence}")
 }
 
-fn line_of(record: &DecisionRecord) -> Vec<u8> {
-    let mut line = serde_json::to_vec(record).expect("JSON of a decision record");
-    line.push(b'\n');
-    line
+/// Lines serialized straight into one buffer (no per-line allocation), each line's end kept:
+/// rotation happens between lines.
+#[derive(Default)]
+struct Lines {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Lines {
+    /// Appends `record` as one JSON line.
+    fn push(&mut self, record: &DecisionRecord) {
+        serde_json::to_writer(&mut self.bytes, record).expect("JSON of a decision record");
+        self.bytes.push(b'\n');
+        self.ends.push(self.bytes.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// Each line's byte range in `bytes`.
+    fn ranges(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let line = start..end;
+            start = end;
+            line
+        })
+    }
 }
 
 /// Where the lines land: stderr, or the file and its size so far.
@@ -317,12 +356,12 @@ struct Sink {
 
 impl Sink {
     /// Writes `lines` in as few `write`s as rotation allows; errors are reported by tracing.
-    fn write_lines(&self, lines: &[Vec<u8>]) {
+    fn write_lines(&self, lines: &Lines) {
         if lines.is_empty() {
             return;
         }
         let result = match &self.target {
-            LogTarget::Stderr => std::io::stderr().lock().write_all(&lines.concat()),
+            LogTarget::Stderr => std::io::stderr().lock().write_all(&lines.bytes),
             LogTarget::File { path, max_bytes } => {
                 let mut open = self.file.lock().unwrap_or_else(|p| p.into_inner());
                 write_file(&mut open, path, *max_bytes, lines)
@@ -336,38 +375,39 @@ impl Sink {
 
 /// Appends `lines` to the file, moving a full file to `<path>.1` (replacing the previous one)
 /// before the line that would take it past `max`.
-fn write_file(open: &mut Option<(File, u64)>, path: &PathBuf, max: u64, lines: &[Vec<u8>]) -> std::io::Result<()> {
-    let mut pending: Vec<u8> = Vec::new();
-    for line in lines {
+fn write_file(open: &mut Option<(File, u64)>, path: &PathBuf, max: u64, lines: &Lines) -> std::io::Result<()> {
+    // The lines not yet written: a run of whole lines in `lines.bytes`.
+    let mut pending = 0..0;
+    for line in lines.ranges() {
         if open.is_none() {
             *open = Some(open_append(path)?);
         }
         let size = open.as_ref().map_or(0, |(_, size)| *size);
         let filled = size + pending.len() as u64;
         if filled > 0 && filled + line.len() as u64 > max {
-            append(open, &mut pending)?;
+            append(open, &lines.bytes[pending])?;
+            pending = line.start..line.start;
             *open = None;
             let mut rotated = path.clone().into_os_string();
             rotated.push(".1");
             fs::rename(path, PathBuf::from(rotated))?;
             *open = Some(open_append(path)?);
         }
-        pending.extend_from_slice(line);
+        pending.end = line.end;
     }
-    append(open, &mut pending)
+    append(open, &lines.bytes[pending])
 }
 
-/// Writes `pending` to the open file in one `write_all` and empties it.
-fn append(open: &mut Option<(File, u64)>, pending: &mut Vec<u8>) -> std::io::Result<()> {
-    if pending.is_empty() {
+/// Writes `bytes` to the open file in one `write_all`.
+fn append(open: &mut Option<(File, u64)>, bytes: &[u8]) -> std::io::Result<()> {
+    if bytes.is_empty() {
         return Ok(());
     }
     let (file, size) = open
         .as_mut()
         .expect("the file is opened before lines are queued for it");
-    file.write_all(pending)?;
-    *size += pending.len() as u64;
-    pending.clear();
+    file.write_all(bytes)?;
+    *size += bytes.len() as u64;
     Ok(())
 }
 
@@ -430,23 +470,45 @@ impl DecisionLog {
             detail: error.to_string(),
         });
         self.enqueue(Box::new(move || {
-            let (facts, facts_redacted) = redact_secrets(to_contract_json(&facts));
-            let (facts, facts_truncated) = cut_long_strings(facts);
-            DecisionRecord {
-                id: record_id(&epoch, sequence),
-                time: rfc3339(time),
-                slot: S::SLOT,
-                component: format!("sha256:{}", policy.digest()),
-                source: policy.origin().source(),
-                contract: policy.version().to_string(),
-                facts,
-                facts_truncated,
-                facts_redacted,
-                decision: to_contract_json(&decision),
+            record_of(
+                record_id(&epoch, sequence),
+                time,
+                &policy,
+                &facts,
+                &decision,
                 fail_safe,
-                latency_us: micros(elapsed),
-            }
+                elapsed,
+            )
         }));
+    }
+}
+
+/// The record of one decision (built on the writer thread): the facts in the contract's shape,
+/// secrets redacted and long strings cut.
+fn record_of<S: PolicySlot>(
+    id: String,
+    time: chrono::DateTime<chrono::Utc>,
+    policy: &LoadedPolicy<S>,
+    facts: &S::Facts,
+    decision: &S::Decision,
+    fail_safe: Option<FailSafe>,
+    elapsed: Duration,
+) -> DecisionRecord {
+    let (facts, facts_redacted) = redact_secrets(to_contract_json(facts));
+    let (facts, facts_truncated) = cut_long_strings(facts);
+    DecisionRecord {
+        id,
+        time: rfc3339(time),
+        slot: S::SLOT,
+        component: format!("sha256:{}", policy.digest()),
+        source: policy.origin().source(),
+        contract: policy.version().to_string(),
+        facts,
+        facts_truncated,
+        facts_redacted,
+        decision: to_contract_json(decision),
+        fail_safe,
+        latency_us: micros(elapsed),
     }
 }
 
@@ -503,17 +565,31 @@ const SECRET_PAIRS: &[(&str, &str)] = &[("user", "data"), ("cloud", "init")];
 /// apart, far too few to look one up).
 const REDACTED_DIGEST_HEX: usize = 12;
 
-/// Whether a key names a secret (see `SECRET_WORDS`).
+/// Whether a key names a secret (see `SECRET_WORDS`). Compares in place, without allocating:
+/// it runs on every field name of every logged decision's facts.
 pub fn looks_secret(key: &str) -> bool {
-    let words: Vec<String> = key
+    // Words are ASCII letters and digits only, so any byte offset in one is a char boundary.
+    let ends_with = |word: &str, tail: &str| {
+        word.len() >= tail.len() && word.as_bytes()[word.len() - tail.len()..].eq_ignore_ascii_case(tail.as_bytes())
+    };
+    let mut previous: Option<&str> = None;
+    for word in key
         .split(|c: char| !c.is_ascii_alphanumeric())
         .filter(|w| !w.is_empty())
-        .map(str::to_ascii_lowercase)
-        .collect();
-    words.iter().any(|w| SECRET_WORDS.iter().any(|s| w.ends_with(s)))
-        || words
-            .windows(2)
-            .any(|pair| SECRET_PAIRS.iter().any(|(a, b)| pair[0] == *a && pair[1] == *b))
+    {
+        if SECRET_WORDS.iter().any(|s| ends_with(word, s)) {
+            return true;
+        }
+        if let Some(previous) = previous
+            && SECRET_PAIRS
+                .iter()
+                .any(|(a, b)| previous.eq_ignore_ascii_case(a) && word.eq_ignore_ascii_case(b))
+        {
+            return true;
+        }
+        previous = Some(word);
+    }
+    false
 }
 
 /// What the log keeps of a secret: its length and the start of its SHA-256.
@@ -713,6 +789,133 @@ mod tests {
             .map(|l| serde_json::from_str::<DecisionRecord>(l).unwrap().id)
             .collect();
         assert_eq!(logged, ids);
+    }
+
+    /// The line's format is a user interface (`policy eval --from-log` and whatever else reads
+    /// the file): every field, its name, its place and its JSON shape, pinned byte for byte.
+    #[test]
+    fn a_record_with_every_field_is_this_exact_line() {
+        let (_dir, path, log) = file_log(1 << 20);
+        let record = DecisionRecord {
+            id: "18a2b3c4d5e6f-42".into(),
+            time: "2026-12-06T05:00:00.123456Z".into(),
+            slot: Slot::BringUp,
+            component: "sha256:abc".into(),
+            source: "file:/etc/p.wasm".into(),
+            contract: "cocoonstack:vk-policy@0.2.0".into(),
+            facts: json!({
+                "pod": {"name": "vm1", "annotations": [{"key": "db-password", "value": "[redacted: 7 bytes, sha256:0123456789ab]"}]},
+                "cut": "xx…[cut: 2000 bytes]",
+            }),
+            facts_truncated: true,
+            facts_redacted: true,
+            decision: json!({"Refuse": {"reason": "x", "retry": null}}),
+            fail_safe: Some(FailSafe {
+                error: "timeout".into(),
+                detail: "took 10 ms".into(),
+            }),
+            latency_us: 17,
+        };
+        log.write(&record);
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            concat!(
+                r#"{"id":"18a2b3c4d5e6f-42","time":"2026-12-06T05:00:00.123456Z","slot":"bring-up","#,
+                r#""component":"sha256:abc","source":"file:/etc/p.wasm","contract":"cocoonstack:vk-policy@0.2.0","#,
+                r#""facts":{"cut":"xx…[cut: 2000 bytes]","pod":{"annotations":[{"key":"db-password","#,
+                r#""value":"[redacted: 7 bytes, sha256:0123456789ab]"}],"name":"vm1"}},"#,
+                r#""facts-truncated":true,"facts-redacted":true,"decision":{"Refuse":{"reason":"x","retry":null}},"#,
+                r#""fail-safe":{"error":"timeout","detail":"took 10 ms"},"latency-us":17}"#,
+                "\n"
+            )
+        );
+    }
+
+    /// A decision's facts reach the line as the contract's JSON (every key renamed `_` → `-`,
+    /// keys in order), secrets redacted and long strings cut: the same value the straightforward
+    /// pipeline (a full rebuild of every map) gives.
+    #[test]
+    fn a_decisions_facts_are_logged_in_the_contracts_shape() {
+        use crate::policy::input::{DecisionInput, facts_for};
+        use crate::policy::slots::BringUp;
+        use crate::policy::{PolicyEngine, SandboxLimits};
+
+        fn renamed(value: Value) -> Value {
+            match value {
+                Value::Object(map) => Value::Object(
+                    map.into_iter()
+                        .map(|(k, v)| (k.replace('_', "-"), renamed(v)))
+                        .collect(),
+                ),
+                Value::Array(items) => Value::Array(items.into_iter().map(renamed).collect()),
+                other => other,
+            }
+        }
+        let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
+        let policy = LoadedPolicy::<BringUp>::builtin(&engine, None).unwrap();
+        let long = "x".repeat(FACT_STRING_CUT + 10);
+        let input: DecisionInput = serde_yaml_ng::from_str(&format!(
+            "{{pod: {{metadata: {{namespace: ns, name: p, annotations: {{vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'snap:v1', example.com/api-token: hunter2, example.com/blob: {long}}}}}}}, host: {{registry-configured: true}}}}"
+        ))
+        .unwrap();
+        let facts = facts_for::<BringUp>(&input).unwrap();
+        let decision = policy.decide(&engine, &facts).unwrap();
+        let time = chrono::DateTime::parse_from_rfc3339("2026-12-06T05:00:00.123456Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let record = record_of(
+            "e-1".into(),
+            time,
+            &policy,
+            &facts,
+            &decision,
+            None,
+            Duration::from_micros(5),
+        );
+        let (expected, redacted_any) = redact_secrets(renamed(serde_json::to_value(&facts).unwrap()));
+        let (expected, cut_any) = cut_long_strings(expected);
+        assert!(redacted_any && cut_any);
+        assert_eq!(record.facts, expected);
+        assert!(record.facts_redacted && record.facts_truncated);
+        assert_eq!(record.decision, renamed(serde_json::to_value(&decision).unwrap()));
+        assert_eq!(record.time, "2026-12-06T05:00:00.123456Z");
+        assert_eq!(record.latency_us, 5);
+        let text = serde_json::to_string(&record.facts).unwrap();
+        assert!(text.contains("registry-configured") && !text.contains('_'), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    /// Rotation inside one batch of the writer thread: every line lands whole, in order, and the
+    /// files stay under the limit.
+    #[test]
+    fn a_batch_rotates_between_whole_lines() {
+        let (dir, path, log) = file_log(4096);
+        let ids: Vec<String> = (0..200)
+            .map(|_| {
+                let record = record(&log, json!({"name": "vm1"}));
+                let id = record.id.clone();
+                log.enqueue(Box::new(move || record));
+                id
+            })
+            .collect();
+        drop(log);
+        let rotated = dir.path().join("decisions.jsonl.1");
+        let mut logged = Vec::new();
+        for file in [&rotated, &path] {
+            let text = fs::read_to_string(file).unwrap();
+            assert!(
+                text.len() <= 4096 && text.ends_with('\n'),
+                "{} holds {} bytes",
+                file.display(),
+                text.len()
+            );
+            logged.extend(
+                text.lines()
+                    .map(|l| serde_json::from_str::<DecisionRecord>(l).unwrap().id),
+            );
+        }
+        assert_eq!(logged, ids[ids.len() - logged.len()..], "the newest lines, in order");
+        assert!(logged.len() > 20, "two files of whole lines: {}", logged.len());
     }
 
     #[test]

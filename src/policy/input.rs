@@ -27,16 +27,36 @@ pub struct DecisionInput {
     pub host: Value,
 }
 
-/// Renames every object key with `from` → `to` (`_` ↔ `-`), recursively.
+/// Renames every object key with `from` → `to` (`_` ↔ `-`), recursively. Only a map holding
+/// such a key is rebuilt, and only such keys are copied: the decision log renames every logged
+/// decision's facts on its writer thread, which shares the cores with the decisions.
 fn rename_keys(value: Value, from: char, to: char) -> Value {
+    let mut value = value;
+    rename_keys_in_place(&mut value, from, to);
+    value
+}
+
+fn rename_keys_in_place(value: &mut Value, from: char, to: char) {
     match value {
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| (k.replace(from, &to.to_string()), rename_keys(v, from, to)))
-                .collect::<Map<_, _>>(),
-        ),
-        Value::Array(items) => Value::Array(items.into_iter().map(|v| rename_keys(v, from, to)).collect()),
-        other => other,
+        Value::Object(map) => {
+            if map.keys().any(|k| k.contains(from)) {
+                let mut buf = [0u8; 4];
+                let to: &str = to.encode_utf8(&mut buf);
+                *map = std::mem::take(map)
+                    .into_iter()
+                    .map(|(k, v)| {
+                        if k.contains(from) {
+                            (k.replace(from, to), v)
+                        } else {
+                            (k, v)
+                        }
+                    })
+                    .collect::<Map<_, _>>();
+            }
+            map.values_mut().for_each(|v| rename_keys_in_place(v, from, to));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rename_keys_in_place(v, from, to)),
+        _ => {}
     }
 }
 

@@ -20,7 +20,8 @@
 //! deadline would have failed).
 //!
 //! Run: `cargo bench --bench policy_latency` (release profile). Prints a table; figures are
-//! ratios to the native baseline measured in the same run.
+//! ratios to the native baseline measured in the same run. `cargo bench --bench policy_latency
+//! -- decision-log` runs only the decision log's section (the others take minutes).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -278,6 +279,27 @@ fn decision_log_cost() {
         written,
         log.dropped()
     );
+    // What a record costs the writer thread, which shares the cores with the decisions.
+    if let Some(cpu) = thread_cpu("decision-log") {
+        println!(
+            "{:<34} {:>12}",
+            "writer CPU us per record",
+            us(cpu / u32::try_from(written.max(1)).unwrap_or(u32::MAX))
+        );
+    }
+}
+
+/// CPU time the thread named `name` has run (the scheduler's own count, in ns).
+fn thread_cpu(name: &str) -> Option<Duration> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            let ns = schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
+            return Some(Duration::from_nanos(ns));
+        }
+    }
+    None
 }
 
 /// Decisions on a loaded machine (issue 39): busy threads, three per usable core, share the cores
@@ -464,7 +486,13 @@ fn languages(engine: &PolicyEngine) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; nothing else is configurable.
+    // `cargo bench` passes `--bench`; a bare word names the one section to run.
+    let only: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
+    match only.as_deref() {
+        None => {}
+        Some("decision-log") => return decision_log_cost(),
+        Some(other) => panic!("no section {other:?}; the one that runs alone is decision-log"),
+    }
     let engine = PolicyEngine::new(SandboxLimits::default()).expect("engine");
     println!("policy decision latency, {SAMPLES} samples per row after {WARMUP} warm-up decisions");
     println!(
