@@ -1,8 +1,9 @@
 //! What this daemon knows of cocoon's local snapshots and images, so a warm create asks cocoon
 //! only what it cannot know. Kept from the results of the daemon's own calls (every call goes
-//! through [`super::recording`]): a full `snapshot list` (at startup and on each reclaimer
-//! pass) sets the whole snapshot list; a save, import, inspect or removal since then updates its
-//! name; a pull, import or inspect of an image marks it present.
+//! through [`super::recording`]): a full `snapshot list` (once after the startup reconcile, in the
+//! background, and on each reclaimer pass) sets the whole snapshot list; a save, import, inspect
+//! or removal since then updates its name; a pull, import or inspect of an image marks it
+//! present. Until the first full list lands, a name no call touched is unknown: it is asked.
 //!
 //! The rule it relies on: cocoon keeps no event stream of snapshots or images, so the list is
 //! exact only against what this daemon does. A snapshot or image made or removed behind its
@@ -48,9 +49,19 @@ struct Inner {
 }
 
 /// The kept facts. One lock, never held across an await.
-#[derive(Default)]
 pub struct Known {
     inner: Mutex<Inner>,
+    /// Set once a full list landed (what [`Known::listed`] completes), for whoever waits for it.
+    landed: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Known {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            landed: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 /// The change number a full list started at ([`Known::list_started`]).
@@ -118,6 +129,19 @@ impl Known {
         }
         s.snapshots = fresh;
         s.complete = true;
+        drop(s);
+        self.landed.send_replace(true);
+    }
+
+    /// Whether a full list has landed (before it, a name no call touched is unknown).
+    pub fn list_landed(&self) -> bool {
+        *self.landed.borrow()
+    }
+
+    /// Returns once a full list has landed.
+    pub async fn until_listed(&self) {
+        // The sender lives in `self`, so the wait ends only by the list landing.
+        let _ = self.landed.subscribe().wait_for(|landed| *landed).await;
     }
 
     /// Image `reference` (a name or a digest) is present.
@@ -158,7 +182,9 @@ mod tests {
         assert_eq!(k.snapshot("base"), SnapshotFact::Unknown);
         k.snapshot_gone("fork-a");
         assert_eq!(k.snapshot("fork-a"), SnapshotFact::Absent, "a removal is known");
+        assert!(!k.list_landed());
         k.listed(k.list_started(), &[rec("base", "S1")]);
+        assert!(k.list_landed());
         assert_eq!(k.snapshot("base"), present("base", "S1"));
         assert_eq!(k.snapshot("other"), SnapshotFact::Absent);
     }

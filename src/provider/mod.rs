@@ -362,6 +362,19 @@ impl CocoonProvider {
     pub async fn reclaim_snapshots(&self) -> usize {
         reclaim::reclaim_snapshots(self).await
     }
+
+    /// Whether a full `snapshot list` has landed in what the daemon knows of the node's
+    /// snapshots (the startup's runs in the background after the reconcile; until one lands,
+    /// every snapshot name no call touched is asked of cocoon).
+    pub fn snapshot_list_landed(&self) -> bool {
+        self.known.list_landed()
+    }
+
+    /// Returns once [`Self::snapshot_list_landed`] (callers bound the wait: a list that fails
+    /// lands only with the reclaimer's next one).
+    pub async fn until_snapshot_list_landed(&self) {
+        self.known.until_listed().await;
+    }
 }
 
 impl Provider for CocoonProvider {

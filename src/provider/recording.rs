@@ -168,3 +168,138 @@ impl CocoonRuntime for Recording {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::sync::oneshot;
+
+    use super::super::known::SnapshotFact;
+    use super::*;
+
+    fn rec(name: &str) -> SnapshotRecord {
+        SnapshotRecord {
+            name: name.into(),
+            id: format!("id-{name}"),
+            ..Default::default()
+        }
+    }
+
+    /// A cocoon whose one `snapshot list` has read the node (`read`) when it is called but
+    /// answers only once released: the startup's background list, still running while the
+    /// daemon saves a snapshot. Its saves succeed; nothing else is called.
+    struct HeldList {
+        read: Vec<SnapshotRecord>,
+        called: Mutex<Option<oneshot::Sender<()>>>,
+        release: Mutex<Option<oneshot::Receiver<()>>>,
+    }
+
+    #[async_trait]
+    impl CocoonRuntime for HeldList {
+        async fn snapshot_list(&self, _vm: Option<&str>) -> Result<Vec<SnapshotRecord>> {
+            let release = self.release.lock().unwrap().take().expect("one list");
+            let _ = self.called.lock().unwrap().take().expect("one list").send(());
+            let _ = release.await;
+            Ok(self.read.clone())
+        }
+        async fn snapshot_save(&self, _name: &str, _vm_id: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn run(&self, _: &RunSpec) -> Result<VmRecord> {
+            unreachable!()
+        }
+        async fn clone_vm(&self, _: &CloneSpec) -> Result<VmRecord> {
+            unreachable!()
+        }
+        async fn inspect(&self, _: &str) -> Result<VmRecord> {
+            unreachable!()
+        }
+        async fn list(&self) -> Result<Vec<VmRecord>> {
+            unreachable!()
+        }
+        async fn remove(&self, _: &str) -> Result<()> {
+            unreachable!()
+        }
+        async fn start(&self, _: &str) -> Result<()> {
+            unreachable!()
+        }
+        async fn reconcile_stale_create(&self, _: &str) -> Result<StaleCreateOutcome> {
+            unreachable!()
+        }
+        async fn net_resize(&self, _: &str, _: u32) -> Result<()> {
+            unreachable!()
+        }
+        async fn exec(&self, _: &str, _: &ExecSpec, _: ExecIo<'_>) -> Result<()> {
+            unreachable!()
+        }
+        async fn logs(&self, _: &str, _: Option<u64>) -> Result<String> {
+            unreachable!()
+        }
+        fn watch_events(&self) -> BoxStream<'static, WatchItem> {
+            unreachable!()
+        }
+        async fn snapshot_inspect(&self, _: &str) -> Result<SnapshotRecord> {
+            unreachable!()
+        }
+        async fn snapshot_remove_if_exists(&self, _: &str) -> Result<()> {
+            unreachable!()
+        }
+        async fn snapshot_import(&self, _: &str, _: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
+            unreachable!()
+        }
+        async fn snapshot_export(&self, _: &str) -> Result<Box<dyn AsyncRead + Send + Unpin>> {
+            unreachable!()
+        }
+        async fn snapshot_export_to_dir(&self, _: &str, _: &Path) -> Result<()> {
+            unreachable!()
+        }
+        async fn image_pull(&self, _: &str, _: bool) -> Result<()> {
+            unreachable!()
+        }
+        async fn image_inspect(&self, _: &str) -> Result<ImageRecord> {
+            unreachable!()
+        }
+        async fn image_import(&self, _: &str, _: &mut (dyn AsyncRead + Unpin + Send)) -> Result<()> {
+            unreachable!()
+        }
+    }
+
+    /// The list read the node before the save; the save's fact is newer and must survive the
+    /// list's answer (known absent, a fresh bring-up of the VM would skip dropping a fork
+    /// snapshot that exists, and its guest would fork from the previous one).
+    #[tokio::test]
+    async fn a_snapshot_saved_while_a_full_list_runs_is_not_erased_by_the_list() {
+        let known = Arc::new(Known::default());
+        let (called_tx, called) = oneshot::channel();
+        let (release, release_rx) = oneshot::channel();
+        let cocoon = HeldList {
+            read: vec![rec("base")],
+            called: Mutex::new(Some(called_tx)),
+            release: Mutex::new(Some(release_rx)),
+        };
+        let runtime = Arc::new(Recording::new(Arc::new(cocoon), known.clone()));
+        let list = tokio::spawn({
+            let runtime = runtime.clone();
+            async move { runtime.snapshot_list(None).await }
+        });
+        called.await.expect("the list was called");
+        runtime.snapshot_save("fork-vm-a", "vm-a").await.unwrap();
+        assert!(!known.list_landed(), "the list is still running");
+        release.send(()).unwrap();
+        list.await.unwrap().unwrap();
+
+        assert!(known.list_landed());
+        assert_eq!(
+            known.snapshot("fork-vm-a"),
+            SnapshotFact::Unknown,
+            "saved after the list read the node: present, its record asked for, never known absent"
+        );
+        assert_eq!(known.snapshot("base"), SnapshotFact::Present(Box::new(rec("base"))));
+        assert_eq!(
+            known.snapshot("other"),
+            SnapshotFact::Absent,
+            "the list is complete otherwise"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Startup reconcile: list the VMs, check every live pod's CPU class
 //! (a mismatch is fatal), reconcile stale creates, adopt by id then by name, apply the orphan
-//! policy to the rest, and resume owed work.
+//! policy to the rest, and resume owed work; then, off the startup's path, list the local
+//! snapshots.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,9 +25,10 @@ use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 const FAN_OUT: usize = 8;
 
 pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
-    // 1. The VMs (prefetched while the virtual node listed the pods) and the local snapshots,
-    // and 2. the CPU class of every non-terminal pod, which needs neither: its decisions run
-    // while the lists are read. A failed VM list or a refused pod is fatal.
+    // 1. The VMs (prefetched while the virtual node listed the pods), and 2. the CPU class of
+    // every non-terminal pod, which needs no VM: its decisions run while the VMs are read. A
+    // failed VM list or a refused pod is fatal. The local snapshots are not read here (see
+    // `learn_snapshots`, started at the end).
     let prefetched = p.vm_prefetch.lock().expect("prefetch lock").take();
     let vm_list = async {
         match prefetched {
@@ -41,7 +43,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
             ))
         })
     };
-    let (vms, (), admitted) = tokio::join!(vm_list, learn_snapshots(p), admit_live_pods(p, pods));
+    let (vms, admitted) = tokio::join!(vm_list, admit_live_pods(p, pods));
     let vms = vms?;
     admitted?;
 
@@ -183,6 +185,7 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     for (pod, pkey) in owed {
         super::resume::dispatch_owed(p, &pod, &pkey).await;
     }
+    learn_snapshots(p);
     p.notify("");
     p.reconciled.send_replace(true);
     tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
@@ -208,17 +211,31 @@ async fn admit_live_pods(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), Pr
     }
 }
 
-/// The node's local snapshots, read once at startup beside the VM list: from here on this
-/// daemon's own calls keep the list (`known`), so a warm create does not ask for its image's
-/// snapshot or a fork snapshot to drop. Failing is not fatal: every name stays unknown, and
-/// creates ask cocoon as they would without the list until the reclaimer's next full list.
-async fn learn_snapshots(p: &CocoonProvider) {
-    match p.ports.runtime.snapshot_list(None).await {
-        Ok(listed) => tracing::debug!(snapshots = listed.len(), "local snapshots listed"),
-        Err(error) => {
-            tracing::warn!(%error, "startup: cocoon snapshot list failed; creates ask for each snapshot instead")
+/// The node's local snapshots, listed once in the background after the reconcile: from then on
+/// this daemon's own calls keep the list (`known`), so a warm create does not ask for its image's
+/// snapshot or a fork snapshot to drop.
+///
+/// Off the startup's path because nothing there needs it (adoption, the orphan policy and the
+/// owed work go by the VM list and the pods), while answering it costs cocoon about what the VM
+/// list costs: read beside the VM list and the pod list, it slowed the two lists the node waits
+/// for on a machine of few cores. Until it lands every snapshot name no call touched is unknown,
+/// so a create asks cocoon as it would without the list; a save or removal the daemon makes
+/// while it runs is newer than the list and outlives it (`Known::listed`); the hibernate
+/// evidence never comes from the list. Failing is not fatal: the names stay unknown until the
+/// reclaimer's next full list. A close drops the call.
+fn learn_snapshots(p: &CocoonProvider) {
+    let me = p.arc();
+    p.spawn(async move {
+        tokio::select! {
+            () = me.closing.cancelled() => {}
+            listed = me.ports.runtime.snapshot_list(None) => match listed {
+                Ok(listed) => tracing::debug!(snapshots = listed.len(), "local snapshots listed"),
+                Err(error) => {
+                    tracing::warn!(%error, "cocoon snapshot list after the startup reconcile failed; creates ask for each snapshot until the reclaimer's next list")
+                }
+            },
         }
-    }
+    });
 }
 
 enum StaleResult {

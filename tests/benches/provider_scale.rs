@@ -335,13 +335,21 @@ async fn run() {
         let reconcile_only = t2.elapsed();
         let total = t.elapsed();
         assert_eq!(p.state().vm_count(), n_pods, "every VM adopted");
-        runs.push((total, t_listed, reconcile_only, timed.spent(), timed.n_calls()));
+        let (spent, calls) = (timed.spent(), timed.n_calls());
+        // The local snapshot list runs in the background after the reconcile (not part of the
+        // startup: the node serves before it lands). It is waited for, so the next run's lists
+        // do not share the machine with it, and reported beside the startup.
+        tokio::time::timeout(Duration::from_secs(60), p.until_snapshot_list_landed())
+            .await
+            .expect("the background snapshot list landed");
+        let landed = t.elapsed();
+        runs.push((total, t_listed, reconcile_only, spent, calls, landed));
         last = Some((p, timed));
     }
     drop(last);
     let (hwm_post_reconcile, rss_post_reconcile) = rss();
     runs.sort_by_key(|r| r.0);
-    let (rec_total, rec_podlist, rec_only, rec_cocoon, rec_calls) = runs[runs.len() / 2];
+    let (rec_total, rec_podlist, rec_only, rec_cocoon, rec_calls, rec_landed) = runs[runs.len() / 2];
     let floor = both_lists;
 
     // ---- CreatePod overhead (clone mode, sequential) -----------------------------------------
@@ -351,6 +359,10 @@ async fn run() {
     p.reconcile(&shared(pods_api.list(&lp).await.unwrap().items))
         .await
         .unwrap();
+    // The creates are measured on a warm node: the background snapshot list landed.
+    tokio::time::timeout(Duration::from_secs(60), p.until_snapshot_list_landed())
+        .await
+        .expect("the background snapshot list landed");
     let mut new_pods = Vec::with_capacity(n_creates);
     for i in 0..n_creates {
         let name = format!("c-{i}");
@@ -422,6 +434,7 @@ async fn run() {
         rec_total.as_secs_f64() / vm_list.max(pod_list).as_secs_f64()
     );
     println!("{:<52} {:>12}", "cocoon calls during the startup", rec_calls);
+    row("background snapshot list landed (from the start)", rec_landed);
     println!();
     println!("== CreatePod, clone mode, {n_creates} sequential creates ==");
     println!("{:<52} {:>12} {:>14}", "", "total ms", "per pod ms");

@@ -204,8 +204,9 @@ impl World {
         monotonic_ns()
     }
 
-    /// A daemon on this world, once it has registered its node (its startup reconcile, with
-    /// the calls it makes, is over: they are not the operation's).
+    /// A daemon on this world, once it has registered its node and its background `snapshot
+    /// list` landed (its startup, with the calls it makes, is over: they are not the
+    /// operation's, and what a create asks depends on whether the list landed).
     pub async fn start(&self) -> Daemon {
         let d = start(
             &self.env,
@@ -231,6 +232,10 @@ impl World {
                 .store()
                 .get_as::<k8s_openapi::api::core::v1::Node>(None, NODE)
                 .is_some()
+        })
+        .await;
+        eventually(60, "the startup snapshot list landed", || {
+            d.provider.snapshot_list_landed()
         })
         .await;
         d

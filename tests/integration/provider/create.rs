@@ -558,8 +558,9 @@ async fn run_images_the_registry_cannot_classify_are_pulled_by_cocoon() {
 ///
 /// Known instead of asked: no VM of the name (the VM table; cocoon refuses a second VM of a
 /// name, so the clone itself is the check), the image's local snapshot and the snapshot's base
-/// image by digest (the startup `snapshot list` and the first pod's pull), and that no fork
-/// snapshot of this VM exists to drop (fork snapshots are only made by the daemon).
+/// image by digest (the `snapshot list` after the startup reconcile and the first pod's pull),
+/// and that no fork snapshot of this VM exists to drop (fork snapshots are only made by the
+/// daemon).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_clone_create_makes_only_its_counted_cocoon_calls() {
     assert_eq!(
@@ -601,6 +602,12 @@ async fn warm_create_calls(with_registry: bool) -> Vec<String> {
     )
     .await;
     wait_ready(&env, "agent-0").await;
+    // The startup's `snapshot list` runs in the background after the reconcile; the figure is
+    // the warm node's, once it landed.
+    eventually(60, "the startup snapshot list landed", || {
+        d.provider.snapshot_list_landed()
+    })
+    .await;
     let before = env.sim.calls().unwrap().len();
     create(
         &env,

@@ -6,15 +6,19 @@
 
 use super::*;
 
-/// Warms the node: a first pod of `base` is up, so the daemon has reconciled and knows `base`
-/// and its base image.
-async fn warm(env: &Env) {
+/// Warms the node: a first pod of `base` is up and the startup's background `snapshot list`
+/// landed, so the daemon has reconciled and knows the node's snapshots and `base`'s base image.
+async fn warm(env: &Env, d: &Daemon) {
     create(
         env,
         &managed("agent-0", "vm-warm-0", &[("cocoonset.cocoonstack.io/image", "base")]),
     )
     .await;
     wait_ready(env, "agent-0").await;
+    eventually(60, "the startup snapshot list landed", || {
+        d.provider.snapshot_list_landed()
+    })
+    .await;
 }
 
 /// The VM table does not know the VM, so the create's clone is refused by name; the create
@@ -25,7 +29,7 @@ async fn a_vm_made_behind_the_daemons_back_after_startup_is_adopted_not_booted_t
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
-    warm(&env).await;
+    warm(&env, &d).await;
     // Behind the daemon's back, after its startup reconcile: a VM of the next pod's name.
     let theirs = clone_direct_on(&env.runtime, "base", "vm-x", None).await;
     create(
@@ -51,7 +55,7 @@ async fn a_hibernate_snapshot_brought_behind_the_daemons_back_is_restored_not_bo
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
-    warm(&env).await;
+    warm(&env, &d).await;
     // Behind the daemon's back, after its startup `snapshot list`: a hibernated guest's state
     // under its VM name (registry-less, the local snapshot is the evidence).
     seed_snapshot(&env, "vm-h", "ghcr.io/x/base:1").await;
@@ -86,7 +90,7 @@ async fn a_clone_source_removed_behind_the_daemons_back_fails_clearly_then_is_as
     let env = env(false).await;
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
-    warm(&env).await;
+    warm(&env, &d).await;
     // Behind the daemon's back: the snapshot it knows goes.
     env.runtime.snapshot_remove_if_exists("base").await.unwrap();
     create(
@@ -101,5 +105,58 @@ async fn a_clone_source_removed_behind_the_daemons_back_fails_clearly_then_is_as
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     wait_ready(&env, "agent-1").await;
     assert!(vm_named(&env, "vm-one").await.is_some());
+    d.kill().await;
+}
+
+/// The startup's `snapshot list` runs in the background after the reconcile, so a create can
+/// come before it lands: nothing is known of the node's snapshots then, and the create asks
+/// cocoon for its image's snapshot (and for the fork snapshot to drop) instead of taking it
+/// for absent, and clones from the snapshot that is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_before_the_startup_snapshot_list_lands_asks_for_the_snapshot_and_clones_it() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // The startup's list is held past the create (a slow cocoon on a busy node; within the
+    // tests' 20 s query timeout, so it is a slow answer, not a failed one).
+    env.sim.delay("snapshot list", Some(1), 15_000).unwrap();
+    let d = start(&env, Options::default());
+    create(
+        &env,
+        &managed("agent-0", "vm-early", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    assert!(
+        !d.provider.snapshot_list_landed(),
+        "the create came before the startup's snapshot list landed"
+    );
+    assert_eq!(
+        calls(&env, "snapshot list").len(),
+        1,
+        "the startup's list was started (and is still held)"
+    );
+    let asked: Vec<String> = calls(&env, "snapshot inspect")
+        .into_iter()
+        .filter_map(|a| a.get(2).cloned())
+        .collect();
+    assert!(
+        asked.contains(&"base".to_string()),
+        "the clone source was asked for: {asked:?}"
+    );
+    let clone = calls(&env, "vm clone")
+        .into_iter()
+        .find(|a| a.iter().any(|x| x == "vm-early"))
+        .expect("the pod's clone");
+    assert_eq!(
+        clone.last().map(String::as_str),
+        Some("base"),
+        "cloned from base: {clone:?}"
+    );
+    assert!(
+        calls(&env, "snapshot rm")
+            .iter()
+            .any(|a| a.last().map(String::as_str) == Some("fork-vm-early")),
+        "a fork snapshot not known absent is dropped, not assumed gone"
+    );
     d.kill().await;
 }
