@@ -48,6 +48,9 @@ mod tests {
             .unwrap()
     }
 
+    /// The runtime is stopped while a task is inside its decision, and the decision returns
+    /// only once the runtime has taken note (a runtime notices its shutdown on its own worker
+    /// thread: a task woken before that is polled as usual, whatever it waited on).
     #[test]
     fn a_task_whose_runtime_stopped_during_its_decision_goes_no_further() {
         let rt = one_worker();
@@ -69,12 +72,34 @@ mod tests {
                 went_on.store(answer.is_ok(), Ordering::SeqCst);
             }
         });
-        started
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the decision started");
+        let wait = Duration::from_secs(30);
+        started.recv_timeout(wait).expect("the decision started");
+        // A task on the thread that took the worker's other tasks over: once it was polled,
+        // that thread runs the runtime, and it is dropped when the runtime processes its
+        // shutdown.
+        let (polled_tx, polled) = mpsc::channel();
+        let (sentinel_tx, sentinel_dropped) = mpsc::channel();
+        rt.spawn(async move {
+            let _dropped = Ended(sentinel_tx);
+            polled_tx.send(()).unwrap();
+            std::future::pending::<()>().await;
+        });
+        polled
+            .recv_timeout(wait)
+            .expect("the runtime runs its other tasks meanwhile");
+        let handle = rt.handle().clone();
         rt.shutdown_background();
+        sentinel_dropped
+            .recv_timeout(wait)
+            .expect("the runtime processed its shutdown");
+        // Every task is taken off the runtime's list as it is stopped.
+        let until = std::time::Instant::now() + wait;
+        while handle.metrics().num_alive_tasks() > 0 {
+            assert!(std::time::Instant::now() < until, "the runtime never stopped its tasks");
+            std::thread::yield_now();
+        }
         release.send(()).unwrap();
-        ended.recv_timeout(Duration::from_secs(30)).expect("the task ended");
+        ended.recv_timeout(wait).expect("the task ended");
         assert!(
             !went_on.load(Ordering::SeqCst),
             "the task went on past its decision after the runtime was shut down"
