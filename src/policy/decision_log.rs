@@ -677,6 +677,18 @@ mod tests {
     }
 
     /// A log writing to `decisions.jsonl` in a fresh directory, rotated at `max_bytes`.
+    /// Queues `n` records through the writer thread; their ids, in the order queued.
+    fn enqueue_records(log: &DecisionLog, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|_| {
+                let record = record(log, json!({"name": "vm1"}));
+                let id = record.id.clone();
+                log.enqueue(Box::new(move || record));
+                id
+            })
+            .collect()
+    }
+
     fn file_log(max_bytes: u64) -> (tempfile::TempDir, PathBuf, DecisionLog) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("decisions.jsonl");
@@ -774,14 +786,7 @@ mod tests {
     #[test]
     fn queued_records_are_written_in_order_when_the_log_closes() {
         let (_dir, path, log) = file_log(1 << 30);
-        let ids: Vec<String> = (0..1000)
-            .map(|_| {
-                let record = record(&log, json!({"name": "vm1"}));
-                let id = record.id.clone();
-                log.enqueue(Box::new(move || record));
-                id
-            })
-            .collect();
+        let ids = enqueue_records(&log, 1000);
         drop(log);
         let logged: Vec<String> = fs::read_to_string(&path)
             .unwrap()
@@ -890,14 +895,7 @@ mod tests {
     #[test]
     fn a_batch_rotates_between_whole_lines() {
         let (dir, path, log) = file_log(4096);
-        let ids: Vec<String> = (0..200)
-            .map(|_| {
-                let record = record(&log, json!({"name": "vm1"}));
-                let id = record.id.clone();
-                log.enqueue(Box::new(move || record));
-                id
-            })
-            .collect();
+        let ids = enqueue_records(&log, 200);
         drop(log);
         let rotated = dir.path().join("decisions.jsonl.1");
         let mut logged = Vec::new();
