@@ -168,7 +168,13 @@ async fn a_sub_agent_slot_that_returns_after_a_resume_is_forked_again() {
     site.wait_pod("squad-1", "deleted", |p| p.is_none()).await;
     let back = site.patch_set(set, json!({"agent": {"replicas": 1}})).await;
     site.wait_phase(set, "Running", 2).await;
-    let pod = site.pods().get("squad-1").await.unwrap();
-    assert!(ready_at(&pod, back), "{:?}", pod.metadata.annotations);
+    // The set's status can still show the two ready agents from before the slot left (the
+    // operator had not yet counted the departure): the returning pod itself is waited for.
+    let pod = site
+        .wait_pod("squad-1", "the returning slot up", |p| {
+            p.is_some_and(|p| ready_at(p, back))
+        })
+        .await
+        .unwrap();
     assert_eq!(annotation(&pod, FORK_FROM), Some(site.vm(set, 0).as_str()));
 }
