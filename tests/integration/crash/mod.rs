@@ -420,12 +420,12 @@ async fn clean_run(op: &dyn Operation) -> Result<(Vec<String>, Vec<String>), Str
     converge(op, &w, &d, armed).await?;
     // A restore from the registry removes its import snapshot in a background task once the
     // clone took it, and the end state may be published first. The recording waits for that
-    // call to have returned (the simulator records a counted call once it is done, after the
-    // removal itself): a crash run that reaches it would otherwise find a call the clean run
-    // never made.
+    // call to have returned: the simulator records a counted call once it is done, after the
+    // removal itself, and its process is live until then. A crash run that reaches the call
+    // would otherwise find one the clean run never made.
     let import = format!("{}-hibernate-import", op.vm());
     eventually(60, "the clean run's import snapshot removed", || {
-        !live_snapshot(&w, &import) && all_returned(&w, "snapshot rm")
+        !live_snapshot(&w, &import) && w.env.sim.pids_of("snapshot rm").unwrap().is_empty()
     })
     .await;
     let mut log = w.env.sim.crash_log().unwrap();
@@ -570,26 +570,6 @@ fn live_vms(w: &World, vm: &str) -> Vec<(String, String)> {
         .filter(|(_, (name, _))| name == vm)
         .map(|(id, (_, mac))| (id, mac))
         .collect()
-}
-
-/// Whether every `verb` call so far has returned (each has its end record).
-fn all_returned(w: &World, verb: &str) -> bool {
-    let ended: BTreeSet<u32> = w
-        .env
-        .sim
-        .call_ends()
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.verb == verb)
-        .map(|e| e.pid)
-        .collect();
-    w.env
-        .sim
-        .calls()
-        .unwrap()
-        .iter()
-        .filter(|c| c.verb == verb)
-        .all(|c| ended.contains(&c.pid))
 }
 
 /// Whether a snapshot named `name` is registered now (read from the journal: no cocoon call).
