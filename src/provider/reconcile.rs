@@ -97,66 +97,102 @@ pub enum PodMatch {
     Skip { stale_id: bool },
 }
 
-/// Matches every pod to the listed VMs; returns the per-pod outcome and the VMs nobody claimed.
+impl PodMatch {
+    /// The matched VM, if any (a pod that does not adopt it gives it back).
+    pub fn into_vm(self) -> Option<VmRecord> {
+        match self {
+            Self::ById(vm) | Self::ByName(vm) => Some(vm),
+            Self::Hibernated { .. } | Self::Skip { .. } => None,
+        }
+    }
+}
+
+/// What [`match_pods`] made of the listed VMs.
+#[derive(Debug)]
+pub struct Matched {
+    /// The outcome of each pod, in the order of the pods.
+    pub per_pod: Vec<PodMatch>,
+    /// The VMs nobody claimed, not named after a pod, whose name nobody holds.
+    pub orphans: Vec<VmRecord>,
+    /// The other VMs nobody claimed: named after a pod, or of a name some pod holds.
+    pub unclaimed: Vec<VmRecord>,
+}
+
+/// Matches every pod to the listed VMs; every VM ends in exactly one place of the result.
 ///
 /// A pod's annotations are its own to write, so they are not enough to claim a VM:
-/// - a VM whose name `holder` says another pod holds is never matched to this pod;
+/// - a VM whose name `held_by(name, pod key)` says another pod holds (`Some(false)`; `None`:
+///   nobody holds it) is never matched to this pod;
 /// - an `id` match needs the VM to carry the pod's VM name too (or no name at all: very old
 ///   cocoon), so an `id` copied from another pod matches nothing;
 /// - a VM goes to one pod: `id` matches first, then name matches of the VMs still free.
-pub fn match_pods(
-    pods: &[PodView],
-    vms: &[VmRecord],
-    holder: impl Fn(&str) -> Option<String>,
-) -> (Vec<(String, PodMatch)>, Vec<VmRecord>) {
-    let by_id: HashMap<&str, &VmRecord> = vms.iter().map(|v| (v.id.as_str(), v)).collect();
-    let by_name: HashMap<&str, &VmRecord> = vms
-        .iter()
-        .filter(|v| !v.name().is_empty())
-        .map(|v| (v.name(), v))
-        .collect();
-    let may_hold = |pod: &PodView, vm: &VmRecord| {
-        let name = if vm.name().is_empty() {
-            pod.vm_name.as_str()
-        } else {
-            vm.name()
+///
+/// The VMs are moved, never copied, into the outcome (a startup matches 10,000 of them).
+pub fn match_pods(pods: &[PodView], vms: Vec<VmRecord>, held_by: impl Fn(&str, &str) -> Option<bool>) -> Matched {
+    enum Slot {
+        Id(usize),
+        Name(usize),
+        Hibernated { clear_stale_id: bool },
+        Skip { stale_id: bool },
+    }
+    let mut taken = vec![false; vms.len()];
+    let mut slots: Vec<Option<Slot>> = (0..pods.len()).map(|_| None).collect();
+    {
+        let by_id: HashMap<&str, usize> = vms.iter().enumerate().map(|(i, v)| (v.id.as_str(), i)).collect();
+        let by_name: HashMap<&str, usize> = vms
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.name().is_empty())
+            .map(|(i, v)| (v.name(), i))
+            .collect();
+        let may_hold = |pod: &PodView, vm: &VmRecord| {
+            let name = if vm.name().is_empty() {
+                pod.vm_name.as_str()
+            } else {
+                vm.name()
+            };
+            held_by(name, &pod.key).unwrap_or(true)
         };
-        holder(name).is_none_or(|key| key == pod.key)
-    };
-    let mut claimed: HashSet<String> = HashSet::new();
-    let mut out: Vec<Option<PodMatch>> = vec![None; pods.len()];
-    for (i, pod) in pods.iter().enumerate().filter(|(_, p)| !p.vm_id.is_empty()) {
-        let found = by_id
-            .get(pod.vm_id.as_str())
-            .filter(|vm| vm.name().is_empty() || vm.name() == pod.vm_name)
-            .filter(|vm| may_hold(pod, vm) && !claimed.contains(&vm.id));
-        out[i] = Some(match found {
-            Some(vm) => {
-                claimed.insert(vm.id.clone());
-                PodMatch::ById((*vm).clone())
-            }
-            None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: true },
-            None => PodMatch::Skip { stale_id: true },
-        });
+        for (i, pod) in pods.iter().enumerate().filter(|(_, p)| !p.vm_id.is_empty()) {
+            let found = by_id.get(pod.vm_id.as_str()).copied().filter(|&v| {
+                let vm = &vms[v];
+                (vm.name().is_empty() || vm.name() == pod.vm_name) && may_hold(pod, vm) && !taken[v]
+            });
+            slots[i] = Some(match found {
+                Some(v) => {
+                    taken[v] = true;
+                    Slot::Id(v)
+                }
+                None if pod.hibernate => Slot::Hibernated { clear_stale_id: true },
+                None => Slot::Skip { stale_id: true },
+            });
+        }
+        for (i, pod) in pods.iter().enumerate().filter(|(_, p)| p.vm_id.is_empty()) {
+            let found = by_name
+                .get(pod.vm_name.as_str())
+                .copied()
+                .filter(|_| !pod.vm_name.is_empty())
+                .filter(|&v| may_hold(pod, &vms[v]) && !taken[v]);
+            slots[i] = Some(match found {
+                Some(v) => {
+                    taken[v] = true;
+                    Slot::Name(v)
+                }
+                None if pod.hibernate => Slot::Hibernated { clear_stale_id: false },
+                None => Slot::Skip { stale_id: false },
+            });
+        }
     }
-    for (i, pod) in pods.iter().enumerate().filter(|(_, p)| p.vm_id.is_empty()) {
-        let found = by_name
-            .get(pod.vm_name.as_str())
-            .filter(|_| !pod.vm_name.is_empty())
-            .filter(|vm| may_hold(pod, vm) && !claimed.contains(&vm.id));
-        out[i] = Some(match found {
-            Some(vm) => {
-                claimed.insert(vm.id.clone());
-                PodMatch::ByName((*vm).clone())
-            }
-            None if pod.hibernate => PodMatch::Hibernated { clear_stale_id: false },
-            None => PodMatch::Skip { stale_id: false },
-        });
-    }
-    let out = pods
-        .iter()
-        .zip(out)
-        .map(|(pod, m)| (pod.key.clone(), m.expect("every pod is matched in one of the passes")))
+    let mut records: Vec<Option<VmRecord>> = vms.into_iter().map(Some).collect();
+    let mut take = |v: usize| records[v].take().expect("a VM is matched to one pod");
+    let per_pod = slots
+        .into_iter()
+        .map(|slot| match slot.expect("every pod is matched in one of the passes") {
+            Slot::Id(v) => PodMatch::ById(take(v)),
+            Slot::Name(v) => PodMatch::ByName(take(v)),
+            Slot::Hibernated { clear_stale_id } => PodMatch::Hibernated { clear_stale_id },
+            Slot::Skip { stale_id } => PodMatch::Skip { stale_id },
+        })
         .collect();
     // A pod without an id whose VM was not listed under its name may still be being created;
     // its name also protects a same-named VM.
@@ -165,12 +201,15 @@ pub fn match_pods(
         .map(|p| p.vm_name.as_str())
         .filter(|n| !n.is_empty())
         .collect();
-    let orphans = vms
-        .iter()
-        .filter(|v| !claimed.contains(&v.id) && !names.contains(v.name()) && holder(v.name()).is_none())
-        .cloned()
-        .collect();
-    (out, orphans)
+    let (orphans, unclaimed) = records
+        .into_iter()
+        .flatten()
+        .partition(|v| !names.contains(v.name()) && held_by(v.name(), "").is_none());
+    Matched {
+        per_pod,
+        orphans,
+        unclaimed,
+    }
 }
 
 /// Work a restart owes a pod (the Go daemon's `owedOpFor`), read from its annotations: a hibernate
@@ -221,17 +260,18 @@ pub struct OwedFacts<'a> {
     pub cloned: bool,
 }
 
-/// [`owed_op`] for a pod as the apiserver has it (a VM of it is tracked or not).
-pub fn owed_for(pod: &k8s_openapi::api::core::v1::Pod, has_vm: bool) -> OwedOp {
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let spec = crate::model::vm_spec::decode(&annotations);
+/// [`owed_op`] for a pod as the apiserver has it (a VM of it is tracked or not), `spec` its
+/// decoded annotations.
+pub fn owed_for(pod: &k8s_openapi::api::core::v1::Pod, spec: &crate::model::VmSpec, has_vm: bool) -> OwedOp {
+    let none = BTreeMap::new();
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&none);
     owed_op(OwedFacts {
         deleting: pod.metadata.deletion_timestamp.is_some(),
         has_vm,
-        annotations: &annotations,
+        annotations,
         hibernate: spec.hibernate,
-        drop_nic: super::invariants::nic_less_hibernate(&spec),
-        cloned: super::invariants::cloned_boot(&spec),
+        drop_nic: super::invariants::nic_less_hibernate(spec),
+        cloned: super::invariants::cloned_boot(spec),
     })
 }
 
@@ -344,15 +384,20 @@ mod tests {
             pod("ns/e", "vm-e", "", true),
             pod("ns/f", "vm-f", "", false),
         ];
-        let (m, orphans) = match_pods(&pods, &vms, |_| None);
-        assert_eq!(m[0].1, PodMatch::ById(vms[0].clone()));
-        assert_eq!(m[1].1, PodMatch::ByName(vms[1].clone()));
-        assert_eq!(m[2].1, PodMatch::Skip { stale_id: true });
-        assert_eq!(m[3].1, PodMatch::Hibernated { clear_stale_id: true });
-        assert_eq!(m[4].1, PodMatch::Hibernated { clear_stale_id: false });
-        assert_eq!(m[5].1, PodMatch::Skip { stale_id: false });
+        let Matched {
+            per_pod: m,
+            orphans,
+            unclaimed,
+        } = match_pods(&pods, vms.clone(), |_, _| None);
+        assert_eq!(m[0], PodMatch::ById(vms[0].clone()));
+        assert_eq!(m[1], PodMatch::ByName(vms[1].clone()));
+        assert_eq!(m[2], PodMatch::Skip { stale_id: true });
+        assert_eq!(m[3], PodMatch::Hibernated { clear_stale_id: true });
+        assert_eq!(m[4], PodMatch::Hibernated { clear_stale_id: false });
+        assert_eq!(m[5], PodMatch::Skip { stale_id: false });
         let ids: Vec<&str> = orphans.iter().map(|v| v.id.as_str()).collect();
         assert_eq!(ids, vec!["id-x", "id-h"]);
+        assert!(unclaimed.is_empty(), "{unclaimed:?}");
     }
 
     #[test]
@@ -373,15 +418,21 @@ mod tests {
             pod("ns/b", "vm-b", "", false),
             pod("ns/b2", "vm-b", "", false),
         ];
-        let (m, orphans) = match_pods(&pods, &vms, |name| holders.get(name).map(|k| k.to_string()));
-        assert_eq!(m[0].1, PodMatch::ById(vms[0].clone()));
-        assert_eq!(m[1].1, PodMatch::Skip { stale_id: true });
-        assert_eq!(m[2].1, PodMatch::Skip { stale_id: false });
-        assert_eq!(m[3].1, PodMatch::Skip { stale_id: true });
-        assert_eq!(m[4].1, PodMatch::ByName(vms[1].clone()));
-        assert_eq!(m[5].1, PodMatch::Skip { stale_id: false });
+        let Matched {
+            per_pod: m,
+            orphans,
+            unclaimed,
+        } = match_pods(&pods, vms.clone(), |name, key| holders.get(name).map(|k| *k == key));
+        assert_eq!(m[0], PodMatch::ById(vms[0].clone()));
+        assert_eq!(m[1], PodMatch::Skip { stale_id: true });
+        assert_eq!(m[2], PodMatch::Skip { stale_id: false });
+        assert_eq!(m[3], PodMatch::Skip { stale_id: true });
+        assert_eq!(m[4], PodMatch::ByName(vms[1].clone()));
+        assert_eq!(m[5], PodMatch::Skip { stale_id: false });
         // vm-x is held by a pod that is gone: kept for the policy to rule on, never an orphan.
         assert!(orphans.is_empty(), "{orphans:?}");
+        let ids: Vec<&str> = unclaimed.iter().map(|v| v.id.as_str()).collect();
+        assert_eq!(ids, vec!["id-x"], "every VM ends in one place");
     }
 
     #[test]

@@ -13,24 +13,30 @@ use super::bring_up::hibernate_evidence;
 use super::guest::Finish;
 use super::reconcile::{OwedOp, owed_for};
 use crate::kubelet::{EventReason, EventType, Next};
-use crate::model::{VmSpec, vm_spec};
+use crate::model::VmSpec;
 use crate::policy::contract::bring_up::HibernateEvidence;
 use crate::retry::Schedule;
 
-/// Dispatches what the restart owes `pod` (already tracked by the reconcile).
-pub(super) async fn dispatch_owed(p: &CocoonProvider, pod: &Pod, key: &str) {
+/// Dispatches what the restart owes `pod` (already tracked by the reconcile; `spec` its decoded
+/// annotations). Most pods owe nothing: that is decided without copying their tracked row (the
+/// startup asks it for every pod), and only a pod that owes work reads its VM.
+pub(super) async fn dispatch_owed(p: &CocoonProvider, pod: &Pod, key: &str, spec: &VmSpec) {
     let uid = super::table::uid_of(pod);
+    let Some(has_vm) = p.state.has_vm_as(key, &uid) else {
+        return;
+    };
+    if !spec.managed || owed_for(pod, spec, has_vm) == OwedOp::None {
+        return;
+    }
     let Some(tracked) = p.state.tracked_as(key, &uid) else {
         return;
     };
-    let spec = vm_spec::of_pod(pod);
-    if !spec.managed {
-        return;
-    }
-    let op = owed_for(pod, tracked.vm.is_some());
+    // Decided again on the row read: it is the one the work runs on.
+    let op = owed_for(pod, spec, tracked.vm.is_some());
     if op == OwedOp::None {
         return;
     }
+    let spec = spec.clone();
     p.metrics.startup_resume.with_label_values(&[op.label()]).inc();
     p.ports.events.record(
         pod,

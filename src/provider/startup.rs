@@ -16,13 +16,16 @@ use super::lifecycle::Intent;
 use super::reconcile::{self, InspectVerdict, OrphanPolicy, PodMatch, PodView, StaleStep};
 use super::table::NameClaim;
 use crate::kubelet::ProviderError;
-use crate::model::{RuntimeAnnotations, pod_facts, vm_spec};
+use crate::model::{RuntimeAnnotations, VmSpec, pod_facts, vm_spec};
 use crate::policy::contract::cpu_class_admission::AdmissionContext;
 use crate::policy::contract::types::PodPhase;
 use crate::retry::Schedule;
 use crate::runtime::{CocoonRuntime, StaleCreateOutcome, VmRecord, VmState};
 
 const FAN_OUT: usize = 8;
+
+/// A listed pod with its decoded annotations.
+type Decoded<'a> = (&'a Arc<Pod>, VmSpec);
 
 pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), ProviderError> {
     // 1. The VMs (prefetched while the virtual node listed the pods), and 2. the CPU class of
@@ -68,83 +71,83 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     }
 
     // 4. Match pods to VMs. macOS pods' VMs are never in `cocoon vm list`: cocoon-macos is
-    // asked about each of them instead.
-    let (macos_pods, cocoon_pods): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = pods
+    // asked about each of them instead. Each pod's annotations are decoded once, here, for every
+    // step below (the startup walks every pod of the node).
+    let (macos_pods, cocoon_pods): (Vec<Decoded>, Vec<Decoded>) = pods
         .iter()
-        .partition(|pod| !guest_os::for_spec(&vm_spec::of_pod(pod)).listed_by_cocoon());
+        .map(|pod| (pod, vm_spec::of_pod(pod)))
+        .partition(|(_, spec)| !guest_os::for_spec(spec).listed_by_cocoon());
+    let macos_pods: Vec<&Arc<Pod>> = macos_pods.into_iter().map(|(pod, _)| pod).collect();
     super::macos::adopt_at_startup(p, &macos_pods).await;
-    let cocoon_pods: Vec<Arc<Pod>> = cocoon_pods.into_iter().cloned().collect();
-    let pods = cocoon_pods.as_slice();
-    let views: Vec<PodView> = pods
+    let views: Vec<PodView> = cocoon_pods
         .iter()
-        .map(|pod| {
-            let spec = vm_spec::of_pod(pod);
-            PodView {
-                key: crate::kubelet::pods::pod_key(pod).to_string(),
-                vm_id: RuntimeAnnotations::of_pod(pod).vm_id,
-                hibernate: spec.hibernate,
-                vm_name: spec.vm_name,
-                managed: spec.managed,
-            }
+        .map(|(pod, spec)| PodView {
+            key: crate::kubelet::pods::pod_key(pod).to_string(),
+            vm_id: RuntimeAnnotations::of_pod(pod).vm_id,
+            hibernate: spec.hibernate,
+            vm_name: spec.vm_name.clone(),
+            managed: spec.managed,
         })
         .collect();
-    let (matches, orphans) = reconcile::match_pods(&views, &settled, |name| {
-        p.state.holder_of(name).map(|(h, _)| h.key().to_string())
-    });
-    let mut owed: Vec<(Arc<Pod>, String)> = Vec::new();
-    let mut claimed: HashSet<String> = HashSet::new();
-    for ((pkey, m), (pod, view)) in matches.into_iter().zip(pods.iter().zip(views.iter())) {
+    let matched = reconcile::match_pods(&views, settled, |name, key| p.state.name_held_by(name, key));
+    // The VMs no pod adopts below: the matched VMs of pods that do not adopt them, then the
+    // unclaimed ones.
+    let mut left: Vec<VmRecord> = Vec::new();
+    let mut owed: Vec<(&Arc<Pod>, &VmSpec, &str)> = Vec::new();
+    for (m, ((pod, spec), view)) in matched.per_pod.into_iter().zip(cocoon_pods.iter().zip(views.iter())) {
+        let pkey = view.key.as_str();
         let uid = super::table::uid_of(pod);
         let seed = |p: &CocoonProvider| {
             if let Some(intent) =
                 Intent::from_annotations(&uid, pod.metadata.annotations.as_ref().unwrap_or(&Default::default()))
             {
-                p.state.seed_intent(&pkey, intent);
+                p.state.seed_intent(pkey, intent);
             }
         };
         if !view.managed {
             // Unmanaged pods: the operator's pre-written runtime is the VM.
+            left.extend(m.into_vm());
             continue;
         }
         // A pod adopts only a VM name it holds, or that nobody holds (it takes it then). Which
         // pods exist is not settled while this loop runs, so a name another pod holds is left
         // to that pod, or to the bring-up policy at CreatePod if that pod is gone.
         if matches!(m, PodMatch::ById(_) | PodMatch::ByName(_) | PodMatch::Hibernated { .. }) {
-            if let NameClaim::Other { holder, .. } = p.state.name_claim(&view.vm_name, &pkey) {
+            if let NameClaim::Other { holder, .. } = p.state.name_claim(&view.vm_name, pkey) {
                 tracing::warn!(pod = %pkey, vm = %view.vm_name, holder = %holder.key(), "not adopting a vm name another pod holds");
+                left.extend(m.into_vm());
                 continue;
             }
-            if p.state.take_name(&view.vm_name, &pkey, &uid).is_err() {
+            if p.state.take_name(&view.vm_name, pkey, &uid).is_err() {
+                left.extend(m.into_vm());
                 continue;
             }
         }
         match m {
             PodMatch::ById(vm) => {
-                claimed.insert(vm.id.clone());
-                p.state.track(&pkey, pod, &view.vm_name);
+                p.state.track(pkey, pod, &view.vm_name);
                 seed(p);
-                p.state.set_vm(&pkey, &uid, vm);
-                owed.push((pod.clone(), pkey));
+                p.state.set_vm(pkey, &uid, vm);
+                owed.push((pod, spec, pkey));
             }
             PodMatch::ByName(vm) => {
-                claimed.insert(vm.id.clone());
-                p.state.track(&pkey, pod, &view.vm_name);
+                p.state.track(pkey, pod, &view.vm_name);
                 seed(p);
-                p.state.set_vm(&pkey, &uid, vm.clone());
+                let (id, ip) = (vm.id.clone(), p.resolve_ip(&vm));
+                p.state.set_vm(pkey, &uid, vm);
                 p.metrics.reconcile_adopt_by_name.inc();
-                let ip = p.resolve_ip(&vm);
-                super::publish::write_runtime(p, pod, &pkey, &vm.id, &ip).await;
-                tracing::info!(pod = %pkey, vm = %vm.id, "adopted by vm name; runtime annotation repaired");
-                owed.push((pod.clone(), pkey));
+                super::publish::write_runtime(p, pod, pkey, &id, &ip).await;
+                tracing::info!(pod = %pkey, vm = %id, "adopted by vm name; runtime annotation repaired");
+                owed.push((pod, spec, pkey));
             }
             PodMatch::Hibernated { clear_stale_id } => {
-                p.state.track(&pkey, pod, &view.vm_name);
-                p.state.mark_hibernated(&pkey, &uid);
+                p.state.track(pkey, pod, &view.vm_name);
+                p.state.mark_hibernated(pkey, &uid);
                 seed(p);
                 if clear_stale_id {
-                    super::publish::clear_runtime(p, pod, &pkey).await;
+                    super::publish::clear_runtime(p, pod, pkey).await;
                 }
-                owed.push((pod.clone(), pkey));
+                owed.push((pod, spec, pkey));
             }
             PodMatch::Skip { stale_id } => {
                 if stale_id {
@@ -156,13 +159,15 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
 
     // 5. VMs no pod claimed: the orphan policy. A VM named after a pod is indexed for adoption.
     let pod_names: HashSet<&str> = views.iter().map(|v| v.vm_name.as_str()).collect();
-    for vm in settled
-        .iter()
-        .filter(|v| !claimed.contains(&v.id) && pod_names.contains(v.name()))
+    for vm in left
+        .into_iter()
+        .chain(matched.unclaimed)
+        .filter(|v| pod_names.contains(v.name()))
     {
-        p.state.index_vm(vm.name(), vm.clone());
+        let name = vm.name().to_owned();
+        p.state.index_vm(&name, vm);
     }
-    for vm in orphans {
+    for vm in matched.orphans {
         apply_orphan_policy(p, &vm).await;
     }
 
@@ -170,8 +175,8 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
     // must not wait out their probe timeouts before it registers — then the owed work.
     let probed: Vec<(String, String)> = owed
         .iter()
-        .filter(|(_, k)| p.state.tracked(k).is_some_and(|t| t.vm.is_some()))
-        .map(|(pod, k)| (k.clone(), super::table::uid_of(pod)))
+        .map(|(pod, _, k)| (k.to_string(), super::table::uid_of(pod)))
+        .filter(|(k, uid)| p.state.has_vm_as(k, uid) == Some(true))
         .collect();
     let me = p.arc();
     p.spawn(async move {
@@ -182,13 +187,13 @@ pub(super) async fn reconcile(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(
             })
             .await;
     });
-    for (pod, pkey) in owed {
-        super::resume::dispatch_owed(p, &pod, &pkey).await;
+    for (pod, spec, pkey) in owed {
+        super::resume::dispatch_owed(p, pod, pkey, spec).await;
     }
     learn_snapshots(p);
     p.notify("");
     p.reconciled.send_replace(true);
-    tracing::info!(pods = pods.len(), vms = p.state.vm_count(), "startup reconcile done");
+    tracing::info!(pods = views.len(), vms = p.state.vm_count(), "startup reconcile done");
     Ok(())
 }
 

@@ -306,7 +306,8 @@ fn clone_spec(
 /// uses: a fixup owed runs, a finished one waits for the lease, a Windows clone is classified by
 /// its hibernate evidence; otherwise Ready at once).
 pub(in crate::provider) async fn adopted_finish(p: &CocoonProvider, pod: &Pod, spec: &VmSpec) -> Finish {
-    match reconcile::owed_for(pod, true) {
+    // The owed-work rule reads the pod's own annotations, as a restart does.
+    match reconcile::owed_for(pod, &crate::model::vm_spec::of_pod(pod), true) {
         OwedOp::PostClone => Finish::resumed_fixup(),
         OwedOp::ReadyWait => Finish::resumed_lease_wait(spec),
         OwedOp::ClassifyDropNic => match hibernate_evidence(p, &spec.vm_name).await {

@@ -40,6 +40,15 @@ impl Holder {
         }
     }
 
+    /// Whether `key` (`namespace/pod`) is this holder's key; compares without building the key
+    /// (the startup asks this for every listed pod).
+    pub fn is(&self, key: &str) -> bool {
+        // Exactly `self.key() == key`.
+        key.strip_prefix(self.namespace.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+            == Some(self.pod.as_str())
+    }
+
     /// `namespace/pod`: the key of every pod of this namespace and name.
     pub fn key(&self) -> PodKey {
         PodKey::from(format!("{}/{}", self.namespace, self.pod))
@@ -187,6 +196,19 @@ fn write_record<T: Serialize>(dir: &Path, name: &str, value: &T) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_is_exactly_the_key_it_was_made_from() {
+        let h = Holder::new("ns/web-0", "u1");
+        assert!(h.is("ns/web-0"));
+        for other in ["ns/web-1", "ns/web-0x", "nsx/web-0", "ns", "web-0", "", "/web-0", "ns/"] {
+            assert_eq!(h.is(other), h.key() == other, "{other}");
+            assert!(!h.is(other), "{other}");
+        }
+        // The holder an unreadable record stands for is no pod's.
+        assert!(!Holder::unknown().is(""));
+        assert!(Holder::unknown().is("/"), "as its key says: no pod has this key");
+    }
 
     #[test]
     fn records_survive_a_reopen_and_a_broken_one_holds_its_name_for_nobody() {

@@ -81,7 +81,7 @@ impl Inner {
     fn name_claim(&self, name: &str, key: &str) -> NameClaim {
         match self.holders.get(name) {
             None => NameClaim::Free,
-            Some(h) if h.key() == key => NameClaim::Own,
+            Some(h) if h.is(key) => NameClaim::Own,
             Some(h) => NameClaim::Other {
                 holder: h.clone(),
                 live: self.live(h.key().as_str()),
@@ -90,7 +90,7 @@ impl Inner {
     }
 
     fn holds(&self, key: &str, name: &str) -> bool {
-        self.holders.get(name).is_some_and(|h| h.key() == key)
+        self.holders.get(name).is_some_and(|h| h.is(key))
     }
 
     /// Removes the row of `name` when it is `key`'s: its VM, or a VM indexed for adoption
@@ -414,6 +414,23 @@ impl Table {
     /// Pod `key` holds VM name `name`.
     pub fn holds(&self, key: &str, name: &str) -> bool {
         self.lock().holds(key, name)
+    }
+
+    /// Whether VM name `name` is held by pod `key` (`None`: nobody holds it). Copies nothing:
+    /// the startup asks it for every listed VM.
+    pub fn name_held_by(&self, name: &str, key: &str) -> Option<bool> {
+        self.lock().holders.get(name).map(|h| h.is(key))
+    }
+
+    /// Whether the tracked incarnation `uid` of `key` runs on a VM (`None`: that incarnation is
+    /// not tracked). Copies nothing, unlike [`Self::tracked_as`].
+    pub fn has_vm_as(&self, key: &str, uid: &str) -> Option<bool> {
+        let s = self.lock();
+        let claim = s.pods.get(key)?.claim_of(uid)?;
+        Some(match &claim.phase {
+            Phase::Running { vm } => s.vms.get(vm).is_some(),
+            Phase::Hibernated | Phase::NoVm => false,
+        })
     }
 
     /// The holder of `name`, and whether a pod of its key exists now.
