@@ -40,8 +40,6 @@ enum Entry {
 struct Inner {
     /// Names touched since the last full list, with the change number of their last change.
     snapshots: HashMap<String, (u64, Entry)>,
-    /// Whether a full list was read: only then is a name missing from `snapshots` known absent.
-    complete: bool,
     /// The number of the last change, so a list that was running while a name changed leaves
     /// that name's newer fact alone.
     changes: u64,
@@ -51,7 +49,9 @@ struct Inner {
 /// The kept facts. One lock, never held across an await.
 pub struct Known {
     inner: Mutex<Inner>,
-    /// Set once a full list landed (what [`Known::listed`] completes), for whoever waits for it.
+    /// Whether a full list was read: only then is a name missing from the facts known absent.
+    /// The one record of it, for the lookups and for whoever waits for it; set under the facts'
+    /// lock, together with the facts the list brought (lock order: facts, then this).
     landed: tokio::sync::watch::Sender<bool>,
 }
 
@@ -80,7 +80,7 @@ impl Known {
             Some((_, Entry::Present(Some(record)))) => SnapshotFact::Present(record.clone()),
             Some((_, Entry::Present(None) | Entry::Unknown)) => SnapshotFact::Unknown,
             Some((_, Entry::Absent)) => SnapshotFact::Absent,
-            None if s.complete => SnapshotFact::Absent,
+            None if *self.landed.borrow() => SnapshotFact::Absent,
             None => SnapshotFact::Unknown,
         }
     }
@@ -128,8 +128,7 @@ impl Known {
                 .or_insert_with(|| (start.0, Entry::Present(Some(Box::new(record.clone())))));
         }
         s.snapshots = fresh;
-        s.complete = true;
-        drop(s);
+        // Still under the lock: a lookup sees the listed facts and "listed" together.
         self.landed.send_replace(true);
     }
 
