@@ -37,7 +37,8 @@ pub(super) async fn run(p: Arc<CocoonProvider>, shutdown: CancellationToken) {
 }
 
 /// The snapshot reclaimer: a pass once the startup reconcile tracked the pods (before it, every
-/// snapshot would look unused), then one per interval.
+/// snapshot would look unused), then one per interval. Its first pass's `snapshot list` is also
+/// the startup's list of the local snapshots (`startup::learn_snapshots` makes none then).
 async fn reclaim_loop(p: Arc<CocoonProvider>, stop: CancellationToken) {
     let Some(period) = p.cfg.timings.reclaim_interval else {
         tracing::info!("snapshot reclaimer off (VK_SNAPSHOT_RECLAIM_INTERVAL=0)");

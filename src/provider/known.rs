@@ -1,7 +1,8 @@
 //! What this daemon knows of cocoon's local snapshots and images, so a warm create asks cocoon
 //! only what it cannot know. Kept from the results of the daemon's own calls (every call goes
-//! through [`super::recording`]): a full `snapshot list` (once after the startup reconcile, in the
-//! background, and on each reclaimer pass) sets the whole snapshot list; a save, import, inspect
+//! through [`super::recording`]): a full `snapshot list` (on each reclaimer pass, the first once
+//! the startup reconcile is done; without the reclaimer, once after the startup reconcile, in the
+//! background) sets the whole snapshot list; a save, import, inspect
 //! or removal since then updates its name; a pull, import or inspect of an image marks it
 //! present. Until the first full list lands, a name no call touched is unknown: it is asked.
 //!

@@ -364,8 +364,8 @@ impl CocoonProvider {
     }
 
     /// Whether a full `snapshot list` has landed in what the daemon knows of the node's
-    /// snapshots (the startup's runs in the background after the reconcile; until one lands,
-    /// every snapshot name no call touched is asked of cocoon).
+    /// snapshots (the startup's, or the reclaimer's first pass, runs in the background after the
+    /// reconcile; until one lands, every snapshot name no call touched is asked of cocoon).
     pub fn snapshot_list_landed(&self) -> bool {
         self.known.list_landed()
     }

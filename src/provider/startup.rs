@@ -228,7 +228,16 @@ async fn admit_live_pods(p: &CocoonProvider, pods: &[Arc<Pod>]) -> Result<(), Pr
 /// while it runs is newer than the list and outlives it (`Known::listed`); the hibernate
 /// evidence never comes from the list. Failing is not fatal: the names stay unknown until the
 /// reclaimer's next full list. A close drops the call.
+///
+/// With the reclaimer on, its first pass is this list: it starts when the reconcile is done, as
+/// this one would, and its `snapshot list` lands in the kept facts the same way (every call
+/// does, `recording`), so a second list at the same moment would only double what cocoon reads
+/// while the node starts serving.
 fn learn_snapshots(p: &CocoonProvider) {
+    if p.cfg.timings.reclaim_interval.is_some() {
+        tracing::debug!("the local snapshots are listed by the reclaimer's first pass");
+        return;
+    }
     let me = p.arc();
     p.spawn(async move {
         tokio::select! {

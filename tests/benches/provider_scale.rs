@@ -180,6 +180,9 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         timings: Timings {
             patch_retry: Duration::from_millis(50),
             reflush_interval: Duration::from_secs(3600),
+            // No background loops run here, so no reclaimer: the startup lists the local
+            // snapshots itself (with the reclaimer on, its first pass is that list).
+            reclaim_interval: None,
             ..Timings::default()
         },
     };

@@ -160,3 +160,54 @@ async fn a_create_before_the_startup_snapshot_list_lands_asks_for_the_snapshot_a
     );
     d.kill().await;
 }
+
+/// With the reclaimer on, its first pass is the startup's list of the local snapshots: the node
+/// starting reads them once, not once for the startup and once more for the reclaimer at the
+/// same moment, and what the pass listed is what the creates know.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_reclaimer_on_the_startup_lists_the_local_snapshots_once() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    // A leftover import: the first pass removes it, which shows the pass ran to its end.
+    seed_snapshot(&env, "vk-gone-hibernate-import", "ghcr.io/x/base:1").await;
+    let d = start(
+        &env,
+        Options {
+            timings: vk_cocoon::provider::Timings {
+                // One pass in the test's time: the first, once the startup reconcile is done.
+                reclaim_interval: Some(std::time::Duration::from_secs(3600)),
+                ..fast_timings()
+            },
+            ..Default::default()
+        },
+    );
+    eventually(30, "the reclaimer's first pass removed the leftover import", || {
+        env.sim.snapshot_dir("vk-gone-hibernate-import").unwrap().is_none()
+    })
+    .await;
+    assert!(
+        d.provider.snapshot_list_landed(),
+        "the reclaimer's list is the node's snapshot list"
+    );
+    assert_eq!(
+        calls(&env, "snapshot list").len(),
+        1,
+        "one `snapshot list` at startup with the reclaimer on"
+    );
+    // What the list brought serves the first create: its clone source is not asked for.
+    create(
+        &env,
+        &managed("agent-0", "vm-warm-0", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    wait_ready(&env, "agent-0").await;
+    let asked: Vec<String> = calls(&env, "snapshot inspect")
+        .into_iter()
+        .filter_map(|a| a.get(2).cloned())
+        .collect();
+    assert!(
+        !asked.contains(&"base".to_string()),
+        "base was known from the list: {asked:?}"
+    );
+    d.kill().await;
+}
