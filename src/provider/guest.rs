@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
+use tracing::Instrument as _;
 
 use super::CocoonProvider;
 use super::lifecycle::{self, LifecycleState};
@@ -81,7 +82,9 @@ pub(super) async fn finish_boot(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &
     // arriving while the probe starts (the restart's resume and the pod controller both finish
     // it) then sees the work running and does not run the fixup or console pass twice.
     let work = (finish != Finish::ReadyNow).then(|| p.state.begin_guest_work(pkey, &uid));
-    super::probe_start::start_probe(p, pkey, &uid).await;
+    super::probe_start::start_probe(p, pkey, &uid)
+        .instrument(tracing::debug_span!("boot.first_probe"))
+        .await;
     let Some(work) = work else {
         p.metrics.wake_ended(wake, true);
         super::publish::publish_ready(p, pod, pkey).await;
