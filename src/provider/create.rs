@@ -153,14 +153,17 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
         tracing::info!(pod = %key, "create finished for a superseded incarnation");
         return Ok(Next::Done);
     }
-    if spec.managed {
-        super::publish::write_runtime(p, pod, &key, &vm.id, &ip)
-            .instrument(tracing::debug_span!("create.runtime_write"))
-            .await;
-    }
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, waited_ms, "vm up");
-    // 7. The probe, then Ready now or after the guest work.
-    super::guest::finish_boot(p, pod, &key, &vm, up.finish, up.restoring)
+    let written = async {
+        if spec.managed {
+            super::publish::write_runtime(p, pod, &key, &vm.id, &ip)
+                .instrument(tracing::debug_span!("create.runtime_write"))
+                .await;
+        }
+    };
+    // 7. The probe (its first one beside the runtime write), then Ready now or after the guest
+    // work, both only once the write ended.
+    super::guest::finish_boot_after(p, pod, &key, &vm, up.finish, up.restoring, written)
         .instrument(tracing::debug_span!("create.finish_boot"))
         .await;
     p.metrics
