@@ -46,7 +46,8 @@ async fn the_status_lands_before_the_ready_annotation() {
 
 /// The runtime annotations are written beside the first probe, not before it: the guest work
 /// (the fixup, whose first step writes `post-clone-state`) still starts only once they landed,
-/// so no stored version of the pod shows the fixup under way without the VM it runs in.
+/// so no stored version of the pod shows the fixup under way without the VM it runs in — even
+/// when the runtime write needs a second attempt (its first fails, a retry interval apart).
 /// Lifecycle: L42.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_runtime_annotations_land_before_the_guest_fixup_starts() {
@@ -54,11 +55,20 @@ async fn the_runtime_annotations_land_before_the_guest_fixup_starts() {
     seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
     let d = start(&env, Options::default());
     let history = PodHistory::record(&env, "fixup-0");
+    // The clone takes a second; once `creating` landed, the pod's next write (the runtime
+    // write's first attempt, after the clone) fails and is retried after `patch_retry`.
+    env.sim.delay("vm clone", Some(1), 1_000).unwrap();
     create(
         &env,
         &managed("fixup-0", "vm-fixup", &[("cocoonset.cocoonstack.io/image", "base")]),
     )
     .await;
+    eventually(20, "lifecycle creating", || {
+        lifecycle(&env, "fixup-0").as_deref() == Some("creating")
+    })
+    .await;
+    env.server
+        .inject_fault(Some(axum::http::Method::PATCH), "/pods/fixup-0", 500, 1);
     wait_ready(&env, "fixup-0").await;
     let annotation = |p: &k8s_openapi::api::core::v1::Pod, key: &str| {
         p.metadata.annotations.as_ref().and_then(|a| a.get(key)).cloned()
