@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
+use tracing::Instrument as _;
 
 use super::CocoonProvider;
 use super::bring_up::{Ctx, adopted_finish, bring_up, hibernate_evidence};
@@ -65,7 +66,14 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     let guest = guest_os::for_spec(&spec);
 
     // 2. CPU-class admission.
-    if let Err(f) = p.admission(&facts, AdmissionContext::Create).await? {
+    // The stages of a create are debug spans named `create.*` (and `bring_up.*`, `boot.*`,
+    // `policy.*` below): a profile reads when each starts and ends (the `provider_scale`
+    // bench's stage table); with no subscriber at debug level they cost a disabled check.
+    let admitted = p
+        .admission(&facts, AdmissionContext::Create)
+        .instrument(tracing::debug_span!("create.admission"))
+        .await?;
+    if let Err(f) = admitted {
         p.metrics.lifecycle("create", "failed", admission_label(&f));
         p.state.track(&key, pod, &spec.vm_name);
         super::publish::report_failure(p, pod, &key, f.reason, "create", &f.message).await;
@@ -107,11 +115,12 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     // an apiserver round trip the clone need not wait for. Both end before anything else is
     // written for the pod (the runtime annotations, or the failure), so the pod's lifecycle
     // writes still land in the order they were made.
-    let creating = super::publish::set_lifecycle(p, pod, &key, LifecycleState::Creating, "");
+    let creating = super::publish::set_lifecycle(p, pod, &key, LifecycleState::Creating, "")
+        .instrument(tracing::debug_span!("create.creating_write"));
     let bringing_up = async {
         // The bring-up's cocoon work waits for one of the node's turns; the probe and the guest
         // work after it do not hold one (they wait on the guest, not on cocoon).
-        let turn = p.bring_ups.take().await;
+        let turn = p.bring_ups.take().instrument(tracing::debug_span!("create.turn")).await;
         let waited_ms = turn.waited.as_millis() as u64;
         let started = Instant::now();
         let brought = bring_up(p, &ctx).await;
@@ -139,16 +148,24 @@ pub(super) async fn create(p: &CocoonProvider, pod: &Arc<Pod>) -> Result<Next, P
     // 5.–6. IP and runtime annotations, before any guest work.
     let vm = up.vm;
     let ip = p.resolve_ip(&vm);
-    if !p.state.set_vm(&key, &uid, vm.clone()) {
+    let recorded = tracing::debug_span!("create.set_vm").in_scope(|| p.state.set_vm(&key, &uid, vm.clone()));
+    if !recorded {
         tracing::info!(pod = %key, "create finished for a superseded incarnation");
         return Ok(Next::Done);
     }
-    if spec.managed {
-        super::publish::write_runtime(p, pod, &key, &vm.id, &ip).await;
-    }
     tracing::info!(pod = %key, vm = %spec.vm_name, id = %vm.id, %ip, restoring = up.restoring, waited_ms, "vm up");
-    // 7. The probe, then Ready now or after the guest work.
-    super::guest::finish_boot(p, pod, &key, &vm, up.finish, up.restoring).await;
+    let written = async {
+        if spec.managed {
+            super::publish::write_runtime(p, pod, &key, &vm.id, &ip)
+                .instrument(tracing::debug_span!("create.runtime_write"))
+                .await;
+        }
+    };
+    // 7. The probe (its first one beside the runtime write), then Ready now or after the guest
+    // work, both only once the write ended.
+    super::guest::finish_boot_after(p, pod, &key, &vm, up.finish, up.restoring, written)
+        .instrument(tracing::debug_span!("create.finish_boot"))
+        .await;
     p.metrics
         .lifecycle("create", "ok", if up.adopted { "adopted" } else { "" });
     Ok(Next::Done)

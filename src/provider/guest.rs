@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
+use tracing::Instrument as _;
 
 use super::CocoonProvider;
 use super::lifecycle::{self, LifecycleState};
@@ -76,12 +77,33 @@ const STATE_FAILED: &str = "failed";
 /// Starts the probe of the pod's VM and whatever finishing the boot needs. `wake` marks a
 /// restore from hibernate (it counts in `cocoon_vk_wake_total` when it ends).
 pub(super) async fn finish_boot(p: &CocoonProvider, pod: &Pod, pkey: &str, vm: &VmRecord, finish: Finish, wake: bool) {
+    finish_boot_after(p, pod, pkey, vm, finish, wake, async {}).await;
+}
+
+/// [`finish_boot`] of a boot whose runtime annotations are still being written (`written`):
+/// the write runs beside the first probe, and the guest work and Ready start only once it
+/// ended. The rule this keeps: the annotations naming the pod's VM land before anything acts
+/// in the guest (the fixup) or says Ready; the first probe only reads the guest's address, so
+/// it need not wait for them (an apiserver round trip off a create's critical path).
+pub(super) async fn finish_boot_after(
+    p: &CocoonProvider,
+    pod: &Pod,
+    pkey: &str,
+    vm: &VmRecord,
+    finish: Finish,
+    wake: bool,
+    written: impl std::future::Future<Output = ()>,
+) {
     let uid = super::table::uid_of(pod);
     // The guest work is registered before the first await: a CreatePod of the same adopted pod
     // arriving while the probe starts (the restart's resume and the pod controller both finish
     // it) then sees the work running and does not run the fixup or console pass twice.
     let work = (finish != Finish::ReadyNow).then(|| p.state.begin_guest_work(pkey, &uid));
-    super::probe_start::start_probe(p, pkey, &uid).await;
+    // `written` is polled first: the tracked copy of the pod has the annotations before the
+    // probe reads it.
+    let first_probe =
+        super::probe_start::start_probe(p, pkey, &uid).instrument(tracing::debug_span!("boot.first_probe"));
+    tokio::join!(written, first_probe);
     let Some(work) = work else {
         p.metrics.wake_ended(wake, true);
         super::publish::publish_ready(p, pod, pkey).await;

@@ -78,6 +78,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use k8s_openapi::api::core::v1::Pod;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 pub use config::{ProbeTimings, ProviderConfig, Timings};
 
@@ -283,7 +284,8 @@ impl CocoonProvider {
         if Handle::current().runtime_flavor() != RuntimeFlavor::MultiThread {
             return self.decide_apart(f).await;
         }
-        inline_decision::on_this_thread(|| f(&self.policies))
+        inline_decision::on_this_thread(|| tracing::debug_span!("policy.decision").in_scope(|| f(&self.policies)))
+            .instrument(tracing::debug_span!("policy.decide"))
             .await
             .map_err(|_| ProviderError::Transient("policy decision task failed: it panicked".into()))
     }

@@ -11,7 +11,15 @@
 //! Cocoon time is measured by a decorator around the real CLI client that sums the wall time of
 //! every `CocoonRuntime` call.
 //!
+//! A second pass of `BENCH_PROFILE_CREATES` creates (default 50) prints CreatePod's per-stage
+//! profile: each create waits until its pod's Ready is published before the next one starts, and
+//! every stage (the provider's `create.*` spans, each cocoon call, each apiserver write) is
+//! timed from the create's entry (`provider_scale_stages.rs`).
+//!
 //! The figures and their history: `BENCHMARKS.md` beside this file, *Provider*.
+
+#[path = "provider_scale_stages.rs"]
+mod stages;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +34,7 @@ use vk_cocoon::kubelet::Provider;
 use vk_cocoon::kubelet::events::EventSink;
 use vk_cocoon::provider::cocoon_net::LeaseFile;
 use vk_cocoon::provider::metrics::ProviderMetrics;
-use vk_cocoon::provider::ports::{KubePodPatcher, SnapshotRegistry};
+use vk_cocoon::provider::ports::{KubePodPatcher, PodPatcher, SnapshotRegistry};
 use vk_cocoon::provider::reconcile::OrphanPolicy;
 use vk_cocoon::provider::{CocoonProvider, Ports, ProviderConfig, Timings};
 use vk_cocoon::runtime::{
@@ -92,78 +100,91 @@ impl TimedRuntime {
         self.calls.fetch_add(1, Ordering::SeqCst);
         r
     }
+
+    /// [`Self::time`], the call also recorded as a stage of a profiled create (`verb`).
+    async fn call<T>(&self, verb: &str, f: impl std::future::Future<Output = T>) -> T {
+        stages::timed(|| format!("cocoon {verb}"), self.time(f)).await
+    }
 }
 
 #[async_trait]
 impl CocoonRuntime for TimedRuntime {
     async fn run(&self, spec: &RunSpec) -> RtResult<VmRecord> {
-        self.time(self.inner.run(spec)).await
+        self.call("vm run", self.inner.run(spec)).await
     }
     async fn clone_vm(&self, spec: &CloneSpec) -> RtResult<VmRecord> {
         self.clones.fetch_add(1, Ordering::SeqCst);
-        self.time(self.inner.clone_vm(spec)).await
+        self.call("vm clone", self.inner.clone_vm(spec)).await
     }
     async fn inspect(&self, reference: &str) -> RtResult<VmRecord> {
-        self.time(self.inner.inspect(reference)).await
+        self.call("vm inspect", self.inner.inspect(reference)).await
     }
     async fn list(&self) -> RtResult<Vec<VmRecord>> {
-        self.time(self.inner.list()).await
+        self.call("vm list", self.inner.list()).await
     }
     async fn remove(&self, reference: &str) -> RtResult<()> {
-        self.time(self.inner.remove(reference)).await
+        self.call("vm rm", self.inner.remove(reference)).await
     }
     async fn start(&self, reference: &str) -> RtResult<()> {
-        self.time(self.inner.start(reference)).await
+        self.call("vm start", self.inner.start(reference)).await
     }
     async fn reconcile_stale_create(&self, reference: &str) -> RtResult<StaleCreateOutcome> {
-        self.time(self.inner.reconcile_stale_create(reference)).await
+        self.call(
+            "vm reconcile-stale-create",
+            self.inner.reconcile_stale_create(reference),
+        )
+        .await
     }
     async fn net_resize(&self, reference: &str, nics: u32) -> RtResult<()> {
-        self.time(self.inner.net_resize(reference, nics)).await
+        self.call("vm net-resize", self.inner.net_resize(reference, nics)).await
     }
     async fn exec(&self, reference: &str, spec: &ExecSpec, io: ExecIo<'_>) -> RtResult<()> {
-        self.time(self.inner.exec(reference, spec, io)).await
+        self.call("vm exec", self.inner.exec(reference, spec, io)).await
     }
     async fn logs(&self, reference: &str, tail: Option<u64>) -> RtResult<String> {
-        self.time(self.inner.logs(reference, tail)).await
+        self.call("vm logs", self.inner.logs(reference, tail)).await
     }
     fn watch_events(&self) -> BoxStream<'static, WatchItem> {
         self.inner.watch_events()
     }
     async fn snapshot_save(&self, name: &str, vm_id: &str) -> RtResult<()> {
-        self.time(self.inner.snapshot_save(name, vm_id)).await
+        self.call("snapshot save", self.inner.snapshot_save(name, vm_id)).await
     }
     async fn snapshot_inspect(&self, name: &str) -> RtResult<SnapshotRecord> {
-        self.time(self.inner.snapshot_inspect(name)).await
+        self.call("snapshot inspect", self.inner.snapshot_inspect(name)).await
     }
     async fn snapshot_list(&self, vm: Option<&str>) -> RtResult<Vec<SnapshotRecord>> {
-        self.time(self.inner.snapshot_list(vm)).await
+        self.call("snapshot list", self.inner.snapshot_list(vm)).await
     }
     async fn snapshot_remove_if_exists(&self, name: &str) -> RtResult<()> {
-        self.time(self.inner.snapshot_remove_if_exists(name)).await
+        self.call("snapshot rm", self.inner.snapshot_remove_if_exists(name))
+            .await
     }
     async fn snapshot_import(&self, name: &str, tar: &mut (dyn AsyncRead + Unpin + Send)) -> RtResult<()> {
-        self.time(self.inner.snapshot_import(name, tar)).await
+        self.call("snapshot import", self.inner.snapshot_import(name, tar))
+            .await
     }
     async fn snapshot_export(&self, name: &str) -> RtResult<Box<dyn AsyncRead + Send + Unpin>> {
-        self.time(self.inner.snapshot_export(name)).await
+        self.call("snapshot export", self.inner.snapshot_export(name)).await
     }
     async fn snapshot_export_to_dir(&self, name: &str, dir: &std::path::Path) -> RtResult<()> {
-        self.time(self.inner.snapshot_export_to_dir(name, dir)).await
+        self.call("snapshot export", self.inner.snapshot_export_to_dir(name, dir))
+            .await
     }
     async fn image_pull(&self, reference: &str, force: bool) -> RtResult<()> {
-        self.time(self.inner.image_pull(reference, force)).await
+        self.call("image pull", self.inner.image_pull(reference, force)).await
     }
     async fn image_inspect(&self, reference: &str) -> RtResult<ImageRecord> {
-        self.time(self.inner.image_inspect(reference)).await
+        self.call("image inspect", self.inner.image_inspect(reference)).await
     }
     async fn image_import(&self, name: &str, data: &mut (dyn AsyncRead + Unpin + Send)) -> RtResult<()> {
-        self.time(self.inner.image_import(name, data)).await
+        self.call("image import", self.inner.image_import(name, data)).await
     }
 }
 
 /// The provider as the daemon builds it, on the timed runtime.
 fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
+    let patcher: Arc<dyn PodPatcher> = Arc::new(KubePodPatcher::new(env.server.client()));
     let cfg = ProviderConfig {
         node_name: NODE.into(),
         node_class: String::new(),
@@ -192,7 +213,7 @@ fn provider(env: &Env, runtime: Arc<TimedRuntime>) -> Arc<CocoonProvider> {
         registry: env.registry.clone().map(|r| r as Arc<dyn SnapshotRegistry>),
         leases: Arc::new(LeaseFile::new(&env.leases)),
         releaser: None,
-        patcher: Arc::new(KubePodPatcher::new(env.server.client())),
+        patcher: Arc::new(stages::TimedPatcher(patcher)),
         events: Arc::new(EventSink::new(env.server.client(), NODE)),
         prober: guarded_prober(env, None),
     };
@@ -237,6 +258,7 @@ fn main() {
     if let Some(sim) = locate_sim() {
         println!("cocoon-sim: {}", sim.display());
     }
+    stages::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -407,6 +429,48 @@ async fn run() {
     assert_eq!(clones as usize, n_creates, "every create cloned");
     per_pod_overhead.sort();
     let pct = |q: f64| per_pod_overhead[((per_pod_overhead.len() - 1) as f64 * q).round() as usize];
+
+    // ---- CreatePod per-stage profile (each create alone, until its pod's Ready) ---------------
+    let n_profile = env_usize("BENCH_PROFILE_CREATES", 50);
+    let mut profiled = Vec::with_capacity(n_profile);
+    let mut profile_overhead = Vec::with_capacity(n_profile);
+    // Every pod created above has its Ready first (the warm-up's included): their guest work
+    // is done, and nothing but the profiled create runs.
+    tokio::time::timeout(Duration::from_secs(120), stages::until_ready_count(n_creates + 1))
+        .await
+        .expect("the measured pods' Ready was published");
+    for i in 0..n_profile {
+        let name = format!("s-{i}");
+        let pod = Arc::new(
+            create(
+                &env,
+                &managed(
+                    &name,
+                    &format!("vm-{name}"),
+                    &[("cocoonset.cocoonstack.io/image", "base")],
+                ),
+            )
+            .await,
+        );
+        let before = timed.spent();
+        let rec = stages::Recorder::new(&name);
+        stages::set_active(Some(rec.clone()));
+        MEASURED.scope((), p.create_pod(&pod)).await.unwrap();
+        let returned = rec.now();
+        profile_overhead.push(returned.saturating_sub(timed.spent() - before));
+        tokio::time::timeout(Duration::from_secs(60), rec.until_ready())
+            .await
+            .expect("the profiled pod's Ready was published");
+        stages::set_active(None);
+        let mut marks = rec.marks();
+        marks.push(stages::Mark {
+            label: "= CreatePod returned".into(),
+            start: returned,
+            end: returned,
+        });
+        profiled.push(marks);
+    }
+    profile_overhead.sort();
     let (hwm_end, rss_end) = rss();
 
     // ---- table ------------------------------------------------------------------------------
@@ -460,6 +524,31 @@ async fn run() {
     );
     println!("{:<52} {:>12} {:>14.2}", "", "p90", ms(pct(0.9)));
     println!("{:<52} {:>12} {:>14.2}", "", "max", ms(pct(1.0)));
+    println!();
+    println!(
+        "== CreatePod per-stage profile: {n_profile} creates, each alone until its pod's Ready (p50 over the creates, ms from the create's entry) =="
+    );
+    println!(
+        "{:<60} {:>8} {:>8} {:>8} {:>8}",
+        "stage", "per pod", "start", "end", "took"
+    );
+    for r in stages::rows(&profiled) {
+        println!(
+            "{:<60} {:>8.2} {:>8.3} {:>8.3} {:>8.3}",
+            r.label,
+            r.per_create,
+            ms(r.start),
+            ms(r.end),
+            ms(r.took)
+        );
+    }
+    let q = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{:<60} {:>8.3} {:>8.3}",
+        "overhead in this pass p50 / p90 (ms)",
+        ms(q(&profile_overhead, 0.5)),
+        ms(q(&profile_overhead, 0.9))
+    );
     println!();
     println!("== RSS of this process (daemon side: provider + client; apiserver and its store share it) ==");
     println!("{:<52} {:>10} {:>10}", "", "VmHWM MiB", "VmRSS MiB");

@@ -26,6 +26,7 @@ use crate::policy::contract::resource_translation::BootPath;
 use crate::policy::slots::{BringUp, ResourceTranslation};
 use crate::runtime::VmRecord;
 use gather::Lookup;
+use tracing::Instrument as _;
 
 /// A VM that is up, and what it still needs.
 pub(super) struct BroughtUp {
@@ -87,7 +88,10 @@ pub(super) async fn bring_up(p: &CocoonProvider, ctx: &Ctx<'_>) -> Result<Brough
 }
 
 async fn attempt(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<BroughtUp, BringUpError> {
-    let gathered = gather::gather(p, ctx, lookup).await.map_err(BringUpError::Gather)?;
+    let gathered = gather::gather(p, ctx, lookup)
+        .instrument(tracing::debug_span!("bring_up.gather"))
+        .await
+        .map_err(BringUpError::Gather)?;
     let local_snapshots = gathered.local_snapshots();
     let facts = bring_up_facts(
         p,
@@ -99,6 +103,7 @@ async fn attempt(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<Br
         local_snapshots,
     );
     let (decision, translation) = decide_with_translation(p, ctx, facts)
+        .instrument(tracing::debug_span!("bring_up.decide"))
         .await
         .map_err(BringUpError::Decide)?;
     let plan = match decision.outcome {
@@ -107,7 +112,9 @@ async fn attempt(p: &CocoonProvider, ctx: &Ctx<'_>, lookup: Lookup) -> Result<Br
         }
         Outcome::Proceed(plan) => plan,
     };
-    execute::execute(p, ctx, gathered.existing, gathered.image_snapshot, plan, translation).await
+    execute::execute(p, ctx, gathered.existing, gathered.image_snapshot, plan, translation)
+        .instrument(tracing::debug_span!("bring_up.execute"))
+        .await
 }
 
 /// The bring-up decision and, when its plan boots, the translation decision for the path it
@@ -173,7 +180,7 @@ fn settle(
     }
     tracing::info!(pod = %key, reason = %decision.reason, message = %decision.message, "{what}");
     if matches!(decision.outcome, Outcome::Proceed(_)) {
-        super::ownership::take_name(p, key, uid, vm_name)?;
+        tracing::debug_span!("bring_up.take_name").in_scope(|| super::ownership::take_name(p, key, uid, vm_name))?;
     }
     Ok(decision)
 }

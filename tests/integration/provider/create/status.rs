@@ -44,6 +44,54 @@ async fn the_status_lands_before_the_ready_annotation() {
     d.kill().await;
 }
 
+/// The runtime annotations are written beside the first probe, not before it: the guest work
+/// (the fixup, whose first step writes `post-clone-state`) still starts only once they landed,
+/// so no stored version of the pod shows the fixup under way without the VM it runs in — even
+/// when the runtime write needs a second attempt (its first fails, a retry interval apart).
+/// Lifecycle: L42.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_runtime_annotations_land_before_the_guest_fixup_starts() {
+    let env = env(false).await;
+    seed_snapshot(&env, "base", "ghcr.io/x/base:1").await;
+    let d = start(&env, Options::default());
+    let history = PodHistory::record(&env, "fixup-0");
+    // The clone takes a second; once `creating` landed, the pod's next write (the runtime
+    // write's first attempt, after the clone) fails and is retried after `patch_retry`.
+    env.sim.delay("vm clone", Some(1), 1_000).unwrap();
+    create(
+        &env,
+        &managed("fixup-0", "vm-fixup", &[("cocoonset.cocoonstack.io/image", "base")]),
+    )
+    .await;
+    eventually(20, "lifecycle creating", || {
+        lifecycle(&env, "fixup-0").as_deref() == Some("creating")
+    })
+    .await;
+    env.server
+        .inject_fault(Some(axum::http::Method::PATCH), "/pods/fixup-0", 500, 1);
+    wait_ready(&env, "fixup-0").await;
+    let annotation = |p: &k8s_openapi::api::core::v1::Pod, key: &str| {
+        p.metadata.annotations.as_ref().and_then(|a| a.get(key)).cloned()
+    };
+    // The first version with the fixup's marker (waited for: the recorder may lag the store).
+    history
+        .first("a recorded version with post-clone-state", |p| {
+            annotation(p, "vm.cocoonstack.io/post-clone-state").is_some()
+        })
+        .await;
+    for version in history.versions() {
+        if let Some(state) = annotation(&version, "vm.cocoonstack.io/post-clone-state") {
+            assert!(
+                annotation(&version, ID_KEY).is_some_and(|id| !id.is_empty())
+                    && annotation(&version, IP_KEY).is_some_and(|ip| !ip.is_empty()),
+                "post-clone-state={state} landed before the runtime annotations: {:?}",
+                version.metadata.annotations
+            );
+        }
+    }
+    d.kill().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lifecycle_write_lost_to_an_apiserver_outage_is_reflushed() {
     let env = env(false).await;
