@@ -4,15 +4,16 @@
 //! `vk-cocoon policy eval --from-log LINE` replays a line against another component.
 //!
 //! Off by default; then a decision pays one branch. On, a decision only hands its facts and
-//! answer (cloned) to a bounded queue; a writer thread turns them into lines and writes them in
-//! batches (one `write` per batch, so lines never interleave). A full queue never blocks a
+//! answer (cloned) to a bounded queue; a writer thread serializes them straight into their
+//! lines ([`contract_json`]: renamed, redacted and cut on the fly, no JSON tree) and writes them
+//! in batches (one `write` per batch, so lines never interleave). A full queue never blocks a
 //! decision: the record is dropped and counted (`cocoon_vk_policy_decision_log_dropped_total`).
 //! Dropping the log writes what is queued; [`DecisionLog::flush`] waits for it.
 //!
 //! The file holds what pods carry, so it is the daemon's alone: created 0600 (an existing one is
 //! narrowed to 0600), never opened through a symbolic link (a link planted at the path would
 //! have the daemon append to any file it can write), and values that look like secrets are not
-//! copied into it ([`redact_secrets`]).
+//! copied into it ([`looks_secret`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -27,8 +28,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use self::contract_json::{Scratch, write_contract_json};
 use super::error::DecisionError;
-use super::input::to_contract_json;
 use super::loaded::LoadedPolicy;
 use super::slots::{PolicySlot, Slot};
 
@@ -67,7 +68,7 @@ pub struct DecisionRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub facts_truncated: bool,
     /// Some values looked like secrets and are logged as their length and digest
-    /// ([`redact_secrets`]): a replay is of the redacted facts.
+    /// ([`looks_secret`]): a replay is of the redacted facts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub facts_redacted: bool,
     /// The decision the daemon acted on (the fail-safe one when the policy failed).
@@ -131,10 +132,19 @@ impl LogTarget {
     }
 }
 
+mod contract_json;
+
+/// A record handed to the writer thread, which serializes it into its line.
+trait Pending: Send {
+    /// Appends the record's JSON (one object, no newline) to `out`; `epoch` is the log's, for
+    /// the record's id. An error may leave part of it in `out`.
+    fn write_json(&self, epoch: &str, out: &mut Vec<u8>, scratch: &mut Scratch) -> Result<(), serde_json::Error>;
+}
+
 /// What the writer thread is asked to do.
 enum Job {
-    /// Build a record (off the decision path) and write it.
-    Record(Box<dyn FnOnce() -> DecisionRecord + Send>),
+    /// Write a record (serialized off the decision path).
+    Record(Box<dyn Pending>),
     /// Answer once every record queued before has been written.
     Flush(SyncSender<()>),
 }
@@ -172,16 +182,17 @@ impl DecisionLog {
             file: Mutex::new(file),
         });
         let (queue, jobs) = std::sync::mpsc::sync_channel(QUEUE_CAPACITY);
-        let writer = std::thread::Builder::new().name("decision-log".into()).spawn({
-            let sink = sink.clone();
-            move || write_jobs(&sink, &jobs)
-        })?;
         let started = chrono::Utc::now().timestamp_micros();
+        let epoch: Arc<str> = format!("{started:x}").into();
+        let writer = std::thread::Builder::new().name("decision-log".into()).spawn({
+            let (sink, epoch) = (sink.clone(), epoch.clone());
+            move || write_jobs(&sink, &epoch, &jobs)
+        })?;
         Ok(DecisionLog {
             sink,
             queue: Some(queue),
             writer: Some(writer),
-            epoch: format!("{started:x}").into(),
+            epoch,
             sequence: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             dropped_metric: OnceLock::new(),
@@ -239,10 +250,10 @@ impl DecisionLog {
         finished.recv_timeout(left).is_ok()
     }
 
-    /// Queues a record built later by `build`; never blocks. A full queue drops it, counted.
-    fn enqueue(&self, build: Box<dyn FnOnce() -> DecisionRecord + Send>) {
+    /// Queues a record for the writer; never blocks. A full queue drops it, counted.
+    fn enqueue(&self, record: Box<dyn Pending>) {
         let Some(queue) = &self.queue else { return };
-        match queue.try_send(Job::Record(build)) {
+        match queue.try_send(Job::Record(record)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
@@ -276,10 +287,10 @@ impl Drop for DecisionLog {
     }
 }
 
-/// The writer thread: takes what is queued (up to [`BATCH_LINES`] at a time), builds the lines
-/// into one buffer (kept from batch to batch) and writes them together, then answers the flushes
-/// that were among them.
-fn write_jobs(sink: &Sink, jobs: &Receiver<Job>) {
+/// The writer thread: takes what is queued (up to [`BATCH_LINES`] at a time), serializes the
+/// lines into one buffer (kept from batch to batch) and writes them together, then answers the
+/// flushes that were among them.
+fn write_jobs(sink: &Sink, epoch: &str, jobs: &Receiver<Job>) {
     let mut lines = Lines::default();
     while let Ok(first) = jobs.recv() {
         lines.clear();
@@ -287,7 +298,7 @@ fn write_jobs(sink: &Sink, jobs: &Receiver<Job>) {
         let mut next = Some(first);
         while let Some(job) = next {
             match job {
-                Job::Record(build) => lines.push(&build()),
+                Job::Record(record) => lines.push_pending(epoch, record.as_ref()),
                 Job::Flush(done) => flushes.push(done),
             }
             next = if lines.len() < BATCH_LINES {
@@ -314,12 +325,31 @@ fn record_id(epoch: &str, sequence: u64) -> String {
 struct Lines {
     bytes: Vec<u8>,
     ends: Vec<usize>,
+    /// The serializer's buffers, kept from line to line.
+    scratch: Scratch,
 }
 
 impl Lines {
     /// Appends `record` as one JSON line.
     fn push(&mut self, record: &DecisionRecord) {
         serde_json::to_writer(&mut self.bytes, record).expect("JSON of a decision record");
+        self.end_line();
+    }
+
+    /// Appends a queued record as one JSON line. One that cannot be serialized (a value
+    /// `serde_json` would refuse too) is left out, said by tracing: logging never fails.
+    fn push_pending(&mut self, epoch: &str, record: &dyn Pending) {
+        let start = self.bytes.len();
+        match record.write_json(epoch, &mut self.bytes, &mut self.scratch) {
+            Ok(()) => self.end_line(),
+            Err(error) => {
+                self.bytes.truncate(start);
+                tracing::warn!(%error, "a decision could not be logged: its facts do not serialize to JSON");
+            }
+        }
+    }
+
+    fn end_line(&mut self) {
         self.bytes.push(b'\n');
         self.ends.push(self.bytes.len());
     }
@@ -452,7 +482,8 @@ fn open_append(path: &PathBuf) -> std::io::Result<(File, u64)> {
 
 impl DecisionLog {
     /// Logs one decision of `policy` (called after the daemon has its decision). The decision
-    /// path only clones what the record needs; the writer thread builds it.
+    /// path only takes a sequence number and the time and clones the facts and the decision
+    /// (the caller keeps its own); the writer thread makes the line.
     pub(crate) fn decision<S: PolicySlot>(
         &self,
         policy: &Arc<LoadedPolicy<S>>,
@@ -461,81 +492,68 @@ impl DecisionLog {
         failure: Option<&DecisionError>,
         elapsed: Duration,
     ) {
-        // The id's text is made by the writer thread: the decision only counts.
-        let (epoch, sequence) = (self.epoch.clone(), self.sequence.fetch_add(1, Ordering::Relaxed));
-        let time = chrono::Utc::now();
-        let (policy, facts, decision) = (policy.clone(), facts.clone(), decision.clone());
-        let fail_safe = failure.map(|error| FailSafe {
-            error: error.metric_label().to_string(),
-            detail: error.to_string(),
-        });
-        self.enqueue(Box::new(move || {
-            record_of(
-                record_id(&epoch, sequence),
-                time,
-                &policy,
-                &facts,
-                &decision,
-                fail_safe,
-                elapsed,
-            )
+        self.enqueue(Box::new(Decided::<S> {
+            sequence: self.sequence.fetch_add(1, Ordering::Relaxed),
+            time: chrono::Utc::now(),
+            policy: policy.clone(),
+            facts: facts.clone(),
+            decision: decision.clone(),
+            fail_safe: failure.map(|error| FailSafe {
+                error: error.metric_label().to_string(),
+                detail: error.to_string(),
+            }),
+            elapsed,
         }));
     }
 }
 
-/// The record of one decision (built on the writer thread): the facts in the contract's shape,
-/// secrets redacted and long strings cut.
-fn record_of<S: PolicySlot>(
-    id: String,
+/// One decision on its way to the log.
+struct Decided<S: PolicySlot> {
+    sequence: u64,
     time: chrono::DateTime<chrono::Utc>,
-    policy: &LoadedPolicy<S>,
-    facts: &S::Facts,
-    decision: &S::Decision,
+    policy: Arc<LoadedPolicy<S>>,
+    facts: S::Facts,
+    decision: S::Decision,
     fail_safe: Option<FailSafe>,
     elapsed: Duration,
-) -> DecisionRecord {
-    let (facts, facts_redacted) = redact_secrets(to_contract_json(facts));
-    let (facts, facts_truncated) = cut_long_strings(facts);
-    DecisionRecord {
-        id,
-        time: rfc3339(time),
-        slot: S::SLOT,
-        component: format!("sha256:{}", policy.digest()),
-        source: policy.origin().source(),
-        contract: policy.version().to_string(),
-        facts,
-        facts_truncated,
-        facts_redacted,
-        decision: to_contract_json(decision),
-        fail_safe,
-        latency_us: micros(elapsed),
-    }
 }
 
-/// `facts` with every string longer than [`FACT_STRING_CUT`] bytes cut (at a char boundary) and
-/// marked; whether any was.
-pub fn cut_long_strings(facts: Value) -> (Value, bool) {
-    fn walk(value: &mut Value, cut: &mut bool) {
-        match value {
-            Value::String(text) if text.len() > FACT_STRING_CUT => {
-                let mut end = FACT_STRING_CUT;
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let total = text.len();
-                text.truncate(end);
-                text.push_str(&format!("…[cut: {total} bytes]"));
-                *cut = true;
-            }
-            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, cut)),
-            Value::Object(map) => map.values_mut().for_each(|v| walk(v, cut)),
-            _ => {}
+impl<S: PolicySlot> Pending for Decided<S> {
+    /// The line [`DecisionRecord`] serializes to — its fields, names and order — with the facts
+    /// in the contract's shape, secrets redacted and long strings cut, written as it is made.
+    fn write_json(&self, epoch: &str, out: &mut Vec<u8>, scratch: &mut Scratch) -> Result<(), serde_json::Error> {
+        let policy = &self.policy;
+        out.extend_from_slice(br#"{"id":"#);
+        serde_json::to_writer(&mut *out, &format_args!("{epoch}-{}", self.sequence))?;
+        out.extend_from_slice(br#","time":"#);
+        serde_json::to_writer(&mut *out, &rfc3339(self.time))?;
+        out.extend_from_slice(br#","slot":"#);
+        serde_json::to_writer(&mut *out, &S::SLOT)?;
+        out.extend_from_slice(br#","component":"#);
+        serde_json::to_writer(&mut *out, &format_args!("sha256:{}", policy.digest()))?;
+        out.extend_from_slice(br#","source":"#);
+        serde_json::to_writer(&mut *out, &policy.origin().source())?;
+        out.extend_from_slice(br#","contract":"#);
+        serde_json::to_writer(&mut *out, &format_args!("{}", policy.version()))?;
+        out.extend_from_slice(br#","facts":"#);
+        let shaped = write_contract_json(out, scratch, &self.facts, true)?;
+        if shaped.cut {
+            out.extend_from_slice(br#","facts-truncated":true"#);
         }
+        if shaped.redacted {
+            out.extend_from_slice(br#","facts-redacted":true"#);
+        }
+        out.extend_from_slice(br#","decision":"#);
+        write_contract_json(out, scratch, &self.decision, false)?;
+        if let Some(fail_safe) = &self.fail_safe {
+            out.extend_from_slice(br#","fail-safe":"#);
+            serde_json::to_writer(&mut *out, fail_safe)?;
+        }
+        out.extend_from_slice(br#","latency-us":"#);
+        serde_json::to_writer(&mut *out, &micros(self.elapsed))?;
+        out.push(b'}');
+        Ok(())
     }
-    let mut facts = facts;
-    let mut cut = false;
-    walk(&mut facts, &mut cut);
-    (facts, cut)
 }
 
 /// Words of a key that mark its value as a secret: cloud-init user data, passwords, tokens,
@@ -593,6 +611,11 @@ pub fn looks_secret(key: &str) -> bool {
 }
 
 /// What the log keeps of a secret: its length and the start of its SHA-256.
+///
+/// The rule ([`contract_json`] applies it): a string is redacted when the key of its object
+/// looks secret ([`looks_secret`]), except in the contract's `{key, value}` records (an
+/// annotation, a label, a node selector: an object of exactly those two strings), where the
+/// `value` is redacted when the record's `key` looks secret — and the key itself is kept.
 fn redacted(value: &str) -> String {
     let digest = crate::policy::cache::sha256_hex(value.as_bytes());
     format!(
@@ -600,43 +623,6 @@ fn redacted(value: &str) -> String {
         value.len(),
         &digest[..REDACTED_DIGEST_HEX]
     )
-}
-
-/// `facts` with the value of every secret-looking key replaced by `redacted`, and whether any
-/// was. A key is an annotation's, label's or node selector's (the contract's `{key, value}`
-/// records) or an object field's name ([`looks_secret`]).
-pub fn redact_secrets(facts: Value) -> (Value, bool) {
-    fn walk(value: &mut Value, redacted_any: &mut bool) {
-        match value {
-            Value::Object(map) => {
-                let pair = map.len() == 2 && map.get("value").is_some_and(Value::is_string);
-                if let Some(key) = map.get("key").and_then(Value::as_str).filter(|_| pair) {
-                    if looks_secret(key)
-                        && let Some(Value::String(text)) = map.get_mut("value")
-                    {
-                        *text = redacted(text);
-                        *redacted_any = true;
-                    }
-                    return;
-                }
-                for (field, inner) in map.iter_mut() {
-                    match inner {
-                        Value::String(text) if looks_secret(field) => {
-                            *text = redacted(text);
-                            *redacted_any = true;
-                        }
-                        other => walk(other, redacted_any),
-                    }
-                }
-            }
-            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, redacted_any)),
-            _ => {}
-        }
-    }
-    let mut facts = facts;
-    let mut any = false;
-    walk(&mut facts, &mut any);
-    (facts, any)
 }
 
 /// `time` for a record: now, RFC 3339 with microseconds.
@@ -657,6 +643,113 @@ pub fn micros(elapsed: Duration) -> u64 {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The facts pipeline the lines were made with before [`contract_json`] (a `Value` tree,
+    /// renamed, redacted, then cut), kept as the reference the streaming lines are compared
+    /// with.
+    mod tree {
+        use super::super::*;
+        use crate::policy::input::to_contract_json;
+
+        /// The record of one decision, as that pipeline built it.
+        pub fn record_of<S: PolicySlot>(
+            id: String,
+            time: chrono::DateTime<chrono::Utc>,
+            policy: &LoadedPolicy<S>,
+            facts: &S::Facts,
+            decision: &S::Decision,
+            fail_safe: Option<FailSafe>,
+            elapsed: Duration,
+        ) -> DecisionRecord {
+            let (facts, facts_redacted) = redact_secrets(to_contract_json(facts));
+            let (facts, facts_truncated) = cut_long_strings(facts);
+            DecisionRecord {
+                id,
+                time: rfc3339(time),
+                slot: S::SLOT,
+                component: format!("sha256:{}", policy.digest()),
+                source: policy.origin().source(),
+                contract: policy.version().to_string(),
+                facts,
+                facts_truncated,
+                facts_redacted,
+                decision: to_contract_json(decision),
+                fail_safe,
+                latency_us: micros(elapsed),
+            }
+        }
+
+        /// `facts` with every string longer than [`FACT_STRING_CUT`] bytes cut (at a char
+        /// boundary) and marked; whether any was.
+        pub fn cut_long_strings(facts: Value) -> (Value, bool) {
+            fn walk(value: &mut Value, cut: &mut bool) {
+                match value {
+                    Value::String(text) if text.len() > FACT_STRING_CUT => {
+                        let mut end = FACT_STRING_CUT;
+                        while !text.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        let total = text.len();
+                        text.truncate(end);
+                        text.push_str(&format!("…[cut: {total} bytes]"));
+                        *cut = true;
+                    }
+                    Value::Array(items) => items.iter_mut().for_each(|v| walk(v, cut)),
+                    Value::Object(map) => map.values_mut().for_each(|v| walk(v, cut)),
+                    _ => {}
+                }
+            }
+            let mut facts = facts;
+            let mut cut = false;
+            walk(&mut facts, &mut cut);
+            (facts, cut)
+        }
+
+        /// `facts` with the value of every secret-looking key replaced by `redacted`, and whether any
+        /// was. A key is an annotation's, label's or node selector's (the contract's `{key, value}`
+        /// records) or an object field's name ([`looks_secret`]).
+        pub fn redact_secrets(facts: Value) -> (Value, bool) {
+            fn walk(value: &mut Value, redacted_any: &mut bool) {
+                match value {
+                    Value::Object(map) => {
+                        let pair = map.len() == 2 && map.get("value").is_some_and(Value::is_string);
+                        if let Some(key) = map.get("key").and_then(Value::as_str).filter(|_| pair) {
+                            if looks_secret(key)
+                                && let Some(Value::String(text)) = map.get_mut("value")
+                            {
+                                *text = redacted(text);
+                                *redacted_any = true;
+                            }
+                            return;
+                        }
+                        for (field, inner) in map.iter_mut() {
+                            match inner {
+                                Value::String(text) if looks_secret(field) => {
+                                    *text = redacted(text);
+                                    *redacted_any = true;
+                                }
+                                other => walk(other, redacted_any),
+                            }
+                        }
+                    }
+                    Value::Array(items) => items.iter_mut().for_each(|v| walk(v, redacted_any)),
+                    _ => {}
+                }
+            }
+            let mut facts = facts;
+            let mut any = false;
+            walk(&mut facts, &mut any);
+            (facts, any)
+        }
+    }
+    use tree::{cut_long_strings, record_of, redact_secrets};
+
+    /// A ready record queued as it is (the tests' records are not decisions).
+    impl Pending for DecisionRecord {
+        fn write_json(&self, _epoch: &str, out: &mut Vec<u8>, _scratch: &mut Scratch) -> Result<(), serde_json::Error> {
+            serde_json::to_writer(out, self)
+        }
+    }
 
     fn record(log: &DecisionLog, facts: Value) -> DecisionRecord {
         let (facts, facts_truncated) = cut_long_strings(facts);
@@ -683,7 +776,7 @@ mod tests {
             .map(|_| {
                 let record = record(log, json!({"name": "vm1"}));
                 let id = record.id.clone();
-                log.enqueue(Box::new(move || record));
+                log.enqueue(Box::new(record));
                 id
             })
             .collect()
@@ -772,7 +865,7 @@ mod tests {
         let offered = QUEUE_CAPACITY + BATCH_LINES + 50;
         for _ in 0..offered {
             let record = record(&log, json!({"name": "vm1"}));
-            log.enqueue(Box::new(move || record));
+            log.enqueue(Box::new(record));
         }
         let dropped = log.dropped();
         assert!(dropped >= 50, "the queue holds {QUEUE_CAPACITY}: {dropped} dropped");
@@ -836,11 +929,11 @@ mod tests {
         );
     }
 
-    /// A decision's facts reach the line as the contract's JSON (every key renamed `_` → `-`,
-    /// keys in order), secrets redacted and long strings cut: the same value the straightforward
-    /// pipeline (a full rebuild of every map) gives.
+    /// A decision's line, serialized straight from its facts and decision, is byte for byte the
+    /// line of the record the tree pipeline builds (the contract's JSON: every key renamed
+    /// `_` → `-`, keys in order, secrets redacted, long strings cut), on a real decision.
     #[test]
-    fn a_decisions_facts_are_logged_in_the_contracts_shape() {
+    fn a_decisions_line_is_the_tree_pipelines_line() {
         use crate::policy::input::{DecisionInput, facts_for};
         use crate::policy::slots::BringUp;
         use crate::policy::{PolicyEngine, SandboxLimits};
@@ -857,7 +950,7 @@ mod tests {
             }
         }
         let engine = PolicyEngine::new(SandboxLimits::default()).unwrap();
-        let policy = LoadedPolicy::<BringUp>::builtin(&engine, None).unwrap();
+        let policy = Arc::new(LoadedPolicy::<BringUp>::builtin(&engine, None).unwrap());
         let long = "x".repeat(FACT_STRING_CUT + 10);
         let input: DecisionInput = serde_yaml_ng::from_str(&format!(
             "{{pod: {{metadata: {{namespace: ns, name: p, annotations: {{vm.cocoonstack.io/name: vm1, cocoonset.cocoonstack.io/managed: 'true', cocoonset.cocoonstack.io/image: 'snap:v1', example.com/api-token: hunter2, example.com/blob: {long}}}}}}}, host: {{registry-configured: true}}}}"
@@ -868,13 +961,17 @@ mod tests {
         let time = chrono::DateTime::parse_from_rfc3339("2026-12-06T05:00:00.123456Z")
             .unwrap()
             .with_timezone(&chrono::Utc);
+        let fail_safe = FailSafe {
+            error: "timeout".into(),
+            detail: "took \"10\" ms".into(),
+        };
         let record = record_of(
             "e-1".into(),
             time,
             &policy,
             &facts,
             &decision,
-            None,
+            Some(fail_safe.clone()),
             Duration::from_micros(5),
         );
         let (expected, redacted_any) = redact_secrets(renamed(serde_json::to_value(&facts).unwrap()));
@@ -883,11 +980,200 @@ mod tests {
         assert_eq!(record.facts, expected);
         assert!(record.facts_redacted && record.facts_truncated);
         assert_eq!(record.decision, renamed(serde_json::to_value(&decision).unwrap()));
-        assert_eq!(record.time, "2026-12-06T05:00:00.123456Z");
-        assert_eq!(record.latency_us, 5);
-        let text = serde_json::to_string(&record.facts).unwrap();
-        assert!(text.contains("registry-configured") && !text.contains('_'), "{text}");
-        assert!(!text.contains("hunter2"), "{text}");
+
+        let decided = Decided::<BringUp> {
+            sequence: 1,
+            time,
+            policy: policy.clone(),
+            facts,
+            decision,
+            fail_safe: Some(fail_safe),
+            elapsed: Duration::from_micros(5),
+        };
+        let mut lines = Lines::default();
+        lines.push_pending("e", &decided);
+        let line = String::from_utf8(lines.bytes.clone()).unwrap();
+        assert_eq!(line, format!("{}\n", serde_json::to_string(&record).unwrap()));
+        assert!(line.contains("registry-configured") && !line.contains('_'), "{line}");
+        assert!(!line.contains("hunter2"), "{line}");
+        // The buffers are reused: a second line is the same line again.
+        lines.push_pending("e", &decided);
+        assert_eq!(String::from_utf8(lines.bytes).unwrap(), line.repeat(2));
+    }
+
+    /// Every kind of value serde can hand the log, through the streaming serializer and through
+    /// the tree pipeline: the same JSON, byte for byte, and the same cut / redacted flags — keys
+    /// whose order changes with the renaming, secret-looking fields, `{key, value}` records in
+    /// either field order (and objects that only look like one), unit variants under secret
+    /// keys, variants of every shape, maps, duplicate keys, long strings (in arrays too, cut at a
+    /// char boundary), a long secret, escapes.
+    #[test]
+    fn every_kind_of_value_is_shaped_as_the_tree_pipeline_shapes_it() {
+        use crate::policy::input::to_contract_json;
+        use serde::ser::SerializeMap;
+        use std::collections::BTreeMap;
+
+        #[derive(Serialize)]
+        struct Pair {
+            key: String,
+            value: String,
+        }
+        #[derive(Serialize)]
+        struct ValueFirst {
+            value: String,
+            key: String,
+        }
+        #[derive(Serialize)]
+        struct Triple {
+            key: String,
+            value: String,
+            extra: u8,
+        }
+        #[derive(Serialize)]
+        struct PairNumber {
+            key: String,
+            value: u32,
+        }
+        #[derive(Serialize)]
+        enum Choice {
+            Plain,
+            Found {
+                recorded_image: String,
+                source_kind: Option<String>,
+            },
+            Token(String),
+            Both(u8, String),
+            Nested(Box<Choice>),
+        }
+        /// A map that names one key twice (the last value wins, as in a JSON map).
+        struct Duplicates;
+        impl Serialize for Duplicates {
+            fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
+                let mut map = serializer.serialize_map(None)?;
+                map.serialize_entry("same_key", "first")?;
+                map.serialize_entry("other", &1)?;
+                map.serialize_entry("same-key", "second")?;
+                map.end()
+            }
+        }
+        #[derive(Serialize)]
+        struct Every {
+            zeta_last: u32,
+            // `a-b` sorts before `aB`, `a_b` after it: the order is the renamed keys'.
+            a_b: &'static str,
+            #[serde(rename = "aB")]
+            a_upper: bool,
+            api_token: String,
+            user_data: Option<String>,
+            key: String,
+            key_kind: Choice,
+            annotations: Vec<Pair>,
+            value_first: Vec<ValueFirst>,
+            triple: Triple,
+            pair_number: PairNumber,
+            long_list: Vec<String>,
+            db_password: String,
+            map: BTreeMap<String, u32>,
+            found: Choice,
+            token: Vec<Choice>,
+            both: Choice,
+            nested: Choice,
+            duplicates: Duplicates,
+            unit: (),
+            none: Option<u8>,
+            negative: i64,
+            big: u64,
+            letter: char,
+            escaped: String,
+            tuple: (u8, String, bool),
+            empty_list: Vec<u8>,
+            empty_map: BTreeMap<String, u8>,
+            deep: Vec<Vec<Pair>>,
+        }
+        let long = "y".repeat(FACT_STRING_CUT + 1);
+        let long_multibyte = format!("{}é{}", "z".repeat(FACT_STRING_CUT - 1), "w".repeat(20));
+        let pair = |key: &str, value: &str| Pair {
+            key: key.into(),
+            value: value.into(),
+        };
+        let every = Every {
+            zeta_last: 7,
+            a_b: "dash",
+            a_upper: true,
+            api_token: "t0k3n".into(),
+            user_data: Some("#cloud-config".into()),
+            key: "lone key".into(),
+            key_kind: Choice::Plain,
+            annotations: vec![
+                pair("example.com/db-password", "hunter2"),
+                pair("vm.cocoonstack.io/name", &long),
+                pair(&long, "a long key is cut, not redacted"),
+                pair("cloud-init", &long),
+            ],
+            value_first: vec![ValueFirst {
+                value: "hunter3".into(),
+                key: "api-key".into(),
+            }],
+            triple: Triple {
+                key: "password".into(),
+                value: "kept".into(),
+                extra: 1,
+            },
+            pair_number: PairNumber {
+                key: "password".into(),
+                value: 5,
+            },
+            long_list: vec![long.clone(), long_multibyte, "short".into()],
+            db_password: long.clone(),
+            map: BTreeMap::from([
+                ("b_x".into(), 1),
+                ("b-a".into(), 2),
+                ("bZ".into(), 3),
+                ("secret_key".into(), 4),
+            ]),
+            found: Choice::Found {
+                recorded_image: "img".into(),
+                source_kind: None,
+            },
+            token: vec![Choice::Token("s3cret".into()), Choice::Plain],
+            both: Choice::Both(1, long.clone()),
+            nested: Choice::Nested(Box::new(Choice::Found {
+                recorded_image: long.clone(),
+                source_kind: Some("registry".into()),
+            })),
+            duplicates: Duplicates,
+            unit: (),
+            none: None,
+            negative: -5,
+            big: u64::MAX,
+            letter: 'é',
+            escaped: "quote\" backslash\\ newline\n tab\t nul\u{0} ☃".into(),
+            tuple: (1, "two".into(), false),
+            empty_list: vec![],
+            empty_map: BTreeMap::new(),
+            deep: vec![vec![pair("token", "deep secret"), pair("name", "x")], vec![]],
+        };
+        let (tree, redacted_any) = redact_secrets(to_contract_json(&every));
+        let (tree, cut_any) = cut_long_strings(tree);
+        let mut out = b"prefix:".to_vec();
+        let mut scratch = Scratch::default();
+        let shaped = write_contract_json(&mut out, &mut scratch, &every, true).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("prefix:{}", serde_json::to_string(&tree).unwrap())
+        );
+        assert_eq!((shaped.cut, shaped.redacted), (cut_any, redacted_any));
+        assert!(cut_any && redacted_any);
+        // Without the facts' rules (a decision's JSON): renamed and ordered only.
+        let mut out = Vec::new();
+        let shaped = write_contract_json(&mut out, &mut scratch, &every, false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            serde_json::to_string(&to_contract_json(&every)).unwrap()
+        );
+        assert_eq!((shaped.cut, shaped.redacted), (false, false));
+        // Nothing is left behind in the buffers between values.
+        assert!(scratch.is_empty());
     }
 
     /// Rotation inside one batch of the writer thread: every line lands whole, in order, and the

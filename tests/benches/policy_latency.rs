@@ -214,6 +214,12 @@ fn idle_wakeups(engine: &PolicyEngine) {
 /// The daemon's decision path (`Policies::decide`: metrics, fail-safe handling) with the
 /// decision log off — the default, one branch — beside the same path logging every decision to
 /// a file (VK_DECISION_LOG=path) on the same facts, interleaved per block so drift hits both.
+///
+/// Before each *off* block the bench waits until the log's writer has written every record of
+/// the *on* blocks before it (`DecisionLog::flush`, which answers once the writer reaches a
+/// marker queued behind them): a writer still working off a backlog would otherwise share the
+/// cores with the baseline, and the baseline must be free of the log. The *on* blocks pay the
+/// writer's work as the daemon does, concurrently.
 fn decision_log_cost() {
     use vk_cocoon::policy::decision_log::{DecisionLog, LogTarget};
     let dir = tempfile::tempdir().expect("temp dir");
@@ -234,8 +240,13 @@ fn decision_log_cost() {
         black_box(off.decide::<BringUp>(black_box(&facts)));
         black_box(on.decide::<BringUp>(black_box(&facts)));
     }
+    let log = on.decision_log().expect("the log is on");
     let (mut off_times, mut on_times) = (Vec::new(), Vec::new());
     for _ in 0..10 {
+        assert!(
+            log.flush(),
+            "the decision log's writer did not catch up within its flush wait"
+        );
         off_times.push(measure(
             || {
                 black_box(off.decide::<BringUp>(black_box(&facts)));
@@ -268,8 +279,7 @@ fn decision_log_cost() {
         on99.as_secs_f64() / off99.as_secs_f64()
     );
     // A ratio bought by dropping records would be no ratio: say how many lines were written.
-    on.flush_decision_log();
-    let log = on.decision_log().expect("the log is on");
+    assert!(log.flush(), "the decision log's writer did not catch up");
     let written = std::fs::read_to_string(dir.path().join("decisions.jsonl"))
         .map(|text| text.lines().count())
         .unwrap_or(0);
