@@ -5,7 +5,7 @@
 //!
 //! Off by default; then a decision pays one branch. On, a decision only hands its facts and
 //! answer (cloned) to a bounded queue; a writer thread serializes them straight into their
-//! lines ([`contract_json`]: renamed, redacted and cut on the fly, no JSON tree) and writes them
+//! lines (`contract_json`: renamed, redacted and cut on the fly, no JSON tree) and writes them
 //! in batches (one `write` per batch, so lines never interleave). A full queue never blocks a
 //! decision: the record is dropped and counted (`cocoon_vk_policy_decision_log_dropped_total`).
 //! Dropping the log writes what is queued; [`DecisionLog::flush`] waits for it.

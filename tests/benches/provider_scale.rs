@@ -254,6 +254,16 @@ fn shared(pods: Vec<Pod>) -> Vec<Arc<Pod>> {
     pods.into_iter().map(Arc::new).collect()
 }
 
+/// Creates (in the apiserver) a managed clone-mode pod `name` of the warm image, VM `vm-<name>`.
+async fn create_clone_pod(env: &Env, name: &str) -> Arc<Pod> {
+    let pod = managed(
+        name,
+        &format!("vm-{name}"),
+        &[("cocoonset.cocoonstack.io/image", "base")],
+    );
+    Arc::new(create(env, &pod).await)
+}
+
 fn main() {
     if let Some(sim) = locate_sim() {
         println!("cocoon-sim: {}", sim.display());
@@ -391,26 +401,10 @@ async fn run() {
     let mut new_pods = Vec::with_capacity(n_creates);
     for i in 0..n_creates {
         let name = format!("c-{i}");
-        new_pods.push(Arc::new(
-            create(
-                &env,
-                &managed(
-                    &name,
-                    &format!("vm-{name}"),
-                    &[("cocoonset.cocoonstack.io/image", "base")],
-                ),
-            )
-            .await,
-        ));
+        new_pods.push(create_clone_pod(&env, &name).await);
     }
     // Warm-up: one create not counted (first policy instantiations, connection pool).
-    let warm = Arc::new(
-        create(
-            &env,
-            &managed("c-warm", "vm-c-warm", &[("cocoonset.cocoonstack.io/image", "base")]),
-        )
-        .await,
-    );
+    let warm = create_clone_pod(&env, "c-warm").await;
     MEASURED.scope((), p.create_pod(&warm)).await.unwrap();
     timed.reset();
     let mut per_pod_overhead = Vec::with_capacity(n_creates);
@@ -441,17 +435,7 @@ async fn run() {
         .expect("the measured pods' Ready was published");
     for i in 0..n_profile {
         let name = format!("s-{i}");
-        let pod = Arc::new(
-            create(
-                &env,
-                &managed(
-                    &name,
-                    &format!("vm-{name}"),
-                    &[("cocoonset.cocoonstack.io/image", "base")],
-                ),
-            )
-            .await,
-        );
+        let pod = create_clone_pod(&env, &name).await;
         let before = timed.spent();
         let rec = stages::Recorder::new(&name);
         stages::set_active(Some(rec.clone()));
