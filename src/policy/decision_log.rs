@@ -625,6 +625,19 @@ fn redacted(value: &str) -> String {
     )
 }
 
+/// What the log keeps of a fact string longer than [`FACT_STRING_CUT`] bytes: its start, cut at
+/// a char boundary, marked with its whole length (`None`: it is kept whole).
+fn cut_fact(text: &str) -> Option<String> {
+    if text.len() <= FACT_STRING_CUT {
+        return None;
+    }
+    let mut end = FACT_STRING_CUT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(format!("{}…[cut: {} bytes]", &text[..end], text.len()))
+}
+
 /// `time` for a record: now, RFC 3339 with microseconds.
 pub fn now_rfc3339() -> String {
     rfc3339(chrono::Utc::now())
@@ -684,15 +697,11 @@ mod tests {
         pub fn cut_long_strings(facts: Value) -> (Value, bool) {
             fn walk(value: &mut Value, cut: &mut bool) {
                 match value {
-                    Value::String(text) if text.len() > FACT_STRING_CUT => {
-                        let mut end = FACT_STRING_CUT;
-                        while !text.is_char_boundary(end) {
-                            end -= 1;
+                    Value::String(text) => {
+                        if let Some(kept) = cut_fact(text) {
+                            *text = kept;
+                            *cut = true;
                         }
-                        let total = text.len();
-                        text.truncate(end);
-                        text.push_str(&format!("…[cut: {total} bytes]"));
-                        *cut = true;
                     }
                     Value::Array(items) => items.iter_mut().for_each(|v| walk(v, cut)),
                     Value::Object(map) => map.values_mut().for_each(|v| walk(v, cut)),

@@ -18,12 +18,12 @@ use serde::Serialize;
 use serde::ser::{self, Error as _, Impossible};
 use serde_json::Error;
 
-use super::{FACT_STRING_CUT, looks_secret, redacted};
+use super::{cut_fact, looks_secret, redacted};
 
 /// What a value's JSON had done to it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Shaped {
-    /// A string was longer than [`FACT_STRING_CUT`] and was cut.
+    /// A string was longer than [`FACT_STRING_CUT`](super::FACT_STRING_CUT) and was cut.
     pub cut: bool,
     /// A value looked like a secret and was redacted.
     pub redacted: bool,
@@ -251,18 +251,14 @@ fn push_renamed(keys: &mut String, key: &str) {
 }
 
 /// Writes `text` as a JSON string, cut (at a char boundary) and marked when it is a fact longer
-/// than [`FACT_STRING_CUT`] bytes.
+/// than [`FACT_STRING_CUT`](super::FACT_STRING_CUT) bytes.
 fn write_cut(out: &mut Vec<u8>, facts: bool, shaped: &mut Shaped, text: &str) {
-    if facts && text.len() > FACT_STRING_CUT {
-        let mut end = FACT_STRING_CUT;
-        while !text.is_char_boundary(end) {
-            end -= 1;
+    match facts.then(|| cut_fact(text)).flatten() {
+        Some(kept) => {
+            serde_json::to_writer(&mut *out, &kept).expect("a string serializes into memory");
+            shaped.cut = true;
         }
-        let cut = format!("{}…[cut: {} bytes]", &text[..end], text.len());
-        serde_json::to_writer(&mut *out, &cut).expect("a string serializes into memory");
-        shaped.cut = true;
-    } else {
-        serde_json::to_writer(&mut *out, text).expect("a string serializes into memory");
+        None => serde_json::to_writer(&mut *out, text).expect("a string serializes into memory"),
     }
 }
 
