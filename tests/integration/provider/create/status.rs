@@ -70,9 +70,7 @@ async fn the_runtime_annotations_land_before_the_guest_fixup_starts() {
     env.server
         .inject_fault(Some(axum::http::Method::PATCH), "/pods/fixup-0", 500, 1);
     wait_ready(&env, "fixup-0").await;
-    let annotation = |p: &k8s_openapi::api::core::v1::Pod, key: &str| {
-        p.metadata.annotations.as_ref().and_then(|a| a.get(key)).cloned()
-    };
+    use vk_test_support::daemon::annotation;
     // The first version with the fixup's marker (waited for: the recorder may lag the store).
     history
         .first("a recorded version with post-clone-state", |p| {
