@@ -7,11 +7,18 @@
 //! user waits for) and the transfer part alone (the pull's and the peer restore's histograms),
 //! the median of `BENCH_ROUNDS` (default 3) interleaved rounds (the shared machine is noisy).
 //!
+//! Both tiers share this machine's cores with their sender (docker-registry, or node A in this
+//! process), so each round also reports the CPU time each side spent: the waking node (the
+//! daemon's threads and the cocoon processes it ran) and the sender (node A's threads, or the
+//! registry process). On two cores, where both tiers are CPU-bound, the wall-clock ratio can
+//! be no better than the ratio of those sums.
+//!
 //! `cargo bench --bench peer_restore --profile dev` (dependencies optimised, this crate and
 //! cocoon-sim not; a release build works the same way). Needs Debian's docker-registry.
 //! `BENCH_MEMORY_MIB` (default 1024) sets the guest memory; the disk is 8 GiB apparent, 64 MiB
 //! of data.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,6 +38,91 @@ const IMAGE: &str = "cocoonset.cocoonstack.io/image";
 const RESTORE: &str = "vm.cocoonstack.io/restore-from-hibernate";
 const TOKEN: &str = "peer-token-for-the-benchmark-0123456789";
 const NODE_A: &str = "node-a";
+
+/// CPU seconds spent so far, split by side: the waking node (the test daemon's threads, named
+/// `daemon`, and the child processes this process has reaped: the cocoon calls) and the sender
+/// (every other thread of this process: node A's peer server; and the docker-registry process).
+/// Per thread, so a thread that ends between two samples takes its time with it; the blocking
+/// pools keep idle threads for seconds, longer than a wake's tail.
+#[derive(Debug, Clone, Default)]
+struct CpuSample {
+    threads: HashMap<u32, (bool, f64)>,
+    children: f64,
+    registry: f64,
+}
+
+/// `(waking, sending)` CPU seconds between `before` and `after`.
+fn cpu_between(before: &CpuSample, after: &CpuSample) -> (f64, f64) {
+    let (mut waking, mut sending) = (after.children - before.children, after.registry - before.registry);
+    for (tid, &(daemon, secs)) in &after.threads {
+        let spent = secs - before.threads.get(tid).map_or(0.0, |&(_, s)| s);
+        if daemon {
+            waking += spent;
+        } else {
+            sending += spent;
+        }
+    }
+    (waking, sending)
+}
+
+/// `(comm, user + system seconds)` of a `/proc/.../stat` line.
+#[allow(unsafe_code)]
+fn stat_cpu(stat: &str) -> Option<(String, f64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((stat[open + 1..close].to_string(), ticks / hz))
+}
+
+#[allow(unsafe_code)]
+fn cpu_sample(registry_pid: Option<u32>) -> CpuSample {
+    let mut threads = HashMap::new();
+    for entry in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Some((comm, secs)) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .as_deref()
+            .and_then(stat_cpu)
+        {
+            threads.insert(tid, (comm == "daemon", secs));
+        }
+    }
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let registry = registry_pid
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .as_deref()
+        .and_then(stat_cpu)
+        .map_or(0.0, |(_, s)| s);
+    CpuSample {
+        threads,
+        children: secs(usage.ru_utime) + secs(usage.ru_stime),
+        registry,
+    }
+}
+
+/// The docker-registry process this bench started (a child of this process).
+fn registry_pid() -> Option<u32> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let close = stat.rfind(')')?;
+        let parent = stat[close + 2..].split_whitespace().nth(1)?;
+        (stat.contains("(docker-registry)") && parent == me).then_some(pid)
+    })
+}
 
 /// Wakes `vm` through a new pod; returns create → Ready. The pod is deleted again (no snapshot
 /// on delete).
@@ -165,10 +257,18 @@ async fn bench() {
     }));
     let last_clone = |env: &Env| calls(env, "vm clone").pop().unwrap();
     let (mut registry_wakes, mut peer_wakes, mut pulls, mut restores) = (vec![], vec![], vec![], vec![]);
+    let registry_pid = registry_pid();
+    assert!(
+        registry_pid.is_some(),
+        "the docker-registry process of this bench was not found"
+    );
+    let (mut registry_cpu, mut peer_cpu) = (vec![], vec![]);
     for round in 0..rounds {
         let pulled = b.provider.metrics().snapshot_pull_duration.get_sample_sum();
         let (reg_vm, peer_vm) = (format!("vm-reg-{round}"), format!("vm-peer-{round}"));
+        let before = cpu_sample(registry_pid);
         registry_wakes.push(wake(&env, &format!("agent-reg-{round}"), &reg_vm).await);
+        registry_cpu.push(cpu_between(&before, &cpu_sample(registry_pid)));
         pulls.push(b.provider.metrics().snapshot_pull_duration.get_sample_sum() - pulled);
         assert_eq!(
             last_clone(&env).last().map(String::as_str),
@@ -176,7 +276,9 @@ async fn bench() {
             "the registry round pulled"
         );
         let restored = metrics.restore_duration.get_sample_sum();
+        let before = cpu_sample(registry_pid);
         peer_wakes.push(wake(&env, &format!("agent-peer-{round}"), &peer_vm).await);
+        peer_cpu.push(cpu_between(&before, &cpu_sample(registry_pid)));
         restores.push(metrics.restore_duration.get_sample_sum() - restored);
         assert_eq!(
             metrics.count("ok"),
@@ -188,12 +290,26 @@ async fn bench() {
             "cloned from the staged directory"
         );
         eprintln!(
-            "round {round}: registry wake {:.2} s (pull {:.2} s), peer wake {:.2} s (restore {:.2} s)",
-            registry_wakes[round], pulls[round], peer_wakes[round], restores[round]
+            "round {round}: registry wake {:.2} s (pull {:.2} s; CPU {:.2} s waking, {:.2} s sending), peer wake {:.2} s (restore {:.2} s; CPU {:.2} s waking, {:.2} s sending)",
+            registry_wakes[round],
+            pulls[round],
+            registry_cpu[round].0,
+            registry_cpu[round].1,
+            peer_wakes[round],
+            restores[round],
+            peer_cpu[round].0,
+            peer_cpu[round].1
         );
     }
     let (registry_wake, pull) = (median(registry_wakes), median(pulls));
     let (peer_wake, peer) = (median(peer_wakes), median(restores));
+    let sides = |cpu: &[(f64, f64)]| {
+        (
+            median(cpu.iter().map(|c| c.0).collect()),
+            median(cpu.iter().map(|c| c.1).collect()),
+        )
+    };
+    let ((registry_waking, registry_sending), (peer_waking, peer_sending)) = (sides(&registry_cpu), sides(&peer_cpu));
 
     let rate = |secs: f64| (data_bytes as f64 / (1 << 20) as f64) / secs;
     println!();
@@ -202,16 +318,16 @@ async fn bench() {
         data_bytes >> 20
     );
     println!("median of {rounds} interleaved rounds");
-    println!("| tier | wake (create → Ready) | transfer | transfer MiB/s |");
-    println!("|---|---|---|---|");
+    println!("| tier | wake (create → Ready) | transfer | transfer MiB/s | CPU, waking node | CPU, sender |");
+    println!("|---|---|---|---|---|---|");
     println!(
-        "| registry (pull + import) | {:.2} s | {:.2} s | {:.0} |",
+        "| registry (pull + import) | {:.2} s | {:.2} s | {:.0} | {registry_waking:.2} s | {registry_sending:.2} s |",
         registry_wake,
         pull,
         rate(pull)
     );
     println!(
-        "| peer (plan + slices, staged) | {:.2} s | {:.2} s | {:.0} |",
+        "| peer (plan + slices, staged) | {:.2} s | {:.2} s | {:.0} | {peer_waking:.2} s | {peer_sending:.2} s |",
         peer_wake,
         peer,
         rate(peer)
@@ -221,6 +337,13 @@ async fn bench() {
         "wake speed-up: {ratio:.2}× (target ≥ 2×: {}); transfer speed-up {:.2}×",
         if ratio >= 2.0 { "met" } else { "NOT met" },
         pull / peer
+    );
+    println!(
+        "CPU of both sides: registry {:.2} s, peer {:.2} s ({:.2}×); of the waking node alone {:.2}×",
+        registry_waking + registry_sending,
+        peer_waking + peer_sending,
+        (registry_waking + registry_sending) / (peer_waking + peer_sending),
+        registry_waking / peer_waking
     );
     stop.cancel();
     let _ = sim.kill_everything();
