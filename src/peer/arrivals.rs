@@ -7,14 +7,28 @@
 //! the hashing threads wait for the range they read next. The transfer's end settles every
 //! wait: [`Arrivals::finish`] lets the hashers read what is there (a range the peer never sent
 //! reads as zeros and fails its digest), [`Arrivals::abort`] stops them.
+//!
+//! The landed bytes themselves are kept too, up to [`HOLD_LIMIT`], until the hasher takes them:
+//! reading a file back from the page cache costs a copy of every byte, which on a busy node is
+//! a large share of a restore's CPU. Only bytes some digest covers are kept (the registry's data
+//! segments of the file); what is not kept (the limit reached while the hasher lags) it reads
+//! from disk as before.
 
+use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex};
 
-/// The landed ranges of one staged file.
+use bytes::Bytes;
+
+/// The most landed bytes one file keeps for its hasher.
+pub const HOLD_LIMIT: usize = 128 << 20;
+
+/// The landed ranges of one staged file, and landed bytes its hasher has yet to take.
 #[derive(Debug, Default)]
 pub struct Arrivals {
     state: Mutex<State>,
     changed: Condvar,
+    /// The `(offset, length)` ranges whose bytes are kept (sorted, disjoint); none by default.
+    kept: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -22,6 +36,9 @@ struct State {
     /// Sorted, non-overlapping, non-adjacent `(start, end)` ranges.
     landed: Vec<(u64, u64)>,
     end: Option<End>,
+    /// Kept bytes by file offset (disjoint).
+    held: BTreeMap<u64, Bytes>,
+    held_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,15 +54,80 @@ enum End {
 pub struct Aborted;
 
 impl Arrivals {
+    /// Arrivals that keep the landed bytes of `ranges` (`(offset, length)`, sorted, disjoint) for
+    /// [`Self::take`].
+    pub fn keeping(ranges: Vec<(u64, u64)>) -> Self {
+        Self {
+            kept: ranges,
+            ..Self::default()
+        }
+    }
+
     /// Records `[offset, offset + length)` as on disk.
     pub fn land(&self, offset: u64, length: u64) {
+        self.land_bytes_of(offset, length, Vec::new());
+    }
+
+    /// Records `frames`, laid end to end from `offset`, as on disk, and keeps their bytes that
+    /// lie in the kept ranges while the limit allows.
+    pub fn land_bytes(&self, offset: u64, frames: Vec<Bytes>) {
+        let length = frames.iter().map(|f| f.len() as u64).sum();
+        self.land_bytes_of(offset, length, frames);
+    }
+
+    fn land_bytes_of(&self, offset: u64, length: u64, frames: Vec<Bytes>) {
         if length == 0 {
             return;
         }
         let mut state = self.state.lock().expect("arrivals lock");
+        let mut at = offset;
+        for frame in frames {
+            let end = at + frame.len() as u64;
+            for (start, stop) in within(&self.kept, at, end) {
+                if state.held_bytes + (stop - start) as usize > HOLD_LIMIT {
+                    break;
+                }
+                let piece = frame.slice((start - at) as usize..(stop - at) as usize);
+                state.held_bytes += piece.len();
+                if let Some(old) = state.held.insert(start, piece) {
+                    state.held_bytes -= old.len();
+                }
+            }
+            at = end;
+        }
         merge(&mut state.landed, (offset, offset + length));
         drop(state);
         self.changed.notify_all();
+    }
+
+    /// Removes and returns the kept bytes within `[start, end)`, in order, each with its offset;
+    /// the parts of kept pieces outside the range stay kept. The caller reads the gaps from disk.
+    pub fn take(&self, start: u64, end: u64) -> Vec<(u64, Bytes)> {
+        let mut state = self.state.lock().expect("arrivals lock");
+        let first = match state.held.range(..start).next_back() {
+            Some((&at, piece)) if at + piece.len() as u64 > start => at,
+            _ => start,
+        };
+        let keys: Vec<u64> = state.held.range(first..end).map(|(&at, _)| at).collect();
+        let mut taken = Vec::with_capacity(keys.len());
+        for at in keys {
+            let piece = state.held.remove(&at).expect("listed above");
+            state.held_bytes -= piece.len();
+            let stop = at + piece.len() as u64;
+            let (from, to) = (at.max(start), stop.min(end));
+            if at < from {
+                let before = piece.slice(..(from - at) as usize);
+                state.held_bytes += before.len();
+                state.held.insert(at, before);
+            }
+            if to < stop {
+                let after = piece.slice((to - at) as usize..);
+                state.held_bytes += after.len();
+                state.held.insert(to, after);
+            }
+            taken.push((from, piece.slice((from - at) as usize..(to - at) as usize)));
+        }
+        taken
     }
 
     /// Blocks until `[offset, offset + length)` has landed or the transfer ended; `Err` when it
@@ -90,6 +172,16 @@ fn merge(landed: &mut Vec<(u64, u64)>, (mut start, mut end): (u64, u64)) {
         last += 1;
     }
     landed.splice(first..last, [(start, end)]);
+}
+
+/// The parts of `[start, end)` inside `ranges` (`(offset, length)`, sorted, disjoint), as
+/// `(start, end)` pairs.
+fn within(ranges: &[(u64, u64)], start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let first = ranges.partition_point(|&(o, l)| o + l <= start);
+    ranges[first..]
+        .iter()
+        .take_while(move |&&(o, _)| o < end)
+        .map(move |&(o, l)| (o.max(start), (o + l).min(end)))
 }
 
 fn covered(landed: &[(u64, u64)], start: u64, end: u64) -> bool {
@@ -139,6 +231,47 @@ mod tests {
         assert_eq!(stopped.join().unwrap(), Err(Aborted));
         arrivals.finish();
         assert_eq!(arrivals.wait(1 << 30, 1), Err(Aborted), "the first end stands");
+    }
+
+    #[test]
+    fn landed_bytes_in_the_kept_ranges_are_kept_until_taken() {
+        // Kept: 10..30 and 40..50; a frame of 0..25 and one of 25..60.
+        let arrivals = Arrivals::keeping(vec![(10, 20), (40, 10)]);
+        let bytes: Vec<u8> = (0..60).collect();
+        let all = Bytes::from(bytes.clone());
+        arrivals.land_bytes(0, vec![all.slice(..25), all.slice(25..)]);
+        assert_eq!(arrivals.wait(0, 60), Ok(()), "the whole range landed");
+        let kept = |a: &Arrivals| a.state.lock().unwrap().held_bytes;
+        assert_eq!(kept(&arrivals), 30, "only the kept ranges' bytes");
+        // A range that cuts into kept pieces takes only its share; the rest stays.
+        let taken = arrivals.take(15, 45);
+        let got: Vec<(u64, Vec<u8>)> = taken.iter().map(|(o, b)| (*o, b.to_vec())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (15, bytes[15..25].to_vec()),
+                (25, bytes[25..30].to_vec()),
+                (40, bytes[40..45].to_vec())
+            ]
+        );
+        assert_eq!(kept(&arrivals), 10);
+        let rest: Vec<u64> = arrivals.take(0, 60).iter().map(|(o, b)| *o + b.len() as u64).collect();
+        assert_eq!(rest, vec![15, 50], "10..15 and 45..50 were left");
+        assert!(arrivals.take(0, 60).is_empty(), "taken bytes are gone");
+    }
+
+    #[test]
+    fn nothing_is_kept_past_the_limit() {
+        let arrivals = Arrivals::keeping(vec![(0, 2 * HOLD_LIMIT as u64)]);
+        let frame = Bytes::from(vec![7u8; HOLD_LIMIT / 2 + 1]);
+        arrivals.land_bytes(0, vec![frame.clone(), frame.clone(), frame]);
+        let state = arrivals.state.lock().unwrap();
+        assert_eq!(
+            state.held_bytes,
+            HOLD_LIMIT / 2 + 1,
+            "the second frame would pass the limit"
+        );
+        assert_eq!(state.landed, [(0, 3 * (HOLD_LIMIT / 2 + 1) as u64)], "all of it landed");
     }
 
     #[test]

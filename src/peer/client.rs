@@ -3,8 +3,9 @@
 //!
 //! Nothing from the peer is trusted: the plan's snapshot id must be the registry config's (the
 //! trust anchor), its files and sizes the registry's, its slices must lie within their files,
-//! every slice must arrive whole with a matching CRC-32C trailer (an accident check), and the
-//! staged files must hash to the registry's blob digests ([`super::verify`]). Any failure removes
+//! every slice must arrive whole, and the staged files must hash to the registry's blob digests
+//! ([`super::verify`]). A slice carries no checksum of its own: TLS detects any accident in
+//! transit, and the digests anything else. Any failure removes
 //! the staging directory, so a bad, partial or rewritten transfer can never be booted; the caller
 //! then falls back to the registry.
 
@@ -23,8 +24,8 @@ use tokio::sync::Semaphore;
 
 use super::arrivals::Arrivals;
 use super::auth::PeerToken;
-use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanError, Slice};
-use super::staging::{SliceWriter, Staging};
+use super::protocol::{self, ENVELOPE_FILE, Plan, PlanError, Slice};
+use super::staging::{SliceWriter, StagedFile, Staging};
 use super::tls::PeerTls;
 use super::verify;
 use crate::registry::content::FileContent;
@@ -169,7 +170,14 @@ impl PeerClient {
                 .open(&path)
                 .map_err(staging_err)?;
             file.set_len(f.size).map_err(staging_err)?;
-            let (file, arrivals) = (Arc::new(file), Arc::new(Arrivals::default()));
+            // The hasher takes the bytes of the registry's data segments from memory.
+            let segments = files
+                .iter()
+                .find(|c| c.name == f.name)
+                .map(|c| c.segments.clone())
+                .unwrap_or_default();
+            let file = Arc::new(StagedFile::new(file));
+            let arrivals = Arc::new(Arrivals::keeping(segments));
             landing.insert(f.name.clone(), arrivals.clone());
             for requests in take_turns(&f.slices) {
                 groups.push((f.name.as_str(), file.clone(), arrivals.clone(), requests));
@@ -263,7 +271,7 @@ impl PeerClient {
         id: &str,
         file_name: &str,
         slices: &[Slice],
-        file: Arc<std::fs::File>,
+        file: Arc<StagedFile>,
         arrivals: Arc<Arrivals>,
     ) -> Result<(u64, u64), RestoreError> {
         let mut conn: Option<SendRequest<Empty<Bytes>>> = None;
@@ -295,42 +303,20 @@ impl PeerClient {
                 .await?;
             let mut body = resp.into_body();
             let mut writer = SliceWriter::new(file.clone(), s.offset).landing_in(arrivals.clone());
-            let (mut got, mut trailer) = (0u64, None);
+            let mut got = 0u64;
             while let Some(frame) = self.next_frame(&mut body, addr, &what).await? {
-                match frame.into_data() {
-                    Ok(data) => {
-                        got += data.len() as u64;
-                        if got > s.length {
-                            return Err(transfer(addr, &what, format!("more than {} bytes", s.length)));
-                        }
-                        writer.push(data).await.map_err(|e| staging_io(file_name, e))?;
+                if let Ok(data) = frame.into_data() {
+                    got += data.len() as u64;
+                    if got > s.length {
+                        return Err(transfer(addr, &what, format!("more than {} bytes", s.length)));
                     }
-                    Err(frame) => {
-                        if let Ok(t) = frame.into_trailers() {
-                            trailer = t.get(CRC_TRAILER).and_then(|v| v.to_str().ok()).map(str::to_string);
-                        }
-                    }
+                    writer.push(data).await.map_err(|e| staging_io(file_name, e))?;
                 }
             }
             if got != s.length {
                 return Err(transfer(addr, &what, format!("truncated: {got} of {} bytes", s.length)));
             }
             writer.flush().await.map_err(|e| staging_io(file_name, e))?;
-            let crc = writer.crc();
-            match trailer {
-                Some(t) if t == protocol::crc_text(crc) => {}
-                Some(t) => {
-                    return Err(transfer(
-                        addr,
-                        &what,
-                        format!(
-                            "CRC-32C mismatch: trailer {t}, received bytes {}",
-                            protocol::crc_text(crc)
-                        ),
-                    ));
-                }
-                None => return Err(transfer(addr, &what, format!("no {CRC_TRAILER} trailer"))),
-            }
             received += got;
             written += writer.written;
         }
@@ -374,8 +360,6 @@ impl PeerClient {
         let req = Request::get(path_and_query)
             .header(header::HOST, addr.to_string())
             .header(header::AUTHORIZATION, self.token.header())
-            // Trailers are sent only to a client that says it reads them.
-            .header(header::TE, "trailers")
             .body(Empty::new())
             .map_err(|e| transfer(addr, what, e.to_string()))?;
         let resp = tokio::time::timeout(self.timeouts.header, conn.send_request(req))

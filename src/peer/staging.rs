@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -81,16 +81,44 @@ pub fn sanitize(name: &str) -> String {
     }
 }
 
-/// Writes one slice's bytes at its offset, skipping all-zero [`ZERO_CHUNK`]s, and keeps the
-/// slice's CRC-32C. Frames of any size are held as they came (no copy) until a chunk is whole;
-/// the chunk's checksum, zero check and writes then run on the blocking pool, off the async
-/// workers that receive the next frames.
+/// A staged file, written by the writers of all its slices at once. Buffered writes to one file
+/// take the inode's lock in the kernel, and a writer waiting for it spins on a core while its
+/// holder copies; the writers here take a lock of their own first, whose waiters sleep.
+pub struct StagedFile {
+    file: File,
+    writing: Mutex<()>,
+}
+
+impl StagedFile {
+    pub fn new(file: File) -> Self {
+        Self {
+            file,
+            writing: Mutex::new(()),
+        }
+    }
+
+    /// Writes `parts` one after the other from `offset`.
+    fn write_at(&self, parts: &[Bytes], offset: u64) -> io::Result<()> {
+        let _writing = self.writing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut at = offset;
+        for p in parts {
+            self.file.write_all_at(p, at)?;
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Writes one slice's bytes at its offset, skipping all-zero [`ZERO_CHUNK`]s. Frames of any size
+/// are held as they came (no copy) until a chunk is whole; the chunk's zero check and writes then
+/// run on the blocking pool, off the async workers that receive the next frames. The frames then
+/// go to the file's [`Arrivals`], which keeps them for the registry check so it can hash them
+/// without reading them back.
 pub struct SliceWriter {
-    file: Arc<File>,
+    file: Arc<StagedFile>,
     pos: u64,
     pending: Vec<Bytes>,
     pending_len: usize,
-    crc: u32,
     /// Told of each chunk once it is on disk (see [`Arrivals`]).
     landing: Option<Arc<Arrivals>>,
     /// Bytes actually written (the rest stayed holes).
@@ -98,13 +126,12 @@ pub struct SliceWriter {
 }
 
 impl SliceWriter {
-    pub fn new(file: Arc<File>, offset: u64) -> Self {
+    pub fn new(file: Arc<StagedFile>, offset: u64) -> Self {
         Self {
             file,
             pos: offset,
             pending: Vec::new(),
             pending_len: 0,
-            crc: 0,
             landing: None,
             written: 0,
         }
@@ -135,35 +162,24 @@ impl SliceWriter {
         }
         let parts = std::mem::take(&mut self.pending);
         let len = std::mem::take(&mut self.pending_len) as u64;
-        let (file, pos, crc) = (self.file.clone(), self.pos, self.crc);
-        let (crc, data) = tokio::task::spawn_blocking(move || -> io::Result<(u32, bool)> {
-            let crc = parts.iter().fold(crc, |crc, p| crc32c::crc32c_append(crc, p));
+        let (file, pos) = (self.file.clone(), self.pos);
+        let (parts, data) = tokio::task::spawn_blocking(move || -> io::Result<(Vec<Bytes>, bool)> {
             if parts.iter().all(|p| all_zero(p)) {
-                return Ok((crc, false));
+                return Ok((parts, false));
             }
-            let mut at = pos;
-            for p in &parts {
-                file.write_all_at(p, at)?;
-                at += p.len() as u64;
-            }
-            Ok((crc, true))
+            file.write_at(&parts, pos)?;
+            Ok((parts, true))
         })
         .await
         .map_err(io::Error::other)??;
-        self.crc = crc;
         if data {
             self.written += len;
         }
         if let Some(arrivals) = &self.landing {
-            arrivals.land(self.pos, len);
+            arrivals.land_bytes(self.pos, parts);
         }
         self.pos += len;
         Ok(())
-    }
-
-    /// The CRC-32C of every byte flushed so far.
-    pub fn crc(&self) -> u32 {
-        self.crc
     }
 }
 
@@ -213,8 +229,7 @@ mod tests {
         let path = dir.path().join("mem");
         let file = File::create(&path).unwrap();
         file.set_len(8 * ZERO_CHUNK as u64).unwrap();
-        let file = Arc::new(file);
-        let mut w = SliceWriter::new(file.clone(), ZERO_CHUNK as u64);
+        let mut w = SliceWriter::new(Arc::new(StagedFile::new(file)), ZERO_CHUNK as u64);
         // 3 chunks: zero, data, zero; fed in odd frame sizes.
         let mut bytes = vec![0u8; 3 * ZERO_CHUNK];
         bytes[ZERO_CHUNK + 5] = 9;
@@ -223,7 +238,6 @@ mod tests {
         }
         w.flush().await.unwrap();
         assert_eq!(w.written, ZERO_CHUNK as u64);
-        assert_eq!(w.crc(), crc32c::crc32c(&bytes), "the checksum covers the holes too");
         drop(w);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.len(), 8 * ZERO_CHUNK as u64);

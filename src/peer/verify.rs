@@ -188,14 +188,10 @@ fn check_part(
     let f = std::fs::File::open(path).map_err(|e| format!("open staged {file}: {e}"))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; READ_CHUNK];
-    let wait = |offset, length| match landing {
-        Some(arrivals) => arrivals
-            .wait(offset, length)
-            .map_err(|Aborted| format!("the transfer of {file} stopped before byte {offset}")),
-        None => Ok(()),
-    };
     for &(offset, length) in pieces {
-        read_range(&f, file, offset, length, &mut buf, wait, |bytes| hasher.update(bytes))?;
+        read_range(&f, file, offset, length, &mut buf, landing, |bytes| {
+            hasher.update(bytes)
+        })?;
     }
     let got: [u8; 32] = hasher.finalize().into();
     if &got != sha256 {
@@ -217,20 +213,12 @@ fn check_holes(path: &Path, file: &str, apparent_size: u64, segments: &[(u64, u6
     for (offset, length) in outside(&extents, segments) {
         let mut nonzero = None;
         let mut at = offset;
-        read_range(
-            &f,
-            file,
-            offset,
-            length,
-            &mut buf,
-            |_, _| Ok(()),
-            |bytes| {
-                if nonzero.is_none() {
-                    nonzero = bytes.iter().position(|&b| b != 0).map(|i| at + i as u64);
-                }
-                at += bytes.len() as u64;
-            },
-        )?;
+        read_range(&f, file, offset, length, &mut buf, None, |bytes| {
+            if nonzero.is_none() {
+                nonzero = bytes.iter().position(|&b| b != 0).map(|i| at + i as u64);
+            }
+            at += bytes.len() as u64;
+        })?;
         if let Some(at) = nonzero {
             return Err(format!(
                 "{file} has data at byte {at}, where the registry's artifact has a hole"
@@ -269,30 +257,59 @@ fn outside(extents: &[(u64, u64)], segments: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
+/// Hands `each` the bytes of `[offset, offset + length)` in order. With `landing` (the file is
+/// still arriving) it first waits until each stretch has landed, then takes what the arrivals
+/// kept of it and reads only the rest from disk.
 fn read_range(
     f: &std::fs::File,
     file: &str,
     offset: u64,
     length: u64,
     buf: &mut [u8],
-    before: impl Fn(u64, u64) -> Result<(), String>,
+    landing: Option<&Arrivals>,
     mut each: impl FnMut(&[u8]),
 ) -> Result<(), String> {
-    let end = offset + length;
-    let mut at = offset;
-    while at < end {
-        let n = buf.len().min((end - at) as usize);
-        before(at, n as u64)?;
+    let step = buf.len() as u64;
+    let mut from_disk = |at: u64, n: u64, each: &mut dyn FnMut(&[u8])| {
+        let n = n as usize;
         f.read_exact_at(&mut buf[..n], at)
             .map_err(|e| format!("read staged {file} at {at}: {e}"))?;
         each(&buf[..n]);
-        at += n as u64;
+        Ok::<(), String>(())
+    };
+    let end = offset + length;
+    let mut at = offset;
+    while at < end {
+        // Never more than the buffer: a gap between kept pieces is read in one go.
+        let stop = end.min(at + step);
+        let kept = match landing {
+            Some(arrivals) => {
+                arrivals
+                    .wait(at, stop - at)
+                    .map_err(|Aborted| format!("the transfer of {file} stopped before byte {at}"))?;
+                arrivals.take(at, stop)
+            }
+            None => Vec::new(),
+        };
+        for (from, bytes) in kept {
+            if from > at {
+                from_disk(at, from - at, &mut each)?;
+            }
+            each(&bytes);
+            at = from + bytes.len() as u64;
+        }
+        if at < stop {
+            from_disk(at, stop - at, &mut each)?;
+        }
+        at = stop;
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::super::protocol::{PlanFile, Slice};
     use super::*;
     use crate::registry::content::ContentPart;
@@ -428,6 +445,49 @@ mod tests {
         arrivals.abort();
         let e = hash_parts(dir.path(), &files, &landing, 2).await.unwrap_err();
         assert!(e.contains("the transfer of memory-ranges stopped before byte 0"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_bytes_are_hashed_from_memory_and_the_rest_read_from_disk() {
+        const MIB: usize = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..4 * MIB).map(|i| (i % 253) as u8 + 1).collect();
+        let file = std::fs::File::create(dir.path().join("memory-ranges")).unwrap();
+        file.set_len(data.len() as u64).unwrap();
+        // Two blobs, the first ending inside the second MiB.
+        let cut = MIB + 4096;
+        let files = [content(
+            "memory-ranges",
+            data.len() as u64,
+            &[(0, data.len() as u64)],
+            &[&data[..cut], &data[cut..]],
+        )];
+        let arrivals = Arc::new(Arrivals::keeping(files[0].segments.clone()));
+        let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
+        let hashing = {
+            let (dir, files, landing) = (dir.path().to_path_buf(), files.to_vec(), landing.clone());
+            tokio::spawn(async move { hash_parts(&dir, &files, &landing, 2).await })
+        };
+        // Every MiB lands in frames of odd sizes; only the third is written to disk, so the
+        // check passes only if it hashed the others from the frames it was handed.
+        for i in [3, 1, 0, 2] {
+            let range = i * MIB..(i + 1) * MIB;
+            if i == 2 {
+                file.write_all_at(&data[range.clone()], range.start as u64).unwrap();
+                arrivals.land(range.start as u64, MIB as u64);
+                continue;
+            }
+            let frames = data[range.clone()]
+                .chunks(100_003)
+                .map(Bytes::copy_from_slice)
+                .collect();
+            arrivals.land_bytes(range.start as u64, frames);
+        }
+        assert_eq!(hashing.await.unwrap(), Ok(()));
+        assert!(
+            arrivals.take(0, data.len() as u64).is_empty(),
+            "every kept byte was hashed"
+        );
     }
 
     #[test]
