@@ -309,14 +309,14 @@ async fn slice(
     let body = async_stream::stream! {
         // The slot is held until the body is done or dropped.
         let _permit = permit;
-        let (mut f, mut left, mut crc) = (Some(f), length, 0u32);
+        let (mut f, mut left, mut crc) = (f, length, 0u32);
         while left > 0 {
             let len = READ_CHUNK.min(left as usize);
-            let file = f.take().expect("the file comes back with each chunk");
-            let read = tokio::task::spawn_blocking(move || read_chunk(file, len, crc)).await;
+            // The file goes to the blocking pool and comes back with the chunk it read.
+            let read = tokio::task::spawn_blocking(move || read_chunk(f, len, crc)).await;
             let chunk = match read.map_err(std::io::Error::other).and_then(|r| r) {
                 Ok((file, chunk, next_crc)) => {
-                    f = Some(file);
+                    f = file;
                     crc = next_crc;
                     chunk
                 }

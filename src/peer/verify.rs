@@ -347,6 +347,16 @@ mod tests {
         }
     }
 
+    /// [`hash_parts`] over `files` in `dir`, on a task of its own, two parts at a time.
+    fn hashing_in_background(
+        dir: &Path,
+        files: &[FileContent],
+        landing: &Landing,
+    ) -> tokio::task::JoinHandle<Result<(), String>> {
+        let (dir, files, landing) = (dir.to_path_buf(), files.to_vec(), landing.clone());
+        tokio::spawn(async move { hash_parts(&dir, &files, &landing, 2).await })
+    }
+
     /// The three checks the client runs, on a staged copy already whole.
     async fn check_dir(dir: &Path, files: &[FileContent], parallel: usize) -> Result<(), String> {
         check_sizes(dir, files)?;
@@ -416,10 +426,7 @@ mod tests {
         )];
         let arrivals = Arc::new(Arrivals::default());
         let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
-        let hashing = {
-            let (dir, files, landing) = (dir.path().to_path_buf(), files.to_vec(), landing.clone());
-            tokio::spawn(async move { hash_parts(&dir, &files, &landing, 2).await })
-        };
+        let hashing = hashing_in_background(dir.path(), &files, &landing);
         // Out of order, each MiB written just before it is reported: a hasher that read ahead
         // of the reports would hash zeros and fail.
         for i in [2, 0, 1] {
@@ -464,10 +471,7 @@ mod tests {
         )];
         let arrivals = Arc::new(Arrivals::keeping(files[0].segments.clone()));
         let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
-        let hashing = {
-            let (dir, files, landing) = (dir.path().to_path_buf(), files.to_vec(), landing.clone());
-            tokio::spawn(async move { hash_parts(&dir, &files, &landing, 2).await })
-        };
+        let hashing = hashing_in_background(dir.path(), &files, &landing);
         // Every MiB lands in frames of odd sizes; only the third is written to disk, so the
         // check passes only if it hashed the others from the frames it was handed.
         for i in [3, 1, 0, 2] {

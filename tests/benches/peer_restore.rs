@@ -65,19 +65,29 @@ fn cpu_between(before: &CpuSample, after: &CpuSample) -> (f64, f64) {
     (waking, sending)
 }
 
+/// A `/proc/.../stat` line cut into the name (`comm`, which may hold spaces) and the fields
+/// after it (the line's third field first).
+fn stat_fields(stat: &str) -> Option<(&str, Vec<&str>)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    Some((
+        &stat[open + 1..close],
+        stat.get(close + 2..)?.split_whitespace().collect(),
+    ))
+}
+
 /// `(comm, user + system seconds)` of a `/proc/.../stat` line.
 #[allow(unsafe_code)]
 fn stat_cpu(stat: &str) -> Option<(String, f64)> {
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    let (comm, fields) = stat_fields(stat)?;
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
     let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
     // SAFETY: sysconf only reads a constant of the system.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some((stat[open + 1..close].to_string(), ticks / hz))
+    Some((comm.to_string(), ticks / hz))
 }
 
+/// The CPU time of both sides now (see [`CpuSample`]).
 #[allow(unsafe_code)]
 fn cpu_sample(registry_pid: Option<u32>) -> CpuSample {
     let mut threads = HashMap::new();
@@ -118,9 +128,9 @@ fn registry_pid() -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
         let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
         let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        let close = stat.rfind(')')?;
-        let parent = stat[close + 2..].split_whitespace().nth(1)?;
-        (stat.contains("(docker-registry)") && parent == me).then_some(pid)
+        let (comm, fields) = stat_fields(&stat)?;
+        // The parent's pid is the line's fourth field, the second after the name.
+        (comm == "docker-registry" && fields.get(1) == Some(&me.as_str())).then_some(pid)
     })
 }
 
