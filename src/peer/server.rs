@@ -306,10 +306,13 @@ async fn slice(
     if let Err(e) = std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(offset)) {
         return text(StatusCode::INTERNAL_SERVER_ERROR, format!("seek {file}: {e}"));
     }
+    // The CRC is computed only for a client that accepts trailers: HTTP/1.1 sends none to one
+    // that did not ask, and a checksum of every byte sent is a visible share of this node's CPU.
+    let crc = accepts_trailers(&headers).then_some(0u32);
     let body = async_stream::stream! {
         // The slot is held until the body is done or dropped.
         let _permit = permit;
-        let (mut f, mut left, mut crc) = (f, length, 0u32);
+        let (mut f, mut left, mut crc) = (f, length, crc);
         while left > 0 {
             let len = READ_CHUNK.min(left as usize);
             // The file goes to the blocking pool and comes back with the chunk it read.
@@ -328,13 +331,17 @@ async fn slice(
             left -= len as u64;
             yield Ok(Frame::data(chunk));
         }
-        let mut trailers = HeaderMap::new();
-        trailers.insert(CRC_TRAILER, HeaderValue::from_str(&protocol::crc_text(crc)).expect("hex is a header value"));
-        yield Ok(Frame::trailers(trailers));
+        if let Some(crc) = crc {
+            let mut trailers = HeaderMap::new();
+            trailers.insert(CRC_TRAILER, HeaderValue::from_str(&protocol::crc_text(crc)).expect("hex is a header value"));
+            yield Ok(Frame::trailers(trailers));
+        }
     };
     let mut r = Response::new(Body::new(StreamBody::new(body)));
-    r.headers_mut()
-        .insert(header::TRAILER, HeaderValue::from_static(CRC_TRAILER));
+    if crc.is_some() {
+        r.headers_mut()
+            .insert(header::TRAILER, HeaderValue::from_static(CRC_TRAILER));
+    }
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -343,9 +350,13 @@ async fn slice(
 }
 
 /// Reads the next `len` bytes of `file` into a fresh buffer (never zero-filled first: a memset
-/// of every byte sent is a visible share of the serving node's CPU) and extends `crc` over them.
-/// A file that ends early is an error.
-fn read_chunk(mut file: std::fs::File, len: usize, crc: u32) -> std::io::Result<(std::fs::File, Bytes, u32)> {
+/// of every byte sent is a visible share of the serving node's CPU) and extends `crc`, when one
+/// is kept, over them. A file that ends early is an error.
+fn read_chunk(
+    mut file: std::fs::File,
+    len: usize,
+    crc: Option<u32>,
+) -> std::io::Result<(std::fs::File, Bytes, Option<u32>)> {
     use std::io::Read;
     let mut buf = Vec::with_capacity(len);
     (&mut file).take(len as u64).read_to_end(&mut buf)?;
@@ -355,8 +366,26 @@ fn read_chunk(mut file: std::fs::File, len: usize, crc: u32) -> std::io::Result<
             format!("the file ended {} bytes early", len - buf.len()),
         ));
     }
-    let crc = crc32c::crc32c_append(crc, &buf);
+    let crc = crc.map(|crc| crc32c::crc32c_append(crc, &buf));
     Ok((file, Bytes::from(buf), crc))
+}
+
+/// Whether the request's `TE` header lists `trailers` (a comma-separated list whose entries may
+/// carry parameters, any case).
+fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|entry| {
+            entry
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("trailers")
+        })
 }
 
 /// Opens a regular file without following a symlink in its last component.
@@ -370,4 +399,26 @@ async fn open_regular(path: &Path) -> std::io::Result<tokio::fs::File> {
         return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "not a regular file"));
     }
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailers_are_accepted_only_when_te_lists_them() {
+        let te = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::TE, HeaderValue::from_str(v).unwrap());
+            }
+            accepts_trailers(&h)
+        };
+        assert!(te(&["trailers"]));
+        assert!(te(&["gzip;q=0.5, Trailers"]));
+        assert!(te(&["gzip", " trailers ;q=1"]));
+        assert!(!te(&[]));
+        assert!(!te(&["gzip, deflate"]));
+        assert!(!te(&["x-trailers"]));
+    }
 }

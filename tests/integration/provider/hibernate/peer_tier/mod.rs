@@ -60,6 +60,18 @@ async fn peer_request(
     path_and_query: &str,
     token: Option<&str>,
 ) -> Result<hyper::Response<Incoming>, String> {
+    peer_request_with(addr, tls, node, path_and_query, token, &[]).await
+}
+
+/// [`peer_request`] with `headers` added to the request.
+async fn peer_request_with(
+    addr: SocketAddr,
+    tls: &PeerTls,
+    node: &str,
+    path_and_query: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Result<hyper::Response<Incoming>, String> {
     let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
         .connect(PeerTls::server_name(node)?, tcp)
@@ -72,6 +84,9 @@ async fn peer_request(
     let mut req = hyper::Request::get(path_and_query).header("host", addr.to_string());
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     sender
         .send_request(req.body(Empty::<Bytes>::new()).unwrap())
@@ -539,6 +554,54 @@ async fn node_a_serves_only_authenticated_peers_and_only_its_own_hibernated_gues
     );
     assert_eq!(get(escape, Some(TOKEN)).await.0, 400);
     assert_eq!(get("/v1/snapshot-plan".into(), Some(TOKEN)).await.0, 400);
+}
+
+/// The wire contract's CRC-32C trailer: a client that accepts trailers (`TE: trailers`, as the
+/// Go daemon's client sends) gets each slice's checksum; one that does not is sent none, and
+/// the serving node does not spend a checksum of every byte on it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slice_carries_its_crc_trailer_only_for_a_client_that_asks_for_trailers() {
+    let (_env, a) = setup(1 << 20).await;
+    let b = FLEET.node_tls(NODE);
+    let (status, body) = peer_get(a.addr, &b, NODE_A, &plan_path(VM), Some(TOKEN)).await.unwrap();
+    assert_eq!(status, 200);
+    let plan: Plan = serde_json::from_slice(&body).unwrap();
+    let memory = plan.files.iter().find(|f| f.name == "memory-ranges").unwrap();
+    let vk_cocoon::peer::protocol::Slice { offset, length } = memory.slices[0];
+    let path = format!(
+        "/v1/snapshot-slice?id={}&file=memory-ranges&offset={offset}&length={length}",
+        plan.snapshot_id
+    );
+    let asking = peer_request_with(a.addr, &b, NODE_A, &path, Some(TOKEN), &[("te", "trailers")])
+        .await
+        .unwrap();
+    assert_eq!(asking.status(), 200);
+    assert_eq!(
+        asking.headers().get("trailer").map(|v| v.to_str().unwrap()),
+        Some(CRC_TRAILER)
+    );
+    let collected = asking.into_body().collect().await.unwrap();
+    let crc = collected
+        .trailers()
+        .and_then(|t| t.get(CRC_TRAILER))
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = collected.to_bytes();
+    assert_eq!(bytes.len() as u64, length);
+    assert_eq!(
+        crc,
+        Some(format!("{:08x}", crc32c::crc32c(&bytes))),
+        "the slice's own checksum"
+    );
+
+    let silent = peer_request(a.addr, &b, NODE_A, &path, Some(TOKEN)).await.unwrap();
+    assert_eq!(silent.status(), 200);
+    assert!(
+        silent.headers().get("trailer").is_none(),
+        "no trailer is announced to a client that does not accept one"
+    );
+    let collected = silent.into_body().collect().await.unwrap();
+    assert!(collected.trailers().is_none());
+    assert_eq!(collected.to_bytes(), bytes, "the same bytes");
 }
 
 #[tokio::test(flavor = "multi_thread")]
