@@ -8,19 +8,67 @@
 //! wait: [`Arrivals::finish`] lets the hashers read what is there (a range the peer never sent
 //! reads as zeros and fails its digest), [`Arrivals::abort`] stops them.
 //!
-//! The landed bytes themselves are kept too, up to [`HOLD_LIMIT`], until the hasher takes them:
-//! reading a file back from the page cache costs a copy of every byte, which on a busy node is
-//! a large share of a restore's CPU. Only bytes some digest covers are kept (the registry's data
-//! segments of the file); what is not kept (the limit reached while the hasher lags) it reads
-//! from disk as before.
+//! The landed bytes themselves are kept too, within the node's [`HoldBudget`], until the hasher
+//! takes them: reading a file back from the page cache costs a copy of every byte, which on a
+//! busy node is a large share of a restore's CPU. Only bytes some digest covers are kept (the
+//! registry's data segments of the file); what is not kept (the budget spent while a hasher
+//! lags) it reads from disk as before.
 
 use std::collections::BTreeMap;
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 
-/// The most landed bytes one file keeps for its hasher.
+/// The most landed bytes all of a node's restores keep for their hashers at once.
 pub const HOLD_LIMIT: usize = 128 << 20;
+
+/// Landed bytes kept for the hashers, counted across every file of every restore of the node,
+/// so what a restore holds in memory is bounded however many files and restores there are.
+#[derive(Debug)]
+pub struct HoldBudget {
+    limit: usize,
+    held: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl HoldBudget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            held: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes `bytes` from the budget; `false`, taking nothing, when they would pass the limit.
+    fn reserve(&self, bytes: usize) -> bool {
+        let reserved = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            held.checked_add(bytes).filter(|&total| total <= self.limit)
+        });
+        match reserved {
+            Ok(before) => {
+                self.peak.fetch_max(before + bytes, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn release(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Bytes kept now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// The most bytes kept at once since the budget was made.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
 
 /// The landed ranges of one staged file, and landed bytes its hasher has yet to take.
 #[derive(Debug, Default)]
@@ -29,6 +77,8 @@ pub struct Arrivals {
     changed: Condvar,
     /// The `(offset, length)` ranges whose bytes are kept (sorted, disjoint); none by default.
     kept: Vec<(u64, u64)>,
+    /// What the kept bytes are counted against (none: nothing is kept).
+    budget: Option<Arc<HoldBudget>>,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +88,7 @@ struct State {
     end: Option<End>,
     /// Kept bytes by file offset (disjoint).
     held: BTreeMap<u64, Bytes>,
+    /// Their total, taken from the budget (given back as they are taken, and on drop).
     held_bytes: usize,
 }
 
@@ -55,11 +106,13 @@ pub struct Aborted;
 
 impl Arrivals {
     /// Arrivals that keep the landed bytes of `ranges` (`(offset, length)`, sorted, disjoint) for
-    /// [`Self::take`].
-    pub fn keeping(ranges: Vec<(u64, u64)>) -> Self {
+    /// [`Self::take`], as far as `budget` allows.
+    pub fn keeping(ranges: Vec<(u64, u64)>, budget: Arc<HoldBudget>) -> Self {
         Self {
+            state: Mutex::default(),
+            changed: Condvar::new(),
             kept: ranges,
-            ..Self::default()
+            budget: Some(budget),
         }
     }
 
@@ -84,13 +137,15 @@ impl Arrivals {
         for frame in frames {
             let end = at + frame.len() as u64;
             for (start, stop) in within(&self.kept, at, end) {
-                if state.held_bytes + (stop - start) as usize > HOLD_LIMIT {
+                let budget = self.budget.as_ref().expect("only arrivals with a budget keep ranges");
+                if !budget.reserve((stop - start) as usize) {
                     break;
                 }
                 let piece = frame.slice((start - at) as usize..(stop - at) as usize);
                 state.held_bytes += piece.len();
                 if let Some(old) = state.held.insert(start, piece) {
                     state.held_bytes -= old.len();
+                    budget.release(old.len());
                 }
             }
             at = end;
@@ -127,6 +182,9 @@ impl Arrivals {
             }
             taken.push((from, piece.slice((from - at) as usize..(to - at) as usize)));
         }
+        if let Some(budget) = &self.budget {
+            budget.release(taken.iter().map(|(_, b)| b.len()).sum());
+        }
         taken
     }
 
@@ -159,6 +217,16 @@ impl Arrivals {
         state.end.get_or_insert(end);
         drop(state);
         self.changed.notify_all();
+    }
+}
+
+impl Drop for Arrivals {
+    /// Bytes no hasher took (a transfer that failed, a hasher that stopped) go back to the budget.
+    fn drop(&mut self) {
+        let held = self.state.get_mut().map_or(0, |s| s.held_bytes);
+        if let (Some(budget), true) = (&self.budget, held > 0) {
+            budget.release(held);
+        }
     }
 }
 
@@ -236,7 +304,8 @@ mod tests {
     #[test]
     fn landed_bytes_in_the_kept_ranges_are_kept_until_taken() {
         // Kept: 10..30 and 40..50; a frame of 0..25 and one of 25..60.
-        let arrivals = Arrivals::keeping(vec![(10, 20), (40, 10)]);
+        let budget = HoldBudget::new(HOLD_LIMIT);
+        let arrivals = Arrivals::keeping(vec![(10, 20), (40, 10)], budget.clone());
         let bytes: Vec<u8> = (0..60).collect();
         let all = Bytes::from(bytes.clone());
         arrivals.land_bytes(0, vec![all.slice(..25), all.slice(25..)]);
@@ -255,23 +324,39 @@ mod tests {
             ]
         );
         assert_eq!(kept(&arrivals), 10);
+        assert_eq!(budget.held(), 10, "taken bytes are given back to the budget");
         let rest: Vec<u64> = arrivals.take(0, 60).iter().map(|(o, b)| *o + b.len() as u64).collect();
         assert_eq!(rest, vec![15, 50], "10..15 and 45..50 were left");
         assert!(arrivals.take(0, 60).is_empty(), "taken bytes are gone");
     }
 
     #[test]
-    fn nothing_is_kept_past_the_limit() {
-        let arrivals = Arrivals::keeping(vec![(0, 2 * HOLD_LIMIT as u64)]);
-        let frame = Bytes::from(vec![7u8; HOLD_LIMIT / 2 + 1]);
-        arrivals.land_bytes(0, vec![frame.clone(), frame.clone(), frame]);
-        let state = arrivals.state.lock().unwrap();
+    fn the_files_of_every_restore_keep_no_more_than_the_node_budget_between_them() {
+        // Two files (of one restore or of two) and a budget of 100 bytes.
+        let budget = HoldBudget::new(100);
+        let first = Arrivals::keeping(vec![(0, 1000)], budget.clone());
+        let second = Arrivals::keeping(vec![(0, 1000)], budget.clone());
+        let frame = Bytes::from(vec![7u8; 60]);
+        first.land_bytes(0, vec![frame.clone(), frame.clone()]);
+        second.land_bytes(0, vec![frame.clone()]);
+        let held = |a: &Arrivals| a.state.lock().unwrap().held_bytes;
+        assert_eq!(held(&first), 60, "the second frame would pass the budget");
+        assert_eq!(held(&second), 0, "the first file holds what the budget allows");
         assert_eq!(
-            state.held_bytes,
-            HOLD_LIMIT / 2 + 1,
-            "the second frame would pass the limit"
+            first.state.lock().unwrap().landed,
+            [(0, 120)],
+            "what is not kept still lands"
         );
-        assert_eq!(state.landed, [(0, 3 * (HOLD_LIMIT / 2 + 1) as u64)], "all of it landed");
+        assert_eq!(budget.held(), 60);
+        // Taken bytes go back to the budget: the other file may keep its next frame.
+        assert_eq!(first.take(0, 120).len(), 1);
+        assert_eq!(budget.held(), 0);
+        second.land_bytes(60, vec![frame.clone()]);
+        assert_eq!(held(&second), 60);
+        // Bytes nobody took (the transfer failed) go back when the arrivals are dropped.
+        drop(second);
+        assert_eq!(budget.held(), 0);
+        assert_eq!(budget.peak(), 60, "never more than the budget at once");
     }
 
     #[test]

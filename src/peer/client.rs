@@ -22,7 +22,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
 
-use super::arrivals::Arrivals;
+use super::arrivals::{Arrivals, HOLD_LIMIT, HoldBudget};
 use super::auth::PeerToken;
 use super::protocol::{self, ENVELOPE_FILE, Plan, PlanError, Slice};
 use super::staging::{SliceWriter, StagedFile, Staging};
@@ -109,6 +109,8 @@ pub struct PeerClient {
     timeouts: Timeouts,
     restores: Semaphore,
     fetches: Arc<Semaphore>,
+    /// Landed bytes kept for the registry check, across all of this node's restores.
+    hold: Arc<HoldBudget>,
 }
 
 impl PeerClient {
@@ -123,7 +125,13 @@ impl PeerClient {
             timeouts,
             restores: Semaphore::new(MAX_RESTORES),
             fetches: Arc::new(Semaphore::new(MAX_FETCHES)),
+            hold: HoldBudget::new(HOLD_LIMIT),
         }
+    }
+
+    /// What this node's restores keep in memory for their registry checks (now, and at most).
+    pub fn hold_budget(&self) -> &HoldBudget {
+        &self.hold
     }
 
     pub fn staging(&self) -> &Staging {
@@ -177,7 +185,7 @@ impl PeerClient {
                 .map(|c| c.segments.clone())
                 .unwrap_or_default();
             let file = Arc::new(StagedFile::new(file));
-            let arrivals = Arc::new(Arrivals::keeping(segments));
+            let arrivals = Arc::new(Arrivals::keeping(segments, self.hold.clone()));
             landing.insert(f.name.clone(), arrivals.clone());
             for requests in take_turns(&f.slices) {
                 groups.push((f.name.as_str(), file.clone(), arrivals.clone(), requests));

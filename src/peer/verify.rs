@@ -310,6 +310,7 @@ fn read_range(
 mod tests {
     use bytes::Bytes;
 
+    use super::super::arrivals::{HOLD_LIMIT, HoldBudget};
     use super::super::protocol::{PlanFile, Slice};
     use super::*;
     use crate::registry::content::ContentPart;
@@ -469,7 +470,10 @@ mod tests {
             &[(0, data.len() as u64)],
             &[&data[..cut], &data[cut..]],
         )];
-        let arrivals = Arc::new(Arrivals::keeping(files[0].segments.clone()));
+        let arrivals = Arc::new(Arrivals::keeping(
+            files[0].segments.clone(),
+            HoldBudget::new(HOLD_LIMIT),
+        ));
         let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
         let hashing = hashing_in_background(dir.path(), &files, &landing);
         // Every MiB lands in frames of odd sizes; only the third is written to disk, so the

@@ -254,7 +254,7 @@ async fn bench() {
     // Node B with its peer tier; the rounds alternate the tiers.
     let b = start(&env, Options::default());
     let metrics = PeerMetrics::unregistered();
-    b.provider.set_peer_tier(Arc::new(PeerTier {
+    let tier = Arc::new(PeerTier {
         client: PeerClient::new(
             PeerToken::new(TOKEN).unwrap(),
             &fleet.node_tls(NODE),
@@ -264,7 +264,8 @@ async fn bench() {
         nodes: Arc::new(KubeNodes::new(env.server.client())),
         port,
         metrics: metrics.clone(),
-    }));
+    });
+    b.provider.set_peer_tier(tier.clone());
     let last_clone = |env: &Env| calls(env, "vm clone").pop().unwrap();
     let (mut registry_wakes, mut peer_wakes, mut pulls, mut restores) = (vec![], vec![], vec![], vec![]);
     let registry_pid = registry_pid();
@@ -354,6 +355,11 @@ async fn bench() {
         peer_waking + peer_sending,
         (registry_waking + registry_sending) / (peer_waking + peer_sending),
         registry_waking / peer_waking
+    );
+    println!(
+        "received bytes kept in memory for the registry check: at most {:.0} MiB at once (the node's budget {} MiB)",
+        tier.client.hold_budget().peak() as f64 / (1 << 20) as f64,
+        vk_cocoon::peer::arrivals::HOLD_LIMIT >> 20
     );
     stop.cancel();
     let _ = sim.kill_everything();

@@ -201,13 +201,14 @@ struct NodeB {
     daemon: Daemon,
     staging: PathBuf,
     metrics: PeerMetrics,
+    tier: Arc<PeerTier>,
 }
 
 fn node_b(env: &Env, port: u16) -> NodeB {
     let staging = env.sim_dir.path().join("vk-staging");
     let daemon = start(env, Options::default());
     let metrics = PeerMetrics::unregistered();
-    daemon.provider.set_peer_tier(Arc::new(PeerTier {
+    let tier = Arc::new(PeerTier {
         client: PeerClient::new(
             PeerToken::new(TOKEN).unwrap(),
             &FLEET.node_tls(NODE),
@@ -217,11 +218,13 @@ fn node_b(env: &Env, port: u16) -> NodeB {
         nodes: Arc::new(KubeNodes::new(env.server.client())),
         port,
         metrics: metrics.clone(),
-    }));
+    });
+    daemon.provider.set_peer_tier(tier.clone());
     NodeB {
         daemon,
         staging,
         metrics,
+        tier,
     }
 }
 
@@ -280,6 +283,11 @@ async fn fell_back_to_the_registry(env: &Env, b: &NodeB, why: &str) {
         staging_entries(&b.staging).is_empty(),
         "no staging directory is left: {:?}",
         staging_entries(&b.staging)
+    );
+    assert_eq!(
+        b.tier.client.hold_budget().held(),
+        0,
+        "received bytes kept for the registry check are all given back"
     );
 }
 
@@ -344,6 +352,9 @@ async fn a_guest_hibernated_on_node_a_wakes_on_node_b_from_as_files_staged_spars
         staging_entries(&b.staging).is_empty(),
         "the staged directory goes after the clone"
     );
+    let hold = b.tier.client.hold_budget();
+    assert!(hold.peak() > 0, "the registry check took received bytes from memory");
+    assert_eq!(hold.held(), 0, "and gave every kept byte back");
     assert!(vm_named(&env, VM).await.is_some());
     drop(b.daemon);
 }
