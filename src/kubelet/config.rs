@@ -151,7 +151,7 @@ pub fn is_dns_subdomain(v: &str) -> bool {
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Node")]
 pub struct KubeletArgs {
-    /// The virtual node's name; its pods are those with spec.nodeName=<this>
+    /// The virtual node's name; its pods are those whose spec.nodeName is this name
     #[arg(long, env = "VK_NODE_NAME", value_name = "NAME", default_value = DEFAULT_NODE_NAME,
           value_parser = parser("VK_NODE_NAME", DNS_SUBDOMAIN_RULE, |v| rule(v, is_dns_subdomain(v), "not a valid node name")))]
     pub node_name: String,
@@ -194,7 +194,7 @@ pub struct KubeletArgs {
     /// ephemeral-storage capacity (unset: the filesystem of COCOON_ROOT_DIR)
     #[arg(long, env = "VK_NODE_STORAGE", value_name = "QUANTITY", value_parser = parser("VK_NODE_STORAGE", QUANTITY_RULE, quantity))]
     pub node_storage: Option<Quantity>,
-    /// hugepages-<size> capacity (unset: HugePages_Total × Hugepagesize)
+    /// hugepages-SIZE capacity (unset: HugePages_Total × Hugepagesize)
     #[arg(long, env = "VK_NODE_HUGEPAGES", value_name = "QUANTITY", value_parser = parser("VK_NODE_HUGEPAGES", QUANTITY_RULE, quantity))]
     pub node_hugepages: Option<Quantity>,
     /// Pods capacity

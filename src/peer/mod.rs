@@ -73,7 +73,7 @@ pub struct PeerArgs {
     /// The CA (PEM) every node's peer certificate chains to: the cluster CA when nodes present their kubelet-serving certificates (unset: the tier is off)
     #[arg(long, env = "VK_PEER_CA_FILE", value_name = "FILE")]
     pub peer_ca_file: Option<PathBuf>,
-    /// This node's peer certificate (PEM chain, usable for server auth, naming the node: DNS SAN or CN=system:node:<name>; unset: the kubelet API's serving certificate)
+    /// This node's peer certificate (PEM chain, usable for server auth, naming the node: DNS SAN or CN=system:node:NAME; unset: the kubelet API's serving certificate)
     #[arg(long, env = "VK_PEER_TLS_CERT", value_name = "FILE")]
     pub peer_tls_cert: Option<PathBuf>,
     /// The private key of VK_PEER_TLS_CERT (PEM)

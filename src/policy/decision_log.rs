@@ -102,7 +102,7 @@ pub struct DecisionLogArgs {
     /// One JSON line per policy decision: off, stderr or a file path
     #[arg(long, env = "VK_DECISION_LOG", value_name = "TARGET", default_value = "off")]
     pub decision_log: String,
-    /// The file moves to <path>.1 at this size, in bytes (at least 4096)
+    /// The file is renamed to its name plus .1 at this size, in bytes (at least 4096)
     #[arg(long, env = "VK_DECISION_LOG_MAX_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES,
           value_parser = crate::settings::parser("VK_DECISION_LOG_MAX_BYTES", "a whole number of bytes, at least 4096", |v| match v.parse::<u64>() {
               Ok(n) if n >= 4096 => Ok(n),

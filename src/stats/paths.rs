@@ -39,7 +39,7 @@ pub struct PathsArgs {
     /// Where the cgroup v2 tree is
     #[arg(long, env = "VK_CGROUP_ROOT", value_name = "DIR", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
-    /// The slice holding cocoon's vm-<id>.scope cgroups (per-VM cpu.stat)
+    /// The slice holding cocoon's vm-ID.scope cgroups (per-VM cpu.stat)
     #[arg(
         long,
         env = "COCOON_CGROUP_PARENT",
@@ -47,10 +47,10 @@ pub struct PathsArgs {
         default_value = "cocoon.slice"
     )]
     pub cocoon_cgroup_parent: String,
-    /// cocoon's run dir, the VMs' COW disks (unset: <COCOON_ROOT_DIR>/run)
+    /// cocoon's run dir, the VMs' COW disks (unset: COCOON_ROOT_DIR/run)
     #[arg(long, env = "COCOON_RUN_DIR", value_name = "DIR")]
     pub cocoon_run_dir: Option<PathBuf>,
-    /// cocoon's log dir: <backend>/<id>/<hypervisor>.log (kubectl logs)
+    /// cocoon's log dir: BACKEND/ID/HYPERVISOR.log (kubectl logs)
     #[arg(long, env = "COCOON_LOG_DIR", value_name = "DIR", default_value = "/var/log/cocoon")]
     pub cocoon_log_dir: PathBuf,
 }
