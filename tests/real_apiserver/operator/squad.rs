@@ -25,6 +25,15 @@ async fn a_cocoonset_with_sub_agents_runs_scales_suspends_and_resumes_through_th
     // sub-agents bound to its node and forked from it; every pod ready at the set's generation.
     let up = site.wait_phase(set, "Running", 3).await;
     let generation = up.metadata.generation.unwrap();
+    // The operator counts an agent ready by its pod's Ready condition, which the daemon lands
+    // just before the `lifecycle-state: ready` annotation: the last pod's annotation may still
+    // be on its way when the set turns Running.
+    for pod in ["squad-0", "squad-1", "squad-2"] {
+        site.wait_pod(pod, "ready at the set's generation", |p| {
+            p.is_some_and(|p| ready_at(p, generation))
+        })
+        .await;
+    }
     let pods = site.pods_of(set).await;
     let names: Vec<_> = pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
     assert_eq!(names, ["squad-0", "squad-1", "squad-2"]);
