@@ -567,9 +567,9 @@ async fn node_a_serves_only_authenticated_peers_and_only_its_own_hibernated_gues
     assert_eq!(get("/v1/snapshot-plan".into(), Some(TOKEN)).await.0, 400);
 }
 
-/// The wire contract's CRC-32C trailer: a client that accepts trailers (`TE: trailers`, as the
-/// Go daemon's client sends) gets each slice's checksum; one that does not is sent none, and
-/// the serving node does not spend a checksum of every byte on it.
+/// The wire contract's CRC-32C trailer: a client that accepts trailers (`TE: trailers`) gets
+/// each slice's checksum; one that does not (HTTP/1.1 would drop the trailer for it) is sent
+/// none, and the serving node does not spend a checksum of every byte on it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slice_carries_its_crc_trailer_only_for_a_client_that_asks_for_trailers() {
     let (_env, a) = setup(1 << 20).await;
