@@ -286,9 +286,10 @@ impl KubeCluster {
         self.wait_until_allowed(&path, &["patch", "pods", "--all-namespaces"])
     }
 
-    /// Polls `kubectl auth can-i` as `kubeconfig` until it answers yes (or 20 s pass).
+    /// Polls `kubectl auth can-i` as `kubeconfig` until it answers yes (or 60 s pass: on a
+    /// loaded machine one answer alone has taken longer than 20 s, the earlier limit).
     pub fn wait_until_allowed(&self, kubeconfig: &Path, can_i: &[&str]) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let mut args = vec!["auth", "can-i"];
             args.extend_from_slice(can_i);
@@ -298,10 +299,11 @@ impl KubeCluster {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "{} is still not allowed to {}: {}",
+                    "{} is still not allowed to {}: {} {}",
                     kubeconfig.display(),
                     can_i.join(" "),
-                    String::from_utf8_lossy(&out.stdout)
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
