@@ -173,11 +173,23 @@ async fn existing_node_is_updated_and_an_unset_cpu_class_label_is_removed() {
     assert!(taints.iter().any(|t| t.key == "virtual-kubelet.io/provider"));
     assert_eq!(n.uid(), seeded.uid(), "updated in place, not recreated");
 
-    // Someone strips our label: the periodic refresh puts it back.
-    let mut stripped = n.clone();
-    stripped.labels_mut().remove(node::LABEL_POOL);
+    // Someone strips our label (a merge patch, which carries no resourceVersion: a replace of
+    // the copy read above races the daemon's own status updates and can get a 409): the
+    // periodic refresh puts it back.
     let nodes: kube::Api<Node> = kube::Api::all(server.client());
-    nodes.replace(NODE, &Default::default(), &stripped).await.unwrap();
+    let strip = serde_json::json!({"metadata": {"labels": {node::LABEL_POOL: null}}});
+    let stripped = nodes
+        .patch(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&strip),
+        )
+        .await
+        .unwrap();
+    assert!(
+        !stripped.labels().contains_key(node::LABEL_POOL),
+        "the label was stripped"
+    );
     eventually(10, "label re-asserted", || {
         server
             .store()
