@@ -75,10 +75,15 @@ impl HoldBudget {
 pub struct Arrivals {
     state: Mutex<State>,
     changed: Condvar,
-    /// The `(offset, length)` ranges whose bytes are kept (sorted, disjoint); none by default.
-    kept: Vec<(u64, u64)>,
-    /// What the kept bytes are counted against (none: nothing is kept).
-    budget: Option<Arc<HoldBudget>>,
+    /// Which landed bytes are kept, and what they count against; none by default.
+    keep: Option<Keep>,
+}
+
+#[derive(Debug)]
+struct Keep {
+    /// The `(offset, length)` ranges whose bytes are kept (sorted, disjoint).
+    ranges: Vec<(u64, u64)>,
+    budget: Arc<HoldBudget>,
 }
 
 #[derive(Debug, Default)]
@@ -86,10 +91,15 @@ struct State {
     /// Sorted, non-overlapping, non-adjacent `(start, end)` ranges.
     landed: Vec<(u64, u64)>,
     end: Option<End>,
-    /// Kept bytes by file offset (disjoint).
+    /// Kept bytes by file offset (disjoint), each taken from the budget (given back as they are
+    /// taken, and on drop).
     held: BTreeMap<u64, Bytes>,
-    /// Their total, taken from the budget (given back as they are taken, and on drop).
-    held_bytes: usize,
+}
+
+impl State {
+    fn held_bytes(&self) -> usize {
+        self.held.values().map(Bytes::len).sum()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,8 +121,7 @@ impl Arrivals {
         Self {
             state: Mutex::default(),
             changed: Condvar::new(),
-            kept: ranges,
-            budget: Some(budget),
+            keep: Some(Keep { ranges, budget }),
         }
     }
 
@@ -133,22 +142,21 @@ impl Arrivals {
             return;
         }
         let mut state = self.state.lock().expect("arrivals lock");
-        let mut at = offset;
-        for frame in frames {
-            let end = at + frame.len() as u64;
-            for (start, stop) in within(&self.kept, at, end) {
-                let budget = self.budget.as_ref().expect("only arrivals with a budget keep ranges");
-                if !budget.reserve((stop - start) as usize) {
-                    break;
+        if let Some(keep) = &self.keep {
+            let mut at = offset;
+            for frame in frames {
+                let end = at + frame.len() as u64;
+                for (start, stop) in within(&keep.ranges, at, end) {
+                    if !keep.budget.reserve((stop - start) as usize) {
+                        break;
+                    }
+                    let piece = frame.slice((start - at) as usize..(stop - at) as usize);
+                    if let Some(old) = state.held.insert(start, piece) {
+                        keep.budget.release(old.len());
+                    }
                 }
-                let piece = frame.slice((start - at) as usize..(stop - at) as usize);
-                state.held_bytes += piece.len();
-                if let Some(old) = state.held.insert(start, piece) {
-                    state.held_bytes -= old.len();
-                    budget.release(old.len());
-                }
+                at = end;
             }
-            at = end;
         }
         merge(&mut state.landed, (offset, offset + length));
         drop(state);
@@ -167,23 +175,18 @@ impl Arrivals {
         let mut taken = Vec::with_capacity(keys.len());
         for at in keys {
             let piece = state.held.remove(&at).expect("listed above");
-            state.held_bytes -= piece.len();
             let stop = at + piece.len() as u64;
             let (from, to) = (at.max(start), stop.min(end));
             if at < from {
-                let before = piece.slice(..(from - at) as usize);
-                state.held_bytes += before.len();
-                state.held.insert(at, before);
+                state.held.insert(at, piece.slice(..(from - at) as usize));
             }
             if to < stop {
-                let after = piece.slice((to - at) as usize..);
-                state.held_bytes += after.len();
-                state.held.insert(to, after);
+                state.held.insert(to, piece.slice((to - at) as usize..));
             }
             taken.push((from, piece.slice((from - at) as usize..(to - at) as usize)));
         }
-        if let Some(budget) = &self.budget {
-            budget.release(taken.iter().map(|(_, b)| b.len()).sum());
+        if let Some(keep) = &self.keep {
+            keep.budget.release(taken.iter().map(|(_, b)| b.len()).sum());
         }
         taken
     }
@@ -223,9 +226,8 @@ impl Arrivals {
 impl Drop for Arrivals {
     /// Bytes no hasher took (a transfer that failed, a hasher that stopped) go back to the budget.
     fn drop(&mut self) {
-        let held = self.state.get_mut().map_or(0, |s| s.held_bytes);
-        if let (Some(budget), true) = (&self.budget, held > 0) {
-            budget.release(held);
+        if let (Some(keep), Ok(state)) = (&self.keep, self.state.get_mut()) {
+            keep.budget.release(state.held_bytes());
         }
     }
 }
@@ -310,7 +312,7 @@ mod tests {
         let all = Bytes::from(bytes.clone());
         arrivals.land_bytes(0, vec![all.slice(..25), all.slice(25..)]);
         assert_eq!(arrivals.wait(0, 60), Ok(()), "the whole range landed");
-        let kept = |a: &Arrivals| a.state.lock().unwrap().held_bytes;
+        let kept = |a: &Arrivals| a.state.lock().unwrap().held_bytes();
         assert_eq!(kept(&arrivals), 30, "only the kept ranges' bytes");
         // A range that cuts into kept pieces takes only its share; the rest stays.
         let taken = arrivals.take(15, 45);
@@ -339,7 +341,7 @@ mod tests {
         let frame = Bytes::from(vec![7u8; 60]);
         first.land_bytes(0, vec![frame.clone(), frame.clone()]);
         second.land_bytes(0, vec![frame.clone()]);
-        let held = |a: &Arrivals| a.state.lock().unwrap().held_bytes;
+        let held = |a: &Arrivals| a.state.lock().unwrap().held_bytes();
         assert_eq!(held(&first), 60, "the second frame would pass the budget");
         assert_eq!(held(&second), 0, "the first file holds what the budget allows");
         assert_eq!(
