@@ -18,6 +18,7 @@
 //! authentication.
 
 mod activity;
+pub mod headers;
 pub mod settings;
 mod slot;
 pub mod throttle;

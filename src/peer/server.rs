@@ -27,6 +27,7 @@ use super::auth::PeerToken;
 use super::extents::{self, MAX_COALESCED_HOLE, MAX_SLICE};
 use super::protocol::{self, CRC_TRAILER, ENVELOPE_FILE, Plan, PlanFile};
 use super::tls::PeerTls;
+use crate::listener::headers::header_list;
 use crate::listener::throttle::Throttled;
 use crate::listener::{ClientCertificates, Limits, Listener};
 use crate::provider::ports::SnapshotRegistry;
@@ -370,22 +371,17 @@ fn read_chunk(
     Ok((file, Bytes::from(buf), crc))
 }
 
-/// Whether the request's `TE` header lists `trailers` (a comma-separated list whose entries may
-/// carry parameters, any case).
+/// Whether the request's `TE` header lists `trailers` (its entries may carry parameters, any
+/// case).
 fn accepts_trailers(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|entry| {
-            entry
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .eq_ignore_ascii_case("trailers")
-        })
+    header_list(headers, header::TE.as_str()).iter().any(|entry| {
+        entry
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .eq_ignore_ascii_case("trailers")
+    })
 }
 
 /// Opens a regular file without following a symlink in its last component.

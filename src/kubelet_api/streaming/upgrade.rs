@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use prometheus::IntCounter;
 
 use super::supervise;
+use crate::listener::headers::header_list;
 
 /// The header SPDY clients offer their sub-protocols in (once per protocol).
 pub const STREAM_PROTOCOL: &str = "x-stream-protocol-version";
@@ -65,17 +66,6 @@ impl IntoResponse for Refusal {
         }
         response
     }
-}
-
-fn header_list(headers: &HeaderMap, name: &str) -> Vec<String> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect()
 }
 
 /// The transport the request upgrades to, or the 400 that explains what is missing.
