@@ -17,6 +17,13 @@
 //! cocoon-sim not; a release build works the same way). Needs Debian's docker-registry.
 //! `BENCH_MEMORY_MIB` (default 1024) sets the guest memory; the disk is 8 GiB apparent, 64 MiB
 //! of data.
+//!
+//! Each round also measures the floor on the peer round's snapshot (`peer_floor.rs`): the CPU
+//! no peer tier under its trust rules can avoid (AES-GCM on both ends, SHA-256 of every byte,
+//! the loopback socket). From it the bench prints the least a peer wake could take on this
+//! machine, and so the most any peer tier could gain over this run's registry tier.
+
+mod peer_floor;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +37,7 @@ use vk_cocoon::peer::server::MAX_STREAMS;
 use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
 use vk_cocoon::provider::ports::SnapshotRegistry;
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
+use vk_test_support::bench::cpu_time;
 use vk_test_support::provider_support::fleet_ca::FleetCa;
 use vk_test_support::provider_support::*;
 use vk_test_support::runtime_support;
@@ -88,7 +96,6 @@ fn stat_cpu(stat: &str) -> Option<(String, f64)> {
 }
 
 /// The CPU time of both sides now (see [`CpuSample`]).
-#[allow(unsafe_code)]
 fn cpu_sample(registry_pid: Option<u32>) -> CpuSample {
     let mut threads = HashMap::new();
     for entry in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
@@ -103,13 +110,6 @@ fn cpu_sample(registry_pid: Option<u32>) -> CpuSample {
             threads.insert(tid, (comm == "daemon", secs));
         }
     }
-    // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let registry = registry_pid
         .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
         .as_deref()
@@ -117,7 +117,7 @@ fn cpu_sample(registry_pid: Option<u32>) -> CpuSample {
         .map_or(0.0, |(_, s)| s);
     CpuSample {
         threads,
-        children: secs(usage.ru_utime) + secs(usage.ru_stime),
+        children: cpu_time(libc::RUSAGE_CHILDREN).as_secs_f64(),
         registry,
     }
 }
@@ -153,6 +153,38 @@ async fn wake(env: &Env, pod: &str, vm: &str) -> f64 {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// The floor's medians, and what they allow: a peer wake can take no less than its own time
+/// outside the transfer (`outside`) plus the floor's bound on this machine's cores.
+fn print_floor(floors: &[peer_floor::Floor], outside: f64, registry_wake: f64) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let secs = |of: &dyn Fn(&peer_floor::Floor) -> std::time::Duration| {
+        median(floors.iter().map(|f| of(f).as_secs_f64()).collect())
+    };
+    println!(
+        "floor: the CPU no peer tier under these trust rules can avoid, on the snapshot's {} MiB of data",
+        floors[0].bytes >> 20
+    );
+    println!(
+        "| AES-256-GCM seal (sender) | open (receiver) | SHA-256 (receiver) | loopback socket (both ends) | all | longest single hash | least time on {cores} cores |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s | {:.2} s |",
+        secs(&|f| f.seal),
+        secs(&|f| f.open),
+        secs(&|f| f.hash),
+        secs(&|f| f.socket),
+        secs(&|f| f.cpu()),
+        secs(&|f| f.longest_hash),
+        secs(&|f| f.bound(cores))
+    );
+    let least = outside + secs(&|f| f.bound(cores));
+    println!(
+        "a peer wake cannot take less than {outside:.2} s outside the transfer + the least time = {least:.2} s: at most {:.2}× over this run's registry wake",
+        registry_wake / least
+    );
 }
 
 fn main() {
@@ -273,7 +305,7 @@ async fn bench() {
         registry_pid.is_some(),
         "the docker-registry process of this bench was not found"
     );
-    let (mut registry_cpu, mut peer_cpu) = (vec![], vec![]);
+    let (mut registry_cpu, mut peer_cpu, mut floors) = (vec![], vec![], vec![]);
     for round in 0..rounds {
         let pulled = b.provider.metrics().snapshot_pull_duration.get_sample_sum();
         let (reg_vm, peer_vm) = (format!("vm-reg-{round}"), format!("vm-peer-{round}"));
@@ -300,6 +332,20 @@ async fn bench() {
             last_clone(&env).iter().any(|a| a == "--from-dir"),
             "cloned from the staged directory"
         );
+        let snapshot = sim.snapshot_dir(&peer_vm).unwrap().unwrap();
+        let floor = tokio::task::spawn_blocking(move || peer_floor::measure(&snapshot))
+            .await
+            .unwrap();
+        eprintln!(
+            "round {round}: floor of {} MiB: seal {:.2?}, open {:.2?}, SHA-256 {:.2?} (longest {:.2?}), socket {:.2?}",
+            floor.bytes >> 20,
+            floor.seal,
+            floor.open,
+            floor.hash,
+            floor.longest_hash,
+            floor.socket
+        );
+        floors.push(floor);
         eprintln!(
             "round {round}: registry wake {:.2} s (pull {:.2} s; CPU {:.2} s waking, {:.2} s sending), peer wake {:.2} s (restore {:.2} s; CPU {:.2} s waking, {:.2} s sending)",
             registry_wakes[round],
@@ -361,6 +407,7 @@ async fn bench() {
         tier.client.hold_budget().peak() as f64 / (1 << 20) as f64,
         vk_cocoon::peer::arrivals::HOLD_LIMIT >> 20
     );
+    print_floor(&floors, peer_wake - peer, registry_wake);
     stop.cancel();
     let _ = sim.kill_everything();
     drop(b);

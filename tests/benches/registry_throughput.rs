@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vk_cocoon::registry::{Progress, RegistryAuth, TransferSettings};
 use vk_cocoon::runtime::{CocoonRuntime, CpuPolicy, RunSpec};
-use vk_test_support::bench::{env_list, env_u64, locate_sim, status_kib};
+use vk_test_support::bench::{cpu_time, env_list, env_u64, locate_sim, status_kib};
 use vk_test_support::registry_support::{TestRegistry, TransferClient, transfer_client_at};
 use vk_test_support::runtime_support;
 
@@ -68,31 +68,18 @@ fn cap_malloc_arenas_like_the_daemon() {
 /// simulator's import, which bounds the pull rows. Returns the time, the tar's bytes and the
 /// CPU time this process spent (user + system, every thread).
 async fn pull_into_sink(client: &TransferClient, repo: &str) -> (Duration, u64, Duration) {
-    let (t, cpu) = (Instant::now(), process_cpu());
+    let (t, cpu) = (Instant::now(), cpu_time(libc::RUSAGE_SELF));
     let source = client.open_snapshot(repo, "latest").await.expect("open the snapshot");
     let report = client
         .write_snapshot(&source, "restored", &mut tokio::io::sink(), &Progress::new())
         .await
         .expect("pull into a sink");
-    (t.elapsed(), report.tar_bytes, process_cpu() - cpu)
+    (t.elapsed(), report.tar_bytes, cpu_time(libc::RUSAGE_SELF) - cpu)
 }
 
 /// The cores `cpu` kept busy over `wall`.
 fn cores_busy(cpu: Duration, wall: Duration) -> f64 {
     cpu.as_secs_f64() / wall.as_secs_f64()
-}
-
-/// User + system CPU time of this process so far (`getrusage`).
-#[allow(unsafe_code)]
-fn process_cpu() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// One measure: bytes moved and the time of each repetition.

@@ -1,5 +1,6 @@
 //! What the benchmark binaries (`tests/benches`) read the same way: their `BENCH_*` knobs, the
-//! simulator binary, this process's memory from `/proc/self/status`, medians. Each bench prints
+//! simulator binary, this process's memory from `/proc/self/status` and CPU time from
+//! `getrusage`, medians. Each bench prints
 //! its own table; these only gather the inputs.
 
 use std::path::PathBuf;
@@ -63,6 +64,20 @@ pub fn status_kib(field: &str) -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// User + system CPU time so far of `who`: `libc::RUSAGE_SELF` (this process),
+/// `RUSAGE_THREAD` (the calling thread) or `RUSAGE_CHILDREN` (the children reaped so far).
+#[allow(unsafe_code)]
+pub fn cpu_time(who: libc::c_int) -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// The middle of `v` (the upper one of an even count).
