@@ -1,7 +1,6 @@
 //! What the benchmark binaries (`tests/benches`) read the same way: their `BENCH_*` knobs, the
 //! simulator binary, this process's memory from `/proc/self/status` and CPU time from
-//! `getrusage`, medians. Each bench prints
-//! its own table; these only gather the inputs.
+//! `getrusage`, medians. Each bench prints its own table; these only gather the inputs.
 
 use std::path::PathBuf;
 use std::time::Duration;
