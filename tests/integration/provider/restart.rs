@@ -559,8 +559,23 @@ async fn a_busy_stale_create_that_dies_on_arrival_gets_the_orphan_policy() {
     let vm = clone.await.unwrap();
     env.sim.flip_vm("vm-doa", cocoon_sim::Flip::Error).unwrap();
     env.sim.clear_faults().unwrap();
-    eventually(60, "the dead-on-arrival VM removed", || {
-        calls(&env, "vm rm").iter().any(|a| a.contains(&vm.id))
+    // A slow removal (as on a loaded machine): the VM is gone only once the call returned, not
+    // when it was recorded (the simulator records a call as it starts).
+    env.sim.delay("vm rm", Some(1), 1_500).unwrap();
+    eventually(60, "the dead-on-arrival VM's removal returned", || {
+        let removals: Vec<u32> = env
+            .sim
+            .calls()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.verb == "vm rm" && c.argv.iter().any(|a| a.contains(&vm.id)))
+            .map(|c| c.pid)
+            .collect();
+        env.sim
+            .call_ends()
+            .unwrap()
+            .iter()
+            .any(|e| e.verb == "vm rm" && removals.contains(&e.pid))
     })
     .await;
     assert!(vm_named(&env, "vm-doa").await.is_none());
