@@ -1,6 +1,7 @@
-//! The floor of a peer restore on this machine: the CPU no peer tier under the trust
-//! rules can avoid spending on one snapshot, measured in the same run as the tiers, piece by
-//! piece, on the snapshot's own data bytes:
+//! The floor of a peer restore on this machine: the CPU no peer tier can avoid spending on one
+//! snapshot while it keeps its trust rules (mutual TLS on the wire, every byte checked against
+//! the registry's digests), measured in the same run as the tiers, piece by piece, on the
+//! snapshot's own data bytes:
 //!
 //! * AES-256-GCM sealing on the sender and opening on the receiver, in TLS-sized records (the
 //!   cipher suite the nodes negotiate; this kernel has no kernel TLS to hand it to);
