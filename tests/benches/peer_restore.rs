@@ -37,7 +37,7 @@ use vk_cocoon::peer::server::MAX_STREAMS;
 use vk_cocoon::peer::{KubeNodes, PeerClient, PeerMetrics, PeerServer, PeerTier, PeerToken, Staging, Timeouts};
 use vk_cocoon::provider::ports::SnapshotRegistry;
 use vk_cocoon::runtime::{CocoonCli, CocoonRuntime};
-use vk_test_support::bench::cpu_time;
+use vk_test_support::bench::{self, cpu_time};
 use vk_test_support::provider_support::fleet_ca::FleetCa;
 use vk_test_support::provider_support::*;
 use vk_test_support::runtime_support;
@@ -160,8 +160,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn print_floor(floors: &[peer_floor::Floor], outside: f64, registry_wake: f64) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let secs = |of: &dyn Fn(&peer_floor::Floor) -> std::time::Duration| {
-        median(floors.iter().map(|f| of(f).as_secs_f64()).collect())
+        bench::median(floors.iter().map(of).collect()).as_secs_f64()
     };
+    let bound = secs(&|f| f.bound(cores));
     println!(
         "floor: the CPU no peer tier under these trust rules can avoid, on the snapshot's {} MiB of data",
         floors[0].bytes >> 20
@@ -178,9 +179,9 @@ fn print_floor(floors: &[peer_floor::Floor], outside: f64, registry_wake: f64) {
         secs(&|f| f.socket),
         secs(&|f| f.cpu()),
         secs(&|f| f.longest_hash),
-        secs(&|f| f.bound(cores))
+        bound
     );
-    let least = outside + secs(&|f| f.bound(cores));
+    let least = outside + bound;
     println!(
         "a peer wake cannot take less than {outside:.2} s outside the transfer + the least time = {least:.2} s: at most {:.2}× over this run's registry wake",
         registry_wake / least
