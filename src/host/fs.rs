@@ -1,7 +1,8 @@
-//! Filesystem space, the data extents of sparse files, pipe buffers.
+//! Filesystem space, the data extents of sparse files, pipe buffers, durable file replacement.
 
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use rustix::fs::SeekFrom;
@@ -51,11 +52,52 @@ pub fn widen_pipe(pipe: &impl AsFd) {
     }
 }
 
+/// Replaces `path` with `bytes`, so that a crash or a power loss at any point leaves either the
+/// old file or the whole new one, never a part (a state record cut short would read back as
+/// garbage). The bytes go to a temporary file beside it (a dot name, created `0600` and then
+/// given `mode` before any byte is written), which is synced, renamed over `path`, and the
+/// directory synced so the rename itself is on disk.
+pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Seek, Write};
 
     use super::*;
+
+    #[test]
+    fn a_replaced_file_has_the_new_bytes_and_mode_and_leaves_nothing_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record");
+        std::fs::write(&path, b"old and longer").unwrap();
+        write_atomically(&path, b"new", 0o640).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["record"], "no temporary file is left behind");
+        let missing_dir = dir.path().join("missing").join("record");
+        assert!(write_atomically(&missing_dir, b"x", 0o600).is_err());
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"new",
+            "a failed write elsewhere touches nothing"
+        );
+    }
 
     #[test]
     fn the_space_of_a_filesystem_adds_up() {

@@ -13,13 +13,15 @@
 //! costs start time, not the node.
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
+
+use crate::host::fs::write_atomically;
 
 /// Where compiled components are kept.
 #[derive(Debug)]
@@ -125,8 +127,8 @@ impl CompileCache {
     fn try_put(&self, digest: &str, compat: &str, compiled: &[u8]) -> std::io::Result<()> {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
         let path = self.entry(digest, compat);
-        write_atomically(&path.with_extension("sha256"), sha256_hex(compiled).as_bytes())?;
-        write_atomically(&path, compiled)
+        write_atomically(&path.with_extension("sha256"), sha256_hex(compiled).as_bytes(), 0o600)?;
+        write_atomically(&path, compiled, 0o600)
     }
 }
 
@@ -149,15 +151,6 @@ fn read_trusted(path: &Path) -> Option<Vec<u8>> {
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.read_to_end(&mut bytes).ok()?;
     Some(bytes)
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// Lower-case hex SHA-256 of `bytes`.

@@ -3,13 +3,14 @@
 //! and renewed through a new CSR at 80 % of its lifetime (the old one keeps serving until the
 //! new one is issued); a self-signed one is regenerated at the same point.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
+
+use crate::host::fs::write_atomically;
 
 use super::certs::{self, ServingCert};
 use super::{CertSlot, TlsError, TlsSource, csr};
@@ -53,16 +54,6 @@ pub struct CertManager {
     pub status: Option<csr::StatusSender>,
 }
 
-fn write_atomic(dir: &Path, name: &str, data: &str, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.write_all(data.as_bytes())?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(dir.join(name)).map_err(|e| e.error)?;
-    Ok(())
-}
-
 /// Stores a cluster-signed certificate and its key (0600) in `dir`.
 pub fn store(dir: &Path, cert: &ServingCert) -> Result<(), TlsError> {
     let io = |source: std::io::Error| TlsError::Io {
@@ -70,8 +61,8 @@ pub fn store(dir: &Path, cert: &ServingCert) -> Result<(), TlsError> {
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    write_atomic(dir, KEY_FILE, &cert.key_pem, 0o600).map_err(io)?;
-    write_atomic(dir, CERT_FILE, &cert.chain_pem, 0o644).map_err(io)?;
+    write_atomically(&dir.join(KEY_FILE), cert.key_pem.as_bytes(), 0o600).map_err(io)?;
+    write_atomically(&dir.join(CERT_FILE), cert.chain_pem.as_bytes(), 0o644).map_err(io)?;
     Ok(())
 }
 

@@ -4,9 +4,9 @@
 //! last resolved to (only used when tags are allowed and the registry cannot be reached).
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::host::fs::write_atomically;
 use crate::registry::manifest::{parse_manifest, sha256_digest};
 use crate::registry::{ArtifactLayer, PulledArtifact};
 
@@ -78,9 +78,9 @@ impl ArtifactStore {
         for layer in &artifact.layers {
             let digest = sha256_digest(&layer.bytes);
             let blob_hex = hex_of(&digest).expect("sha256_digest's form");
-            write_atomically(&self.dir.join("blobs").join(blob_hex), &layer.bytes)?;
+            store_file(&self.dir.join("blobs").join(blob_hex), &layer.bytes)?;
         }
-        write_atomically(
+        store_file(
             &self.dir.join("sha256").join(hex).join("manifest.json"),
             &artifact.manifest_bytes,
         )
@@ -94,7 +94,7 @@ impl ArtifactStore {
 
     /// Remembers that the tag reference `reference` resolved to `digest`.
     pub fn remember_tag(&self, reference: &str, digest: &str) -> std::io::Result<()> {
-        write_atomically(&self.tag_path(reference), format!("{digest}\n{reference}\n").as_bytes())
+        store_file(&self.tag_path(reference), format!("{digest}\n{reference}\n").as_bytes())
     }
 
     /// What `reference` last resolved to.
@@ -105,14 +105,10 @@ impl ArtifactStore {
     }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+/// Writes one file of the store, its directory created when missing.
+fn store_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+    write_atomically(path, bytes, 0o600)
 }
 
 #[cfg(test)]

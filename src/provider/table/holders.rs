@@ -6,18 +6,19 @@
 //!
 //! The record outlives the daemon: one small JSON file per name in the state directory
 //! (`<dir>/<vm-name>`; VM names are checked by cocoon's rule before they get here, so a name is
-//! always a plain file name), written to a temporary file and renamed into place
-//! ([`NameRecords`], which also keeps [`WokenFrom`]). A record that cannot be read back names an
-//! unknown holder, which no pod matches: the name stays refused until an operator removes the
+//! always a plain file name), written to a synced temporary file and renamed into place, so a
+//! crash or a power loss leaves the old record or the new one ([`NameRecords`], which also keeps
+//! [`WokenFrom`]). A record that cannot be read back anyway (a damaged disk, a hand edit) names
+//! an unknown holder, which no pod matches: the name stays refused until an operator removes the
 //! file (fail closed).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::host::fs::write_atomically;
 use crate::kubelet::PodKey;
 use crate::model::names;
 
@@ -65,7 +66,7 @@ impl Holder {
 }
 
 /// Records by VM name, one small JSON file each in a directory of the state directory
-/// (`<dir>/<vm-name>`), written to a temporary file and renamed into place; `None` for the
+/// (`<dir>/<vm-name>`), replaced atomically and durably; `None` for the
 /// directory keeps them in memory only.
 #[derive(Debug)]
 pub struct NameRecords<T> {
@@ -187,10 +188,8 @@ fn restrict(dir: &Path) -> std::io::Result<()> {
 }
 
 fn write_record<T: Serialize>(dir: &Path, name: &str, value: &T) -> std::io::Result<()> {
-    let mut file = tempfile::Builder::new().prefix(".record-").tempfile_in(dir)?;
-    file.write_all(&serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
-    file.persist(dir.join(name)).map_err(|e| e.error)?;
-    Ok(())
+    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    write_atomically(&dir.join(name), &bytes, 0o600)
 }
 
 #[cfg(test)]
