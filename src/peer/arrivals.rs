@@ -12,7 +12,9 @@
 //! takes them: reading a file back from the page cache costs a copy of every byte, which on a
 //! busy node is a large share of a restore's CPU. Only bytes some digest covers are kept (the
 //! registry's data segments of the file); what is not kept (the budget spent while a hasher
-//! lags) it reads from disk as before.
+//! lags) it reads from disk as before. Kept bytes only ever live in [`ChunkBuffer`]s taken from
+//! the budget, which counts each buffer's whole allocation until the last piece kept of it is
+//! gone: a kept piece can pin no memory the budget does not count.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,16 +22,20 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 
-/// The most landed bytes all of a node's restores keep for their hashers at once.
+/// The most memory all of a node's restores hold for their hashers at once.
 pub const HOLD_LIMIT: usize = 128 << 20;
 
-/// Landed bytes kept for the hashers, counted across every file of every restore of the node,
-/// so what a restore holds in memory is bounded however many files and restores there are.
+/// Memory holding landed bytes for the hashers, counted across every file of every restore of
+/// the node, so what a restore holds is bounded however many files and restores there are.
 #[derive(Debug)]
 pub struct HoldBudget {
     limit: usize,
     held: AtomicUsize,
     peak: AtomicUsize,
+    /// Buffers given back, still counted, reused before any new one is allocated: a fresh
+    /// buffer's pages fault in one by one, which over a restore's gigabyte costs more CPU than
+    /// the copies into them. [`Self::trim`] frees them.
+    spares: Mutex<Vec<Vec<u8>>>,
 }
 
 impl HoldBudget {
@@ -38,35 +44,118 @@ impl HoldBudget {
             limit,
             held: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            spares: Mutex::default(),
         })
     }
 
-    /// Takes `bytes` from the budget; `false`, taking nothing, when they would pass the limit.
-    fn reserve(&self, bytes: usize) -> bool {
-        let reserved = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-            held.checked_add(bytes).filter(|&total| total <= self.limit)
-        });
-        match reserved {
-            Ok(before) => {
-                self.peak.fetch_max(before + bytes, Ordering::Relaxed);
-                true
+    /// A buffer of `capacity` bytes counted against the budget until it is trimmed away; `None`,
+    /// taking nothing, when it would pass the limit.
+    pub fn buffer(self: &Arc<Self>, capacity: usize) -> Option<ChunkBuffer> {
+        let spare = self.spares_locked().pop();
+        let bytes = match spare {
+            Some(bytes) if bytes.capacity() == capacity => bytes,
+            other => {
+                // A spare of another size (only tests mix sizes) makes room for this one.
+                if let Some(bytes) = other {
+                    self.held.fetch_sub(bytes.capacity(), Ordering::AcqRel);
+                }
+                let reserved = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                    held.checked_add(capacity).filter(|&total| total <= self.limit)
+                });
+                let before = reserved.ok()?;
+                self.peak.fetch_max(before + capacity, Ordering::Relaxed);
+                Vec::with_capacity(capacity)
             }
-            Err(_) => false,
-        }
+        };
+        Some(ChunkBuffer {
+            bytes,
+            budget: Some(self.clone()),
+        })
     }
 
-    fn release(&self, bytes: usize) {
-        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    /// Frees the spare buffers (no restore is running to reuse them).
+    pub fn trim(&self) {
+        let spares = std::mem::take(&mut *self.spares_locked());
+        let freed = spares.iter().map(Vec::capacity).sum();
+        self.held.fetch_sub(freed, Ordering::AcqRel);
     }
 
-    /// Bytes kept now.
+    fn spares_locked(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.spares.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Bytes counted now.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
 
-    /// The most bytes kept at once since the budget was made.
+    /// The most bytes counted at once since the budget was made.
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// A fixed-capacity buffer for one chunk of a staged file. One from a [`HoldBudget`] goes back
+/// to it as a spare when it drops: after the write when nothing of it is kept, or once the
+/// hasher has taken every kept piece of it.
+#[derive(Debug)]
+pub struct ChunkBuffer {
+    bytes: Vec<u8>,
+    budget: Option<Arc<HoldBudget>>,
+}
+
+impl ChunkBuffer {
+    /// A buffer no budget counts; its bytes are never kept.
+    pub fn uncounted(capacity: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(capacity),
+            budget: None,
+        }
+    }
+
+    /// Copies as much of `from` as fits; how many bytes that was.
+    pub fn fill(&mut self, from: &[u8]) -> usize {
+        let n = from.len().min(self.bytes.capacity() - self.bytes.len());
+        self.bytes.extend_from_slice(&from[..n]);
+        n
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.bytes.len() == self.bytes.capacity()
+    }
+
+    /// Empties the buffer for the next chunk.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+    }
+
+    /// Whether a budget counts this buffer (only then are its bytes kept).
+    pub fn is_counted(&self) -> bool {
+        self.budget.is_some()
+    }
+}
+
+impl AsRef<[u8]> for ChunkBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for ChunkBuffer {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.budget {
+            let mut bytes = std::mem::take(&mut self.bytes);
+            bytes.clear();
+            budget.spares_locked().push(bytes);
+        }
     }
 }
 
@@ -91,15 +180,9 @@ struct State {
     /// Sorted, non-overlapping, non-adjacent `(start, end)` ranges.
     landed: Vec<(u64, u64)>,
     end: Option<End>,
-    /// Kept bytes by file offset (disjoint), each taken from the budget (given back as they are
-    /// taken, and on drop).
+    /// Kept bytes by file offset (disjoint), each a piece of a [`ChunkBuffer`] the budget counts
+    /// until its last piece is taken (or dropped with the arrivals).
     held: BTreeMap<u64, Bytes>,
-}
-
-impl State {
-    fn held_bytes(&self) -> usize {
-        self.held.values().map(Bytes::len).sum()
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,37 +210,41 @@ impl Arrivals {
 
     /// Records `[offset, offset + length)` as on disk.
     pub fn land(&self, offset: u64, length: u64) {
-        self.land_bytes_of(offset, length, Vec::new());
-    }
-
-    /// Records `frames`, laid end to end from `offset`, as on disk, and keeps their bytes that
-    /// lie in the kept ranges while the limit allows.
-    pub fn land_bytes(&self, offset: u64, frames: Vec<Bytes>) {
-        let length = frames.iter().map(|f| f.len() as u64).sum();
-        self.land_bytes_of(offset, length, frames);
-    }
-
-    fn land_bytes_of(&self, offset: u64, length: u64, frames: Vec<Bytes>) {
         if length == 0 {
             return;
         }
         let mut state = self.state.lock().expect("arrivals lock");
-        if let Some(keep) = &self.keep {
-            let mut at = offset;
-            for frame in frames {
-                let end = at + frame.len() as u64;
-                for (start, stop) in within(&keep.ranges, at, end) {
-                    if !keep.budget.reserve((stop - start) as usize) {
-                        break;
-                    }
-                    let piece = frame.slice((start - at) as usize..(stop - at) as usize);
-                    if let Some(old) = state.held.insert(start, piece) {
-                        keep.budget.release(old.len());
-                    }
-                }
-                at = end;
-            }
+        merge(&mut state.landed, (offset, offset + length));
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// A buffer for the next chunk of the file, counted against the node's budget so its bytes
+    /// can be kept ([`Self::land_chunk`]); `None` when the file keeps nothing or the budget is
+    /// spent.
+    pub fn buffer(&self, capacity: usize) -> Option<ChunkBuffer> {
+        self.keep.as_ref()?.budget.buffer(capacity)
+    }
+
+    /// Records `chunk`'s bytes as on disk from `offset`, and keeps those in the kept ranges when
+    /// the chunk came from [`Self::buffer`]. The buffer goes back to the budget once no piece
+    /// of it is kept.
+    pub fn land_chunk(&self, offset: u64, chunk: ChunkBuffer) {
+        let length = chunk.len() as u64;
+        if length == 0 {
+            return;
         }
+        let kept: Vec<(u64, Bytes)> = match &self.keep {
+            Some(keep) if chunk.is_counted() => {
+                let bytes = Bytes::from_owner(chunk);
+                within(&keep.ranges, offset, offset + length)
+                    .map(|(start, stop)| (start, bytes.slice((start - offset) as usize..(stop - offset) as usize)))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let mut state = self.state.lock().expect("arrivals lock");
+        state.held.extend(kept);
         merge(&mut state.landed, (offset, offset + length));
         drop(state);
         self.changed.notify_all();
@@ -184,9 +271,6 @@ impl Arrivals {
                 state.held.insert(to, piece.slice((to - at) as usize..));
             }
             taken.push((from, piece.slice((from - at) as usize..(to - at) as usize)));
-        }
-        if let Some(keep) = &self.keep {
-            keep.budget.release(taken.iter().map(|(_, b)| b.len()).sum());
         }
         taken
     }
@@ -220,15 +304,6 @@ impl Arrivals {
         state.end.get_or_insert(end);
         drop(state);
         self.changed.notify_all();
-    }
-}
-
-impl Drop for Arrivals {
-    /// Bytes no hasher took (a transfer that failed, a hasher that stopped) go back to the budget.
-    fn drop(&mut self) {
-        if let (Some(keep), Ok(state)) = (&self.keep, self.state.get_mut()) {
-            keep.budget.release(state.held_bytes());
-        }
     }
 }
 
@@ -303,60 +378,75 @@ mod tests {
         assert_eq!(arrivals.wait(1 << 30, 1), Err(Aborted), "the first end stands");
     }
 
-    #[test]
-    fn landed_bytes_in_the_kept_ranges_are_kept_until_taken() {
-        // Kept: 10..30 and 40..50; a frame of 0..25 and one of 25..60.
-        let budget = HoldBudget::new(HOLD_LIMIT);
-        let arrivals = Arrivals::keeping(vec![(10, 20), (40, 10)], budget.clone());
-        let bytes: Vec<u8> = (0..60).collect();
-        let all = Bytes::from(bytes.clone());
-        arrivals.land_bytes(0, vec![all.slice(..25), all.slice(25..)]);
-        assert_eq!(arrivals.wait(0, 60), Ok(()), "the whole range landed");
-        let kept = |a: &Arrivals| a.state.lock().unwrap().held_bytes();
-        assert_eq!(kept(&arrivals), 30, "only the kept ranges' bytes");
-        // A range that cuts into kept pieces takes only its share; the rest stays.
-        let taken = arrivals.take(15, 45);
-        let got: Vec<(u64, Vec<u8>)> = taken.iter().map(|(o, b)| (*o, b.to_vec())).collect();
-        assert_eq!(
-            got,
-            vec![
-                (15, bytes[15..25].to_vec()),
-                (25, bytes[25..30].to_vec()),
-                (40, bytes[40..45].to_vec())
-            ]
-        );
-        assert_eq!(kept(&arrivals), 10);
-        assert_eq!(budget.held(), 10, "taken bytes are given back to the budget");
-        let rest: Vec<u64> = arrivals.take(0, 60).iter().map(|(o, b)| *o + b.len() as u64).collect();
-        assert_eq!(rest, vec![15, 50], "10..15 and 45..50 were left");
-        assert!(arrivals.take(0, 60).is_empty(), "taken bytes are gone");
+    /// A chunk of `bytes` in a buffer from `arrivals`' budget.
+    fn chunk_of(arrivals: &Arrivals, bytes: &[u8]) -> ChunkBuffer {
+        let mut chunk = arrivals.buffer(bytes.len()).expect("the budget has room");
+        assert_eq!(chunk.fill(bytes), bytes.len());
+        chunk
+    }
+
+    fn kept_bytes(arrivals: &Arrivals) -> usize {
+        arrivals.state.lock().unwrap().held.values().map(Bytes::len).sum()
     }
 
     #[test]
-    fn the_files_of_every_restore_keep_no_more_than_the_node_budget_between_them() {
+    fn landed_bytes_in_the_kept_ranges_are_kept_until_taken() {
+        // Kept: 10..30 and 40..50 of a chunk of 0..60.
+        let budget = HoldBudget::new(HOLD_LIMIT);
+        let arrivals = Arrivals::keeping(vec![(10, 20), (40, 10)], budget.clone());
+        let bytes: Vec<u8> = (0..60).collect();
+        arrivals.land_chunk(0, chunk_of(&arrivals, &bytes));
+        assert_eq!(arrivals.wait(0, 60), Ok(()), "the whole range landed");
+        assert_eq!(kept_bytes(&arrivals), 30, "only the kept ranges' bytes");
+        assert_eq!(budget.held(), 60, "a kept piece counts the whole buffer it pins");
+        // A range that cuts into kept pieces takes only its share; the rest stays.
+        let taken = arrivals.take(15, 45);
+        let got: Vec<(u64, Vec<u8>)> = taken.iter().map(|(o, b)| (*o, b.to_vec())).collect();
+        assert_eq!(got, vec![(15, bytes[15..30].to_vec()), (40, bytes[40..45].to_vec())]);
+        assert_eq!(kept_bytes(&arrivals), 10);
+        drop(taken);
+        assert_eq!(budget.held(), 60, "the pieces left still pin the buffer");
+        let rest: Vec<u64> = arrivals.take(0, 60).iter().map(|(o, b)| *o + b.len() as u64).collect();
+        assert_eq!(rest, vec![15, 50], "10..15 and 45..50 were left");
+        assert!(arrivals.take(0, 60).is_empty(), "taken bytes are gone");
+        assert_eq!(
+            budget.spares_locked().len(),
+            1,
+            "the buffer went back once its last piece was hashed"
+        );
+        assert_eq!(budget.held(), 60, "a spare stays counted");
+        budget.trim();
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn the_files_of_every_restore_hold_no_more_than_the_node_budget_between_them() {
         // Two files (of one restore or of two) and a budget of 100 bytes.
         let budget = HoldBudget::new(100);
         let first = Arrivals::keeping(vec![(0, 1000)], budget.clone());
         let second = Arrivals::keeping(vec![(0, 1000)], budget.clone());
-        let frame = Bytes::from(vec![7u8; 60]);
-        first.land_bytes(0, vec![frame.clone(), frame.clone()]);
-        second.land_bytes(0, vec![frame.clone()]);
-        let held = |a: &Arrivals| a.state.lock().unwrap().held_bytes();
-        assert_eq!(held(&first), 60, "the second frame would pass the budget");
-        assert_eq!(held(&second), 0, "the first file holds what the budget allows");
+        first.land_chunk(0, chunk_of(&first, &[7; 60]));
+        assert!(second.buffer(60).is_none(), "a second buffer would pass the budget");
+        // Its writer lands the chunk from a buffer of its own, which nothing keeps.
+        let mut own = ChunkBuffer::uncounted(60);
+        own.fill(&[7; 60]);
+        second.land_chunk(0, own);
+        assert_eq!(kept_bytes(&second), 0);
         assert_eq!(
-            first.state.lock().unwrap().landed,
-            [(0, 120)],
+            second.state.lock().unwrap().landed,
+            [(0, 60)],
             "what is not kept still lands"
         );
         assert_eq!(budget.held(), 60);
-        // Taken bytes go back to the budget: the other file may keep its next frame.
-        assert_eq!(first.take(0, 120).len(), 1);
-        assert_eq!(budget.held(), 0);
-        second.land_bytes(60, vec![frame.clone()]);
-        assert_eq!(held(&second), 60);
+        // A buffer whose bytes were taken goes back to the budget: the other file reuses it.
+        assert_eq!(first.take(0, 60).len(), 1);
+        second.land_chunk(60, chunk_of(&second, &[7; 60]));
+        assert_eq!(kept_bytes(&second), 60);
+        assert_eq!(budget.held(), 60);
         // Bytes nobody took (the transfer failed) go back when the arrivals are dropped.
         drop(second);
+        assert_eq!(budget.spares_locked().len(), 1);
+        budget.trim();
         assert_eq!(budget.held(), 0);
         assert_eq!(budget.peak(), 60, "never more than the budget at once");
     }

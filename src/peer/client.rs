@@ -63,6 +63,17 @@ impl Default for Timeouts {
     }
 }
 
+/// Frees the hold budget's spare buffers when the restore it guards ends and no other runs.
+struct TrimWhenIdle<'a>(&'a PeerClient);
+
+impl Drop for TrimWhenIdle<'_> {
+    fn drop(&mut self) {
+        if self.0.restores.available_permits() == MAX_RESTORES {
+            self.0.hold.trim();
+        }
+    }
+}
+
 /// Why a peer restore failed (the wake then pulls from the registry).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -150,6 +161,8 @@ impl PeerClient {
         envelope: &[u8],
         files: &[FileContent],
     ) -> Result<Restored, RestoreError> {
+        // Declared first, dropped last: after the permit and every buffer of this restore.
+        let _trim = TrimWhenIdle(self);
         let _slot = self
             .restores
             .acquire()
@@ -318,7 +331,7 @@ impl PeerClient {
                     if got > s.length {
                         return Err(transfer(addr, &what, format!("more than {} bytes", s.length)));
                     }
-                    writer.push(data).await.map_err(|e| staging_io(file_name, e))?;
+                    writer.push(&data).await.map_err(|e| staging_io(file_name, e))?;
                 }
             }
             if got != s.length {

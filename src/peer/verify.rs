@@ -308,8 +308,6 @@ fn read_range(
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::super::arrivals::{HOLD_LIMIT, HoldBudget};
     use super::super::protocol::{PlanFile, Slice};
     use super::*;
@@ -470,14 +468,12 @@ mod tests {
             &[(0, data.len() as u64)],
             &[&data[..cut], &data[cut..]],
         )];
-        let arrivals = Arc::new(Arrivals::keeping(
-            files[0].segments.clone(),
-            HoldBudget::new(HOLD_LIMIT),
-        ));
+        let budget = HoldBudget::new(HOLD_LIMIT);
+        let arrivals = Arc::new(Arrivals::keeping(files[0].segments.clone(), budget.clone()));
         let landing = Landing::from([("memory-ranges".to_string(), arrivals.clone())]);
         let hashing = hashing_in_background(dir.path(), &files, &landing);
-        // Every MiB lands in frames of odd sizes; only the third is written to disk, so the
-        // check passes only if it hashed the others from the frames it was handed.
+        // Every MiB lands as a chunk; only the third is written to disk, so the check passes
+        // only if it hashed the others from the chunks it was handed.
         for i in [3, 1, 0, 2] {
             let range = i * MIB..(i + 1) * MIB;
             if i == 2 {
@@ -485,17 +481,17 @@ mod tests {
                 arrivals.land(range.start as u64, MIB as u64);
                 continue;
             }
-            let frames = data[range.clone()]
-                .chunks(100_003)
-                .map(Bytes::copy_from_slice)
-                .collect();
-            arrivals.land_bytes(range.start as u64, frames);
+            let mut chunk = arrivals.buffer(MIB).expect("the budget has room");
+            chunk.fill(&data[range.clone()]);
+            arrivals.land_chunk(range.start as u64, chunk);
         }
         assert_eq!(hashing.await.unwrap(), Ok(()));
         assert!(
             arrivals.take(0, data.len() as u64).is_empty(),
             "every kept byte was hashed"
         );
+        budget.trim();
+        assert_eq!(budget.held(), 0, "and every buffer given back");
     }
 
     #[test]
