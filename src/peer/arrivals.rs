@@ -32,10 +32,33 @@ pub struct HoldBudget {
     limit: usize,
     held: AtomicUsize,
     peak: AtomicUsize,
-    /// Buffers given back, still counted, reused before any new one is allocated: a fresh
-    /// buffer's pages fault in one by one, which over a restore's gigabyte costs more CPU than
-    /// the copies into them. [`Self::trim`] frees them.
-    spares: Mutex<Vec<Vec<u8>>>,
+    spares: Mutex<Spares>,
+}
+
+/// Buffers given back while a restore uses the budget, still counted, reused before any new one
+/// is allocated: a fresh buffer's pages fault in one by one, which over a restore's gigabyte
+/// costs more CPU than the copies into them. With the user count under the same lock, a buffer
+/// given back after the last user left is freed, never kept counted while nothing runs.
+#[derive(Debug, Default)]
+struct Spares {
+    buffers: Vec<Vec<u8>>,
+    /// Restores using the budget now ([`HoldBudget::enter`]).
+    users: usize,
+}
+
+/// A restore's use of a [`HoldBudget`]; when the last one drops, the spare buffers are freed.
+#[derive(Debug)]
+pub struct BudgetUse(Arc<HoldBudget>);
+
+impl Drop for BudgetUse {
+    fn drop(&mut self) {
+        let mut spares = self.0.spares_locked();
+        spares.users -= 1;
+        if spares.users == 0 {
+            let freed: usize = spares.buffers.drain(..).map(|b| b.capacity()).sum();
+            self.0.held.fetch_sub(freed, Ordering::AcqRel);
+        }
+    }
 }
 
 impl HoldBudget {
@@ -48,10 +71,17 @@ impl HoldBudget {
         })
     }
 
-    /// A buffer of `capacity` bytes counted against the budget until it is trimmed away; `None`,
-    /// taking nothing, when it would pass the limit.
+    /// Marks a restore as using the budget until the returned guard drops.
+    pub fn enter(self: &Arc<Self>) -> BudgetUse {
+        self.spares_locked().users += 1;
+        BudgetUse(self.clone())
+    }
+
+    /// A buffer of `capacity` bytes counted against the budget until it is freed (given back
+    /// while no restore uses the budget, or when the last one stops); `None`, taking nothing,
+    /// when it would pass the limit.
     pub fn buffer(self: &Arc<Self>, capacity: usize) -> Option<ChunkBuffer> {
-        let spare = self.spares_locked().pop();
+        let spare = self.spares_locked().buffers.pop();
         let bytes = match spare {
             Some(bytes) if bytes.capacity() == capacity => bytes,
             other => {
@@ -73,14 +103,7 @@ impl HoldBudget {
         })
     }
 
-    /// Frees the spare buffers (no restore is running to reuse them).
-    pub fn trim(&self) {
-        let spares = std::mem::take(&mut *self.spares_locked());
-        let freed = spares.iter().map(Vec::capacity).sum();
-        self.held.fetch_sub(freed, Ordering::AcqRel);
-    }
-
-    fn spares_locked(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+    fn spares_locked(&self) -> std::sync::MutexGuard<'_, Spares> {
         self.spares.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -96,8 +119,8 @@ impl HoldBudget {
 }
 
 /// A fixed-capacity buffer for one chunk of a staged file. One from a [`HoldBudget`] goes back
-/// to it as a spare when it drops: after the write when nothing of it is kept, or once the
-/// hasher has taken every kept piece of it.
+/// to it when it drops (after the write when nothing of it is kept, or once the hasher has taken
+/// every kept piece of it), as a spare while a restore uses the budget.
 #[derive(Debug)]
 pub struct ChunkBuffer {
     bytes: Vec<u8>,
@@ -153,8 +176,13 @@ impl Drop for ChunkBuffer {
     fn drop(&mut self) {
         if let Some(budget) = &self.budget {
             let mut bytes = std::mem::take(&mut self.bytes);
-            bytes.clear();
-            budget.spares_locked().push(bytes);
+            let mut spares = budget.spares_locked();
+            if spares.users > 0 {
+                bytes.clear();
+                spares.buffers.push(bytes);
+            } else {
+                budget.held.fetch_sub(bytes.capacity(), Ordering::AcqRel);
+            }
         }
     }
 }
@@ -393,6 +421,7 @@ mod tests {
     fn landed_bytes_in_the_kept_ranges_are_kept_until_taken() {
         // Kept: 10..30 and 40..50 of a chunk of 0..60.
         let budget = HoldBudget::new(HOLD_LIMIT);
+        let restore = budget.enter();
         let arrivals = Arrivals::keeping(vec![(10, 20), (40, 10)], budget.clone());
         let bytes: Vec<u8> = (0..60).collect();
         arrivals.land_chunk(0, chunk_of(&arrivals, &bytes));
@@ -410,19 +439,20 @@ mod tests {
         assert_eq!(rest, vec![15, 50], "10..15 and 45..50 were left");
         assert!(arrivals.take(0, 60).is_empty(), "taken bytes are gone");
         assert_eq!(
-            budget.spares_locked().len(),
+            budget.spares_locked().buffers.len(),
             1,
             "the buffer went back once its last piece was hashed"
         );
         assert_eq!(budget.held(), 60, "a spare stays counted");
-        budget.trim();
-        assert_eq!(budget.held(), 0);
+        drop(restore);
+        assert_eq!(budget.held(), 0, "and is freed when the restore ends");
     }
 
     #[test]
     fn the_files_of_every_restore_hold_no_more_than_the_node_budget_between_them() {
         // Two files (of one restore or of two) and a budget of 100 bytes.
         let budget = HoldBudget::new(100);
+        let (restore, other_restore) = (budget.enter(), budget.enter());
         let first = Arrivals::keeping(vec![(0, 1000)], budget.clone());
         let second = Arrivals::keeping(vec![(0, 1000)], budget.clone());
         first.land_chunk(0, chunk_of(&first, &[7; 60]));
@@ -445,10 +475,27 @@ mod tests {
         assert_eq!(budget.held(), 60);
         // Bytes nobody took (the transfer failed) go back when the arrivals are dropped.
         drop(second);
-        assert_eq!(budget.spares_locked().len(), 1);
-        budget.trim();
+        assert_eq!(budget.spares_locked().buffers.len(), 1);
+        drop(restore);
+        assert_eq!(budget.held(), 60, "spares are kept while a restore runs");
+        drop(other_restore);
         assert_eq!(budget.held(), 0);
         assert_eq!(budget.peak(), 60, "never more than the budget at once");
+    }
+
+    #[test]
+    fn a_buffer_given_back_after_the_last_restore_ended_is_freed() {
+        // A hasher that lets go of its kept bytes only after its restore returned (it was still
+        // settling a failed transfer) must not leave their buffer counted with nothing to use it.
+        let budget = HoldBudget::new(HOLD_LIMIT);
+        let restore = budget.enter();
+        let arrivals = Arrivals::keeping(vec![(0, 100)], budget.clone());
+        arrivals.land_chunk(0, chunk_of(&arrivals, &[1; 100]));
+        drop(restore);
+        assert_eq!(budget.held(), 100, "its bytes are still kept");
+        drop(arrivals);
+        assert_eq!(budget.held(), 0);
+        assert!(budget.spares_locked().buffers.is_empty());
     }
 
     #[test]

@@ -63,17 +63,6 @@ impl Default for Timeouts {
     }
 }
 
-/// Frees the hold budget's spare buffers when the restore it guards ends and no other runs.
-struct TrimWhenIdle<'a>(&'a PeerClient);
-
-impl Drop for TrimWhenIdle<'_> {
-    fn drop(&mut self) {
-        if self.0.restores.available_permits() == MAX_RESTORES {
-            self.0.hold.trim();
-        }
-    }
-}
-
 /// Why a peer restore failed (the wake then pulls from the registry).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -161,8 +150,8 @@ impl PeerClient {
         envelope: &[u8],
         files: &[FileContent],
     ) -> Result<Restored, RestoreError> {
-        // Declared first, dropped last: after the permit and every buffer of this restore.
-        let _trim = TrimWhenIdle(self);
+        // Declared first, dropped last: after every buffer this restore drops itself.
+        let _hold = self.hold.enter();
         let _slot = self
             .restores
             .acquire()
