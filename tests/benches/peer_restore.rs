@@ -404,7 +404,7 @@ async fn bench() {
         registry_waking / peer_waking
     );
     println!(
-        "received bytes kept in memory for the registry check: at most {:.0} MiB at once (the node's budget {} MiB)",
+        "memory holding received bytes for the registry check (whole chunk buffers): at most {:.0} MiB at once (the node's budget {} MiB)",
         tier.client.hold_budget().peak() as f64 / (1 << 20) as f64,
         vk_cocoon::peer::arrivals::HOLD_LIMIT >> 20
     );
