@@ -218,9 +218,18 @@ pub fn start(b: &Boot<'_>, layout: &Layout) -> std::io::Result<(i64, VmFiles)> {
     // Not waited for: the VMM outlives this invocation (its parent becomes init).
     std::mem::forget(child);
     // Until the child has exec'd, /proc shows this process's command line; callers judge
-    // liveness by it, so return only once the VMM is itself.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !alive(i64::from(pid), b.id) && std::time::Instant::now() < deadline {
+    // liveness by it, so return only once the VMM is itself, as cocoon returns only once its
+    // VMM answers. On a loaded machine the exec can take seconds (with a 5 s bound that let the
+    // run report success anyway, a busy test run once had its next `snapshot save` find the VM
+    // not running, most likely this); a VMM that never comes up fails the run, as cocoon's does.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !alive(i64::from(pid), b.id) {
+        if std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::other(format!(
+                "the VMM of {} (pid {pid}) did not start within 60 s",
+                b.id
+            )));
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
     files.started_ns = now_ns();
