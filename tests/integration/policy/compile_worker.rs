@@ -189,11 +189,17 @@ fn the_engine_runs_its_worker_within_the_configured_limits() {
 #[test]
 fn a_worker_past_its_address_space_limit_aborts_instead_of_growing() {
     use std::os::unix::process::ExitStatusExt;
-    // Under what the worker already maps: its first allocation after the limit fails.
+    // Under what the worker already maps: its first allocation after the limit fails. Which
+    // one comes first depends on scheduling: a heap allocation ("memory allocation of N bytes
+    // failed"), or a compiler thread's signal stack ("Cannot allocate memory"), seen once on a
+    // loaded machine. Either way the worker aborts.
     let out = worker_with("300000", "16");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{:?}: {stderr}", out.status);
-    assert!(stderr.contains("memory allocation of"), "{stderr}");
+    assert!(
+        stderr.contains("memory allocation of") || stderr.contains("Cannot allocate memory"),
+        "{stderr}"
+    );
     assert!(out.stdout.is_empty(), "no artifact");
     // The default limit leaves the built-in policies ample room.
     let out = worker_with("300000", "4096");
