@@ -238,13 +238,7 @@ impl Arrivals {
 
     /// Records `[offset, offset + length)` as on disk.
     pub fn land(&self, offset: u64, length: u64) {
-        if length == 0 {
-            return;
-        }
-        let mut state = self.state.lock().expect("arrivals lock");
-        merge(&mut state.landed, (offset, offset + length));
-        drop(state);
-        self.changed.notify_all();
+        self.record(offset, length, Vec::new());
     }
 
     /// A buffer for the next chunk of the file, counted against the node's budget so its bytes
@@ -259,9 +253,6 @@ impl Arrivals {
     /// of it is kept.
     pub fn land_chunk(&self, offset: u64, chunk: ChunkBuffer) {
         let length = chunk.len() as u64;
-        if length == 0 {
-            return;
-        }
         let kept: Vec<(u64, Bytes)> = match &self.keep {
             Some(keep) if chunk.is_counted() => {
                 let bytes = Bytes::from_owner(chunk);
@@ -271,6 +262,14 @@ impl Arrivals {
             }
             _ => Vec::new(),
         };
+        self.record(offset, length, kept);
+    }
+
+    /// Marks `[offset, offset + length)` landed with its `kept` pieces, and wakes the waiters.
+    fn record(&self, offset: u64, length: u64, kept: Vec<(u64, Bytes)>) {
+        if length == 0 {
+            return;
+        }
         let mut state = self.state.lock().expect("arrivals lock");
         state.held.extend(kept);
         merge(&mut state.landed, (offset, offset + length));
