@@ -16,6 +16,7 @@ use vk_cocoon::kubelet::{KubeletConfig, VirtualNode};
 use vk_cocoon::kubelet_api::auth::Auth;
 use vk_cocoon::kubelet_api::config::ApiArgs;
 use vk_cocoon::kubelet_api::streaming::{Streaming, StreamingArgs, StreamingConfig};
+use vk_cocoon::kubelet_api::tls::ca_file;
 use vk_cocoon::kubelet_api::tls::manager::{CertManager, CertTimings};
 use vk_cocoon::kubelet_api::tls::{CertSlot, TlsSource};
 use vk_cocoon::kubelet_api::{ApiConfig, ApiMetrics, ApiState, KubeletApi};
@@ -294,6 +295,10 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(addr = %peer_cfg.listen, "serving hibernated snapshots to peers over mutual TLS");
         let peer_listener = PeerServer::listener(&tls, args.listeners.limits(Which::Peer));
         listeners.spawn(server.serve(listener, peer_listener, shutdown.clone()));
+        // A rotated peer CA is trusted from the next connection on, both ways.
+        if let Some(path) = peer_cfg.ca_file.clone() {
+            listeners.spawn(tls.follow_ca_file(path, ca_file::CHECK_EVERY, shutdown.clone()));
+        }
     }
     background.spawn(provider.clone().run_background(phases.background.clone()));
 

@@ -32,6 +32,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::listener::ServerTls;
+
 pub use config::ApiConfig;
 pub use state::{ApiMetrics, ApiState};
 use tls::manager::{CertManager, CertTimings};
@@ -99,7 +101,16 @@ impl KubeletApi {
             }
         };
         let slot = Arc::new(tls::CertSlot::default());
-        let tls_config = tls::server_config(slot.clone(), client_ca)?;
+        let tls_config = ServerTls::new(tls::server_config(slot.clone(), client_ca)?);
+        let client_ca_watch = self.config.client_ca.clone().map(|path| {
+            tls::watch_client_ca(
+                path,
+                slot.clone(),
+                tls_config.clone(),
+                self.cert_timings.file_check,
+                shutdown.clone(),
+            )
+        });
         let manager = CertManager {
             source: self.config.tls.clone(),
             node_name: self.state.node_name.clone(),
@@ -124,7 +135,12 @@ impl KubeletApi {
             // The certificate is renewed for as long as the listener serves (both end at `shutdown`).
             tokio::join!(
                 manager.run(cert, shutdown.clone()),
-                server::run(listener, server, app, shutdown)
+                server::run(listener, server, app, shutdown),
+                async {
+                    if let Some(watch) = client_ca_watch {
+                        watch.await;
+                    }
+                }
             );
         });
         Ok(Serving { addr, task, cert: slot })

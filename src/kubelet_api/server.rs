@@ -6,14 +6,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::Request;
-use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::auth::{PeerCertificate, UserInfo};
 use super::tls::certs;
-use crate::listener::{ClientCertificates, Limits, Listener};
+use crate::listener::{ClientCertificates, Limits, Listener, ServerTls};
 
 /// The identity of a verified client certificate: its subject's CN and organisations.
 fn identity(chain: &ClientCertificates) -> Option<UserInfo> {
@@ -40,8 +39,9 @@ pub async fn run(tcp: TcpListener, listener: Arc<Listener>, app: Router, shutdow
     listener.serve(tcp, with_identity(app), shutdown).await;
 }
 
-/// The kubelet API's listener: TLS with `tls`, within `limits`.
-pub fn listener(tls: Arc<ServerConfig>, limits: Limits) -> Arc<Listener> {
+/// The kubelet API's listener: TLS with `tls` (as it is when each connection comes), within
+/// `limits`.
+pub fn listener(tls: ServerTls, limits: Limits) -> Arc<Listener> {
     Listener::new("kubelet API", limits, Some(tls))
 }
 
@@ -145,7 +145,7 @@ mod tests {
             header_timeout: Duration::from_secs(1),
             ..Limits::with_cap(50)
         };
-        let server = Listener::new("kubelet API", limits, Some(config));
+        let server = Listener::new("kubelet API", limits, Some(config.into()));
         let stop = CancellationToken::new();
         tokio::spawn(run(tcp, server.clone(), app, stop.clone()));
         let flood: Vec<_> = (0..300)
@@ -176,6 +176,119 @@ mod tests {
         while server.open_connections() > 0 {
             assert!(Instant::now() < deadline, "slots still taken");
             tokio::task::yield_now().await;
+        }
+        stop.cancel();
+    }
+
+    /// A CA and a client certificate it signed (`CN=cn`), PEM.
+    fn client_of(
+        ca_name: &str,
+        cn: &str,
+    ) -> (
+        String,
+        CertificateDer<'static>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ) {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::default();
+        ca.distinguished_name.push(DnType::CommonName, ca_name);
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut leaf = CertificateParams::default();
+        leaf.distinguished_name.push(DnType::CommonName, cn);
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        (ca_pem, cert.der().clone(), key)
+    }
+
+    /// `GET /whoami` with the client certificate `cert`: the user the listener identified, or
+    /// the TLS or HTTP failure.
+    async fn whoami(
+        addr: std::net::SocketAddr,
+        cert: &CertificateDer<'static>,
+        key: &rustls::pki_types::PrivateKeyDer<'static>,
+    ) -> Result<String, String> {
+        let config = rustls::ClientConfig::builder_with_provider(tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer))
+            .with_client_auth_cert(vec![cert.clone()], key.clone_key())
+            .unwrap();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("node-a").unwrap();
+        let mut c = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.write_all(b"GET /whoami HTTP/1.1\r\nHost: node-a\r\nConnection: close\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).await.map_err(|e| e.to_string())?;
+        Ok(answer.rsplit("\r\n\r\n").next().unwrap_or_default().to_string())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rotated_client_ca_file_is_trusted_from_the_next_connection_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_path = dir.path().join("client-ca.crt");
+        let (old_ca, _, _) = client_of("cluster CA", "unused");
+        let (new_ca, apiserver, apiserver_key) = client_of("rotated cluster CA", "kube-apiserver-kubelet-client");
+        std::fs::write(&ca_path, &old_ca).unwrap();
+
+        let slot = Arc::new(CertSlot::default());
+        let ip = "127.0.0.1".parse().unwrap();
+        let cert = tls::certs::self_signed("node-a", &[ip], Duration::from_secs(3600)).unwrap();
+        slot.set(cert.certified_key(&tls::provider()).unwrap());
+        let roots = tls::load_client_ca(&ca_path).unwrap();
+        let config = ServerTls::new(tls::server_config(slot.clone(), Some(roots)).unwrap());
+        let stop = CancellationToken::new();
+        tokio::spawn(tls::watch_client_ca(
+            ca_path.clone(),
+            slot,
+            config.clone(),
+            Duration::from_millis(20),
+            stop.clone(),
+        ));
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let app = Router::new().route(
+            "/whoami",
+            axum::routing::get(|req: Request<axum::body::Body>| async move {
+                req.extensions()
+                    .get::<PeerCertificate>()
+                    .map_or("anonymous".to_string(), |p| p.0.name.clone())
+            }),
+        );
+        tokio::spawn(run(tcp, listener(config, Limits::with_cap(16)), app, stop.clone()));
+
+        // The new CA's client is refused while the file names only the old CA.
+        let refused = whoami(addr, &apiserver, &apiserver_key).await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("UnknownCA") || e.contains("unknown")),
+            "{refused:?}"
+        );
+
+        // The rotation writes both CAs, as an operator does while clients move over.
+        let next = dir.path().join("client-ca.next");
+        std::fs::write(&next, format!("{old_ca}{new_ca}")).unwrap();
+        std::fs::rename(&next, &ca_path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match whoami(addr, &apiserver, &apiserver_key).await {
+                Ok(user) => {
+                    assert_eq!(user, "kube-apiserver-kubelet-client");
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "still refused after the rotation: {e}"),
+            }
         }
         stop.cancel();
     }

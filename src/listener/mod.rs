@@ -19,6 +19,7 @@
 
 mod activity;
 pub mod headers;
+mod server_tls;
 pub mod settings;
 mod slot;
 pub mod throttle;
@@ -42,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+pub use server_tls::ServerTls;
 pub use settings::{ListenerArgs, Which};
 
 use activity::{Activity, Tracked};
@@ -97,18 +99,19 @@ impl ClientCertificates {
 pub struct Listener {
     name: &'static str,
     limits: Limits,
-    tls: Option<TlsAcceptor>,
+    tls: Option<ServerTls>,
     slots: Arc<Semaphore>,
     refusals: Throttled,
 }
 
 impl Listener {
-    /// A plain-HTTP listener (`tls: None`) or a TLS one.
-    pub fn new(name: &'static str, limits: Limits, tls: Option<Arc<rustls::ServerConfig>>) -> Arc<Self> {
+    /// A plain-HTTP listener (`tls: None`) or a TLS one, each connection taking the
+    /// configuration current when it is accepted.
+    pub fn new(name: &'static str, limits: Limits, tls: Option<ServerTls>) -> Arc<Self> {
         Arc::new(Self {
             name,
             limits,
-            tls: tls.map(TlsAcceptor::from),
+            tls,
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             refusals: Throttled::new(REFUSAL_WARNING_EVERY),
         })
@@ -178,9 +181,10 @@ impl Listener {
         shutdown: CancellationToken,
     ) {
         let activity = Activity::new();
-        let Some(acceptor) = self.tls.clone() else {
+        let Some(tls) = &self.tls else {
             return self.http(io, remote, None, app, activity, shutdown).await;
         };
+        let acceptor = TlsAcceptor::from(tls.current());
         let tls = match tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(io)).await {
             Ok(Ok(tls)) => tls,
             Ok(Err(error)) => {

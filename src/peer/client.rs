@@ -104,7 +104,7 @@ pub struct Restored {
 
 pub struct PeerClient {
     token: PeerToken,
-    tls: tokio_rustls::TlsConnector,
+    tls: PeerTls,
     staging: Staging,
     timeouts: Timeouts,
     restores: Semaphore,
@@ -120,7 +120,7 @@ impl PeerClient {
     pub fn new(token: PeerToken, tls: &PeerTls, staging: Staging, timeouts: Timeouts) -> Self {
         Self {
             token,
-            tls: tokio_rustls::TlsConnector::from(tls.client.clone()),
+            tls: tls.clone(),
             staging,
             timeouts,
             restores: Semaphore::new(MAX_RESTORES),
@@ -342,7 +342,8 @@ impl PeerClient {
             .map_err(|_| err(format!("no connection within {:?}", self.timeouts.dial)))?
             .map_err(|e| err(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let tls = tokio::time::timeout(self.timeouts.dial, self.tls.connect(name, tcp))
+        let connector = tokio_rustls::TlsConnector::from(self.tls.client());
+        let tls = tokio::time::timeout(self.timeouts.dial, connector.connect(name, tcp))
             .await
             .map_err(|_| err(format!("no TLS handshake within {:?}", self.timeouts.dial)))?
             .map_err(|e| {

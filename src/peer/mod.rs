@@ -46,6 +46,8 @@ pub struct PeerConfig {
     pub token: Option<PeerToken>,
     /// `VK_PEER_CA_FILE`: what every peer's certificate must chain to; `None` = the tier is off.
     pub ca: Option<rustls::RootCertStore>,
+    /// Where `ca` was read from, watched for a rotation.
+    pub ca_file: Option<PathBuf>,
     /// Which certificate this node presents to its peers.
     pub identity: PeerIdentity,
 }
@@ -121,6 +123,7 @@ impl PeerConfig {
                 .unwrap_or_else(|| root_dir.join("snapshot/localfile")),
             token,
             ca,
+            ca_file: args.peer_ca_file.clone(),
             identity,
         })
     }

@@ -15,8 +15,11 @@
 //! The peer token stays a second factor inside the TLS session. Without TLS material there is
 //! no peer tier at all: never plain HTTP.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{ResolvesClientCert, verify_server_cert_signed_by_trust_anchor, verify_server_name};
@@ -29,37 +32,33 @@ use rustls::{
     SignatureScheme,
 };
 
+use tokio_util::sync::CancellationToken;
+
+use crate::kubelet_api::tls::ca_file::{CaFile, read_roots};
 use crate::kubelet_api::tls::{CertSlot, certs};
+use crate::listener::ServerTls;
 
 /// The node identity a kubelet-serving certificate's subject carries.
 const NODE_CN_PREFIX: &str = "system:node:";
 
 /// The CA of `VK_PEER_CA_FILE`.
 pub fn load_ca(path: &Path) -> Result<RootCertStore, String> {
-    let bad = |problem: String| {
+    read_roots(path).map_err(|problem| {
         format!(
             "VK_PEER_CA_FILE={}: {problem}; it must hold the PEM CA that signs the nodes' peer certificates (the cluster CA for kubelet-serving certificates)",
             path.display()
         )
-    };
-    let pem = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    roots_of(&pem).map_err(bad)
+    })
 }
 
-/// The CA certificates of a PEM bundle.
-pub fn roots_of(pem: &str) -> Result<RootCertStore, String> {
-    let mut roots = RootCertStore::empty();
-    for cert in certs::parse_chain(pem).map_err(|e| e.to_string())? {
-        roots.add(cert).map_err(|e| e.to_string())?;
-    }
-    Ok(roots)
-}
-
-/// Both ends' TLS configuration of one node.
+/// Both ends' TLS configuration of one node, rebuilt when the CA changes ([`Self::trust`]):
+/// connections made from then on check peers against the new CA.
 #[derive(Clone)]
 pub struct PeerTls {
-    pub server: Arc<ServerConfig>,
-    pub client: Arc<ClientConfig>,
+    /// What the peer server's listener hands each connection.
+    pub server: ServerTls,
+    client: Arc<ArcSwap<ClientConfig>>,
+    identity: Arc<CertSlot>,
 }
 
 impl std::fmt::Debug for PeerTls {
@@ -72,34 +71,33 @@ impl PeerTls {
     /// `identity` holds this node's certificate (kept current by its manager); `roots` is the
     /// CA every peer's certificate must chain to.
     pub fn new(identity: Arc<CertSlot>, roots: RootCertStore) -> Result<Self, String> {
-        let provider = crate::kubelet_api::tls::provider();
-        let roots = Arc::new(roots);
-        let client_verifier = Arc::new(PeerClients {
-            roots: roots.clone(),
-            hints: roots.subjects(),
-            provider: provider.clone(),
-        });
-        let mut server = ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("peer TLS server: {e}"))?
-            .with_client_cert_verifier(client_verifier)
-            .with_cert_resolver(identity.clone());
-        server.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let server_verifier = Arc::new(RecordedNode {
-            roots,
-            provider: provider.clone(),
-        });
-        let mut client = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("peer TLS client: {e}"))?
-            .dangerous()
-            .with_custom_certificate_verifier(server_verifier)
-            .with_client_cert_resolver(Arc::new(Identity(identity)));
-        client.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let (server, client) = configs(&identity, roots)?;
         Ok(Self {
-            server: Arc::new(server),
-            client: Arc::new(client),
+            server: ServerTls::new(server),
+            client: Arc::new(ArcSwap::new(client)),
+            identity,
         })
+    }
+
+    /// Checks peers against `roots` from the next connection on (a rotated `VK_PEER_CA_FILE`).
+    pub fn trust(&self, roots: RootCertStore) -> Result<(), String> {
+        let (server, client) = configs(&self.identity, roots)?;
+        self.server.replace(server);
+        self.client.store(client);
+        Ok(())
+    }
+
+    /// Trusts each new version of the CA file at `path` (checked every `every`) from the next
+    /// connection on, until `shutdown`: a rotated `VK_PEER_CA_FILE` needs no restart.
+    pub async fn follow_ca_file(self, path: PathBuf, every: Duration, shutdown: CancellationToken) {
+        CaFile::new(path, "VK_PEER_CA_FILE")
+            .watch(every, shutdown, move |roots| self.trust(roots))
+            .await;
+    }
+
+    /// The client configuration for a connection made now.
+    pub fn client(&self) -> Arc<ClientConfig> {
+        self.client.load_full()
     }
 
     /// The name a client asks for when it dials `node` (what the server's certificate must name).
@@ -107,6 +105,35 @@ impl PeerTls {
         ServerName::try_from(node.to_string())
             .map_err(|e| format!("node name {node:?} cannot be checked against a certificate: {e}"))
     }
+}
+
+/// Both ends' configuration: this node presents `identity`, and checks peers against `roots`.
+fn configs(identity: &Arc<CertSlot>, roots: RootCertStore) -> Result<(Arc<ServerConfig>, Arc<ClientConfig>), String> {
+    let provider = crate::kubelet_api::tls::provider();
+    let roots = Arc::new(roots);
+    let client_verifier = Arc::new(PeerClients {
+        roots: roots.clone(),
+        hints: roots.subjects(),
+        provider: provider.clone(),
+    });
+    let mut server = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("peer TLS server: {e}"))?
+        .with_client_cert_verifier(client_verifier)
+        .with_cert_resolver(identity.clone());
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let server_verifier = Arc::new(RecordedNode {
+        roots,
+        provider: provider.clone(),
+    });
+    let mut client = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("peer TLS client: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(server_verifier)
+        .with_client_cert_resolver(Arc::new(Identity(identity.clone())));
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok((Arc::new(server), Arc::new(client)))
 }
 
 /// This node's certificate, offered as a client certificate.
@@ -253,6 +280,7 @@ mod tests {
 
     use super::*;
     use crate::kubelet_api::tls::ServingCert;
+    use crate::kubelet_api::tls::ca_file::roots_of;
 
     struct Ca {
         pem: String,
@@ -309,8 +337,8 @@ mod tests {
     /// One handshake over an in-memory pipe: the client dials `node`; the outcome of each end.
     async fn handshake(server: &PeerTls, client: &PeerTls, node: &str) -> (Result<(), String>, Result<(), String>) {
         let (c, s) = tokio::io::duplex(64 << 10);
-        let acceptor = tokio_rustls::TlsAcceptor::from(server.server.clone());
-        let connector = tokio_rustls::TlsConnector::from(client.client.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(server.server.current());
+        let connector = tokio_rustls::TlsConnector::from(client.client());
         let name = PeerTls::server_name(node).unwrap();
         let serve = async move {
             let mut tls = acceptor.accept(s).await.map_err(|e| e.to_string())?;
@@ -392,6 +420,46 @@ mod tests {
                 .contains("extended key usage for server authentication"),
             "{server:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_rotated_ca_file_is_trusted_both_ways_from_the_next_handshake() {
+        let old = ca("fleet CA");
+        let new = ca("rotated fleet CA");
+        let both = roots_of(&format!("{}{}", old.pem, new.pem)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, &old.pem).unwrap();
+        let a = PeerTls::new(node(&old, "node-a"), load_ca(&ca_file).unwrap()).unwrap();
+        let stop = CancellationToken::new();
+        let following = a
+            .clone()
+            .follow_ca_file(ca_file.clone(), Duration::from_millis(20), stop.clone());
+        tokio::spawn(following);
+        // A node that already has its certificate from the rotated CA, and trusts both.
+        let b = PeerTls::new(node(&new, "node-b"), both.clone()).unwrap();
+        let (server, _) = handshake(&a, &b, "node-a").await;
+        assert!(server.as_ref().unwrap_err().contains("UnknownIssuer"), "{server:?}");
+        let (_, client) = handshake(&b, &a, "node-b").await;
+        assert!(client.as_ref().unwrap_err().contains("UnknownIssuer"), "{client:?}");
+
+        // The operator rotates a's CA file; a follows it without a restart.
+        let next = dir.path().join("ca.next");
+        std::fs::write(&next, format!("{}{}", old.pem, new.pem)).unwrap();
+        std::fs::rename(&next, &ca_file).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while handshake(&a, &b, "node-a").await.0.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rotated CA file was never followed"
+            );
+        }
+        stop.cancel();
+        assert_eq!(handshake(&a, &b, "node-a").await, (Ok(()), Ok(())), "a serving b");
+        assert_eq!(handshake(&b, &a, "node-b").await, (Ok(()), Ok(())), "a dialing b");
+        // The recorded-node check holds under the new CA as well.
+        let (_, client) = handshake(&b, &a, "node-c").await;
+        assert!(client.unwrap_err().contains("not valid for name"));
     }
 
     #[test]

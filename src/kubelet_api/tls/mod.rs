@@ -3,18 +3,23 @@
 //! `VK_CLIENT_CA_FILE` but not required — token clients have none), and [`manager`], which
 //! obtains and renews the certificate.
 
+pub mod ca_file;
 pub mod certs;
 pub mod csr;
 pub mod manager;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::listener::ServerTls;
 
 pub use certs::ServingCert;
 
@@ -98,16 +103,10 @@ pub fn provider() -> Arc<CryptoProvider> {
 
 /// The roots of `VK_CLIENT_CA_FILE`.
 pub fn load_client_ca(path: &Path) -> Result<RootCertStore, TlsError> {
-    let bad = |problem: String| TlsError::ClientCa {
+    ca_file::read_roots(path).map_err(|problem| TlsError::ClientCa {
         path: path.display().to_string(),
         problem,
-    };
-    let pem = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let mut roots = RootCertStore::empty();
-    for cert in certs::parse_chain(&pem).map_err(|e| bad(e.to_string()))? {
-        roots.add(cert).map_err(|e| bad(e.to_string()))?;
-    }
-    Ok(roots)
+    })
 }
 
 /// The server configuration: certificates from `slot`; client certificates verified against
@@ -128,4 +127,24 @@ pub fn server_config(slot: Arc<CertSlot>, client_ca: Option<RootCertStore>) -> R
     let mut config = builder.with_cert_resolver(slot);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// Keeps `tls` (the configuration [`server_config`] built with `slot`) checking client
+/// certificates against the CA file at `path` as it changes, until `shutdown`: a rotated client
+/// CA is trusted from the next connection on, without a restart.
+pub async fn watch_client_ca(
+    path: PathBuf,
+    slot: Arc<CertSlot>,
+    tls: ServerTls,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let rebuild = move |roots| {
+        let config = server_config(slot.clone(), Some(roots)).map_err(|e| e.to_string())?;
+        tls.replace(config);
+        Ok(())
+    };
+    ca_file::CaFile::new(path, "VK_CLIENT_CA_FILE")
+        .watch(every, shutdown, rebuild)
+        .await;
 }

@@ -9,9 +9,9 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     SanType,
 };
+use vk_cocoon::kubelet_api::tls::ca_file::roots_of;
 use vk_cocoon::kubelet_api::tls::{CertSlot, ServingCert, provider};
 use vk_cocoon::peer::PeerTls;
-use vk_cocoon::peer::tls::roots_of;
 
 pub struct FleetCa {
     pub pem: String,

@@ -73,7 +73,7 @@ async fn peer_request_with(
     headers: &[(&str, &str)],
 ) -> Result<hyper::Response<Incoming>, String> {
     let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
+    let stream = tokio_rustls::TlsConnector::from(tls.client())
         .connect(PeerTls::server_name(node)?, tcp)
         .await
         .map_err(|e| format!("TLS: {e}"))?;
