@@ -296,8 +296,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         let peer_listener = PeerServer::listener(&tls, args.listeners.limits(Which::Peer));
         listeners.spawn(server.serve(listener, peer_listener, shutdown.clone()));
         // A rotated peer CA is trusted from the next connection on, both ways.
-        if let Some(path) = peer_cfg.ca_file.clone() {
-            listeners.spawn(tls.follow_ca_file(path, ca_file::CHECK_EVERY, shutdown.clone()));
+        if let Some(file) = peer_cfg.ca_file.clone() {
+            listeners.spawn(tls.follow_ca_file(file, ca_file::CHECK_EVERY, shutdown.clone()));
         }
     }
     background.spawn(provider.clone().run_background(phases.background.clone()));

@@ -91,20 +91,23 @@ impl KubeletApi {
         let addr = listener
             .local_addr()
             .map_err(|source| ServeError::Bind { addr, source })?;
-        let client_ca = match &self.config.client_ca {
-            Some(path) => Some(tls::load_client_ca(path)?),
+        let (client_ca_file, client_ca) = match &self.config.client_ca {
+            Some(path) => {
+                let (file, roots) = tls::load_client_ca(path)?;
+                (Some(file), Some(roots))
+            }
             None => {
                 tracing::warn!(
                     "VK_CLIENT_CA_FILE is not set: the kubelet API accepts bearer tokens only, so the apiserver (which presents a client certificate) cannot reach it"
                 );
-                None
+                (None, None)
             }
         };
         let slot = Arc::new(tls::CertSlot::default());
         let tls_config = ServerTls::new(tls::server_config(slot.clone(), client_ca)?);
-        let client_ca_watch = self.config.client_ca.clone().map(|path| {
+        let client_ca_watch = client_ca_file.map(|file| {
             tls::watch_client_ca(
-                path,
+                file,
                 slot.clone(),
                 tls_config.clone(),
                 self.cert_timings.file_check,

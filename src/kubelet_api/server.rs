@@ -245,11 +245,11 @@ mod tests {
         let ip = "127.0.0.1".parse().unwrap();
         let cert = tls::certs::self_signed("node-a", &[ip], Duration::from_secs(3600)).unwrap();
         slot.set(cert.certified_key(&tls::provider()).unwrap());
-        let roots = tls::load_client_ca(&ca_path).unwrap();
+        let (followed, roots) = tls::load_client_ca(&ca_path).unwrap();
         let config = ServerTls::new(tls::server_config(slot.clone(), Some(roots)).unwrap());
         let stop = CancellationToken::new();
         tokio::spawn(tls::watch_client_ca(
-            ca_path.clone(),
+            followed,
             slot,
             config.clone(),
             Duration::from_millis(20),

@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::kubelet_api::tls::ca_file::CaFile;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 
 pub use auth::PeerToken;
@@ -46,8 +47,8 @@ pub struct PeerConfig {
     pub token: Option<PeerToken>,
     /// `VK_PEER_CA_FILE`: what every peer's certificate must chain to; `None` = the tier is off.
     pub ca: Option<rustls::RootCertStore>,
-    /// Where `ca` was read from, watched for a rotation.
-    pub ca_file: Option<PathBuf>,
+    /// Where `ca` was read from, followed for a rotation.
+    pub ca_file: Option<CaFile>,
     /// Which certificate this node presents to its peers.
     pub identity: PeerIdentity,
 }
@@ -96,9 +97,12 @@ impl PeerConfig {
             Some(path) => Some(PeerToken::from_file(path)?),
             None => None,
         };
-        let ca = match &args.peer_ca_file {
-            Some(path) => Some(tls::load_ca(path)?),
-            None => None,
+        let (ca_file, ca) = match &args.peer_ca_file {
+            Some(path) => {
+                let (file, roots) = tls::load_ca(path)?;
+                (Some(file), Some(roots))
+            }
+            None => (None, None),
         };
         let identity = match (&args.peer_tls_cert, &args.peer_tls_key) {
             (Some(cert), Some(key)) => PeerIdentity::Files {
@@ -123,7 +127,7 @@ impl PeerConfig {
                 .unwrap_or_else(|| root_dir.join("snapshot/localfile")),
             token,
             ca,
-            ca_file: args.peer_ca_file.clone(),
+            ca_file,
             identity,
         })
     }

@@ -15,7 +15,7 @@
 //! The peer token stays a second factor inside the TLS session. Without TLS material there is
 //! no peer tier at all: never plain HTTP.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,16 +34,16 @@ use rustls::{
 
 use tokio_util::sync::CancellationToken;
 
-use crate::kubelet_api::tls::ca_file::{CaFile, read_roots};
+use crate::kubelet_api::tls::ca_file::CaFile;
 use crate::kubelet_api::tls::{CertSlot, certs};
 use crate::listener::ServerTls;
 
 /// The node identity a kubelet-serving certificate's subject carries.
 const NODE_CN_PREFIX: &str = "system:node:";
 
-/// The CA of `VK_PEER_CA_FILE`.
-pub fn load_ca(path: &Path) -> Result<RootCertStore, String> {
-    read_roots(path).map_err(|problem| {
+/// The CA of `VK_PEER_CA_FILE`, and the file to follow ([`PeerTls::follow_ca_file`]).
+pub fn load_ca(path: &Path) -> Result<(CaFile, RootCertStore), String> {
+    CaFile::load(path.to_path_buf(), "VK_PEER_CA_FILE").map_err(|problem| {
         format!(
             "VK_PEER_CA_FILE={}: {problem}; it must hold the PEM CA that signs the nodes' peer certificates (the cluster CA for kubelet-serving certificates)",
             path.display()
@@ -87,12 +87,10 @@ impl PeerTls {
         Ok(())
     }
 
-    /// Trusts each new version of the CA file at `path` (checked every `every`) from the next
-    /// connection on, until `shutdown`: a rotated `VK_PEER_CA_FILE` needs no restart.
-    pub async fn follow_ca_file(self, path: PathBuf, every: Duration, shutdown: CancellationToken) {
-        CaFile::new(path, "VK_PEER_CA_FILE")
-            .watch(every, shutdown, move |roots| self.trust(roots))
-            .await;
+    /// Trusts each new version of `file` (checked every `every`) from the next connection on,
+    /// until `shutdown`: a rotated `VK_PEER_CA_FILE` needs no restart.
+    pub async fn follow_ca_file(self, file: CaFile, every: Duration, shutdown: CancellationToken) {
+        file.watch(every, shutdown, move |roots| self.trust(roots)).await;
     }
 
     /// The client configuration for a connection made now.
@@ -430,11 +428,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.crt");
         std::fs::write(&ca_file, &old.pem).unwrap();
-        let a = PeerTls::new(node(&old, "node-a"), load_ca(&ca_file).unwrap()).unwrap();
+        let (followed, roots) = load_ca(&ca_file).unwrap();
+        let a = PeerTls::new(node(&old, "node-a"), roots).unwrap();
         let stop = CancellationToken::new();
         let following = a
             .clone()
-            .follow_ca_file(ca_file.clone(), Duration::from_millis(20), stop.clone());
+            .follow_ca_file(followed, Duration::from_millis(20), stop.clone());
         tokio::spawn(following);
         // A node that already has its certificate from the rotated CA, and trusts both.
         let b = PeerTls::new(node(&new, "node-b"), both.clone()).unwrap();

@@ -199,7 +199,7 @@ fn main() {
             until_listening(addr).await;
         }
         // The kubelet API's certificate is signed by the cluster CA once its CSR is approved.
-        let roots = vk_cocoon::kubelet_api::tls::load_client_ca(&cluster.ca_cert_path()).unwrap();
+        let (_, roots) = vk_cocoon::kubelet_api::tls::load_client_ca(&cluster.ca_cert_path()).unwrap();
         let config = rustls::ClientConfig::builder_with_provider(vk_cocoon::kubelet_api::tls::provider())
             .with_safe_default_protocol_versions()
             .unwrap()

@@ -27,7 +27,7 @@ pub fn roots_of(pem: &str) -> Result<RootCertStore, String> {
 }
 
 /// The CA certificates of the PEM bundle at `path`.
-pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
+fn read_roots(path: &Path) -> Result<RootCertStore, String> {
     let pem = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     roots_of(&pem)
 }
@@ -50,7 +50,7 @@ fn stamp_of(path: &Path) -> Option<Stamp> {
 }
 
 /// One trusted CA file: which version is in force, and which changed version was refused.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CaFile {
     path: PathBuf,
     /// The file's setting, for the logs.
@@ -73,15 +73,18 @@ pub enum Checked {
 }
 
 impl CaFile {
-    /// The file at `path`, whose present version the caller has loaded.
-    pub fn new(path: PathBuf, setting: &'static str) -> Self {
+    /// Reads the file at `path`: the roots to trust now, and the file to follow. The file is
+    /// stamped before it is read, so a change made while it was read shows at the first check.
+    pub fn load(path: PathBuf, setting: &'static str) -> Result<(Self, RootCertStore), String> {
         let in_force = stamp_of(&path);
-        Self {
+        let roots = read_roots(&path)?;
+        let file = Self {
             path,
             setting,
             in_force,
             refused: None,
-        }
+        };
+        Ok((file, roots))
     }
 
     /// Reads the file again if it changed, and hands a new version that parses to `install`;
@@ -170,7 +173,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ca.crt");
         std::fs::write(&path, ca_pem("first")).unwrap();
-        let mut file = CaFile::new(path.clone(), "VK_TEST_CA_FILE");
+        let (mut file, roots) = CaFile::load(path.clone(), "VK_TEST_CA_FILE").unwrap();
+        assert_eq!(roots.len(), 1);
         assert_eq!(
             file.check(&mut accept_all),
             Checked::Unchanged,
@@ -203,7 +207,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ca.crt");
         std::fs::write(&path, ca_pem("first")).unwrap();
-        let mut file = CaFile::new(path.clone(), "VK_TEST_CA_FILE");
+        let (mut file, _) = CaFile::load(path.clone(), "VK_TEST_CA_FILE").unwrap();
         replace(&path, &ca_pem("second"));
         let mut refuse = |_: RootCertStore| Err::<(), _>("cannot build the configuration".to_string());
         assert_eq!(

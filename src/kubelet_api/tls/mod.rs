@@ -101,9 +101,9 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The roots of `VK_CLIENT_CA_FILE`.
-pub fn load_client_ca(path: &Path) -> Result<RootCertStore, TlsError> {
-    ca_file::read_roots(path).map_err(|problem| TlsError::ClientCa {
+/// The roots of `VK_CLIENT_CA_FILE`, and the file to follow ([`watch_client_ca`]).
+pub fn load_client_ca(path: &Path) -> Result<(ca_file::CaFile, RootCertStore), TlsError> {
+    ca_file::CaFile::load(path.to_path_buf(), "VK_CLIENT_CA_FILE").map_err(|problem| TlsError::ClientCa {
         path: path.display().to_string(),
         problem,
     })
@@ -130,10 +130,10 @@ pub fn server_config(slot: Arc<CertSlot>, client_ca: Option<RootCertStore>) -> R
 }
 
 /// Keeps `tls` (the configuration [`server_config`] built with `slot`) checking client
-/// certificates against the CA file at `path` as it changes, until `shutdown`: a rotated client
-/// CA is trusted from the next connection on, without a restart.
+/// certificates against `file` as it changes, until `shutdown`: a rotated client CA is trusted
+/// from the next connection on, without a restart.
 pub async fn watch_client_ca(
-    path: PathBuf,
+    file: ca_file::CaFile,
     slot: Arc<CertSlot>,
     tls: ServerTls,
     every: Duration,
@@ -144,7 +144,5 @@ pub async fn watch_client_ca(
         tls.replace(config);
         Ok(())
     };
-    ca_file::CaFile::new(path, "VK_CLIENT_CA_FILE")
-        .watch(every, shutdown, rebuild)
-        .await;
+    file.watch(every, shutdown, rebuild).await;
 }
