@@ -1,7 +1,8 @@
 //! TLS of the kubelet API: where the serving certificate comes from ([`TlsSource`]), the
 //! rustls configuration (a hot-swappable certificate, client certificates verified against
-//! `VK_CLIENT_CA_FILE` but not required — token clients have none), and [`manager`], which
-//! obtains and renews the certificate.
+//! `VK_CLIENT_CA_FILE` but not required — token clients have none), [`manager`], which
+//! obtains and renews the certificate, and [`ca_file`], which follows a trusted CA file as it
+//! changes (this one and the peer tier's).
 
 pub mod ca_file;
 pub mod certs;
