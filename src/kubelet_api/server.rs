@@ -180,7 +180,7 @@ mod tests {
         stop.cancel();
     }
 
-    /// A CA and a client certificate it signed (`CN=cn`), PEM.
+    /// A new CA (PEM), a client certificate it signed (`CN=cn`) and that certificate's key.
     fn client_of(
         ca_name: &str,
         cn: &str,
@@ -269,12 +269,7 @@ mod tests {
 
         // The new CA's client is refused while the file names only the old CA.
         let refused = whoami(addr, &apiserver, &apiserver_key).await;
-        assert!(
-            refused
-                .as_ref()
-                .is_err_and(|e| e.contains("UnknownCA") || e.contains("unknown")),
-            "{refused:?}"
-        );
+        assert!(refused.as_ref().is_err_and(|e| e.contains("UnknownCA")), "{refused:?}");
 
         // The rotation writes both CAs, as an operator does while clients move over.
         let next = dir.path().join("client-ca.next");

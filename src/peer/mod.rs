@@ -24,8 +24,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::kubelet_api::tls::ca_file::CaFile;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+
+use crate::kubelet_api::tls::ca_file::CaFile;
 
 pub use auth::PeerToken;
 pub use client::{PeerClient, RestoreError, Restored, Timeouts};

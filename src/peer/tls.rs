@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{ResolvesClientCert, verify_server_cert_signed_by_trust_anchor, verify_server_name};
 use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
@@ -31,7 +30,6 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, Error, RootCertStore, ServerConfig,
     SignatureScheme,
 };
-
 use tokio_util::sync::CancellationToken;
 
 use crate::kubelet_api::tls::ca_file::CaFile;
