@@ -296,8 +296,8 @@ async fn daemon(args: RunArgs) -> anyhow::Result<ExitCode> {
         let peer_listener = PeerServer::listener(&tls, args.listeners.limits(Which::Peer));
         listeners.spawn(server.serve(listener, peer_listener, shutdown.clone()));
         // A rotated peer CA is trusted from the next connection on, both ways.
-        if let Some(file) = peer_cfg.ca_file.clone() {
-            listeners.spawn(tls.follow_ca_file(file, ca_file::CHECK_EVERY, shutdown.clone()));
+        if let Some((file, _)) = &peer_cfg.ca {
+            listeners.spawn(tls.follow_ca_file(file.clone(), ca_file::CHECK_EVERY, shutdown.clone()));
         }
     }
     background.spawn(provider.clone().run_background(phases.background.clone()));
@@ -424,9 +424,12 @@ fn peer_tier(
         Ok(n) => tracing::info!(dir = %sweeping.root().display(), removed = n, "staging directory swept"),
         Err(error) => tracing::warn!(dir = %sweeping.root().display(), %error, "sweeping the staging directory failed"),
     });
-    let (Some(token), Some(registry), Some(ca), Some(identity)) =
-        (cfg.token.clone(), registry.clone(), cfg.ca.clone(), identity.clone())
-    else {
+    let (Some(token), Some(registry), Some(ca), Some(identity)) = (
+        cfg.token.clone(),
+        registry.clone(),
+        cfg.ca.as_ref().map(|(_, roots)| roots.clone()),
+        identity.clone(),
+    ) else {
         let missing = cfg.missing(registry.is_some(), identity.is_some());
         tracing::warn!(
             missing = %missing.join(", "),

@@ -91,18 +91,13 @@ impl KubeletApi {
         let addr = listener
             .local_addr()
             .map_err(|source| ServeError::Bind { addr, source })?;
-        let (client_ca_file, client_ca) = match &self.config.client_ca {
-            Some(path) => {
-                let (file, roots) = tls::load_client_ca(path)?;
-                (Some(file), Some(roots))
-            }
-            None => {
-                tracing::warn!(
-                    "VK_CLIENT_CA_FILE is not set: the kubelet API accepts bearer tokens only, so the apiserver (which presents a client certificate) cannot reach it"
-                );
-                (None, None)
-            }
-        };
+        let client_ca = self.config.client_ca.as_deref().map(tls::load_client_ca).transpose()?;
+        if client_ca.is_none() {
+            tracing::warn!(
+                "VK_CLIENT_CA_FILE is not set: the kubelet API accepts bearer tokens only, so the apiserver (which presents a client certificate) cannot reach it"
+            );
+        }
+        let (client_ca_file, client_ca) = client_ca.unzip();
         let slot = Arc::new(tls::CertSlot::default());
         let tls_config = ServerTls::new(tls::server_config(slot.clone(), client_ca)?);
         let client_ca_watch = client_ca_file.map(|file| {

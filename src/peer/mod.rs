@@ -46,10 +46,9 @@ pub struct PeerConfig {
     pub snapshot_dir: PathBuf,
     /// `VK_PEER_TOKEN_FILE`; `None` = the tier is off (no server, wakes skip it).
     pub token: Option<PeerToken>,
-    /// `VK_PEER_CA_FILE`: what every peer's certificate must chain to; `None` = the tier is off.
-    pub ca: Option<rustls::RootCertStore>,
-    /// Where `ca` was read from, followed for a rotation.
-    pub ca_file: Option<CaFile>,
+    /// `VK_PEER_CA_FILE`: the file, followed for a rotation, and what every peer's certificate
+    /// must chain to as read at startup; `None` = the tier is off.
+    pub ca: Option<(CaFile, rustls::RootCertStore)>,
     /// Which certificate this node presents to its peers.
     pub identity: PeerIdentity,
 }
@@ -98,13 +97,7 @@ impl PeerConfig {
             Some(path) => Some(PeerToken::from_file(path)?),
             None => None,
         };
-        let (ca_file, ca) = match &args.peer_ca_file {
-            Some(path) => {
-                let (file, roots) = tls::load_ca(path)?;
-                (Some(file), Some(roots))
-            }
-            None => (None, None),
-        };
+        let ca = args.peer_ca_file.as_deref().map(tls::load_ca).transpose()?;
         let identity = match (&args.peer_tls_cert, &args.peer_tls_key) {
             (Some(cert), Some(key)) => PeerIdentity::Files {
                 cert: cert.clone(),
@@ -128,7 +121,6 @@ impl PeerConfig {
                 .unwrap_or_else(|| root_dir.join("snapshot/localfile")),
             token,
             ca,
-            ca_file,
             identity,
         })
     }

@@ -49,22 +49,21 @@ fn stamp_of(path: &Path) -> Option<Stamp> {
     })
 }
 
-/// One trusted CA file: which version is in force, and which changed version was refused.
+/// One trusted CA file, and the version of it last looked at.
 #[derive(Debug, Clone)]
 pub struct CaFile {
     path: PathBuf,
     /// The file's setting, for the logs.
     setting: &'static str,
-    /// The version in force (`None`: there was no file to stamp).
-    in_force: Option<Stamp>,
-    /// The last changed version that did not load, if any.
-    refused: Option<Option<Stamp>>,
+    /// The version last read, installed or refused (`None`: there was no file to stamp): only
+    /// a version other than this one is read again.
+    seen: Option<Stamp>,
 }
 
 /// What one look at the file found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checked {
-    /// The version in force, or the one already refused.
+    /// The version last looked at: the one in force, or one already refused.
     Unchanged,
     /// A new version, installed: its certificate count.
     Installed(usize),
@@ -76,38 +75,26 @@ impl CaFile {
     /// Reads the file at `path`: the roots to trust now, and the file to follow. The file is
     /// stamped before it is read, so a change made while it was read shows at the first check.
     pub fn load(path: PathBuf, setting: &'static str) -> Result<(Self, RootCertStore), String> {
-        let in_force = stamp_of(&path);
+        let seen = stamp_of(&path);
         let roots = read_roots(&path)?;
-        let file = Self {
-            path,
-            setting,
-            in_force,
-            refused: None,
-        };
-        Ok((file, roots))
+        Ok((Self { path, setting, seen }, roots))
     }
 
     /// Reads the file again if it changed, and hands a new version that parses to `install`;
     /// `install` failing counts as the version not loading, and the roots in force stay.
     pub fn check(&mut self, install: &mut impl FnMut(RootCertStore) -> Result<(), String>) -> Checked {
         let now = stamp_of(&self.path);
-        if now == self.in_force || self.refused.as_ref() == Some(&now) {
+        if now == self.seen {
             return Checked::Unchanged;
         }
+        self.seen = now;
         let loaded = read_roots(&self.path).and_then(|roots| {
             let count = roots.len();
             install(roots).map(|()| count)
         });
         match loaded {
-            Ok(count) => {
-                self.in_force = now;
-                self.refused = None;
-                Checked::Installed(count)
-            }
-            Err(error) => {
-                self.refused = Some(now);
-                Checked::Refused(error)
-            }
+            Ok(count) => Checked::Installed(count),
+            Err(error) => Checked::Refused(error),
         }
     }
 
@@ -123,18 +110,19 @@ impl CaFile {
                 _ = tokio::time::sleep(every) => {}
                 _ = shutdown.cancelled() => return,
             }
-            let (setting, file) = (self.setting, self.path.display().to_string());
-            match self.check(&mut install) {
+            let checked = self.check(&mut install);
+            let (setting, file) = (self.setting, self.path.display());
+            match checked {
                 Checked::Unchanged => {}
                 Checked::Installed(certificates) => tracing::info!(
                     setting,
-                    file,
+                    %file,
                     certificates,
                     "the CA file changed: new connections are checked against it"
                 ),
                 Checked::Refused(error) => tracing::warn!(
                     setting,
-                    file,
+                    %file,
                     %error,
                     "the changed CA file does not load; the CA already trusted stays in force until the file changes again"
                 ),
