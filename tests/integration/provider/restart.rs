@@ -797,7 +797,11 @@ async fn classifying_a_resumed_windows_clone_fails_loudly_when_the_registry_neve
     let d = start(&env, Options::default());
     let message = wait_failed_with(&env, "win-0", "hibernate evidence stayed unavailable").await;
     assert!(message.contains("vm-win"), "{message}");
-    assert!(has_event(&env, "win-0", "ResumeClassifyFailed"));
+    // The Event is recorded beside the lifecycle patch, not before it: wait for it too.
+    eventually(30, "a ResumeClassifyFailed Event", || {
+        has_event(&env, "win-0", "ResumeClassifyFailed")
+    })
+    .await;
     assert_eq!(env.sim.exec_log().unwrap().len(), execs, "nothing ran in the guest");
     d.kill().await;
 }
